@@ -1,0 +1,373 @@
+#include "capture/graph.h"
+
+#include <ATen/core/function_schema.h>
+#include <ATen/core/jit_type.h>
+#include <ATen/ScalarOps.h>
+
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace torchreplay::capture {
+
+const char* ValueTypeName(ValueType t) {
+  switch (t) {
+    case ValueType::kTensor: return "Tensor";
+    case ValueType::kInt: return "int";
+    case ValueType::kFloat: return "float";
+    case ValueType::kBool: return "bool";
+    case ValueType::kTensorList: return "Tensor[]";
+    case ValueType::kNone: return "None";
+  }
+  return "?";
+}
+
+Arg Arg::Const(c10::IValue v) {
+  Arg a;
+  a.kind = Kind::kConstant;
+  a.constant = std::move(v);
+  return a;
+}
+Arg Arg::Ref(ValueId v) {
+  Arg a;
+  a.kind = Kind::kValue;
+  a.value = v;
+  return a;
+}
+Arg Arg::List(std::vector<Arg> elems) {
+  Arg a;
+  a.kind = Kind::kList;
+  a.elems = std::move(elems);
+  return a;
+}
+
+absl::StatusOr<SymOp> SymOpFromName(const std::string& name) {
+  if (name == "add") return SymOp::kAdd;
+  if (name == "sub") return SymOp::kSub;
+  if (name == "mul") return SymOp::kMul;
+  if (name == "floordiv") return SymOp::kFloorDiv;
+  if (name == "mod") return SymOp::kMod;
+  if (name == "neg") return SymOp::kNeg;
+  if (name == "max" || name == "sym_max") return SymOp::kMax;
+  if (name == "min" || name == "sym_min") return SymOp::kMin;
+  return absl::InvalidArgumentError(absl::StrCat("unsupported symbolic arithmetic '", name, "'"));
+}
+
+absl::StatusOr<c10::OperatorHandle> FindOperator(const std::string& qualified_name) {
+  std::string name = qualified_name, overload;
+  const auto ns = name.find("::");
+  const auto dot = name.find('.', ns == std::string::npos ? 0 : ns + 2);
+  if (ns == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("operator name '", qualified_name, "' has no namespace (want ns::name)"));
+  }
+  if (dot != std::string::npos) {
+    overload = name.substr(dot + 1);
+    name = name.substr(0, dot);
+  }
+  if (overload == "default") overload = "";
+  auto handle = c10::Dispatcher::singleton().findSchema({name, overload});
+  if (!handle.has_value()) {
+    return absl::NotFoundError(absl::StrCat("unknown operator '", qualified_name, "'"));
+  }
+  return *handle;
+}
+
+std::string OperatorName(const c10::OperatorHandle& op) {
+  const auto& n = op.operator_name();
+  return n.overload_name.empty() ? n.name : absl::StrCat(n.name, ".", n.overload_name);
+}
+
+bool IsTensorType(const c10::TypePtr& t) {
+  if (t->kind() == c10::TypeKind::TensorType) return true;
+  return t->kind() == c10::TypeKind::OptionalType &&
+         t->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::TensorType;
+}
+
+c10::IValue WrapNumber(const c10::IValue& v) {
+  at::Tensor t = at::scalar_to_tensor(v.toScalar());
+  t.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return t;
+}
+
+namespace {
+
+ValueType ReturnType(const c10::TypePtr& t) {
+  switch (t->kind()) {
+    case c10::TypeKind::TensorType: return ValueType::kTensor;
+    case c10::TypeKind::IntType:
+    case c10::TypeKind::SymIntType: return ValueType::kInt;
+    case c10::TypeKind::FloatType:
+    case c10::TypeKind::SymFloatType: return ValueType::kFloat;
+    case c10::TypeKind::BoolType:
+    case c10::TypeKind::SymBoolType: return ValueType::kBool;
+    case c10::TypeKind::ListType:
+      if (t->castRaw<c10::ListType>()->getElementType()->kind() == c10::TypeKind::TensorType) {
+        return ValueType::kTensorList;
+      }
+      return ValueType::kNone;
+    case c10::TypeKind::OptionalType:
+      return ReturnType(t->castRaw<c10::OptionalType>()->getElementType());
+    default: return ValueType::kNone;
+  }
+}
+
+c10::IValue WrapNumberIfTensor(const c10::TypePtr& type, c10::IValue v) {
+  if (!IsTensorType(type) || !(v.isInt() || v.isDouble() || v.isBool())) return v;
+  return WrapNumber(v);
+}
+
+std::string ArgToString(const Graph& g, const Arg& a) {
+  switch (a.kind) {
+    case Arg::Kind::kValue: return absl::StrCat("%", g.values()[a.value].name);
+    case Arg::Kind::kList: {
+      std::vector<std::string> parts;
+      for (const auto& e : a.elems) parts.push_back(ArgToString(g, e));
+      return absl::StrCat("[", absl::StrJoin(parts, ", "), "]");
+    }
+    case Arg::Kind::kConstant: {
+      if (a.constant.isTensor()) {
+        const auto& t = a.constant.toTensor();
+        if (t.dim() == 0 && t.numel() == 1) {
+          std::ostringstream os;
+          os << t.item();
+          return os.str();
+        }
+        return absl::StrCat("tensor<", c10::toString(t.scalar_type()), "[",
+                            absl::StrJoin(t.sizes(), ","), "]>");
+      }
+      std::ostringstream os;
+      os << a.constant;
+      return os.str();
+    }
+  }
+  return "?";
+}
+
+}  // namespace
+
+std::string Graph::ToString() const {
+  std::ostringstream os;
+  std::vector<std::string> ins;
+  for (size_t i = 0; i < inputs_.size(); ++i) {
+    const auto& v = values_[inputs_[i]];
+    std::string s = absl::StrCat("%", v.name, ": ", ValueTypeName(v.type));
+    if (v.spec) {
+      absl::StrAppend(&s, " ", c10::toString(v.spec->dtype), " ", v.spec->dim, "-d ",
+                      c10::DeviceTypeName(v.spec->device, /*lower_case=*/true));
+    }
+    if (is_static_input(static_cast<int>(i))) absl::StrAppend(&s, " static");
+    ins.push_back(std::move(s));
+  }
+  os << "graph(" << absl::StrJoin(ins, ", ") << "):\n";
+  for (const auto& n : nodes_) {
+    std::vector<std::string> outs;
+    for (ValueId v : n.outputs) outs.push_back(absl::StrCat("%", values_[v].name));
+    std::vector<std::string> args;
+    for (const auto& a : n.args) args.push_back(ArgToString(*this, a));
+    os << "  " << absl::StrJoin(outs, ", ") << " = ";
+    switch (n.kind) {
+      case NodeKind::kOp: os << OperatorName(*n.op); break;
+      case NodeKind::kGetItem: os << "getitem[" << n.index << "]"; break;
+      case NodeKind::kSymArith: os << "sym." << static_cast<int>(n.sym_op); break;
+    }
+    os << "(" << absl::StrJoin(args, ", ") << ")\n";
+  }
+  std::vector<std::string> outs;
+  for (const auto& a : outputs_) outs.push_back(ArgToString(*this, a));
+  os << "  return (" << absl::StrJoin(outs, ", ") << ")\n";
+  return os.str();
+}
+
+GraphBuilder::GraphBuilder() : graph_(std::make_unique<Graph>()) {}
+
+ValueId GraphBuilder::NewValue(ValueType type, std::string name, int producer) {
+  ValueId id = static_cast<ValueId>(graph_->values_.size());
+  if (name.empty()) name = absl::StrCat("v", id);
+  graph_->values_.push_back(ValueInfo{type, std::move(name), producer, std::nullopt});
+  return id;
+}
+
+ValueId GraphBuilder::AddInput(std::string name, ValueType type, std::optional<TensorSpec> spec) {
+  ValueId id = NewValue(type, std::move(name), -1);
+  graph_->values_[id].spec = spec;
+  graph_->inputs_.push_back(id);
+  return id;
+}
+
+absl::Status GraphBuilder::CheckArg(const Arg& arg, const std::string& where) const {
+  switch (arg.kind) {
+    case Arg::Kind::kConstant: return absl::OkStatus();
+    case Arg::Kind::kValue:
+      if (arg.value < 0 || arg.value >= static_cast<ValueId>(graph_->values_.size())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": refers to value %", arg.value, ", which is not defined"));
+      }
+      return absl::OkStatus();
+    case Arg::Kind::kList:
+      for (const auto& e : arg.elems) {
+        if (e.kind == Arg::Kind::kList) {
+          return absl::InvalidArgumentError(absl::StrCat(where, ": nested lists are not supported"));
+        }
+        if (auto s = CheckArg(e, where); !s.ok()) return s;
+      }
+      return absl::OkStatus();
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<ValueId>> GraphBuilder::AddOp(
+    const std::string& op_name, std::vector<Arg> args,
+    std::vector<std::pair<std::string, Arg>> kwargs, std::string name) {
+  auto op = FindOperator(op_name);
+  if (!op.ok()) return op.status();
+  const c10::FunctionSchema& schema = op->schema();
+  const auto& formals = schema.arguments();
+  const std::string where = absl::StrCat("node '", name.empty() ? op_name : name, "' (", op_name, ")");
+  if (args.size() > formals.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": takes at most ", formals.size(),
+                                                   " arguments, got ", args.size()));
+  }
+  std::vector<std::optional<Arg>> slots(formals.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (formals[i].kwarg_only()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": argument '", formals[i].name(), "' is keyword-only but given by position"));
+    }
+    slots[i] = std::move(args[i]);
+  }
+  for (auto& [key, value] : kwargs) {
+    auto idx = schema.argumentIndexWithName(key);
+    if (!idx.has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": has no argument named '", key, "'"));
+    }
+    if (slots[*idx].has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": argument '", key, "' given twice"));
+    }
+    slots[*idx] = std::move(value);
+  }
+  Node node;
+  node.kind = NodeKind::kOp;
+  node.op = *op;
+  node.name = name.empty() ? op_name : name;
+  for (size_t i = 0; i < formals.size(); ++i) {
+    const auto& formal = formals[i];
+    if (!slots[i].has_value()) {
+      if (!formal.default_value().has_value()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": missing required argument '", formal.name(), "'"));
+      }
+      slots[i] = Arg::Const(*formal.default_value());
+    }
+    Arg& a = *slots[i];
+    if (auto s = CheckArg(a, where); !s.ok()) return s;
+    if (a.kind == Arg::Kind::kValue &&
+        graph_->values_[a.value].type == ValueType::kTensorList &&
+        formal.type()->kind() != c10::TypeKind::ListType) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": argument '", formal.name(), "' expects ", formal.type()->str(),
+          " but is given a tensor list"));
+    }
+    if (a.kind == Arg::Kind::kConstant) a.constant = WrapNumberIfTensor(formal.type(), a.constant);
+    node.arg_types.push_back(formal.type());
+    node.args.push_back(std::move(a));
+  }
+  const int producer = static_cast<int>(graph_->nodes_.size());
+  const auto& returns = schema.returns();
+  for (size_t i = 0; i < returns.size(); ++i) {
+    std::string out_name = returns.size() == 1 ? node.name : absl::StrCat(node.name, "_", i);
+    node.outputs.push_back(NewValue(ReturnType(returns[i].type()), std::move(out_name), producer));
+  }
+  std::vector<ValueId> outs = node.outputs;
+  graph_->nodes_.push_back(std::move(node));
+  return outs;
+}
+
+absl::StatusOr<ValueId> GraphBuilder::AddGetItem(ValueId list, int64_t index, std::string name) {
+  if (list < 0 || list >= static_cast<ValueId>(graph_->values_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("getitem: value %", list, " is not defined"));
+  }
+  if (graph_->values_[list].type != ValueType::kTensorList) {
+    return absl::InvalidArgumentError(absl::StrCat("getitem: value %", graph_->values_[list].name,
+                                                   " is not a tensor list"));
+  }
+  Node node;
+  node.kind = NodeKind::kGetItem;
+  node.name = name.empty() ? absl::StrCat(graph_->values_[list].name, "_", index) : name;
+  node.args.push_back(Arg::Ref(list));
+  node.index = index;
+  node.outputs.push_back(
+      NewValue(ValueType::kTensor, node.name, static_cast<int>(graph_->nodes_.size())));
+  ValueId out = node.outputs[0];
+  graph_->nodes_.push_back(std::move(node));
+  return out;
+}
+
+absl::StatusOr<ValueId> GraphBuilder::AddSymArith(SymOp op, std::vector<Arg> operands,
+                                                  std::string name) {
+  const size_t want = op == SymOp::kNeg ? 1 : 2;
+  if (operands.size() != want) {
+    return absl::InvalidArgumentError(absl::StrCat("symbolic arithmetic '", name, "' takes ", want,
+                                                   " operands, got ", operands.size()));
+  }
+  for (const auto& a : operands) {
+    if (auto s = CheckArg(a, absl::StrCat("node '", name, "'")); !s.ok()) return s;
+    if (a.kind == Arg::Kind::kList ||
+        (a.kind == Arg::Kind::kConstant && !a.constant.isInt()) ||
+        (a.kind == Arg::Kind::kValue && graph_->values_[a.value].type != ValueType::kInt)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("node '", name, "': symbolic arithmetic takes integers only"));
+    }
+  }
+  Node node;
+  node.kind = NodeKind::kSymArith;
+  node.sym_op = op;
+  node.name = name.empty() ? absl::StrCat("sym", graph_->nodes_.size()) : name;
+  node.args = std::move(operands);
+  node.outputs.push_back(
+      NewValue(ValueType::kInt, node.name, static_cast<int>(graph_->nodes_.size())));
+  ValueId out = node.outputs[0];
+  graph_->nodes_.push_back(std::move(node));
+  return out;
+}
+
+absl::Status GraphBuilder::SetOutputs(std::vector<Arg> outputs) {
+  for (const auto& a : outputs) {
+    if (auto s = CheckArg(a, "graph output"); !s.ok()) return s;
+  }
+  graph_->outputs_ = std::move(outputs);
+  outputs_set_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status GraphBuilder::SetStaticInputs(std::vector<int> positions) {
+  const int n = static_cast<int>(graph_->inputs_.size());
+  graph_->static_mask_.assign(n, false);
+  for (int p : positions) {
+    if (p < 0 || p >= n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("static input index ", p, " is out of range (graph has ", n, " inputs)"));
+    }
+    if (graph_->values_[graph_->inputs_[p]].type != ValueType::kTensor) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("static input ", p, " is not a tensor input"));
+    }
+    graph_->static_mask_[p] = true;
+  }
+  graph_->static_inputs_ = std::move(positions);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const Graph>> GraphBuilder::Build() {
+  if (!outputs_set_) return absl::FailedPreconditionError("graph has no outputs set");
+  graph_->static_mask_.resize(graph_->inputs_.size(), false);
+  std::shared_ptr<const Graph> g(std::move(graph_));
+  graph_ = std::make_unique<Graph>();
+  outputs_set_ = false;
+  return g;
+}
+
+}  // namespace torchreplay::capture

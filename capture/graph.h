@@ -1,0 +1,145 @@
+// capture/graph.h: the IR a lowered ATen graph is held in, and the builder that validates it.
+//
+// A Graph is a list of inputs, a topologically ordered list of nodes and a list of outputs over
+// SSA values. A node is one of:
+//   - an operator call, resolved once to a c10::OperatorHandle; its arguments are given one per
+//     schema argument (defaults filled in by the builder), each a constant, a value, or a list
+//     whose elements are constants or values;
+//   - a getitem on a list value (ops that return Tensor[]);
+//   - integer arithmetic on symbolic values (sizes, scalar inputs): add, sub, mul, floordiv, ...
+// Graphs are immutable once built and shared (std::shared_ptr<const Graph>) by every engine and
+// thread that runs them.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace torchreplay::capture {
+
+using ValueId = int32_t;
+
+enum class ValueType { kTensor, kInt, kFloat, kBool, kTensorList, kNone };
+const char* ValueTypeName(ValueType t);
+
+// What the graph expects of a tensor input; checked when a call's inputs are seen the first time
+// under a new guard key, so that a wrong call gets a clear error instead of a kernel's.
+struct TensorSpec {
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  c10::DeviceType device = c10::DeviceType::CPU;
+  int64_t dim = 0;
+};
+
+struct ValueInfo {
+  ValueType type = ValueType::kTensor;
+  std::string name;
+  int producer = -1;                 // index of the producing node; -1 for inputs and constants
+  std::optional<TensorSpec> spec;    // inputs only, when known
+};
+
+// One argument of a node.
+struct Arg {
+  enum class Kind { kConstant, kValue, kList };
+  Kind kind = Kind::kConstant;
+  c10::IValue constant;   // kConstant
+  ValueId value = -1;     // kValue
+  std::vector<Arg> elems; // kList
+
+  static Arg Const(c10::IValue v);
+  static Arg Ref(ValueId v);
+  static Arg List(std::vector<Arg> elems);
+};
+
+enum class NodeKind { kOp, kGetItem, kSymArith };
+enum class SymOp { kAdd, kSub, kMul, kFloorDiv, kMod, kNeg, kMax, kMin };
+absl::StatusOr<SymOp> SymOpFromName(const std::string& name);  // "add", "floordiv", ...
+
+struct Node {
+  NodeKind kind = NodeKind::kOp;
+  std::string name;                    // e.g. "addmm_1" (the FX node name), for errors and dumps
+  std::optional<c10::OperatorHandle> op;
+  std::vector<Arg> args;               // kOp: one per schema argument; kSymArith: 1 or 2 operands
+  // For each kOp argument: the schema type the runtime value must be given as (Tensor arguments
+  // fed a number are wrapped into a 0-dim "wrapped number" tensor, as the Python binding does).
+  std::vector<c10::TypePtr> arg_types;
+  SymOp sym_op = SymOp::kAdd;          // kSymArith
+  int64_t index = 0;                   // kGetItem: the list element taken
+  std::vector<ValueId> outputs;
+};
+
+class Graph {
+ public:
+  const std::vector<ValueInfo>& values() const { return values_; }
+  const std::vector<ValueId>& inputs() const { return inputs_; }
+  const std::vector<Node>& nodes() const { return nodes_; }
+  const std::vector<Arg>& outputs() const { return outputs_; }
+  // Inputs (by position) whose tensors keep their address across calls: parameters, buffers,
+  // tensors marked static. Replay bakes their addresses in.
+  const std::vector<int>& static_inputs() const { return static_inputs_; }
+  bool is_static_input(int i) const { return i < static_mask_.size() && static_mask_[i]; }
+
+  // Human-readable listing: one line per input, node and output.
+  std::string ToString() const;
+
+ private:
+  friend class GraphBuilder;
+  std::vector<ValueInfo> values_;
+  std::vector<ValueId> inputs_;
+  std::vector<Node> nodes_;
+  std::vector<Arg> outputs_;
+  std::vector<int> static_inputs_;
+  std::vector<bool> static_mask_;
+};
+
+// Builds a Graph node by node; every call validates and returns a clear status on bad input
+// (unknown operator, wrong arity or argument kind, a value used before it is defined).
+class GraphBuilder {
+ public:
+  GraphBuilder();
+
+  ValueId AddInput(std::string name, ValueType type, std::optional<TensorSpec> spec = {});
+
+  // `op` is "namespace::name.overload" ("aten::addmm", "aten::sub.Tensor"). Positional args come
+  // first, then keyword args by schema name; missing trailing arguments take schema defaults.
+  absl::StatusOr<std::vector<ValueId>> AddOp(
+      const std::string& op, std::vector<Arg> args,
+      std::vector<std::pair<std::string, Arg>> kwargs = {}, std::string name = "");
+  absl::StatusOr<ValueId> AddGetItem(ValueId list, int64_t index, std::string name = "");
+  absl::StatusOr<ValueId> AddSymArith(SymOp op, std::vector<Arg> operands, std::string name = "");
+
+  absl::Status SetOutputs(std::vector<Arg> outputs);
+  absl::Status SetStaticInputs(std::vector<int> input_positions);
+
+  // Finishes the graph. The builder is left empty.
+  absl::StatusOr<std::shared_ptr<const Graph>> Build();
+
+ private:
+  absl::Status CheckArg(const Arg& arg, const std::string& where) const;
+  ValueId NewValue(ValueType type, std::string name, int producer);
+
+  std::unique_ptr<Graph> graph_;
+  bool outputs_set_ = false;
+};
+
+// Resolves "ns::name.overload" to an operator handle, or a clear NotFound status.
+absl::StatusOr<c10::OperatorHandle> FindOperator(const std::string& qualified_name);
+
+// "aten::add.Tensor"-style name of an operator.
+std::string OperatorName(const c10::OperatorHandle& op);
+
+// True for the schema types Tensor and Tensor?.
+bool IsTensorType(const c10::TypePtr& type);
+
+// A number given where a Tensor is expected becomes a 0-dim "wrapped number" tensor, exactly as
+// torch's own argument parsing does, so that type promotion matches eager.
+c10::IValue WrapNumber(const c10::IValue& number);
+
+}  // namespace torchreplay::capture

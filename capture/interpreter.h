@@ -1,0 +1,48 @@
+// capture/interpreter.h: runs a Graph op by op through the dispatcher (boxed calls).
+//
+// This is the "default" mode's executor, the eager reference every replay is compared with, and
+// the warm-up run that records what a capture needs to know.
+#pragma once
+
+#include <ATen/core/ivalue.h>
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "capture/graph.h"
+
+namespace torchreplay::capture {
+
+// Checks a call's inputs against the graph: count, kind, and for tensors dtype, device and rank.
+absl::Status CheckInputs(const Graph& graph, const std::vector<c10::IValue>& inputs);
+
+// The runtime value of `arg` for a parameter of schema type `type`, looked up in `env`.
+c10::IValue MaterializeArg(const Arg& arg, const c10::TypePtr& type,
+                           const std::vector<c10::IValue>& env);
+
+// Evaluates a kSymArith node on integer operands.
+int64_t EvalSymArith(SymOp op, int64_t a, int64_t b);
+
+class Interpreter {
+ public:
+  // Called after each node with the node's index and the environment (values by id).
+  using Observer = std::function<void(int node, const std::vector<c10::IValue>& env)>;
+
+  explicit Interpreter(std::shared_ptr<const Graph> graph);
+
+  // Runs the graph on `inputs` (by position). Values are freed after their last use unless an
+  // observer is given, in which case every value stays alive until the run ends.
+  absl::StatusOr<std::vector<c10::IValue>> Run(std::vector<c10::IValue> inputs,
+                                               const Observer* observer = nullptr) const;
+
+  const Graph& graph() const { return *graph_; }
+
+ private:
+  std::shared_ptr<const Graph> graph_;
+  std::vector<std::vector<ValueId>> free_after_;  // per node: values whose last use it is
+};
+
+}  // namespace torchreplay::capture
