@@ -1,0 +1,261 @@
+// bindings/module.cc: the pybind11 module torchreplay._C.
+//
+// Graph construction: the Python lowering hands each argument over as a tagged tuple,
+// ("v", value_id) for a graph value, ("l", [tagged...]) for a list with values in it, or
+// ("c", python_constant). Calls: Engine.run takes AOTAutograd's boxed argument list, clears it
+// (so inputs are freed as early as eager would free them), and returns the outputs as a list.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/Device.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/Layout.h>
+#include <torch/csrc/MemoryFormat.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <memory>
+#include <string>
+
+#include "capture/graph.h"
+#include "replay/engine.h"
+
+namespace py = pybind11;
+
+namespace torchreplay {
+namespace {
+
+[[noreturn]] void Throw(const absl::Status& s) {
+  if (s.code() == absl::StatusCode::kInvalidArgument || s.code() == absl::StatusCode::kNotFound ||
+      s.code() == absl::StatusCode::kOutOfRange) {
+    throw py::value_error(std::string(s.message()));
+  }
+  throw std::runtime_error(std::string(s.message()));
+}
+
+template <typename T>
+T Unwrap(absl::StatusOr<T> v) {
+  if (!v.ok()) Throw(v.status());
+  return std::move(*v);
+}
+
+c10::IValue ToIValue(py::handle obj) {
+  PyObject* o = obj.ptr();
+  if (o == Py_None) return {};
+  if (THPVariable_Check(o)) return THPVariable_Unpack(o);
+  if (PyBool_Check(o)) return o == Py_True;
+  if (PyLong_Check(o)) return static_cast<int64_t>(PyLong_AsLongLong(o));
+  if (PyFloat_Check(o)) return PyFloat_AsDouble(o);
+  if (PyUnicode_Check(o)) return obj.cast<std::string>();
+  if (THPDtype_Check(o)) return reinterpret_cast<THPDtype*>(o)->scalar_type;
+  if (THPDevice_Check(o)) return reinterpret_cast<THPDevice*>(o)->device;
+  if (THPLayout_Check(o)) return reinterpret_cast<THPLayout*>(o)->layout;
+  if (THPMemoryFormat_Check(o)) return reinterpret_cast<THPMemoryFormat*>(o)->memory_format;
+  if (PyComplex_Check(o)) return c10::complex<double>(PyComplex_RealAsDouble(o), PyComplex_ImagAsDouble(o));
+  if (PyList_Check(o) || PyTuple_Check(o)) {
+    auto seq = py::reinterpret_borrow<py::sequence>(obj);
+    bool all_int = true, all_float = true, all_bool = true, all_tensor = true;
+    for (auto item : seq) {
+      PyObject* p = item.ptr();
+      const bool is_bool = PyBool_Check(p);
+      all_bool = all_bool && is_bool;
+      all_int = all_int && PyLong_Check(p) && !is_bool;
+      all_float = all_float && (PyFloat_Check(p) || (PyLong_Check(p) && !is_bool));
+      all_tensor = all_tensor && THPVariable_Check(p);
+    }
+    if (seq.size() == 0 || all_int) {
+      std::vector<int64_t> v;
+      for (auto item : seq) v.push_back(item.cast<int64_t>());
+      return c10::List<int64_t>(v);
+    }
+    if (all_bool) {
+      c10::List<bool> v;
+      for (auto item : seq) v.push_back(item.ptr() == Py_True);
+      return v;
+    }
+    if (all_float) {
+      c10::List<double> v;
+      for (auto item : seq) v.push_back(item.cast<double>());
+      return v;
+    }
+    if (all_tensor) {
+      c10::List<at::Tensor> v;
+      for (auto item : seq) v.push_back(THPVariable_Unpack(item.ptr()));
+      return v;
+    }
+  }
+  throw py::type_error("torchreplay: cannot use a constant of type " +
+                       std::string(Py_TYPE(o)->tp_name) + " in a graph");
+}
+
+py::object FromIValue(const c10::IValue& v) {
+  if (v.isTensor()) return py::reinterpret_steal<py::object>(THPVariable_Wrap(v.toTensor()));
+  if (v.isNone()) return py::none();
+  if (v.isInt()) return py::int_(v.toInt());
+  if (v.isDouble()) return py::float_(v.toDouble());
+  if (v.isBool()) return py::bool_(v.toBool());
+  if (v.isTensorList()) {
+    py::list l;
+    for (const at::Tensor& t : v.toTensorVector()) {
+      l.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(t)));
+    }
+    return l;
+  }
+  throw py::type_error("torchreplay: cannot return a value of kind " + std::string(v.tagKind()));
+}
+
+capture::Arg ToArg(py::handle tagged) {
+  auto t = tagged.cast<py::tuple>();
+  const std::string tag = t[0].cast<std::string>();
+  if (tag == "v") return capture::Arg::Ref(t[1].cast<int>());
+  if (tag == "l") {
+    std::vector<capture::Arg> elems;
+    for (auto e : t[1]) elems.push_back(ToArg(e));
+    return capture::Arg::List(std::move(elems));
+  }
+  return capture::Arg::Const(ToIValue(t[1]));
+}
+
+capture::ValueType ValueTypeFromName(const std::string& s) {
+  if (s == "Tensor") return capture::ValueType::kTensor;
+  if (s == "int") return capture::ValueType::kInt;
+  if (s == "float") return capture::ValueType::kFloat;
+  if (s == "bool") return capture::ValueType::kBool;
+  throw py::value_error("torchreplay: unknown input type '" + s + "'");
+}
+
+py::dict StatsToDict(const replay::EngineStats& s) {
+  py::dict d;
+  d["calls"] = s.calls;
+  d["replays"] = s.replays;
+  d["captures"] = s.captures;
+  d["warmups"] = s.warmups;
+  d["eager_fallbacks"] = s.eager_fallbacks;
+  d["pool_bytes"] = s.pool_bytes;
+  py::list log;
+  for (const auto& c : s.capture_log) {
+    py::dict r;
+    r["key"] = c.key;
+    r["reason"] = c.reason;
+    r["nodes"] = c.nodes;
+    r["steps"] = c.steps;
+    r["out_variant_steps"] = c.out_variant_steps;
+    r["functional_steps"] = c.functional_steps;
+    r["precomputed"] = c.precomputed;
+    r["arena_bytes"] = c.arena_bytes;
+    r["tensor_bytes"] = c.tensor_bytes;
+    r["milliseconds"] = c.milliseconds;
+    r["functional_ops"] = c.functional_ops;
+    log.append(r);
+  }
+  d["capture_log"] = log;
+  d["fallback_reasons"] = s.fallback_reasons;
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "torchreplay C++ runtime: graph IR, interpreter and replay engine";
+
+  py::class_<capture::Graph, std::shared_ptr<capture::Graph>>(m, "Graph")
+      .def("__str__", &capture::Graph::ToString)
+      .def_property_readonly("num_nodes", [](const capture::Graph& g) { return g.nodes().size(); })
+      .def_property_readonly("num_inputs", [](const capture::Graph& g) { return g.inputs().size(); })
+      .def_property_readonly("static_inputs", &capture::Graph::static_inputs);
+
+  py::class_<capture::GraphBuilder>(m, "GraphBuilder")
+      .def(py::init<>())
+      .def("add_input",
+           [](capture::GraphBuilder& b, const std::string& name, const std::string& type,
+              py::object dtype, py::object device, py::object dim) {
+             std::optional<capture::TensorSpec> spec;
+             if (!dtype.is_none()) {
+               spec = capture::TensorSpec{
+                   reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type,
+                   reinterpret_cast<THPDevice*>(device.ptr())->device.type(), dim.cast<int64_t>()};
+             }
+             return b.AddInput(name, ValueTypeFromName(type), spec);
+           },
+           py::arg("name"), py::arg("type"), py::arg("dtype") = py::none(),
+           py::arg("device") = py::none(), py::arg("dim") = py::none())
+      .def("add_op",
+           [](capture::GraphBuilder& b, const std::string& op, py::list args, py::dict kwargs,
+              const std::string& name) {
+             std::vector<capture::Arg> a;
+             for (auto x : args) a.push_back(ToArg(x));
+             std::vector<std::pair<std::string, capture::Arg>> kw;
+             for (auto [k, v] : kwargs) kw.emplace_back(k.cast<std::string>(), ToArg(v));
+             return Unwrap(b.AddOp(op, std::move(a), std::move(kw), name));
+           },
+           py::arg("op"), py::arg("args"), py::arg("kwargs"), py::arg("name") = "")
+      .def("add_getitem",
+           [](capture::GraphBuilder& b, int list, int64_t index, const std::string& name) {
+             return Unwrap(b.AddGetItem(list, index, name));
+           })
+      .def("add_sym",
+           [](capture::GraphBuilder& b, const std::string& op, py::list operands,
+              const std::string& name) {
+             std::vector<capture::Arg> a;
+             for (auto x : operands) a.push_back(ToArg(x));
+             return Unwrap(b.AddSymArith(Unwrap(capture::SymOpFromName(op)), std::move(a), name));
+           })
+      .def("set_outputs",
+           [](capture::GraphBuilder& b, py::list outs) {
+             std::vector<capture::Arg> a;
+             for (auto x : outs) a.push_back(ToArg(x));
+             if (auto s = b.SetOutputs(std::move(a)); !s.ok()) Throw(s);
+           })
+      .def("set_static_inputs",
+           [](capture::GraphBuilder& b, std::vector<int> idx) {
+             if (auto s = b.SetStaticInputs(std::move(idx)); !s.ok()) Throw(s);
+           })
+      .def("build", [](capture::GraphBuilder& b) {
+        return std::const_pointer_cast<capture::Graph>(Unwrap(b.Build()));
+      });
+
+  py::class_<replay::Engine, std::shared_ptr<replay::Engine>>(m, "Engine")
+      .def(py::init([](std::shared_ptr<capture::Graph> g, const std::string& mode,
+                       int warmup_iters, int capture_limit, bool clone_outputs,
+                       const std::string& name) {
+             replay::EngineOptions o;
+             if (mode == "default") {
+               o.mode = replay::Mode::kDefault;
+             } else if (mode == "reduce-overhead") {
+               o.mode = replay::Mode::kReduceOverhead;
+             } else {
+               throw py::value_error("torchreplay: unknown mode '" + mode + "'");
+             }
+             if (warmup_iters < 0) throw py::value_error("torchreplay: warmup_iters must be >= 0");
+             if (capture_limit < 0) throw py::value_error("torchreplay: capture_limit must be >= 0");
+             o.warmup_iters = warmup_iters;
+             o.capture_limit = capture_limit;
+             o.clone_outputs = clone_outputs;
+             o.name = name;
+             return std::make_shared<replay::Engine>(std::move(g), std::move(o));
+           }),
+           py::arg("graph"), py::arg("mode") = "reduce-overhead", py::arg("warmup_iters") = 1,
+           py::arg("capture_limit") = 64, py::arg("clone_outputs") = false,
+           py::arg("name") = "graph")
+      .def("run",
+           [](replay::Engine& e, py::list args) {
+             std::vector<c10::IValue> inputs;
+             inputs.reserve(args.size());
+             for (auto a : args) inputs.push_back(ToIValue(a));
+             PyList_SetSlice(args.ptr(), 0, PyList_GET_SIZE(args.ptr()), nullptr);  // boxed call
+             absl::StatusOr<std::vector<c10::IValue>> out;
+             {
+               py::gil_scoped_release no_gil;
+               out = e.Run(std::move(inputs));
+             }
+             if (!out.ok()) Throw(out.status());
+             py::list result(out->size());
+             for (size_t i = 0; i < out->size(); ++i) result[i] = FromIValue((*out)[i]);
+             return result;
+           })
+      .def("stats", [](const replay::Engine& e) { return StatsToDict(e.stats()); })
+      .def_property_readonly("name", [](const replay::Engine& e) { return e.options().name; });
+
+  m.def("set_log_level", &replay::SetLogLevel);
+  m.def("log_level", &replay::LogLevel);
+}
+
+}  // namespace torchreplay

@@ -1,0 +1,36 @@
+"""torchreplay: captured-graph replay for PyTorch ("reduce-overhead").
+
+    import torch, torchreplay
+    config = torchreplay.CompilerConfig()
+    config.mode = "reduce-overhead"
+    model = torch.compile(model, backend=torchreplay.get_backend(compiler_config=config))
+
+or torch.compile(model, backend="torchreplay", options={"mode": "reduce-overhead"}).
+"""
+import logging as _logging
+
+import torch as _torch  # loads libtorch before the extension
+
+from . import _C
+from .backend import Backend, get_backend, named_backend, stats
+from .config import CompilerConfig
+from .lowering import LoweringError
+
+__all__ = ["Backend", "CompilerConfig", "LoweringError", "get_backend", "stats", "set_log_level"]
+
+_logging.getLogger("torchreplay").addHandler(_logging.NullHandler())
+
+
+def set_log_level(level: int) -> None:
+    """C++ log level: 0 debug, 1 info, 2 warning (default), 3 error. Same as TORCHREPLAY_LOG_LEVEL."""
+    _C.set_log_level(level)
+
+
+def _register() -> None:
+    from torch._dynamo.backends.registry import _BACKENDS, register_backend
+
+    if "torchreplay" not in _BACKENDS:
+        register_backend(name="torchreplay")(named_backend)
+
+
+_register()

@@ -1,0 +1,121 @@
+"""The torch.compile backend: AOTAutograd -> passes -> lowering -> a C++ Engine per graph."""
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import os
+import weakref
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import torch
+import torch.fx
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
+
+from . import _C
+from .config import CompilerConfig
+from .lowering import lower
+from .passes import run_passes
+
+logger = logging.getLogger("torchreplay")
+
+_graph_ids = itertools.count()
+_all_engines: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def _static_input_indices(kind: str, example_inputs: Sequence[Any]) -> List[int]:
+    """Parameters, buffers and tensors marked static, as AOTAutograd recorded them."""
+    if kind == "backward":
+        return []
+    ctx = torch._guards.TracingContext.try_get()
+    indices = []
+    if ctx is not None and ctx.fw_metadata is not None:
+        indices = list(ctx.fw_metadata.static_input_indices or [])
+    return [i for i in indices if i < len(example_inputs) and isinstance(example_inputs[i], torch.Tensor)]
+
+
+def _dump(config: CompilerConfig, name: str, gm: torch.fx.GraphModule, graph: Optional[Any]) -> None:
+    kind = config.debug.graph_dump.type
+    if kind is None:
+        return
+    directory = config.debug.graph_dump.path
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"torchreplay_{name}.{kind}")
+    with open(path, "w") as f:
+        if kind == "txt":
+            f.write(str(graph) if graph is not None else str(gm.graph))
+        else:  # "py": the ATen graph as runnable Python
+            f.write(f"# torchreplay graph {name}, mode {config.mode!r}\n")
+            f.write("import torch\nfrom math import inf, nan\nfrom torch import device\n")
+            f.write(gm.code)
+    logger.info("torchreplay: dumped graph %s to %s", name, path)
+
+
+class Backend:
+    """A torch.compile backend; one instance per CompilerConfig. Callable as
+    backend(gm, example_inputs). Keeps the engines it created, for stats()."""
+
+    def __init__(self, config: Optional[CompilerConfig] = None,
+                 custom_decompositions: Optional[Dict[Any, Callable]] = None) -> None:
+        self.config = config if config is not None else CompilerConfig()
+        self.decompositions = dict(custom_decompositions or {})
+        self.engines: List[Any] = []
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **_: Any) -> Any:
+        graph_id = next(_graph_ids)
+        compiler = functools.partial(self._compile, graph_id=graph_id)
+        return aot_autograd(
+            fw_compiler=functools.partial(compiler, kind="forward"),
+            bw_compiler=functools.partial(compiler, kind="backward"),
+            inference_compiler=functools.partial(compiler, kind="inference"),
+            decompositions=self.decompositions,
+            keep_inference_input_mutations=self.config.keep_inference_input_mutations,
+        )(gm, example_inputs)
+
+    def _compile(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
+                 graph_id: int, kind: str) -> Callable:
+        config = self.config
+        name = f"g{graph_id}.{kind}"
+        run_passes(gm, example_inputs, config)
+        if config.debug.run_eagerly:
+            _dump(config, name, gm, None)
+            logger.info("torchreplay: %s runs eagerly (debug.run_eagerly)", name)
+            return make_boxed_func(gm.forward)
+        graph = lower(gm, example_inputs, _static_input_indices(kind, example_inputs))
+        _dump(config, name, gm, graph)
+        ro = config.reduce_overhead
+        engine = _C.Engine(graph, config.mode, ro.warmup_iters, ro.capture_limit, ro.clone_outputs, name)
+        self.engines.append(engine)
+        _all_engines.add(engine)
+        logger.debug("torchreplay: compiled %s (%d nodes, static inputs %s) in mode %s",
+                     name, graph.num_nodes, graph.static_inputs, config.mode)
+        run = engine.run
+
+        def call(args: List[Any]) -> List[Any]:
+            return run(args)
+
+        call._boxed_call = True  # type: ignore[attr-defined]
+        call.engine = engine  # type: ignore[attr-defined]
+        return call
+
+    def stats(self) -> List[Dict[str, Any]]:
+        """Per engine (graph) of this backend: calls, replays, captures, fallbacks, capture log."""
+        return [dict(e.stats(), name=e.name) for e in self.engines]
+
+
+def get_backend(*, compiler_config: Optional[CompilerConfig] = None,
+                custom_decompositions: Optional[Dict[Any, Callable]] = None) -> Backend:
+    """The backend to hand to torch.compile(model, backend=...)."""
+    return Backend(compiler_config, custom_decompositions)
+
+
+def named_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+                  options: Optional[Dict[str, Any]] = None, **_: Any) -> Any:
+    """torch.compile(model, backend="torchreplay", options={...})."""
+    return Backend(CompilerConfig.from_options(options))(gm, example_inputs)
+
+
+def stats() -> List[Dict[str, Any]]:
+    """Stats of every live engine in the process."""
+    return [dict(e.stats(), name=e.name) for e in list(_all_engines)]

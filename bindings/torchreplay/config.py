@@ -1,0 +1,131 @@
+"""CompilerConfig: the settings of a torchreplay backend, shaped after torchair's.
+
+    config = torchreplay.CompilerConfig()
+    config.mode = "reduce-overhead"                 # or "default"
+    config.reduce_overhead.warmup_iters = 1
+    config.debug.graph_dump.type = "txt"            # "txt", "py" (or None)
+    config.post_grad_custom_pre_pass = my_pass      # fn(gm, example_inputs, config) -> None
+
+Every field is checked when it is set, so a typo fails where it is written.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Optional
+
+MODES = ("default", "reduce-overhead")
+DUMP_TYPES = (None, "txt", "py")
+
+FxPass = Callable[[Any, Any, "CompilerConfig"], None]
+
+
+class _Section:
+    """A group of typed settings; unknown names and wrong types raise at assignment."""
+
+    _fields: Dict[str, tuple] = {}
+
+    def __init__(self) -> None:
+        for name, (default, _check, _doc) in self._fields.items():
+            object.__setattr__(self, name, default)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in self._fields:
+            raise AttributeError(
+                f"{type(self).__name__} has no setting '{name}'; settings: {sorted(self._fields)}"
+            )
+        _default, check, doc = self._fields[name]
+        error = check(value)
+        if error:
+            raise ValueError(f"{type(self).__name__}.{name} = {value!r}: {error} ({doc})")
+        object.__setattr__(self, name, value)
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {name: getattr(self, name) for name in self._fields}
+
+    def __repr__(self) -> str:
+        body = ", ".join(f"{k}={v!r}" for k, v in self.as_dict().items())
+        return f"{type(self).__name__}({body})"
+
+
+def _is_int_at_least(lo: int) -> Callable[[Any], Optional[str]]:
+    return lambda v: None if isinstance(v, int) and not isinstance(v, bool) and v >= lo else f"want an int >= {lo}"
+
+
+def _is_bool(v: Any) -> Optional[str]:
+    return None if isinstance(v, bool) else "want True or False"
+
+
+def _is_pass(v: Any) -> Optional[str]:
+    return None if v is None or callable(v) else "want a callable fn(gm, example_inputs, config) or None"
+
+
+class ReduceOverheadConfig(_Section):
+    _fields = {
+        "warmup_iters": (1, _is_int_at_least(0), "eager runs of a new shape before it is captured"),
+        "capture_limit": (64, _is_int_at_least(0), "shapes captured per graph; later new shapes run eagerly"),
+        "clone_outputs": (False, _is_bool, "hand out copies instead of views of the static pool"),
+    }
+
+
+class GraphDumpConfig(_Section):
+    _fields = {
+        "type": (None, lambda v: None if v in DUMP_TYPES else f"want one of {DUMP_TYPES}", "what to dump"),
+        "path": (".", lambda v: None if isinstance(v, str) and v else "want a directory path", "where"),
+    }
+
+
+class DebugConfig(_Section):
+    _fields = {
+        "run_eagerly": (False, _is_bool, "run the lowered FX graph in Python instead of the C++ runtime"),
+        "graph_dump": (None, lambda v: None if isinstance(v, GraphDumpConfig) else "want a GraphDumpConfig", ""),
+    }
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.graph_dump = GraphDumpConfig()
+
+
+class CompilerConfig(_Section):
+    _fields = {
+        "mode": ("default", lambda v: None if v in MODES else f"want one of {MODES}", "execution mode"),
+        "keep_inference_input_mutations": (True, _is_bool, "keep input mutations inside the graph"),
+        "post_grad_custom_pre_pass": (None, _is_pass, "FX pass run before the built-in passes"),
+        "post_grad_custom_post_pass": (None, _is_pass, "FX pass run after the built-in passes"),
+        "reduce_overhead": (None, lambda v: None if isinstance(v, ReduceOverheadConfig) else "want a ReduceOverheadConfig", ""),
+        "debug": (None, lambda v: None if isinstance(v, DebugConfig) else "want a DebugConfig", ""),
+    }
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reduce_overhead = ReduceOverheadConfig()
+        self.debug = DebugConfig()
+
+    # Names accepted in torch.compile(..., backend="torchreplay", options={...}).
+    _OPTION_PATHS = {
+        "mode": ("mode",),
+        "keep_inference_input_mutations": ("keep_inference_input_mutations",),
+        "post_grad_custom_pre_pass": ("post_grad_custom_pre_pass",),
+        "post_grad_custom_post_pass": ("post_grad_custom_post_pass",),
+        "warmup_iters": ("reduce_overhead", "warmup_iters"),
+        "capture_limit": ("reduce_overhead", "capture_limit"),
+        "clone_outputs": ("reduce_overhead", "clone_outputs"),
+        "run_eagerly": ("debug", "run_eagerly"),
+        "graph_dump_type": ("debug", "graph_dump", "type"),
+        "graph_dump_path": ("debug", "graph_dump", "path"),
+    }
+
+    @classmethod
+    def from_options(cls, options: Optional[Dict[str, Any]]) -> "CompilerConfig":
+        """Builds a config from a flat options dict; dotted paths ("reduce_overhead.warmup_iters")
+        are accepted too."""
+        config = cls()
+        for key, value in (options or {}).items():
+            path = cls._OPTION_PATHS.get(key) or tuple(key.split("."))
+            target: Any = config
+            for part in path[:-1]:
+                if not isinstance(getattr(target, part, None), _Section):
+                    raise ValueError(
+                        f"torchreplay: unknown option '{key}'; options: {sorted(cls._OPTION_PATHS)}"
+                    )
+                target = getattr(target, part)
+            setattr(target, path[-1], value)
+        return config

@@ -1,0 +1,490 @@
+// The CPU kernel tape.
+//
+// Note [What is decided at capture]
+// Under one guard key every size, stride and symbolic scalar is fixed, so capture classifies each
+// value of the graph as either
+//   - constant: non-tensor values, static inputs (parameters: their address is checked by the
+//     engine), planned arena buffers, and views of those (precomputed once); or
+//   - per call: non-static inputs (rebound, never copied), and results of ops that must run
+//     functionally (no out= variant, or an argument that changes per call).
+// Each remaining node becomes a Step: a prebuilt argument stack with constants filled in, a few
+// patches that drop per-call values into place, and the kernel to redispatch to. Replay walks the
+// steps: no Python, no schema lookups, no allocation for out= steps.
+//
+// Note [Why in-place ops keep their meaning]
+// Non-static inputs are bound by reference, so an in-place op on an input (copy_ into a KV cache,
+// a running-stats update) writes into the caller's tensor exactly as eager does; its result is the
+// same value as its argument, constant or per call alike.
+#include <ATen/EmptyTensor.h>
+#include <ATen/core/List.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/record_function.h>
+#include <c10/core/TensorImpl.h>
+#include <c10/core/impl/SizesAndStrides.h>
+
+#include <mutex>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "capture/stream_graph.h"
+
+namespace torchreplay::capture {
+namespace {
+
+// ---------------------------------------------------------------- recording
+
+void RecordTensor(const at::Tensor& t, ValueRecord* r) {
+  r->is_tensor = true;
+  if (!t.defined()) return;
+  r->dtype = t.scalar_type();
+  r->device = t.device();
+  r->sizes.assign(t.sizes().begin(), t.sizes().end());
+  r->strides.assign(t.strides().begin(), t.strides().end());
+  r->storage_offset = t.storage_offset();
+}
+
+// ---------------------------------------------------------------- out= variants
+
+// For a functional schema, the overload of the same name that takes the same arguments plus one
+// keyword-only `out` tensor per return (e.g. aten::add.Tensor -> aten::add.out).
+std::optional<c10::OperatorHandle> FindOutVariant(const c10::OperatorHandle& op) {
+  static std::mutex mu;
+  static absl::flat_hash_map<std::string, std::vector<std::string>>* overloads = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (overloads == nullptr) {
+      overloads = new absl::flat_hash_map<std::string, std::vector<std::string>>();
+      for (const auto& name : c10::Dispatcher::singleton().getAllOpNames()) {
+        (*overloads)[name.name].push_back(name.overload_name);
+      }
+    }
+  }
+  const c10::FunctionSchema& fs = op.schema();
+  if (fs.is_mutable() || fs.returns().empty()) return std::nullopt;
+  for (const auto& r : fs.returns()) {
+    if (r.type()->kind() != c10::TypeKind::TensorType) return std::nullopt;
+  }
+  auto it = overloads->find(fs.name());
+  if (it == overloads->end()) return std::nullopt;
+  for (const auto& ovl : it->second) {
+    if (ovl == fs.overload_name()) continue;
+    auto cand = c10::Dispatcher::singleton().findSchema({fs.name(), ovl});
+    if (!cand.has_value()) continue;
+    const auto& cs = cand->schema();
+    const auto& fa = fs.arguments();
+    const auto& ca = cs.arguments();
+    if (ca.size() != fa.size() + fs.returns().size()) continue;
+    bool ok = true;
+    for (size_t i = 0; ok && i < fa.size(); ++i) {
+      ok = ca[i].name() == fa[i].name() && *ca[i].type() == *fa[i].type();
+    }
+    for (size_t i = fa.size(); ok && i < ca.size(); ++i) {
+      ok = ca[i].is_out() && ca[i].type()->kind() == c10::TypeKind::TensorType;
+    }
+    if (ok) return cand;
+  }
+  return std::nullopt;
+}
+
+bool IsSizeQuery(const std::string& name) {
+  static const absl::flat_hash_set<std::string> kSizeOps = {
+      "aten::sym_size", "aten::sym_stride", "aten::sym_numel", "aten::sym_storage_offset",
+      "aten::size", "aten::stride", "aten::numel", "aten::dim"};
+  return kSizeOps.contains(name);
+}
+
+bool HasDataDependentShape(const std::string& name) {
+  static const absl::flat_hash_set<std::string> kOps = {
+      "aten::nonzero", "aten::masked_select", "aten::unique", "aten::_unique", "aten::_unique2",
+      "aten::unique_dim", "aten::unique_consecutive", "aten::unique_dim_consecutive",
+      "aten::repeat_interleave", "aten::bincount", "aten::argwhere", "aten::nonzero_numpy"};
+  return kOps.contains(name);
+}
+
+// ---------------------------------------------------------------- the tape
+
+struct Patch {
+  int arg = 0;    // position in the stack
+  int elem = -1;  // element of a list argument, or -1 for the whole argument
+  int slot = 0;   // per-call value
+};
+
+struct Step {
+  enum class Kind : uint8_t { kCall, kGetItem };
+  Kind kind = Kind::kCall;
+  c10::OperatorHandle op;
+  std::vector<c10::IValue> args;  // prebuilt stack
+  absl::InlinedVector<Patch, 4> patches;
+  absl::InlinedVector<int, 2> out_slots;  // per return: slot to store it in, or -1
+  int64_t index = 0;                      // kGetItem
+  explicit Step(c10::OperatorHandle h) : op(std::move(h)) {}
+};
+
+// How a value is known during replay.
+struct Binding {
+  bool constant = false;
+  c10::IValue value;  // constant
+  int slot = -1;      // per call
+};
+
+class KernelTape final : public StreamGraph {
+ public:
+  absl::Status Replay(const std::vector<c10::IValue>& inputs,
+                      std::vector<c10::IValue>* outputs) override;
+  const CaptureInfo& info() const override { return info_; }
+  bool OutputInPool(size_t i) const override { return output_in_pool_[i]; }
+
+  CaptureInfo info_;
+  std::vector<Step> steps_;
+  std::vector<std::pair<int, int>> input_slots_;  // (input position, slot)
+  std::vector<Binding> outputs_;
+  std::vector<bool> output_in_pool_;
+  std::vector<c10::IValue> slots_;
+  torch::jit::Stack stack_;
+  c10::DispatchKeySet keys_{c10::DispatchKey::CPU};
+};
+
+absl::Status KernelTape::Replay(const std::vector<c10::IValue>& inputs,
+                                std::vector<c10::IValue>* outputs) {
+  for (const auto& [pos, slot] : input_slots_) slots_[slot] = inputs[pos];
+  try {
+    for (Step& s : steps_) {
+      if (s.kind == Step::Kind::kGetItem) {
+        slots_[s.out_slots[0]] = slots_[s.patches[0].slot].toList().get(s.index);
+        continue;
+      }
+      stack_.assign(s.args.begin(), s.args.end());
+      for (const Patch& p : s.patches) {
+        if (p.elem < 0) {
+          stack_[p.arg] = slots_[p.slot];
+        } else {
+          stack_[p.arg].toList().set(p.elem, slots_[p.slot]);
+        }
+      }
+      s.op.redispatchBoxed(keys_, &stack_);
+      for (size_t r = 0; r < s.out_slots.size(); ++r) {
+        if (s.out_slots[r] >= 0) slots_[s.out_slots[r]] = std::move(stack_[r]);
+      }
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("replay failed: ", e.what_without_backtrace()));
+  }
+  outputs->clear();
+  for (const Binding& b : outputs_) {
+    outputs->push_back(b.constant ? b.value : slots_[b.slot]);
+  }
+  for (auto& v : slots_) v = c10::IValue();
+  stack_.clear();
+  return absl::OkStatus();
+}
+
+at::Tensor ArenaView(const memory_pool::Arena& arena, const ValueRecord& r, int64_t byte_offset) {
+  auto impl = c10::make_intrusive<c10::TensorImpl>(
+      c10::Storage(arena.storage()), c10::DispatchKeySet(c10::DispatchKey::CPU),
+      c10::scalarTypeToTypeMeta(r.dtype));
+  impl->set_sizes_and_strides(r.sizes, r.strides, byte_offset / c10::elementSize(r.dtype));
+  return at::Tensor(std::move(impl));
+}
+
+void ForEachUse(const Arg& a, const std::function<void(ValueId)>& f) {
+  if (a.kind == Arg::Kind::kValue) f(a.value);
+  for (const auto& e : a.elems) ForEachUse(e, f);
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<c10::IValue>> RunAndRecord(const Interpreter& interp,
+                                                      std::vector<c10::IValue> inputs,
+                                                      Recording* recording) {
+  const Graph& g = interp.graph();
+  recording->values.assign(g.values().size(), ValueRecord{});
+  absl::flat_hash_map<const c10::StorageImpl*, ValueId> owner;
+  auto record = [&](ValueId id, const c10::IValue& v) {
+    ValueRecord& r = recording->values[id];
+    if (v.isTensor()) {
+      RecordTensor(v.toTensor(), &r);
+      r.root = id;
+      if (v.toTensor().defined() && v.toTensor().has_storage()) {
+        auto [it, inserted] = owner.emplace(v.toTensor().storage().unsafeGetStorageImpl(), id);
+        r.root = it->second;
+      }
+    } else if (v.isTensorList()) {
+      r.is_list = true;
+    } else {
+      r.scalar = v;
+    }
+  };
+  for (size_t i = 0; i < g.inputs().size() && i < inputs.size(); ++i) record(g.inputs()[i], inputs[i]);
+  Interpreter::Observer observer = [&](int node, const std::vector<c10::IValue>& env) {
+    for (ValueId v : g.nodes()[node].outputs) record(v, env[v]);
+  };
+  return interp.Run(std::move(inputs), &observer);
+}
+
+absl::StatusOr<std::unique_ptr<StreamGraph>> CaptureKernelTape(
+    std::shared_ptr<const Graph> graph, const Recording& rec,
+    const std::vector<c10::IValue>& inputs, memory_pool::Arena* arena) {
+  const Graph& g = *graph;
+  auto tape = std::make_unique<KernelTape>();
+  const int num_nodes = static_cast<int>(g.nodes().size());
+  tape->info_.nodes = num_nodes;
+  std::vector<Binding> bind(g.values().size());
+  int num_slots = 0;
+  std::vector<bool> in_arena(g.values().size(), false);  // value's memory is the arena
+  auto new_slot = [&](ValueId v) {
+    bind[v].constant = false;
+    bind[v].slot = num_slots++;
+  };
+  auto set_const = [&](ValueId v, c10::IValue c) {
+    bind[v].constant = true;
+    bind[v].value = std::move(c);
+  };
+
+  // Liveness of each root value, in node indices: arena buffers are planned from it.
+  std::vector<int> last_use(g.values().size(), -1);
+  auto use = [&](ValueId v, int at) {
+    ValueId root = rec.values[v].root >= 0 ? rec.values[v].root : v;
+    last_use[root] = std::max(last_use[root], at);
+    last_use[v] = std::max(last_use[v], at);
+  };
+  for (int i = 0; i < num_nodes; ++i) {
+    for (const auto& a : g.nodes()[i].args) ForEachUse(a, [&](ValueId v) { use(v, i); });
+  }
+  for (const auto& a : g.outputs()) ForEachUse(a, [&](ValueId v) { use(v, num_nodes); });
+
+  // Builds a step's prebuilt stack from node args; per-call values become patches.
+  auto build_args = [&](const Node& n, Step* step) {
+    for (size_t a = 0; a < n.args.size(); ++a) {
+      const Arg& arg = n.args[a];
+      const c10::TypePtr& type = n.arg_types[a];
+      if (arg.kind == Arg::Kind::kConstant) {
+        step->args.push_back(arg.constant);
+      } else if (arg.kind == Arg::Kind::kValue) {
+        const Binding& b = bind[arg.value];
+        if (b.constant) {
+          step->args.push_back(IsTensorType(type) && !b.value.isTensor() ? WrapNumber(b.value)
+                                                                          : b.value);
+        } else {
+          step->args.emplace_back();
+          step->patches.push_back(Patch{static_cast<int>(a), -1, b.slot});
+        }
+      } else {
+        Arg resolved = arg;
+        for (size_t e = 0; e < arg.elems.size(); ++e) {
+          const Arg& el = arg.elems[e];
+          if (el.kind != Arg::Kind::kValue) continue;
+          const Binding& b = bind[el.value];
+          if (b.constant) {
+            resolved.elems[e] = Arg::Const(b.value);
+          } else {
+            resolved.elems[e] = Arg::Const(at::Tensor());
+            step->patches.push_back(Patch{static_cast<int>(a), static_cast<int>(e), b.slot});
+          }
+        }
+        step->args.push_back(MaterializeArg(resolved, type, {}));
+      }
+    }
+  };
+  auto all_constant = [&](const Node& n) {
+    bool all = true;
+    for (const auto& a : n.args) ForEachUse(a, [&](ValueId v) { all = all && bind[v].constant; });
+    return all;
+  };
+  auto arena_of_args = [&](const Node& n) {
+    bool any = false;
+    for (const auto& a : n.args) ForEachUse(a, [&](ValueId v) { any = any || in_arena[v]; });
+    return any;
+  };
+
+  // Two passes over the same walk. The first decides how each value is bound and collects the
+  // arena requests; the second, with the arena planned, builds the steps and precomputes views.
+  std::vector<memory_pool::BufferRequest> requests;
+  std::vector<ValueId> request_values;
+  absl::flat_hash_map<ValueId, at::Tensor> buffers;
+  auto walk = [&](bool build) -> absl::Status {
+    num_slots = 0;
+    std::fill(bind.begin(), bind.end(), Binding{});
+    tape->input_slots_.clear();
+    for (size_t i = 0; i < g.inputs().size(); ++i) {
+      // Static tensors and scalars are constants; other tensors are rebound per call.
+      const ValueId v = g.inputs()[i];
+      if (inputs[i].isTensor() && !g.is_static_input(static_cast<int>(i))) {
+        new_slot(v);
+        tape->input_slots_.emplace_back(static_cast<int>(i), bind[v].slot);
+      } else {
+        set_const(v, inputs[i]);
+      }
+    }
+    for (int i = 0; i < num_nodes; ++i) {
+      const Node& n = g.nodes()[i];
+      if (n.kind == NodeKind::kSymArith) {
+        set_const(n.outputs[0], rec.values[n.outputs[0]].scalar);
+        tape->info_.precomputed += build;
+        continue;
+      }
+      if (n.kind == NodeKind::kGetItem) {
+        const ValueId list = n.args[0].value;
+        in_arena[n.outputs[0]] = in_arena[list];
+        if (bind[list].constant) {
+          set_const(n.outputs[0], build ? bind[list].value.toList().get(n.index) : c10::IValue());
+          tape->info_.precomputed += build;
+        } else {
+          new_slot(n.outputs[0]);
+          if (build) {
+            Step step(*FindOperator("aten::alias"));
+            step.kind = Step::Kind::kGetItem;
+            step.index = n.index;
+            step.patches.push_back(Patch{0, -1, bind[list].slot});
+            step.out_slots.push_back(bind[n.outputs[0]].slot);
+            tape->steps_.push_back(std::move(step));
+          }
+        }
+        continue;
+      }
+      const std::string name = OperatorName(*n.op);
+      const std::string base = n.op->schema().name();
+      if (HasDataDependentShape(base)) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("node '", n.name, "' (", name, ") has a data-dependent output shape"));
+      }
+      bool returns_scalar = false;
+      for (ValueId o : n.outputs) {
+        returns_scalar = returns_scalar || (!rec.values[o].is_tensor && !rec.values[o].is_list);
+      }
+      if (returns_scalar) {
+        if (!IsSizeQuery(base)) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "node '", n.name, "' (", name, ") reads a value from tensor data on the host"));
+        }
+        for (ValueId o : n.outputs) set_const(o, rec.values[o].scalar);
+        tape->info_.precomputed += build;
+        continue;
+      }
+      // Which outputs are fresh tensors, and which alias an argument?
+      bool all_fresh = true, any_fresh = false;
+      for (ValueId o : n.outputs) {
+        const bool fresh = rec.values[o].is_tensor && rec.values[o].root == o;
+        all_fresh = all_fresh && fresh;
+        any_fresh = any_fresh || fresh;
+      }
+      const bool mutable_op = n.op->schema().is_mutable();
+
+      if (!mutable_op && !any_fresh && all_constant(n)) {
+        // A view (or list of views) of constant tensors: computed once, here.
+        const bool from_arena = arena_of_args(n);
+        if (build) {
+          Step probe(*n.op);
+          build_args(n, &probe);
+          try {
+            n.op->callBoxed(&probe.args);
+          } catch (const c10::Error& e) {
+            return absl::InternalError(absl::StrCat("node '", n.name, "' failed at capture: ",
+                                                    e.what_without_backtrace()));
+          }
+          for (size_t o = 0; o < n.outputs.size(); ++o) set_const(n.outputs[o], probe.args[o]);
+          ++tape->info_.precomputed;
+        } else {
+          for (ValueId o : n.outputs) set_const(o, c10::IValue());
+        }
+        for (ValueId o : n.outputs) in_arena[o] = from_arena;
+        continue;
+      }
+
+      std::optional<c10::OperatorHandle> out_op;
+      if (!mutable_op && all_fresh) out_op = FindOutVariant(*n.op);
+      bool plannable = out_op.has_value();
+      for (ValueId o : n.outputs) {
+        plannable = plannable && rec.values[o].storage_offset == 0 && rec.values[o].device.is_cpu();
+      }
+      if (plannable) {
+        Step step(*out_op);
+        if (build) build_args(n, &step);
+        for (ValueId o : n.outputs) {
+          const ValueRecord& r = rec.values[o];
+          if (!build) {
+            const int64_t nbytes = static_cast<int64_t>(
+                at::detail::computeStorageNbytes(r.sizes, r.strides, c10::elementSize(r.dtype)));
+            requests.push_back(memory_pool::BufferRequest{nbytes, i, std::max(last_use[o], i)});
+            request_values.push_back(o);
+          }
+          in_arena[o] = true;
+          set_const(o, build ? c10::IValue(buffers.at(o)) : c10::IValue());
+          if (build) step.args.push_back(buffers.at(o));
+        }
+        if (build) {
+          step.out_slots.assign(n.outputs.size(), -1);
+          tape->steps_.push_back(std::move(step));
+          ++tape->info_.out_variant_steps;
+        }
+        continue;
+      }
+
+      // Runs as it is, every call.
+      Step step(*n.op);
+      if (build) build_args(n, &step);
+      for (ValueId out : n.outputs) {
+        const ValueRecord& r = rec.values[out];
+        // An in-place op's result is its argument: same binding, no new slot.
+        std::optional<ValueId> same_as;
+        if (mutable_op && r.is_tensor && r.root != out) {
+          for (const auto& a : n.args) {
+            const ValueRecord& ar = a.kind == Arg::Kind::kValue ? rec.values[a.value] : r;
+            if (a.kind == Arg::Kind::kValue && ar.root == r.root && ar.sizes == r.sizes &&
+                ar.strides == r.strides && ar.storage_offset == r.storage_offset) {
+              same_as = a.value;
+              break;
+            }
+          }
+        }
+        if (same_as.has_value()) {
+          bind[out] = bind[*same_as];
+          in_arena[out] = in_arena[*same_as];
+          step.out_slots.push_back(-1);
+        } else {
+          new_slot(out);
+          in_arena[out] = !r.is_list && r.root != out && in_arena[r.root];
+          step.out_slots.push_back(bind[out].slot);
+        }
+      }
+      if (build) {
+        if (any_fresh) {
+          ++tape->info_.functional_steps;
+          tape->info_.functional_ops.push_back(name);
+        }
+        tape->steps_.push_back(std::move(step));
+      }
+    }
+    return absl::OkStatus();
+  };
+
+  if (auto s = walk(/*build=*/false); !s.ok()) return s;
+  const memory_pool::ArenaPlan plan = memory_pool::PlanArena(requests);
+  arena->Reserve(plan.arena_bytes);
+  tape->info_.arena_bytes = plan.arena_bytes;
+  tape->info_.tensor_bytes = plan.tensor_bytes;
+  for (size_t k = 0; k < requests.size(); ++k) {
+    buffers[request_values[k]] = ArenaView(*arena, rec.values[request_values[k]], plan.offsets[k]);
+  }
+  if (auto s = walk(/*build=*/true); !s.ok()) return s;
+  tape->info_.steps = static_cast<int>(tape->steps_.size());
+  tape->slots_.resize(num_slots);
+  for (const auto& a : g.outputs()) {
+    Binding b;
+    bool pool = false;
+    if (a.kind == Arg::Kind::kValue) {
+      b = bind[a.value];
+      pool = in_arena[a.value];
+    } else {
+      b.constant = true;
+      b.value = a.constant;
+    }
+    tape->outputs_.push_back(std::move(b));
+    tape->output_in_pool_.push_back(pool);
+  }
+  return std::unique_ptr<StreamGraph>(std::move(tape));
+}
+
+}  // namespace torchreplay::capture

@@ -1,0 +1,76 @@
+// capture/stream_graph.h: a captured graph that replays without re-dispatching op by op.
+//
+// Two backends implement StreamGraph: the CPU kernel tape (this file) and the CUDA stream graph
+// (cuda_stream_graph.h). Both are built from a Recording of one eager (warm-up) run of the graph
+// under the guard key they serve, and both are replayed only with inputs of that key.
+#pragma once
+
+#include <ATen/core/ivalue.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "capture/graph.h"
+#include "capture/interpreter.h"
+#include "memory_pool/arena.h"
+
+namespace torchreplay::capture {
+
+// What one eager run showed about each value: tensor metadata, and which value's storage it
+// shares (its "root": itself for a fresh tensor, or the input/value it is a view or in-place
+// result of). Non-tensor values (sizes, symbolic scalars) are kept: under one guard key they are
+// constants.
+struct ValueRecord {
+  bool is_tensor = false;
+  bool is_list = false;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  c10::Device device = c10::Device(c10::DeviceType::CPU);
+  std::vector<int64_t> sizes, strides;
+  int64_t storage_offset = 0;
+  ValueId root = -1;
+  c10::IValue scalar;  // non-tensor values
+};
+
+struct Recording {
+  std::vector<ValueRecord> values;
+};
+
+// Runs `interp` eagerly on `inputs` and records every value. Returns the run's outputs.
+absl::StatusOr<std::vector<c10::IValue>> RunAndRecord(const Interpreter& interp,
+                                                      std::vector<c10::IValue> inputs,
+                                                      Recording* recording);
+
+struct CaptureInfo {
+  int nodes = 0;
+  int steps = 0;              // kernel calls per replay
+  int out_variant_steps = 0;  // ... of which write into planned arena buffers
+  int functional_steps = 0;   // ... of which allocate their result (no out= variant, or dynamic)
+  int precomputed = 0;        // nodes decided once at capture (views of static tensors, sizes)
+  int64_t arena_bytes = 0;    // this key's plan
+  int64_t tensor_bytes = 0;   // what one buffer per planned tensor would have cost
+  std::vector<std::string> functional_ops;  // ops that ran functionally, for the report
+};
+
+class StreamGraph {
+ public:
+  virtual ~StreamGraph() = default;
+  // Replays on `inputs` (same guard key as captured) and writes the graph's outputs.
+  virtual absl::Status Replay(const std::vector<c10::IValue>& inputs,
+                              std::vector<c10::IValue>* outputs) = 0;
+  virtual const CaptureInfo& info() const = 0;
+  // True for outputs whose memory is the engine's pool (reused by the next replay).
+  virtual bool OutputInPool(size_t i) const = 0;
+};
+
+// Captures the CPU kernel tape: every kernel resolved once (redispatched below autograd), `out=`
+// variants writing into buffers planned in `arena`, views of static tensors precomputed,
+// constants prebuilt. `inputs` are those of the recorded run (static ones are baked in).
+// Returns FailedPrecondition, with the reason, for graphs that cannot be replayed (data-dependent
+// shapes or scalars).
+absl::StatusOr<std::unique_ptr<StreamGraph>> CaptureKernelTape(
+    std::shared_ptr<const Graph> graph, const Recording& recording,
+    const std::vector<c10::IValue>& inputs, memory_pool::Arena* arena);
+
+}  // namespace torchreplay::capture

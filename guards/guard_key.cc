@@ -1,0 +1,137 @@
+#include "guards/guard_key.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace torchreplay::guards {
+namespace {
+
+InputGuard GuardOf(const c10::IValue& v) {
+  InputGuard g;
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    g.kind = InputGuard::Kind::kTensor;
+    if (!t.defined()) return g;
+    g.dtype = t.scalar_type();
+    g.device = t.device();
+    g.sizes.assign(t.sizes().begin(), t.sizes().end());
+    g.strides.assign(t.strides().begin(), t.strides().end());
+    g.storage_offset = t.storage_offset();
+  } else if (v.isInt()) {
+    g.kind = InputGuard::Kind::kInt;
+    g.int_value = v.toInt();
+  } else if (v.isDouble()) {
+    g.kind = InputGuard::Kind::kFloat;
+    g.float_value = v.toDouble();
+  } else if (v.isBool()) {
+    g.kind = InputGuard::Kind::kBool;
+    g.int_value = v.toBool();
+  } else if (v.isNone()) {
+    g.kind = InputGuard::Kind::kNone;
+  }
+  return g;
+}
+
+bool SameDims(absl::Span<const int64_t> a, c10::IntArrayRef b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] != b[i]) return false;
+  }
+  return true;
+}
+
+bool Matches(const InputGuard& g, const c10::IValue& v) {
+  switch (g.kind) {
+    case InputGuard::Kind::kTensor: {
+      if (!v.isTensor()) return false;
+      const at::Tensor& t = v.toTensor();
+      if (!t.defined()) return g.dtype == c10::ScalarType::Undefined;
+      return t.scalar_type() == g.dtype && t.device() == g.device &&
+             t.storage_offset() == g.storage_offset && SameDims(g.sizes, t.sizes()) &&
+             SameDims(g.strides, t.strides());
+    }
+    case InputGuard::Kind::kInt: return v.isInt() && v.toInt() == g.int_value;
+    case InputGuard::Kind::kFloat: return v.isDouble() && v.toDouble() == g.float_value;
+    case InputGuard::Kind::kBool: return v.isBool() && v.toBool() == static_cast<bool>(g.int_value);
+    case InputGuard::Kind::kNone: return v.isNone();
+    case InputGuard::Kind::kOther: return !v.isTensor() && !v.isInt() && !v.isDouble() && !v.isBool() && !v.isNone();
+  }
+  return false;
+}
+
+std::string Dims(absl::Span<const int64_t> d) { return absl::StrCat("(", absl::StrJoin(d, ", "), ")"); }
+
+std::string Describe(const InputGuard& g) {
+  switch (g.kind) {
+    case InputGuard::Kind::kTensor:
+      return absl::StrCat(c10::toString(g.dtype), Dims(g.sizes), "/", Dims(g.strides), "+",
+                          g.storage_offset, " ", g.device.str());
+    case InputGuard::Kind::kInt: return absl::StrCat("int=", g.int_value);
+    case InputGuard::Kind::kFloat: return absl::StrCat("float=", g.float_value);
+    case InputGuard::Kind::kBool: return absl::StrCat("bool=", g.int_value ? "True" : "False");
+    case InputGuard::Kind::kNone: return "None";
+    case InputGuard::Kind::kOther: return "other";
+  }
+  return "?";
+}
+
+}  // namespace
+
+bool InputGuard::operator==(const InputGuard& o) const {
+  return kind == o.kind && dtype == o.dtype && device == o.device && sizes == o.sizes &&
+         strides == o.strides && storage_offset == o.storage_offset && int_value == o.int_value &&
+         float_value == o.float_value;
+}
+
+GuardKey GuardKey::FromInputs(const std::vector<c10::IValue>& inputs) {
+  GuardKey k;
+  k.inputs_.reserve(inputs.size());
+  for (const auto& v : inputs) k.inputs_.push_back(GuardOf(v));
+  return k;
+}
+
+bool GuardKey::Matches(const std::vector<c10::IValue>& inputs) const {
+  if (inputs.size() != inputs_.size()) return false;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!guards::Matches(inputs_[i], inputs[i])) return false;
+  }
+  return true;
+}
+
+std::string GuardKey::ToString() const {
+  std::vector<std::string> parts;
+  for (const auto& g : inputs_) parts.push_back(Describe(g));
+  return absl::StrCat("(", absl::StrJoin(parts, ", "), ")");
+}
+
+std::string Diff(const GuardKey& old, const GuardKey& now) {
+  const auto& a = old.inputs();
+  const auto& b = now.inputs();
+  if (a.size() != b.size()) {
+    return absl::StrCat("number of inputs ", a.size(), " -> ", b.size());
+  }
+  std::vector<std::string> clauses;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const InputGuard& x = a[i];
+    const InputGuard& y = b[i];
+    if (x == y) continue;
+    std::vector<std::string> what;
+    if (x.kind != y.kind) {
+      what.push_back(absl::StrCat("kind ", Describe(x), " -> ", Describe(y)));
+    } else if (x.kind == InputGuard::Kind::kTensor) {
+      if (x.dtype != y.dtype) what.push_back(absl::StrCat("dtype ", c10::toString(x.dtype), " -> ", c10::toString(y.dtype)));
+      if (x.device != y.device) what.push_back(absl::StrCat("device ", x.device.str(), " -> ", y.device.str()));
+      if (x.sizes != y.sizes) what.push_back(absl::StrCat("sizes ", Dims(x.sizes), " -> ", Dims(y.sizes)));
+      if (x.strides != y.strides) what.push_back(absl::StrCat("strides ", Dims(x.strides), " -> ", Dims(y.strides)));
+      if (x.storage_offset != y.storage_offset) {
+        what.push_back(absl::StrCat("storage offset ", x.storage_offset, " -> ", y.storage_offset));
+      }
+    } else {
+      what.push_back(absl::StrCat("value ", Describe(x), " -> ", Describe(y)));
+    }
+    clauses.push_back(absl::StrCat("input ", i, ": ", absl::StrJoin(what, ", ")));
+  }
+  return clauses.empty() ? "same key" : absl::StrJoin(clauses, "; ");
+}
+
+}  // namespace torchreplay::guards

@@ -1,0 +1,64 @@
+// guards/guard_key.h: the shape-guard key of a call, and why two keys differ.
+//
+// A key covers every input: for a tensor its dtype, device, sizes, strides and storage offset; for
+// a symbolic scalar its value. One captured graph exists per key. The common case, a call with the
+// same key as the previous one, is checked by Matches() without building a key or allocating.
+#pragma once
+
+#include <ATen/core/ivalue.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/container/inlined_vector.h"
+#include "absl/hash/hash.h"
+
+namespace torchreplay::guards {
+
+struct InputGuard {
+  enum class Kind : uint8_t { kTensor, kInt, kFloat, kBool, kNone, kOther };
+  Kind kind = Kind::kOther;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  c10::Device device = c10::Device(c10::DeviceType::CPU);
+  absl::InlinedVector<int64_t, 4> sizes;
+  absl::InlinedVector<int64_t, 4> strides;
+  int64_t storage_offset = 0;
+  int64_t int_value = 0;     // kInt, kBool
+  double float_value = 0.0;  // kFloat
+
+  bool operator==(const InputGuard& o) const;
+  template <typename H>
+  friend H AbslHashValue(H h, const InputGuard& g) {
+    h = H::combine(std::move(h), g.kind, g.dtype, g.device.type(), g.device.index(),
+                   g.storage_offset, g.int_value);
+    h = H::combine_contiguous(std::move(h), g.sizes.data(), g.sizes.size());
+    return H::combine_contiguous(std::move(h), g.strides.data(), g.strides.size());
+  }
+};
+
+class GuardKey {
+ public:
+  GuardKey() = default;
+  static GuardKey FromInputs(const std::vector<c10::IValue>& inputs);
+
+  // True iff FromInputs(inputs) == *this; allocation-free.
+  bool Matches(const std::vector<c10::IValue>& inputs) const;
+
+  const std::vector<InputGuard>& inputs() const { return inputs_; }
+  std::string ToString() const;  // "(f32[100, 128]/[128, 1]+0 cpu, int=3)"
+
+  bool operator==(const GuardKey& o) const { return inputs_ == o.inputs_; }
+  template <typename H>
+  friend H AbslHashValue(H h, const GuardKey& k) {
+    return H::combine(std::move(h), k.inputs_);
+  }
+
+ private:
+  std::vector<InputGuard> inputs_;
+};
+
+// Why `now` is not `old`, one clause per differing input:
+// "input 2: sizes (100, 128) -> (64, 128); input 4: value 3 -> 5".
+std::string Diff(const GuardKey& old, const GuardKey& now);
+
+}  // namespace torchreplay::guards

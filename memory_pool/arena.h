@@ -1,0 +1,54 @@
+// memory_pool/arena.h: the liveness-planned arena for a captured graph's intermediates and
+// outputs (CPU), and the growable storage all keys of one engine share.
+//
+// PlanArena places buffers with known lifetimes at offsets in one block: greedy by size, largest
+// first, each at the lowest aligned offset that overlaps no already-placed buffer alive at the
+// same time (the approach of Static Runtime's planner and TFLite's arena planner).
+//
+// An Arena is one c10::Storage. Every planned tensor of every key is a view of that storage, so
+// when a new key needs more bytes the arena swaps in a larger block under the same StorageImpl and
+// all existing views follow: N keys cost the largest key's bytes, not the sum.
+#pragma once
+
+#include <c10/core/Storage.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace torchreplay::memory_pool {
+
+struct BufferRequest {
+  int64_t nbytes = 0;
+  int first_use = 0;  // index of the step that writes it first
+  int last_use = 0;   // index of the last step that reads it (inclusive)
+};
+
+struct ArenaPlan {
+  std::vector<int64_t> offsets;  // per request, in bytes
+  int64_t arena_bytes = 0;       // bytes the plan needs
+  int64_t tensor_bytes = 0;      // sum of the requests' sizes (what one buffer each would cost)
+};
+
+constexpr int64_t kArenaAlignment = 64;
+
+ArenaPlan PlanArena(const std::vector<BufferRequest>& requests,
+                    int64_t alignment = kArenaAlignment);
+
+class Arena {
+ public:
+  explicit Arena(c10::Device device = c10::Device(c10::DeviceType::CPU));
+
+  // Makes the arena at least `nbytes` large. Existing views stay valid (their contents do not:
+  // callers only grow between runs, when nothing in the arena is live).
+  void Reserve(int64_t nbytes);
+
+  const c10::Storage& storage() const { return storage_; }
+  int64_t bytes() const { return static_cast<int64_t>(storage_.nbytes()); }
+  // True if [p, p + n) overlaps the arena's current block.
+  bool Overlaps(const void* p, int64_t n) const;
+
+ private:
+  c10::Storage storage_;
+};
+
+}  // namespace torchreplay::memory_pool

@@ -1,0 +1,298 @@
+// The engine: the whole warm-up -> capture -> replay life of a compiled graph, its three states
+// marked where they happen (WARM-UP, CAPTURE, REPLAY), plus the eager fallback.
+#include "replay/engine.h"
+
+#include <ATen/record_function.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/core/TensorImpl.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "capture/stream_graph.h"
+#include "guards/guard_key.h"
+#include "memory_pool/arena.h"
+
+namespace torchreplay::replay {
+
+// ---------------------------------------------------------------- logging
+
+namespace {
+std::atomic<int> g_log_level{[] {
+  const char* env = std::getenv("TORCHREPLAY_LOG_LEVEL");
+  return env != nullptr ? std::atoi(env) : 2;
+}()};
+}  // namespace
+
+void SetLogLevel(int level) { g_log_level = level; }
+int LogLevel() { return g_log_level; }
+void Log(int level, const std::string& message) {
+  if (level < g_log_level) return;
+  static const char* kTags = "DIWE";
+  std::cerr << "[torchreplay " << kTags[std::min(std::max(level, 0), 3)] << "] " << message
+            << std::endl;
+}
+
+// ---------------------------------------------------------------- state
+
+struct Engine::Entry {
+  guards::GuardKey key;
+  std::string reason;  // why this key needs a capture
+  int eager_runs = 0;
+  std::optional<capture::Recording> recording;
+  std::unique_ptr<capture::StreamGraph> graph;
+  std::vector<std::pair<int, const void*>> static_ptrs;  // baked-in addresses
+  std::string fallback_reason;                           // set: this key runs eagerly
+};
+
+struct Engine::ThreadState {
+  memory_pool::Arena arena;
+  absl::flat_hash_map<guards::GuardKey, std::unique_ptr<Entry>> cache;
+  guards::GuardKey last_key;
+  Entry* last = nullptr;
+  int captured = 0;
+  bool limit_logged = false;
+  // Storages handed out by the last replay that alias the pool.
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> handed_out;
+  std::vector<c10::IValue> outputs;  // reused across calls
+};
+
+Engine::Engine(std::shared_ptr<const capture::Graph> graph, EngineOptions options)
+    : graph_(std::move(graph)), options_(std::move(options)), interpreter_(graph_) {
+  invalidated_msg_ = absl::StrCat(
+      "torchreplay: this tensor is an output of the replayed graph '", options_.name,
+      "', and a later replay has reused its memory. Clone outputs you keep across calls "
+      "(out.clone()), or set config.reduce_overhead.clone_outputs = True.");
+}
+
+Engine::~Engine() {
+  absl::MutexLock lock(&mu_);
+  for (auto& [id, ts] : threads_) InvalidateOutputs(*ts);
+}
+
+Engine::ThreadState& Engine::StateForThisThread() {
+  absl::MutexLock lock(&mu_);
+  auto& slot = threads_[std::this_thread::get_id()];
+  if (slot == nullptr) slot = std::make_unique<ThreadState>();
+  return *slot;
+}
+
+EngineStats Engine::stats() const {
+  EngineStats s;
+  s.calls = calls_;
+  s.replays = replays_;
+  s.captures = captures_;
+  s.warmups = warmups_;
+  s.eager_fallbacks = eager_fallbacks_;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, ts] : threads_) s.pool_bytes = std::max(s.pool_bytes, ts->arena.bytes());
+  s.capture_log = capture_log_;
+  s.fallback_reasons = fallback_reasons_;
+  return s;
+}
+
+void Engine::Fallback(Entry& e, std::string reason) {
+  Log(2, absl::StrCat("graph '", options_.name, "': key ", e.key.ToString(),
+                      " runs eagerly: ", reason));
+  e.fallback_reason = reason;
+  e.recording.reset();
+  absl::MutexLock lock(&mu_);
+  fallback_reasons_.push_back(std::move(reason));
+}
+
+absl::StatusOr<Engine::Entry*> Engine::Lookup(ThreadState& ts,
+                                              const std::vector<c10::IValue>& inputs) {
+  guards::GuardKey key = guards::GuardKey::FromInputs(inputs);
+  auto it = ts.cache.find(key);
+  if (it != ts.cache.end()) {
+    ts.last_key = key;
+    return it->second.get();
+  }
+  if (auto s = capture::CheckInputs(*graph_, inputs); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("graph '", options_.name, "': ", s.message()));
+  }
+  auto entry = std::make_unique<Entry>();
+  entry->key = key;
+  entry->reason = ts.cache.empty() ? "no graph yet" : guards::Diff(ts.last_key, key);
+  Entry* e = entry.get();
+  ts.cache.emplace(key, std::move(entry));
+  ts.last_key = std::move(key);
+  if (ts.captured >= options_.capture_limit) {
+    std::string reason = absl::StrCat("capture limit (", options_.capture_limit,
+                                      " keys) reached; new key: ", e->reason);
+    if (!ts.limit_logged) {
+      ts.limit_logged = true;
+      Fallback(*e, std::move(reason));
+    } else {
+      e->fallback_reason = std::move(reason);  // logged once already
+    }
+  }
+  return e;
+}
+
+absl::StatusOr<std::vector<c10::IValue>> Engine::RunEager(const std::vector<c10::IValue>& inputs) {
+  auto out = interpreter_.Run(inputs);
+  if (!out.ok()) {
+    return absl::Status(out.status().code(),
+                        absl::StrCat("graph '", options_.name, "': ", out.status().message()));
+  }
+  return out;
+}
+
+void Engine::InvalidateOutputs(ThreadState& ts) {
+  for (auto& weak : ts.handed_out) {
+    if (auto strong = weak.lock()) {
+      strong->release_data_and_set_meta_custom_data_ptr_error_msg_(invalidated_msg_);
+    }
+  }
+  ts.handed_out.clear();
+}
+
+// CAPTURE: build the StreamGraph for this key from the recording of its last warm-up run.
+absl::Status Engine::Capture(ThreadState& ts, Entry& e, const std::vector<c10::IValue>& inputs) {
+  RECORD_FUNCTION("torchreplay::capture", std::vector<c10::IValue>());
+  InvalidateOutputs(ts);  // the pool may grow, and replays below will reuse it
+  const auto t0 = std::chrono::steady_clock::now();
+  auto graph = capture::CaptureKernelTape(graph_, *e.recording, inputs, &ts.arena);
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  e.recording.reset();
+  if (!graph.ok()) return graph.status();
+  e.graph = std::move(*graph);
+  e.static_ptrs.clear();
+  for (int i : graph_->static_inputs()) {
+    if (inputs[i].isTensor()) e.static_ptrs.emplace_back(i, inputs[i].toTensor().const_data_ptr());
+  }
+  ++ts.captured;
+  ++captures_;
+  const capture::CaptureInfo& info = e.graph->info();
+  CaptureRecord rec{e.key.ToString(), e.reason, info.nodes, info.steps, info.out_variant_steps,
+                    info.functional_steps, info.precomputed, info.arena_bytes, info.tensor_bytes,
+                    ms, info.functional_ops};
+  Log(1, absl::StrCat("graph '", options_.name, "': captured key ", rec.key, " (", rec.reason,
+                      "): ", info.nodes, " nodes -> ", info.steps, " steps (",
+                      info.out_variant_steps, " out=, ", info.functional_steps, " functional, ",
+                      info.precomputed, " precomputed), arena ", info.arena_bytes, " B for ",
+                      info.tensor_bytes, " B of tensors, pool ", ts.arena.bytes(), " B, ", ms,
+                      " ms"));
+  absl::MutexLock lock(&mu_);
+  capture_log_.push_back(std::move(rec));
+  return absl::OkStatus();
+}
+
+// REPLAY: bind inputs, replay, hand out outputs.
+absl::StatusOr<std::vector<c10::IValue>> Engine::Replay(ThreadState& ts, Entry& e,
+                                                        std::vector<c10::IValue>& inputs) {
+  RECORD_FUNCTION("torchreplay::replay", std::vector<c10::IValue>());
+  // An input that lives in the pool (an earlier output fed back) would be overwritten while it is
+  // read: give the replay its own copy.
+  for (auto& v : inputs) {
+    if (!v.isTensor()) continue;
+    const at::Tensor& t = v.toTensor();
+    if (t.defined() && t.has_storage() &&
+        ts.arena.Overlaps(t.storage().data(), static_cast<int64_t>(t.storage().nbytes()))) {
+      v = t.clone();
+    }
+  }
+  InvalidateOutputs(ts);
+  auto s = e.graph->Replay(inputs, &ts.outputs);
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("graph '", options_.name, "': ", s.message()));
+  }
+  ++replays_;
+  std::vector<c10::IValue> outs = std::move(ts.outputs);
+  ts.outputs.clear();
+  c10::intrusive_ptr<c10::StorageImpl> handout;  // one per call, aliasing the pool
+  for (size_t i = 0; i < outs.size(); ++i) {
+    if (!e.graph->OutputInPool(i) || !outs[i].isTensor()) continue;
+    const at::Tensor& t = outs[i].toTensor();
+    if (options_.clone_outputs) {
+      outs[i] = t.clone(at::MemoryFormat::Preserve);
+      continue;
+    }
+    if (!handout) {
+      const c10::Storage& pool = ts.arena.storage();
+      handout = c10::make_intrusive<c10::StorageImpl>(
+          c10::StorageImpl::use_byte_size_t(), pool.nbytes(),
+          c10::DataPtr(const_cast<void*>(pool.data()), pool.device()), nullptr,
+          /*resizable=*/false);
+      ts.handed_out.emplace_back(handout);
+    }
+    auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(handout), t.key_set(), t.dtype());
+    impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+    outs[i] = at::Tensor(std::move(impl));
+  }
+  return outs;
+}
+
+absl::StatusOr<std::vector<c10::IValue>> Engine::Run(std::vector<c10::IValue> inputs) {
+  ++calls_;
+  if (options_.mode == Mode::kDefault) {
+    if (auto s = capture::CheckInputs(*graph_, inputs); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("graph '", options_.name, "': ", s.message()));
+    }
+    return RunEager(inputs);
+  }
+  ThreadState& ts = StateForThisThread();
+  Entry* e = nullptr;
+  if (ts.last != nullptr && ts.last->key.Matches(inputs)) {
+    e = ts.last;  // the common case: same key as the previous call, checked without allocating
+  } else {
+    auto found = Lookup(ts, inputs);
+    if (!found.ok()) return found.status();
+    e = *found;
+    ts.last = e;
+  }
+  if (!e->fallback_reason.empty()) {
+    RECORD_FUNCTION("torchreplay::eager_fallback", std::vector<c10::IValue>());
+    ++eager_fallbacks_;
+    return RunEager(inputs);
+  }
+  if (e->graph != nullptr) {
+    for (const auto& [i, ptr] : e->static_ptrs) {
+      const void* now = inputs[i].toTensor().const_data_ptr();
+      if (now != ptr) {
+        // Never replay with a stale address: recapture this key around the new one.
+        e->reason = absl::StrCat("static input ", i, " (", graph_->values()[graph_->inputs()[i]].name,
+                                 ") moved");
+        e->graph.reset();
+        e->eager_runs = 0;
+        --ts.captured;
+        break;
+      }
+    }
+  }
+  if (e->graph == nullptr) {
+    if (e->eager_runs < options_.warmup_iters || !e->recording.has_value()) {
+      // WARM-UP: run eagerly, recording what capture needs.
+      RECORD_FUNCTION("torchreplay::warmup", std::vector<c10::IValue>());
+      ++warmups_;
+      e->recording.emplace();
+      auto out = capture::RunAndRecord(interpreter_, inputs, &*e->recording);
+      if (!out.ok()) {
+        e->recording.reset();
+        return absl::Status(out.status().code(),
+                            absl::StrCat("graph '", options_.name, "': ", out.status().message()));
+      }
+      ++e->eager_runs;
+      if (options_.warmup_iters <= 0) {
+        if (auto s = Capture(ts, *e, inputs); !s.ok()) Fallback(*e, std::string(s.message()));
+      }
+      return out;
+    }
+    if (auto s = Capture(ts, *e, inputs); !s.ok()) {
+      Fallback(*e, std::string(s.message()));
+      RECORD_FUNCTION("torchreplay::eager_fallback", std::vector<c10::IValue>());
+      ++eager_fallbacks_;
+      return RunEager(inputs);
+    }
+  }
+  return Replay(ts, *e, inputs);
+}
+
+}  // namespace torchreplay::replay

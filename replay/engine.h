@@ -1,0 +1,109 @@
+// replay/engine.h: the engine behind one compiled graph.
+//
+// Per call: guard key of the inputs -> (miss) warm-up eager run(s), then capture a StreamGraph for
+// the key -> (hit) bind inputs, replay, hand out outputs. The semantics it keeps (DESIGN.md):
+//   - replay equals eager; one captured graph per key, at most `capture_limit` keys, after which
+//     new keys run eagerly and that is logged once;
+//   - static inputs are baked in; if one moves, the key is recaptured, never replayed stale;
+//   - non-static inputs are rebound per call, so in-place ops on them reach the caller's tensors;
+//   - outputs in the pool are views of it; the next replay reuses that memory, so the earlier
+//     outputs are invalidated first and raise a clear error when touched (or are clones, with
+//     `clone_outputs`); outputs that alias inputs are views of the caller's tensors;
+//   - every key of the engine shares one pool, sized by the largest.
+// Captured state is per thread (like Static Runtime's per-thread runtimes): threads calling one
+// engine never see each other's pool reused under them.
+#pragma once
+
+#include <ATen/core/ivalue.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "capture/graph.h"
+#include "capture/interpreter.h"
+
+namespace torchreplay::replay {
+
+enum class Mode { kDefault, kReduceOverhead };
+
+struct EngineOptions {
+  // kDefault runs the graph op by op in C++ (no capture); kReduceOverhead captures and replays.
+  Mode mode = Mode::kReduceOverhead;
+  // Eager runs of a new key before it is captured (the last one records what capture needs).
+  int warmup_iters = 1;
+  // Keys captured per engine and thread; calls with further new keys run eagerly.
+  int capture_limit = 64;
+  // Hand out copies of pool outputs instead of views (no invalidation, one copy per output).
+  bool clone_outputs = false;
+  // Name used in logs, stats and errors (e.g. "forward", "backward").
+  std::string name = "graph";
+};
+
+struct CaptureRecord {
+  std::string key;     // the guard key captured
+  std::string reason;  // why: "no graph yet", the key diff, or a moved static input
+  int nodes = 0, steps = 0, out_variant_steps = 0, functional_steps = 0, precomputed = 0;
+  int64_t arena_bytes = 0, tensor_bytes = 0;
+  double milliseconds = 0;
+  std::vector<std::string> functional_ops;
+};
+
+struct EngineStats {
+  int64_t calls = 0, replays = 0, captures = 0, warmups = 0, eager_fallbacks = 0;
+  int64_t pool_bytes = 0;  // largest pool of any thread
+  std::vector<CaptureRecord> capture_log;
+  std::vector<std::string> fallback_reasons;
+};
+
+class Engine {
+ public:
+  Engine(std::shared_ptr<const capture::Graph> graph, EngineOptions options);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Runs one call. Errors: bad inputs (arity, dtype, device, rank) and kernel failures.
+  absl::StatusOr<std::vector<c10::IValue>> Run(std::vector<c10::IValue> inputs);
+
+  EngineStats stats() const;
+  const capture::Graph& graph() const { return *graph_; }
+  const EngineOptions& options() const { return options_; }
+
+ private:
+  struct Entry;
+  struct ThreadState;
+
+  ThreadState& StateForThisThread();
+  absl::StatusOr<Entry*> Lookup(ThreadState& ts, const std::vector<c10::IValue>& inputs);
+  absl::StatusOr<std::vector<c10::IValue>> RunEager(const std::vector<c10::IValue>& inputs);
+  absl::Status Capture(ThreadState& ts, Entry& e, const std::vector<c10::IValue>& inputs);
+  absl::StatusOr<std::vector<c10::IValue>> Replay(ThreadState& ts, Entry& e,
+                                                  std::vector<c10::IValue>& inputs);
+  void InvalidateOutputs(ThreadState& ts);
+  void Fallback(Entry& e, std::string reason);
+
+  std::shared_ptr<const capture::Graph> graph_;
+  EngineOptions options_;
+  capture::Interpreter interpreter_;
+  std::string invalidated_msg_;
+
+  std::atomic<int64_t> calls_{0}, replays_{0}, captures_{0}, warmups_{0}, eager_fallbacks_{0};
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::thread::id, std::unique_ptr<ThreadState>> threads_ ABSL_GUARDED_BY(mu_);
+  std::vector<CaptureRecord> capture_log_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> fallback_reasons_ ABSL_GUARDED_BY(mu_);
+};
+
+// C++-side logging, level from TORCHREPLAY_LOG_LEVEL (0 debug, 1 info, 2 warning, 3 error;
+// default 2), or set here.
+void SetLogLevel(int level);
+int LogLevel();
+void Log(int level, const std::string& message);
+
+}  // namespace torchreplay::replay
