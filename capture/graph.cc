@@ -129,10 +129,14 @@ std::string ArgToString(const Graph& g, const Arg& a) {
     case Arg::Kind::kConstant: {
       if (a.constant.isTensor()) {
         const auto& t = a.constant.toTensor();
-        if (t.dim() == 0 && t.numel() == 1) {
-          std::ostringstream os;
-          os << t.item();
-          return os.str();
+        if (t.dim() == 0 && t.is_cpu()) {  // read directly: no dispatch (fake modes may be on)
+          switch (t.scalar_type()) {
+            case at::kLong: return absl::StrCat(*t.const_data_ptr<int64_t>());
+            case at::kDouble: return absl::StrCat(*t.const_data_ptr<double>());
+            case at::kFloat: return absl::StrCat(*t.const_data_ptr<float>());
+            case at::kBool: return *t.const_data_ptr<bool>() ? "True" : "False";
+            default: break;
+          }
         }
         return absl::StrCat("tensor<", c10::toString(t.scalar_type()), "[",
                             absl::StrJoin(t.sizes(), ","), "]>");

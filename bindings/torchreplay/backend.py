@@ -12,6 +12,7 @@ import torch
 import torch.fx
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from . import _C
 from .config import CompilerConfig
@@ -82,8 +83,9 @@ class Backend:
             _dump(config, name, gm, None)
             logger.info("torchreplay: %s runs eagerly (debug.run_eagerly)", name)
             return make_boxed_func(gm.forward)
-        graph = lower(gm, example_inputs, _static_input_indices(kind, example_inputs))
-        _dump(config, name, gm, graph)
+        with unset_fake_temporarily():  # constants must be real tensors
+            graph = lower(gm, example_inputs, _static_input_indices(kind, example_inputs))
+            _dump(config, name, gm, graph)
         ro = config.reduce_overhead
         engine = _C.Engine(graph, config.mode, ro.warmup_iters, ro.capture_limit, ro.clone_outputs, name)
         self.engines.append(engine)

@@ -1,0 +1,120 @@
+"""The model zoo shared by the tests and the benchmark harness."""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+
+class DemoModel(nn.Module):
+    """Seed 001's model: a parameter, a buffer, a tensor input and a scalar input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("running_mean", torch.zeros(64))
+        self.linear1 = nn.Linear(128, 64)
+
+    def forward(self, x: torch.Tensor, scale_factor: int) -> torch.Tensor:
+        x = self.linear1(x)
+        x = x - self.running_mean
+        return x * scale_factor
+
+
+class MmAbsModel(nn.Module):
+    """Seed 004's model: mm, abs, add, sub; two outputs."""
+
+    def forward(self, x: torch.Tensor):
+        mm = torch.mm(x, x)
+        abs_ = torch.abs(mm)
+        add = torch.add(abs_, 1)
+        sub = torch.sub(x, mm)
+        return add, sub
+
+
+class MLP(nn.Module):
+    def __init__(self, d: int = 64, hidden: int = 256, layers: int = 3) -> None:
+        super().__init__()
+        dims = [d] + [hidden] * (layers - 1) + [d]
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims, dims[1:]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i + 1 < len(self.layers):
+                x = torch.relu(x)
+        return x
+
+
+class ConvBN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.bn2 = nn.BatchNorm2d(8)
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.bn1(self.conv1(x)))
+        x = torch.relu(self.bn2(self.conv2(x)))
+        return self.head(x.mean((2, 3)))
+
+
+class CountingModel(nn.Module):
+    """Mutates a buffer in forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("count", torch.zeros(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.count.add_(1)
+        return x * self.count
+
+
+class ViewOfInput(nn.Module):
+    """Returns a view of its input next to a computed value."""
+
+    def forward(self, x: torch.Tensor):
+        return x.t(), x.sum(0)
+
+
+class DecodeAttention(nn.Module):
+    """One decode step of a small attention block writing a static KV cache in place."""
+
+    def __init__(self, d: int = 64, heads: int = 4, max_len: int = 32) -> None:
+        super().__init__()
+        self.heads, self.dh = heads, d // heads
+        self.qkv = nn.Linear(d, 3 * d)
+        self.out = nn.Linear(d, d)
+        self.register_buffer("k_cache", torch.zeros(1, heads, max_len, self.dh))
+        self.register_buffer("v_cache", torch.zeros(1, heads, max_len, self.dh))
+        self.register_buffer("mask_base", torch.arange(max_len))
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        # x: (1, 1, d); pos: (1,) int64, the position written this step
+        q, k, v = self.qkv(x).split(self.heads * self.dh, dim=-1)
+        q = q.view(1, 1, self.heads, self.dh).transpose(1, 2)
+        k = k.view(1, 1, self.heads, self.dh).transpose(1, 2)
+        v = v.view(1, 1, self.heads, self.dh).transpose(1, 2)
+        self.k_cache.index_copy_(2, pos, k)
+        self.v_cache.index_copy_(2, pos, v)
+        scores = (q @ self.k_cache.transpose(-1, -2)) / (self.dh ** 0.5)
+        scores = scores.masked_fill(self.mask_base > pos, float("-inf"))
+        y = torch.softmax(scores, dim=-1) @ self.v_cache
+        return self.out(y.transpose(1, 2).reshape(1, 1, -1))
+
+
+class ElementwiseChain(nn.Module):
+    """64 elementwise ops on a small tensor: all host overhead."""
+
+    def __init__(self, n: int = 64) -> None:
+        super().__init__()
+        self.n = n
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i in range(self.n // 4):
+            x = torch.sin(x)
+            x = x * 1.01
+            x = x + 0.1
+            x = torch.relu(x)
+        return x

@@ -1,0 +1,247 @@
+"""The model zoo through torch.compile, compared exactly with eager over several calls with fresh
+inputs, in mode "default" (C++ interpreter) and "reduce-overhead" (capture and replay)."""
+import copy
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torchreplay
+from models import (MLP, ConvBN, CountingModel, DecodeAttention, DemoModel, ElementwiseChain,
+                    MmAbsModel, ViewOfInput)
+
+MODES = ["default", "reduce-overhead"]
+
+
+def backend_for(mode, **ro):
+    config = torchreplay.CompilerConfig()
+    config.mode = mode
+    for k, v in ro.items():
+        setattr(config.reduce_overhead, k, v)
+    return torchreplay.get_backend(compiler_config=config)
+
+
+def assert_same(got, want):
+    if isinstance(want, (tuple, list)):
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert_same(g, w)
+    else:
+        assert torch.equal(got, want), (got, want)
+
+
+def run_against_eager(model, make_inputs, mode, calls=5, dynamic=False, grad=False):
+    """Compiles a copy of `model` and checks outputs, and the state (buffers) both models end
+    with, against eager on identical inputs; returns the backend for its stats."""
+    eager = model
+    compiled_model = copy.deepcopy(model)
+    backend = backend_for(mode)
+    compiled = torch.compile(compiled_model, backend=backend, dynamic=dynamic)
+    ctx = torch.enable_grad() if grad else torch.no_grad()
+    with ctx:
+        for i in range(calls):
+            inputs = make_inputs(i)
+            want = eager(*copy.deepcopy(inputs))
+            got = compiled(*inputs)
+            assert_same(got, want)
+            for (name, a), (_, b) in zip(eager.named_buffers(), compiled_model.named_buffers()):
+                assert torch.equal(a, b), f"buffer {name} differs after call {i}"
+    return backend
+
+
+def total(backend, key):
+    return sum(s[key] for s in backend.stats())
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_demo_model_static(mode):
+    b = run_against_eager(DemoModel().eval(), lambda i: (torch.randn(100, 128), 100), mode)
+    if mode == "reduce-overhead":
+        assert total(b, "captures") == 1 and total(b, "replays") == 4  # 5 calls: warm-up, then replays
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_demo_model_dynamic(mode):
+    sizes = [100, 64, 100, 64, 37]
+    b = run_against_eager(DemoModel().eval(), lambda i: (torch.randn(sizes[i], 128), 3 + i % 2), mode,
+                          dynamic=True)
+    if mode == "reduce-overhead":
+        # keys differ by batch size and by the scale value; each new key is captured on reuse
+        assert total(b, "captures") >= 1
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_demo_model_mark_static(mode):
+    inp = torch.randn(100, 128)
+    torch._dynamo.mark_static(inp)
+
+    def make(i):
+        return (inp + i, 100)
+
+    run_against_eager(DemoModel().eval(), make, mode, dynamic=True)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_seed004_model_two_outputs(mode):
+    run_against_eager(MmAbsModel(), lambda i: (torch.randn(3, 3),), mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_mlp(mode):
+    b = run_against_eager(MLP().eval(), lambda i: (torch.randn(1, 64),), mode)
+    if mode == "reduce-overhead":
+        log = [c for s in b.stats() for c in s["capture_log"]]
+        assert log and log[0]["functional_steps"] == 0 and log[0]["out_variant_steps"] >= 5
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_conv_bn_eval(mode):
+    run_against_eager(ConvBN().eval(), lambda i: (torch.randn(2, 3, 8, 8),), mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_buffer_mutation_in_forward(mode):
+    run_against_eager(CountingModel(), lambda i: (torch.randn(4),), mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_view_of_input_output(mode):
+    model = ViewOfInput()
+    compiled = torch.compile(model, backend=backend_for(mode))
+    for _ in range(4):
+        x = torch.randn(3, 5)
+        t, s = compiled(x)
+        assert torch.equal(t, x.t()) and torch.equal(s, x.sum(0))
+        assert t.data_ptr() == x.data_ptr()  # a view of the caller's tensor, not of a copy
+        x.add_(1)
+        assert torch.equal(t, x.t())
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_decode_attention_kv_cache(mode):
+    b = run_against_eager(DecodeAttention().eval(), lambda i: (torch.randn(1, 1, 64), torch.tensor([i])),
+                          mode, calls=8)
+    if mode == "reduce-overhead":
+        assert total(b, "replays") >= 6
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_elementwise_chain(mode):
+    run_against_eager(ElementwiseChain(), lambda i: (torch.randn(16),), mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_training_steps_match_eager(mode):
+    torch.manual_seed(0)
+    eager = MLP(16, 32)
+    compiled_model = copy.deepcopy(eager)
+    compiled = torch.compile(compiled_model, backend=backend_for(mode))
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.1)
+    opt_c = torch.optim.SGD(compiled_model.parameters(), lr=0.1)
+    for step in range(4):
+        x, y = torch.randn(8, 16), torch.randn(8, 16)
+        losses = []
+        for model, fn, opt in ((eager, eager, opt_e), (compiled_model, compiled, opt_c)):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(fn(x), y)
+            loss.backward()
+            losses.append(loss.detach())
+        assert torch.equal(losses[0], losses[1]), step
+        for (n, p), (_, q) in zip(eager.named_parameters(), compiled_model.named_parameters()):
+            assert torch.equal(p.grad, q.grad), f"grad of {n} at step {step}"
+        opt_e.step()
+        opt_c.step()
+
+
+def test_named_backend_with_options():
+    model = MLP().eval()
+    compiled = torch.compile(model, backend="torchreplay",
+                             options={"mode": "reduce-overhead", "warmup_iters": 2})
+    with torch.no_grad():
+        for _ in range(4):
+            x = torch.randn(1, 64)
+            assert torch.equal(compiled(x), model(x))
+    assert any((s["calls"], s["warmups"], s["replays"]) == (4, 2, 2) for s in torchreplay.stats())
+
+
+def test_config_rejects_bad_values():
+    config = torchreplay.CompilerConfig()
+    with pytest.raises(ValueError, match="mode"):
+        config.mode = "max-speed"
+    with pytest.raises(AttributeError, match="no setting"):
+        config.reduce_overhead.warmup = 3
+    with pytest.raises(ValueError):
+        config.reduce_overhead.capture_limit = -1
+    with pytest.raises(ValueError, match="unknown option"):
+        torchreplay.CompilerConfig.from_options({"nope.nope": 1})
+
+
+def test_custom_passes_take_effect():
+    """A pre pass rewrites abs into neg and a post pass sees it; the result follows the rewrite."""
+    seen = []
+
+    def pre(gm, example_inputs, config):
+        for node in gm.graph.nodes:
+            if node.op == "call_function" and node.target == torch.ops.aten.abs.default:
+                node.target = torch.ops.aten.neg.default
+
+    def post(gm, example_inputs, config):
+        seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+
+    config = torchreplay.CompilerConfig()
+    config.mode = "reduce-overhead"
+    config.post_grad_custom_pre_pass = pre
+    config.post_grad_custom_post_pass = post
+    compiled = torch.compile(MmAbsModel(), backend=torchreplay.get_backend(compiler_config=config))
+    for _ in range(3):
+        x = torch.randn(3, 3)
+        add, sub = compiled(x)
+        mm = x @ x
+        assert torch.equal(add, -mm + 1) and torch.equal(sub, x - mm)
+    assert "aten.neg.default" in seen and "aten.abs.default" not in seen
+
+
+@pytest.mark.parametrize("kind", ["txt", "py"])
+def test_graph_dump_written_and_readable(tmp_path, kind):
+    config = torchreplay.CompilerConfig()
+    config.debug.graph_dump.type = kind
+    config.debug.graph_dump.path = str(tmp_path)
+    compiled = torch.compile(MmAbsModel(), backend=torchreplay.get_backend(compiler_config=config))
+    x = torch.randn(3, 3)
+    compiled(x)
+    files = list(tmp_path.iterdir())
+    assert len(files) == 1 and files[0].suffix == "." + kind
+    text = files[0].read_text()
+    if kind == "txt":
+        assert "aten::mm" in text and "aten::abs" in text and "return" in text
+    else:  # runnable Python that computes the same thing
+        scope = {}
+        exec(compile(text, str(files[0]), "exec"), scope)
+        add, sub = scope["forward"](None, x)
+        assert torch.equal(add, torch.abs(x @ x) + 1) and torch.equal(sub, x - x @ x)
+
+
+def test_unsupported_op_error_names_node_and_run_eagerly_fallback():
+    from torchreplay.lowering import LoweringError, lower
+
+    gm = torch.fx.symbolic_trace(lambda x: torch.nn.functional.relu(x) * 2)
+    with pytest.raises(LoweringError, match="relu"):
+        lower(gm, [torch.randn(2)])
+    # With debug.run_eagerly the graph runs in Python and still matches eager.
+    config = torchreplay.CompilerConfig()
+    config.debug.run_eagerly = True
+    compiled = torch.compile(MLP().eval(), backend=torchreplay.get_backend(compiler_config=config))
+    x = torch.randn(1, 64)
+    with torch.no_grad():
+        assert torch.equal(compiled(x), compiled._orig_mod(x))
+
+
+def test_seed001_test_compile_script_matches_eager():
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "test_compile.py")
+    for dynamic in ("0", "1"):
+        out = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=300,
+                             env=dict(os.environ, TEST_COMPILE_DYNAMIC=dynamic))
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert "matches eager: True" in out.stdout
