@@ -1,0 +1,227 @@
+"""Named tests, one surprising behaviour each, of the reduce-overhead engine's semantics."""
+import threading
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import torchreplay
+from torchreplay import _C
+from torchreplay.lowering import lower
+
+
+def engine_for(fn, example_inputs, static=(), **opts):
+    """Traces fn to an ATen graph (in-place ops kept) and wraps it in an engine."""
+    gm = make_fx(fn)(*example_inputs)
+    return _C.Engine(lower(gm, example_inputs, static), "reduce-overhead", **opts)
+
+
+def run(engine, *inputs):
+    return engine.run(list(inputs))
+
+
+def test_one_capture_per_key_and_keys_come_back():
+    e = engine_for(lambda x: torch.relu(x) * 2, [torch.randn(4, 4)])
+    for shape in [(4, 4), (4, 4), (8, 4), (8, 4), (4, 4), (8, 4), (4, 4)]:
+        x = torch.randn(shape)
+        assert torch.equal(run(e, x)[0], torch.relu(x) * 2)
+    s = e.stats()
+    assert s["captures"] == 2 and s["warmups"] == 2 and s["replays"] == 5
+    reasons = [c["reason"] for c in s["capture_log"]]
+    assert reasons[0] == "no graph yet"
+    assert "input 0: sizes (4, 4) -> (8, 4)" in reasons[1]
+
+
+def test_strides_and_offsets_are_part_of_the_key():
+    e = engine_for(lambda x: x + 1, [torch.randn(4, 4)])
+    base = torch.randn(4, 4)
+    shifted = torch.randn(20)[4:].view(4, 4)   # same sizes and strides, storage offset 4
+    for x in [base, base, base.t(), base.t(), shifted, shifted]:
+        assert torch.equal(run(e, x)[0], x + 1)
+    assert e.stats()["captures"] == 3
+
+
+def test_capture_limit_then_eager_fallback_logged_once():
+    e = engine_for(lambda x: x * 3, [torch.randn(2)], capture_limit=2, warmup_iters=0)
+    for n in [2, 3, 4, 5, 4, 5, 2]:
+        x = torch.randn(n)
+        assert torch.equal(run(e, x)[0], x * 3)
+    s = e.stats()
+    assert s["captures"] == 2
+    assert s["eager_fallbacks"] == 4            # sizes 4, 5, 4, 5 run eagerly
+    assert len(s["fallback_reasons"]) == 1      # logged once
+    assert "capture limit (2 keys) reached" in s["fallback_reasons"][0]
+
+
+def test_static_input_moved_is_recaptured_never_stale():
+    w = torch.randn(4, 4)
+    e = engine_for(lambda x, w: x @ w.t(), [torch.randn(2, 4), w], static=[1])
+    x = torch.randn(2, 4)
+    for _ in range(3):
+        assert torch.equal(run(e, x, w)[0], x @ w.t())
+    w2 = torch.randn(4, 4)                     # same key, new address
+    assert torch.equal(run(e, x, w2)[0], x @ w2.t())
+    assert torch.equal(run(e, x, w2)[0], x @ w2.t())
+    s = e.stats()
+    assert any("static input 1 (w_1) moved" in c["reason"] for c in s["capture_log"])
+    w.copy_(torch.randn(4, 4))                 # in-place update of a static input is seen too
+    assert torch.equal(run(e, x, w)[0], x @ w.t())
+
+
+def test_copy_into_input_and_index_copy_kv_cache():
+    def step(cache, pos, new, x):
+        cache.index_copy_(0, pos, new)
+        x.copy_(x * 2)
+        return cache.sum(0)
+
+    cache = torch.zeros(6, 3)
+    e = engine_for(step, [cache.clone(), torch.tensor([0]), torch.randn(1, 3), torch.randn(3)])
+    ref_cache = torch.zeros(6, 3)
+    for i in range(6):
+        pos, new, x = torch.tensor([i]), torch.randn(1, 3), torch.randn(3)
+        x_ref = x.clone()
+        out = run(e, cache, pos, new, x)[0]
+        want = step(ref_cache, pos, new, x_ref)
+        assert torch.equal(out, want) and torch.equal(cache, ref_cache) and torch.equal(x, x_ref)
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_buffer_mutation_with_keep_inference_input_mutations(keep):
+    class BN(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bn = torch.nn.BatchNorm1d(4)
+
+        def forward(self, x):
+            return self.bn(x)
+
+    eager, model = BN().train(), BN().train()
+    config = torchreplay.CompilerConfig()
+    config.mode = "reduce-overhead"
+    config.keep_inference_input_mutations = keep
+    compiled = torch.compile(model, backend=torchreplay.get_backend(compiler_config=config))
+    with torch.no_grad():
+        for _ in range(4):
+            x = torch.randn(8, 4)
+            assert torch.equal(compiled(x), eager(x))
+            assert torch.equal(model.bn.running_mean, eager.bn.running_mean)
+            assert torch.equal(model.bn.running_var, eager.bn.running_var)
+            assert model.bn.num_batches_tracked == eager.bn.num_batches_tracked
+
+
+def test_stale_output_raises_after_next_replay():
+    e = engine_for(lambda x: torch.sin(x) + 1, [torch.randn(5)])
+    run(e, torch.randn(5))                     # warm-up: an eager output, never invalidated
+    first = run(e, torch.randn(5))[0]          # replay: lives in the pool
+    kept = first.clone()
+    second_x = torch.randn(5)
+    second = run(e, second_x)[0]
+    assert torch.equal(second, torch.sin(second_x) + 1)
+    with pytest.raises(RuntimeError, match="a later replay has reused its memory"):
+        first.sum()
+    with pytest.raises(RuntimeError, match="clone_outputs"):
+        print(first)
+    assert not torch.equal(kept, second)       # it really would have shown new data
+
+
+def test_clone_outputs_keeps_every_output_valid():
+    e = engine_for(lambda x: torch.sin(x) + 1, [torch.randn(5)], clone_outputs=True)
+    xs = [torch.randn(5) for _ in range(4)]
+    outs = [run(e, x)[0] for x in xs]
+    for x, o in zip(xs, outs):
+        assert torch.equal(o, torch.sin(x) + 1)
+
+
+def test_output_fed_back_as_input():
+    e = engine_for(lambda h: torch.tanh(h * 0.5 + 1), [torch.randn(6)])
+    h = torch.randn(6)
+    h_ref = h.clone()
+    for _ in range(5):
+        h = run(e, h)[0]
+        h_ref = torch.tanh(h_ref * 0.5 + 1)
+        assert torch.equal(h, h_ref)
+
+
+def test_output_aliasing_input_is_a_view_of_the_callers_tensor():
+    e = engine_for(lambda x: (x.view(-1), x * 2), [torch.randn(2, 3)])
+    for _ in range(3):
+        x = torch.randn(2, 3)
+        flat, doubled = run(e, x)
+        assert flat.data_ptr() == x.data_ptr() and torch.equal(doubled, x * 2)
+
+
+def test_bad_inputs_get_clear_errors():
+    e = engine_for(lambda x: x + 1, [torch.randn(2, 2)])
+    with pytest.raises(ValueError, match="expected 1 inputs, got 2"):
+        run(e, torch.randn(2, 2), torch.randn(2, 2))
+    with pytest.raises(ValueError, match="expected dtype Float, got Long"):
+        run(e, torch.ones(2, 2, dtype=torch.long))
+    with pytest.raises(ValueError, match="expected a 2-d tensor, got 3-d"):
+        run(e, torch.randn(1, 2, 2))
+    assert torch.equal(run(e, torch.ones(2, 2))[0], torch.full((2, 2), 2.0))
+
+
+def test_data_dependent_graph_falls_back_with_reason():
+    e = engine_for(lambda x: torch.nonzero(x > 0).float().sum(), [torch.randn(6)])
+    for _ in range(3):
+        x = torch.randn(6)
+        assert torch.equal(run(e, x)[0], torch.nonzero(x > 0).float().sum())
+    s = e.stats()
+    assert s["captures"] == 0 and s["eager_fallbacks"] >= 1
+    assert "data-dependent output shape" in s["fallback_reasons"][0]
+
+
+def test_pool_shared_by_keys_costs_about_the_largest():
+    e = engine_for(lambda x: torch.relu(x @ x.t()).sum(0) + 1, [torch.randn(64, 16)])
+    sizes = [64, 32, 16, 8]
+    alone = []
+    for n in sizes:
+        single = engine_for(lambda x: torch.relu(x @ x.t()).sum(0) + 1, [torch.randn(n, 16)])
+        for _ in range(2):
+            run(single, torch.randn(n, 16))
+        alone.append(single.stats()["pool_bytes"])
+        for _ in range(2):
+            run(e, torch.randn(n, 16))
+    assert e.stats()["captures"] == 4
+    assert e.stats()["pool_bytes"] <= 1.1 * max(alone) < 0.9 * sum(alone)
+
+
+def test_threads_calling_one_compiled_model():
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16)).eval()
+    config = torchreplay.CompilerConfig()
+    config.mode = "reduce-overhead"
+    backend = torchreplay.get_backend(compiler_config=config)
+    compiled = torch.compile(model, backend=backend)
+    with torch.no_grad():
+        compiled(torch.randn(4, 16))           # compile once, on this thread
+    errors = []
+
+    def worker(seed):
+        g = torch.Generator().manual_seed(seed)
+        try:
+            with torch.no_grad():
+                for _ in range(50):
+                    x = torch.randn(4, 16, generator=g)
+                    if not torch.equal(compiled(x), model(x)):
+                        errors.append(f"thread {seed}: wrong result")
+        except Exception as ex:  # noqa: BLE001 - reported below
+            errors.append(f"thread {seed}: {ex!r}")
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert sum(s["replays"] for s in backend.stats()) >= 4 * 45
+
+
+def test_profiler_shows_replay_ranges():
+    e = engine_for(lambda x: torch.relu(x) + 1, [torch.randn(8)])
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(5):
+            run(e, torch.randn(8))
+    names = [ev.name for ev in prof.events()]
+    assert names.count("torchreplay::warmup") == 1
+    assert names.count("torchreplay::capture") == 1
+    assert names.count("torchreplay::replay") == 4
