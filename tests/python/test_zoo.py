@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import torchreplay
-from models import (MLP, ConvBN, CountingModel, DecodeAttention, DemoModel, ElementwiseChain,
+from torchreplay.bench.models import (MLP, ConvBN, CountingModel, DecodeAttention, DemoModel, ElementwiseChain,
                     MmAbsModel, ViewOfInput)
 
 MODES = ["default", "reduce-overhead"]

@@ -118,3 +118,36 @@ class ElementwiseChain(nn.Module):
             x = x + 0.1
             x = torch.relu(x)
         return x
+
+
+def _llama_decode():
+    """A tiny randomly initialised Llama decode step with a static cache (needs transformers)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, StaticCache  # noqa: WPS433
+
+    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = LlamaForCausalLM(cfg).eval()
+    cache = StaticCache(config=cfg, max_batch_size=1, max_cache_len=64)
+
+    class Step(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids, pos):
+            return self.model(input_ids=ids, cache_position=pos, past_key_values=cache,
+                              use_cache=True).logits
+
+    return Step(), lambda i: (torch.tensor([[i % 256]]), torch.tensor([i % 64]))
+
+
+# name -> (factory returning (model, make_inputs(i)), description)
+MODELS = {
+    "mlp": (lambda: (MLP().eval(), lambda i: (torch.randn(1, 64),)), "3-layer MLP, batch 1"),
+    "demo": (lambda: (DemoModel().eval(), lambda i: (torch.randn(100, 128), 100)), "seed DemoModel"),
+    "attention_decode": (lambda: (DecodeAttention().eval(), lambda i: (torch.randn(1, 1, 64), torch.tensor([i % 32]))),
+                         "decode step, static KV cache"),
+    "convnet": (lambda: (ConvBN().eval(), lambda i: (torch.randn(1, 3, 16, 16),)), "small conv net + BN"),
+    "chain64": (lambda: (ElementwiseChain(), lambda i: (torch.randn(16),)), "64 elementwise ops, 16 elems"),
+    "llama_decode": (_llama_decode, "tiny Llama decode step (transformers)"),
+}

@@ -1,0 +1,89 @@
+// Host overhead of a 64-node chain of elementwise ops on 16-element tensors (sin, *1.01, +0.1,
+// relu, repeated): the interpreter (mode "default"), the engine's replay, the same ATen calls
+// allocating their results, and the floor: a hand-written loop of out= kernels into
+// preallocated outputs. Run: bazel run //bench:chain_bench
+#include <ATen/ops/add.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mul.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/scalar_tensor.h>
+#include <ATen/ops/relu.h>
+#include <ATen/ops/clamp_min.h>
+#include <ATen/ops/sin.h>
+#include <benchmark/benchmark.h>
+
+#include "capture/graph.h"
+#include "capture/interpreter.h"
+#include "replay/engine.h"
+
+namespace {
+
+using torchreplay::capture::Arg;
+using torchreplay::capture::GraphBuilder;
+
+constexpr int kNodes = 64;
+
+std::shared_ptr<const torchreplay::capture::Graph> Chain() {
+  GraphBuilder b;
+  auto v = b.AddInput("x", torchreplay::capture::ValueType::kTensor);
+  for (int i = 0; i < kNodes / 4; ++i) {
+    v = (*b.AddOp("aten::sin", {Arg::Ref(v)}))[0];
+    v = (*b.AddOp("aten::mul.Tensor", {Arg::Ref(v), Arg::Const(1.01)}))[0];
+    v = (*b.AddOp("aten::add.Tensor", {Arg::Ref(v), Arg::Const(0.1)}))[0];
+    v = (*b.AddOp("aten::relu", {Arg::Ref(v)}))[0];
+  }
+  (void)b.SetOutputs({Arg::Ref(v)});
+  return *b.Build();
+}
+
+void BM_Interpreter(benchmark::State& state) {
+  torchreplay::capture::Interpreter interp(Chain());
+  at::Tensor x = at::randn({16});
+  for (auto _ : state) benchmark::DoNotOptimize(interp.Run({x}));
+  state.SetItemsProcessed(state.iterations() * kNodes);
+}
+
+void BM_Replay(benchmark::State& state) {
+  torchreplay::replay::Engine engine(Chain(), {});
+  at::Tensor x = at::randn({16});
+  for (int i = 0; i < 3; ++i) (void)engine.Run({x});
+  for (auto _ : state) benchmark::DoNotOptimize(engine.Run({x}));
+  state.SetItemsProcessed(state.iterations() * kNodes);
+}
+
+void BM_AtenAllocating(benchmark::State& state) {
+  at::Tensor x = at::randn({16});
+  for (auto _ : state) {
+    at::Tensor v = x;
+    for (int i = 0; i < kNodes / 4; ++i) v = at::relu(at::add(at::mul(at::sin(v), 1.01), 0.1));
+    benchmark::DoNotOptimize(v);
+  }
+  state.SetItemsProcessed(state.iterations() * kNodes);
+}
+
+void BM_HandWrittenOutFloor(benchmark::State& state) {
+  at::Tensor x = at::randn({16});
+  std::vector<at::Tensor> bufs;
+  for (int i = 0; i < kNodes; ++i) bufs.push_back(at::empty({16}));
+  const at::Scalar a(1.01), c(0.1), zero(0.0);
+  const at::Tensor wa = at::scalar_tensor(a), wc = at::scalar_tensor(c);
+  for (auto _ : state) {
+    const at::Tensor* v = &x;
+    for (int i = 0; i < kNodes; i += 4) {
+      at::sin_out(bufs[i], *v);
+      at::mul_out(bufs[i + 1], bufs[i], wa);
+      at::add_out(bufs[i + 2], bufs[i + 1], wc);
+      at::clamp_min_out(bufs[i + 3], bufs[i + 2], zero);
+      v = &bufs[i + 3];
+    }
+    benchmark::DoNotOptimize(bufs.back().data_ptr());
+  }
+  state.SetItemsProcessed(state.iterations() * kNodes);
+}
+
+BENCHMARK(BM_Interpreter);
+BENCHMARK(BM_Replay);
+BENCHMARK(BM_AtenAllocating);
+BENCHMARK(BM_HandWrittenOutFloor);
+
+}  // namespace
