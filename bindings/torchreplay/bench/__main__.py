@@ -66,7 +66,7 @@ def same(a: Any, b: Any) -> tuple:
     return close, close and torch.equal(a, b)
 
 
-def measure(model_name: str, mode: str, device: str, min_run_time: float, trace_dir: Optional[str]) -> Dict[str, Any]:
+def measure(model_name: str, mode: str, device: str, min_run_time: float) -> Dict[str, Any]:
     factory, _desc = MODELS[model_name]
     torch.manual_seed(0)
     model, make_inputs = factory()
@@ -101,9 +101,6 @@ def measure(model_name: str, mode: str, device: str, min_run_time: float, trace_
         row["median_us"] = m.median * 1e6
         row["iqr_us"] = m.iqr * 1e6
         row["runs"] = len(m.times)
-        if trace_dir:
-            from torchreplay.trace import record_trace
-            row["trace"] = record_trace(call, os.path.join(trace_dir, f"{model_name}.{mode}.json"))
     return row
 
 
@@ -136,7 +133,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--modes", default=None, help="comma-separated: " + ", ".join(MODES))
     p.add_argument("--quick", action="store_true", help="short timings, no Inductor (under a minute on CPU)")
     p.add_argument("--out", default="bench_out", help="directory for results.json, results.csv, speedup.png")
-    p.add_argument("--trace", action="store_true", help="also record a profiler trace per model and mode")
     args = p.parse_args(argv)
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -163,9 +159,6 @@ def main(argv: Optional[List[str]] = None) -> int:
                 continue
         models.append(name)
     os.makedirs(args.out, exist_ok=True)
-    trace_dir = os.path.join(args.out, "traces") if args.trace else None
-    if trace_dir:
-        os.makedirs(trace_dir, exist_ok=True)
 
     from tqdm import tqdm
 
@@ -175,7 +168,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     for model_name, mode in tqdm(jobs, desc="compile, capture, time", unit="run", file=sys.stderr):
         torch._dynamo.reset()
         try:
-            rows.append(measure(model_name, mode, args.device, min_run_time, trace_dir))
+            rows.append(measure(model_name, mode, args.device, min_run_time))
         except Exception as e:  # a mode that fails is reported, not fatal
             rows.append({"model": model_name, "mode": mode, "correct": False, "error": f"{type(e).__name__}: {e}"[:300]})
     for r in rows:
