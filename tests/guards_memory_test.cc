@@ -1,0 +1,89 @@
+// Guard keys (match without rebuilding, readable diffs) and the arena planner (no two buffers
+// alive at the same time overlap; reuse makes the arena smaller than the sum).
+#include <ATen/ops/randn.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "absl/container/flat_hash_set.h"
+#include "guards/guard_key.h"
+#include "memory_pool/arena.h"
+
+namespace torchreplay {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(GuardKeyTest, MatchesExactlyTheInputsItWasBuiltFrom) {
+  at::Tensor x = at::randn({4, 3});
+  std::vector<c10::IValue> in = {x, int64_t{5}, 0.5};
+  guards::GuardKey k = guards::GuardKey::FromInputs(in);
+  EXPECT_TRUE(k.Matches(in));
+  EXPECT_TRUE(k.Matches({at::randn({4, 3}), int64_t{5}, 0.5}));   // new data, same key
+  EXPECT_FALSE(k.Matches({x.t().contiguous().t(), int64_t{5}, 0.5}));  // other strides
+  EXPECT_FALSE(k.Matches({x, int64_t{6}, 0.5}));
+  EXPECT_FALSE(k.Matches({x.to(at::kDouble), int64_t{5}, 0.5}));
+  EXPECT_FALSE(k.Matches({x, int64_t{5}}));
+  EXPECT_EQ(k, guards::GuardKey::FromInputs({at::randn({4, 3}), int64_t{5}, 0.5}));
+  absl::flat_hash_set<guards::GuardKey> set = {k, guards::GuardKey::FromInputs({x, int64_t{6}, 0.5})};
+  EXPECT_EQ(set.size(), 2u);
+  EXPECT_TRUE(set.contains(guards::GuardKey::FromInputs(in)));
+}
+
+TEST(GuardKeyTest, DiffSaysWhichInputChangedHow) {
+  auto a = guards::GuardKey::FromInputs({at::randn({100, 128}), int64_t{3}});
+  auto b = guards::GuardKey::FromInputs({at::randn({64, 128}), int64_t{5}});
+  const std::string d = guards::Diff(a, b);
+  EXPECT_THAT(d, HasSubstr("input 0: sizes (100, 128) -> (64, 128)"));
+  EXPECT_THAT(d, HasSubstr("input 1: value int=3 -> int=5"));
+  EXPECT_EQ(guards::Diff(a, a), "same key");
+}
+
+TEST(ArenaPlanTest, BuffersAliveTogetherNeverOverlap) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<memory_pool::BufferRequest> req;
+    const int n = 1 + rng() % 30;
+    for (int i = 0; i < n; ++i) {
+      int a = rng() % 40, b = rng() % 40;
+      req.push_back({static_cast<int64_t>(rng() % 5000), std::min(a, b), std::max(a, b)});
+    }
+    auto plan = memory_pool::PlanArena(req);
+    for (int i = 0; i < n; ++i) {
+      EXPECT_EQ(plan.offsets[i] % memory_pool::kArenaAlignment, 0);
+      EXPECT_LE(plan.offsets[i] + req[i].nbytes, plan.arena_bytes);
+      for (int j = i + 1; j < n; ++j) {
+        const bool live = req[i].first_use <= req[j].last_use && req[j].first_use <= req[i].last_use;
+        const bool overlap = plan.offsets[i] < plan.offsets[j] + req[j].nbytes &&
+                             plan.offsets[j] < plan.offsets[i] + req[i].nbytes;
+        EXPECT_FALSE(live && overlap && req[i].nbytes > 0 && req[j].nbytes > 0)
+            << "trial " << trial << ": buffers " << i << " and " << j;
+      }
+    }
+  }
+}
+
+TEST(ArenaPlanTest, ChainReusesMemory) {
+  // A chain: each buffer is read only by the next step, so two slots suffice.
+  std::vector<memory_pool::BufferRequest> req;
+  for (int i = 0; i < 10; ++i) req.push_back({1024, i, i + 1});
+  auto plan = memory_pool::PlanArena(req);
+  EXPECT_EQ(plan.tensor_bytes, 10 * 1024);
+  EXPECT_EQ(plan.arena_bytes, 2 * 1024);
+}
+
+TEST(ArenaTest, GrowingKeepsViewsOnTheSameStorage) {
+  memory_pool::Arena arena;
+  arena.Reserve(256);
+  const c10::StorageImpl* impl = arena.storage().unsafeGetStorageImpl();
+  arena.Reserve(4096);
+  EXPECT_EQ(arena.storage().unsafeGetStorageImpl(), impl);
+  EXPECT_EQ(arena.bytes(), 4096);
+  EXPECT_TRUE(arena.Overlaps(static_cast<const char*>(arena.storage().data()) + 100, 8));
+  int outside = 0;
+  EXPECT_FALSE(arena.Overlaps(&outside, sizeof(outside)));
+}
+
+}  // namespace
+}  // namespace torchreplay
