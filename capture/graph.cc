@@ -42,6 +42,11 @@ Arg Arg::List(std::vector<Arg> elems) {
   return a;
 }
 
+void ForEachValueUse(const Arg& a, const std::function<void(ValueId)>& f) {
+  if (a.kind == Arg::Kind::kValue) f(a.value);
+  for (const auto& e : a.elems) ForEachValueUse(e, f);
+}
+
 absl::StatusOr<SymOp> SymOpFromName(const std::string& name) {
   if (name == "add") return SymOp::kAdd;
   if (name == "sub") return SymOp::kSub;

@@ -14,6 +14,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -57,6 +58,9 @@ struct Arg {
   static Arg Ref(ValueId v);
   static Arg List(std::vector<Arg> elems);
 };
+
+// Calls f for every value an argument refers to (list elements included).
+void ForEachValueUse(const Arg& arg, const std::function<void(ValueId)>& f);
 
 enum class NodeKind { kOp, kGetItem, kSymArith };
 enum class SymOp { kAdd, kSub, kMul, kFloorDiv, kMod, kNeg, kMax, kMin };

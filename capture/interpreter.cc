@@ -18,11 +18,6 @@ c10::TypePtr ListElementType(const c10::TypePtr& type) {
   return c10::AnyType::get();
 }
 
-void ForEachValueUse(const Arg& a, const std::function<void(ValueId)>& f) {
-  if (a.kind == Arg::Kind::kValue) f(a.value);
-  for (const auto& e : a.elems) ForEachValueUse(e, f);
-}
-
 }  // namespace
 
 int64_t EvalSymArith(SymOp op, int64_t a, int64_t b) {

@@ -18,16 +18,13 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/List.h>
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/record_function.h>
 #include <c10/core/TensorImpl.h>
-#include <c10/core/impl/SizesAndStrides.h>
 
 #include <mutex>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "capture/stream_graph.h"
 
@@ -189,11 +186,6 @@ at::Tensor ArenaView(const memory_pool::Arena& arena, const ValueRecord& r, int6
   return at::Tensor(std::move(impl));
 }
 
-void ForEachUse(const Arg& a, const std::function<void(ValueId)>& f) {
-  if (a.kind == Arg::Kind::kValue) f(a.value);
-  for (const auto& e : a.elems) ForEachUse(e, f);
-}
-
 }  // namespace
 
 absl::StatusOr<std::vector<c10::IValue>> RunAndRecord(const Interpreter& interp,
@@ -251,9 +243,9 @@ absl::StatusOr<std::unique_ptr<StreamGraph>> CaptureKernelTape(
     last_use[v] = std::max(last_use[v], at);
   };
   for (int i = 0; i < num_nodes; ++i) {
-    for (const auto& a : g.nodes()[i].args) ForEachUse(a, [&](ValueId v) { use(v, i); });
+    for (const auto& a : g.nodes()[i].args) ForEachValueUse(a, [&](ValueId v) { use(v, i); });
   }
-  for (const auto& a : g.outputs()) ForEachUse(a, [&](ValueId v) { use(v, num_nodes); });
+  for (const auto& a : g.outputs()) ForEachValueUse(a, [&](ValueId v) { use(v, num_nodes); });
 
   // Builds a step's prebuilt stack from node args; per-call values become patches.
   auto build_args = [&](const Node& n, Step* step) {
@@ -290,12 +282,12 @@ absl::StatusOr<std::unique_ptr<StreamGraph>> CaptureKernelTape(
   };
   auto all_constant = [&](const Node& n) {
     bool all = true;
-    for (const auto& a : n.args) ForEachUse(a, [&](ValueId v) { all = all && bind[v].constant; });
+    for (const auto& a : n.args) ForEachValueUse(a, [&](ValueId v) { all = all && bind[v].constant; });
     return all;
   };
   auto arena_of_args = [&](const Node& n) {
     bool any = false;
-    for (const auto& a : n.args) ForEachUse(a, [&](ValueId v) { any = any || in_arena[v]; });
+    for (const auto& a : n.args) ForEachValueUse(a, [&](ValueId v) { any = any || in_arena[v]; });
     return any;
   };
 

@@ -13,7 +13,6 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "capture/stream_graph.h"
 #include "guards/guard_key.h"
 #include "memory_pool/arena.h"
@@ -59,7 +58,6 @@ struct Engine::ThreadState {
   bool limit_logged = false;
   // Storages handed out by the last replay that alias the pool.
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> handed_out;
-  std::vector<c10::IValue> outputs;  // reused across calls
 };
 
 Engine::Engine(std::shared_ptr<const capture::Graph> graph, EngineOptions options)
@@ -200,13 +198,12 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::Replay(ThreadState& ts, Entry& 
     }
   }
   InvalidateOutputs(ts);
-  auto s = e.graph->Replay(inputs, &ts.outputs);
+  std::vector<c10::IValue> outs;
+  auto s = e.graph->Replay(inputs, &outs);
   if (!s.ok()) {
     return absl::Status(s.code(), absl::StrCat("graph '", options_.name, "': ", s.message()));
   }
   ++replays_;
-  std::vector<c10::IValue> outs = std::move(ts.outputs);
-  ts.outputs.clear();
   c10::intrusive_ptr<c10::StorageImpl> handout;  // one per call, aliasing the pool
   for (size_t i = 0; i < outs.size(); ++i) {
     if (!e.graph->OutputInPool(i) || !outs[i].isTensor()) continue;
