@@ -135,15 +135,17 @@ py::dict StatsToDict(const replay::EngineStats& s) {
     py::dict r;
     r["key"] = c.key;
     r["reason"] = c.reason;
-    r["nodes"] = c.nodes;
-    r["steps"] = c.steps;
-    r["out_variant_steps"] = c.out_variant_steps;
-    r["functional_steps"] = c.functional_steps;
-    r["precomputed"] = c.precomputed;
-    r["arena_bytes"] = c.arena_bytes;
-    r["tensor_bytes"] = c.tensor_bytes;
     r["milliseconds"] = c.milliseconds;
-    r["functional_ops"] = c.functional_ops;
+    const capture::CaptureInfo& i = c.info;
+    r["nodes"] = i.nodes;
+    r["steps"] = i.steps;
+    r["out_variant_steps"] = i.out_variant_steps;
+    r["typed_steps"] = i.typed_steps;
+    r["functional_steps"] = i.functional_steps;
+    r["precomputed"] = i.precomputed;
+    r["arena_bytes"] = i.arena_bytes;
+    r["tensor_bytes"] = i.tensor_bytes;
+    r["functional_ops"] = i.functional_ops;
     log.append(r);
   }
   d["capture_log"] = log;

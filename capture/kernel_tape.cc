@@ -101,6 +101,179 @@ bool HasDataDependentShape(const std::string& name) {
   return kOps.contains(name);
 }
 
+// ---------------------------------------------------------------- typed steps
+//
+// Note [Typed steps]
+// Most steps of real graphs are out= calls with one of a handful of signatures: pointwise unary,
+// binary and scalar ops, clamp, softmax, mm/addmm. For those, capture builds a TypedCall holding
+// the typed operator handle and the arguments as C++ values, so replay calls the kernel unboxed:
+// no IValue stack, no boxing and unboxing around the kernel. Any other step stays boxed.
+
+using Slots = std::vector<c10::IValue>;
+
+struct TensorArg {  // const Tensor&: constant, or a per-call slot
+  using type = const at::Tensor&;
+  at::Tensor value;
+  int slot = -1;
+  const at::Tensor& get(const Slots& s) const { return slot < 0 ? value : s[slot].toTensor(); }
+};
+struct OutArg {  // Tensor(a!) out: always a planned arena buffer
+  using type = at::Tensor&;
+  mutable at::Tensor value;
+  int slot = -1;
+  at::Tensor& get(const Slots&) const { return value; }
+};
+template <class T, class Ref = const T&>
+struct ConstArg {  // Scalar, Scalar?, int, bool: constants under one guard key
+  using type = Ref;
+  T value;
+  int slot = -1;
+  Ref get(const Slots&) const { return value; }
+};
+using ScalarArg = ConstArg<c10::Scalar>;
+using OptScalarArg = ConstArg<std::optional<c10::Scalar>>;
+using IntArg = ConstArg<int64_t, int64_t>;
+using BoolArg = ConstArg<bool, bool>;
+
+class FastCall {
+ public:
+  virtual ~FastCall() = default;
+  virtual void Run(c10::DispatchKeySet keys, const Slots& slots) const = 0;
+};
+
+template <class... A>
+class TypedCall final : public FastCall {
+ public:
+  using Sig = at::Tensor&(typename A::type...);
+  TypedCall(c10::TypedOperatorHandle<Sig> op, std::tuple<A...> args)
+      : op_(std::move(op)), args_(std::move(args)) {}
+  void Run(c10::DispatchKeySet keys, const Slots& slots) const override {
+    std::apply([&](const A&... a) { op_.redispatch(keys, a.get(slots)...); }, args_);
+  }
+
+ private:
+  c10::TypedOperatorHandle<Sig> op_;
+  std::tuple<A...> args_;
+};
+
+template <class A>
+bool FillArg(const c10::IValue& v, bool per_call, int slot, A* a) {
+  if constexpr (std::is_same_v<A, TensorArg>) {
+    if (per_call) return (a->slot = slot), true;
+    if (!v.isTensor()) return false;
+    a->value = v.toTensor();
+  } else if constexpr (std::is_same_v<A, OutArg>) {
+    if (per_call || !v.isTensor()) return false;
+    a->value = v.toTensor();
+  } else if constexpr (std::is_same_v<A, ScalarArg>) {
+    if (per_call || !v.isScalar()) return false;
+    a->value = v.toScalar();
+  } else if constexpr (std::is_same_v<A, OptScalarArg>) {
+    if (per_call || !(v.isNone() || v.isScalar())) return false;
+    a->value = v.isNone() ? std::nullopt : std::optional<c10::Scalar>(v.toScalar());
+  } else if constexpr (std::is_same_v<A, IntArg>) {
+    if (per_call || !v.isInt()) return false;
+    a->value = v.toInt();
+  } else {
+    if (per_call || !v.isBool()) return false;
+    a->value = v.toBool();
+  }
+  return true;
+}
+
+// `args` is a step's prebuilt stack; `slot_of[i]` the per-call slot of argument i, or -1.
+template <class... A>
+std::unique_ptr<FastCall> MakeTyped(const c10::OperatorHandle& op, const Slots& args,
+                                    const std::vector<int>& slot_of) {
+  std::tuple<A...> held;
+  bool ok = std::apply(
+      [&](A&... a) {
+        int i = 0;
+        return (... && (i++, FillArg(args[i - 1], slot_of[i - 1] >= 0, slot_of[i - 1], &a)));
+      },
+      held);
+  if (!ok) return nullptr;
+  using Sig = typename TypedCall<A...>::Sig;
+  try {
+    return std::make_unique<TypedCall<A...>>(op.typed<Sig>(), std::move(held));
+  } catch (const c10::Error&) {  // the kernel's registered C++ signature differs: stay boxed
+    return nullptr;
+  }
+}
+
+// One letter per argument: T tensor, S scalar, s optional scalar, I int, B bool, O out tensor.
+std::string SignatureCode(const c10::FunctionSchema& schema) {
+  std::string code;
+  for (const auto& a : schema.arguments()) {
+    const c10::TypePtr& t = a.type();
+    if (a.is_out() && t->kind() == c10::TypeKind::TensorType) {
+      code += 'O';
+    } else if (t->kind() == c10::TypeKind::TensorType) {
+      code += 'T';
+    } else if (t->kind() == c10::TypeKind::NumberType) {
+      code += 'S';
+    } else if (t->kind() == c10::TypeKind::OptionalType &&
+               t->containedType(0)->kind() == c10::TypeKind::NumberType) {
+      code += 's';
+    } else if (t->kind() == c10::TypeKind::IntType) {
+      code += 'I';
+    } else if (t->kind() == c10::TypeKind::BoolType) {
+      code += 'B';
+    } else {
+      code += '?';
+    }
+  }
+  return code;
+}
+
+std::unique_ptr<FastCall> MakeFastCall(const c10::OperatorHandle& op, const Slots& args,
+                                       const std::vector<int>& slot_of) {
+  if (op.schema().returns().size() != 1) return nullptr;
+  const std::string code = SignatureCode(op.schema());
+  using T = TensorArg;
+  using S = ScalarArg;
+  using O = OutArg;
+  if (code == "TO") return MakeTyped<T, O>(op, args, slot_of);
+  if (code == "TTO") return MakeTyped<T, T, O>(op, args, slot_of);
+  if (code == "TSO") return MakeTyped<T, S, O>(op, args, slot_of);
+  if (code == "TTSO") return MakeTyped<T, T, S, O>(op, args, slot_of);
+  if (code == "TSSO") return MakeTyped<T, S, S, O>(op, args, slot_of);
+  if (code == "TTTO") return MakeTyped<T, T, T, O>(op, args, slot_of);
+  if (code == "TTTSO") return MakeTyped<T, T, T, S, O>(op, args, slot_of);
+  if (code == "TTTSSO") return MakeTyped<T, T, T, S, S, O>(op, args, slot_of);
+  if (code == "TssO") return MakeTyped<T, OptScalarArg, OptScalarArg, O>(op, args, slot_of);
+  if (code == "TIBO") return MakeTyped<T, IntArg, BoolArg, O>(op, args, slot_of);
+  return nullptr;
+}
+
+// A Python number in a tensor position (`x * 1.01`) is a 0-dim double "wrapped number"; the
+// TensorIterator casts it to the op's dtype on every call (a dispatch, an allocation, a copy).
+// When every other tensor argument already has the float/double dtype of the result, that cast is
+// fixed: do it once here. The kernels read the same value either way (for reduced-precision
+// dtypes some kernels read the uncast scalar, so those are left alone).
+void PrecastWrappedNumbers(c10::ScalarType out_dtype, Slots* args) {
+  if (out_dtype != c10::kFloat && out_dtype != c10::kDouble) return;
+  std::vector<size_t> wrapped;
+  for (size_t i = 0; i < args->size(); ++i) {
+    const c10::IValue& v = (*args)[i];
+    if (!v.isTensor() || !v.toTensor().defined()) continue;
+    const at::Tensor& t = v.toTensor();
+    if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
+      if (t.scalar_type() != out_dtype && !c10::isComplexType(t.scalar_type()) &&
+          t.scalar_type() != c10::kBool) {
+        wrapped.push_back(i);
+      }
+    } else if (t.scalar_type() != out_dtype) {
+      return;
+    }
+  }
+  for (size_t i : wrapped) {
+    at::Tensor cast = (*args)[i].toTensor().to(out_dtype);
+    cast.unsafeGetTensorImpl()->set_wrapped_number(true);
+    (*args)[i] = cast;
+  }
+}
+
 // ---------------------------------------------------------------- the tape
 
 struct Patch {
@@ -117,6 +290,7 @@ struct Step {
   absl::InlinedVector<Patch, 4> patches;
   absl::InlinedVector<int, 2> out_slots;  // per return: slot to store it in, or -1
   int64_t index = 0;                      // kGetItem
+  std::unique_ptr<FastCall> fast;         // set for typed out= steps (Note [Typed steps])
   explicit Step(c10::OperatorHandle h) : op(std::move(h)) {}
 };
 
@@ -151,6 +325,10 @@ absl::Status KernelTape::Replay(const std::vector<c10::IValue>& inputs,
     for (Step& s : steps_) {
       if (s.kind == Step::Kind::kGetItem) {
         slots_[s.out_slots[0]] = slots_[s.patches[0].slot].toList().get(s.index);
+        continue;
+      }
+      if (s.fast != nullptr) {
+        s.fast->Run(keys_, slots_);
         continue;
       }
       stack_.assign(s.args.begin(), s.args.end());
@@ -386,7 +564,15 @@ absl::StatusOr<std::unique_ptr<StreamGraph>> CaptureKernelTape(
       }
 
       std::optional<c10::OperatorHandle> out_op;
+      c10::IValue extra_arg;  // appended before the out= buffers (relu -> clamp_min.out)
       if (!mutable_op && all_fresh) out_op = FindOutVariant(*n.op);
+      if (!out_op.has_value() && all_fresh && base == "aten::relu") {
+        // ATen's relu is clamp_min(self, 0), which has an out= variant.
+        if (auto clamp_min = FindOperator("aten::clamp_min.out"); clamp_min.ok()) {
+          out_op = *clamp_min;
+          extra_arg = c10::IValue(c10::Scalar(int64_t{0}));
+        }
+      }
       bool plannable = out_op.has_value();
       for (ValueId o : n.outputs) {
         plannable = plannable && rec.values[o].storage_offset == 0 && rec.values[o].device.is_cpu();
@@ -394,6 +580,8 @@ absl::StatusOr<std::unique_ptr<StreamGraph>> CaptureKernelTape(
       if (plannable) {
         Step step(*out_op);
         if (build) build_args(n, &step);
+        if (build && !extra_arg.isNone()) step.args.push_back(extra_arg);
+        if (build) PrecastWrappedNumbers(rec.values[n.outputs[0]].dtype, &step.args);
         for (ValueId o : n.outputs) {
           const ValueRecord& r = rec.values[o];
           if (!build) {
@@ -408,6 +596,14 @@ absl::StatusOr<std::unique_ptr<StreamGraph>> CaptureKernelTape(
         }
         if (build) {
           step.out_slots.assign(n.outputs.size(), -1);
+          std::vector<int> slot_of(step.args.size(), -1);
+          bool whole_args = true;
+          for (const Patch& p : step.patches) {
+            slot_of[p.arg] = p.slot;
+            whole_args = whole_args && p.elem < 0;
+          }
+          if (whole_args) step.fast = MakeFastCall(step.op, step.args, slot_of);
+          tape->info_.typed_steps += step.fast != nullptr;
           tape->steps_.push_back(std::move(step));
           ++tape->info_.out_variant_steps;
         }

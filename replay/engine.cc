@@ -169,12 +169,10 @@ absl::Status Engine::Capture(ThreadState& ts, Entry& e, const std::vector<c10::I
   ++ts.captured;
   ++captures_;
   const capture::CaptureInfo& info = e.graph->info();
-  CaptureRecord rec{e.key.ToString(), e.reason, info.nodes, info.steps, info.out_variant_steps,
-                    info.functional_steps, info.precomputed, info.arena_bytes, info.tensor_bytes,
-                    ms, info.functional_ops};
+  CaptureRecord rec{e.key.ToString(), e.reason, ms, info};
   Log(1, absl::StrCat("graph '", options_.name, "': captured key ", rec.key, " (", rec.reason,
                       "): ", info.nodes, " nodes -> ", info.steps, " steps (",
-                      info.out_variant_steps, " out=, ", info.functional_steps, " functional, ",
+                      info.out_variant_steps, " out= (", info.typed_steps, " typed), ", info.functional_steps, " functional, ",
                       info.precomputed, " precomputed), arena ", info.arena_bytes, " B for ",
                       info.tensor_bytes, " B of tensors, pool ", ts.arena.bytes(), " B, ", ms,
                       " ms"));

@@ -27,6 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "capture/graph.h"
 #include "capture/interpreter.h"
+#include "capture/stream_graph.h"
 
 namespace torchreplay::replay {
 
@@ -48,10 +49,8 @@ struct EngineOptions {
 struct CaptureRecord {
   std::string key;     // the guard key captured
   std::string reason;  // why: "no graph yet", the key diff, or a moved static input
-  int nodes = 0, steps = 0, out_variant_steps = 0, functional_steps = 0, precomputed = 0;
-  int64_t arena_bytes = 0, tensor_bytes = 0;
   double milliseconds = 0;
-  std::vector<std::string> functional_ops;
+  capture::CaptureInfo info;  // steps, arena bytes, functional ops
 };
 
 struct EngineStats {
