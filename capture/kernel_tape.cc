@@ -81,7 +81,9 @@ std::optional<c10::OperatorHandle> FindOutVariant(const c10::OperatorHandle& op)
     for (size_t i = fa.size(); ok && i < ca.size(); ++i) {
       ok = ca[i].is_out() && ca[i].type()->kind() == c10::TypeKind::TensorType;
     }
-    if (ok) return cand;
+    // An out= overload with no CPU kernel of its own is usually generated from the functional op
+    // (allocate, compute, copy into out): slower than running the op functionally.
+    if (ok && cand->hasKernelForDispatchKey(c10::DispatchKey::CPU)) return cand;
   }
   return std::nullopt;
 }
@@ -565,8 +567,8 @@ absl::StatusOr<std::unique_ptr<StreamGraph>> CaptureKernelTape(
 
       std::optional<c10::OperatorHandle> out_op;
       c10::IValue extra_arg;  // appended before the out= buffers (relu -> clamp_min.out)
-      if (!mutable_op && all_fresh) out_op = FindOutVariant(*n.op);
-      if (!out_op.has_value() && all_fresh && base == "aten::relu") {
+      if (!mutable_op && all_fresh && base != "aten::relu") out_op = FindOutVariant(*n.op);
+      if (all_fresh && base == "aten::relu") {
         // ATen's relu is clamp_min(self, 0), which has an out= variant.
         if (auto clamp_min = FindOperator("aten::clamp_min.out"); clamp_min.ok()) {
           out_op = *clamp_min;

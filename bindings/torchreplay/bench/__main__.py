@@ -2,8 +2,9 @@
 compile/capture time; correctness checked against eager before timing.
 
     python -m torchreplay.bench [--device cpu|cuda] [--models mlp,demo] [--modes eager,replay]
-                                [--quick] [--out DIR]
-Writes DIR/results.json, DIR/results.csv and DIR/speedup.png.
+                                [--quick] [--out DIR] [--trace]
+Writes DIR/results.json, DIR/results.csv and DIR/speedup.png; with --trace, also one
+torch.profiler trace per model and mode in DIR/traces (see python -m torchreplay.trace).
 """
 from __future__ import annotations
 
@@ -33,9 +34,22 @@ MODES = {
     "inductor-reduce-overhead": "torch.compile(mode='reduce-overhead')",
 }
 CUDA_ONLY = {"cudagraphs", "inductor-reduce-overhead"}
+_CUSTOM: Dict[str, Callable[[torch.nn.Module], Callable]] = {}
+
+
+def register_mode(name: str, description: str, compile_fn: Callable[[torch.nn.Module], Callable],
+                  cuda_only: bool = False) -> None:
+    """Adds a mode to the harness: compile_fn(model) returns the callable to time (e.g. your own
+    torch.compile backend). Selected with --modes like the built-in ones."""
+    MODES[name] = description
+    _CUSTOM[name] = compile_fn
+    if cuda_only:
+        CUDA_ONLY.add(name)
 
 
 def compile_for(mode: str, model: torch.nn.Module) -> Callable:
+    if mode in _CUSTOM:
+        return _CUSTOM[mode](model)
     if mode == "eager":
         return model
     if mode.startswith("torchreplay-"):
@@ -66,7 +80,30 @@ def same(a: Any, b: Any) -> tuple:
     return close, close and torch.equal(a, b)
 
 
-def measure(model_name: str, mode: str, device: str, min_run_time: float) -> Dict[str, Any]:
+TRACE_STEPS = 5
+
+
+def record_trace(call: Callable[[], None], device: str, path: str) -> Dict[str, Any]:
+    """Profiles TRACE_STEPS calls (one profiler step each) into a Chrome trace at `path` and
+    returns the medians torchreplay.trace reports for it."""
+    from torchreplay import trace
+
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    schedule = torch.profiler.schedule(wait=0, warmup=1, active=TRACE_STEPS, repeat=1)
+    with torch.profiler.profile(activities=activities, schedule=schedule) as prof:
+        for _ in range(TRACE_STEPS + 1):
+            call()
+            prof.step()
+    prof.export_chrome_trace(path)
+    t = trace.summarize(path)
+    fields = ["host_us", "replays", "aten_ops", "kernel_launches", "graph_launches"]
+    return {"trace": path, **{f"trace_{k}": t.median(k) for k in fields}}
+
+
+def measure(model_name: str, mode: str, device: str, min_run_time: float,
+            trace_dir: Optional[str] = None) -> Dict[str, Any]:
     factory, _desc = MODELS[model_name]
     torch.manual_seed(0)
     model, make_inputs = factory()
@@ -101,6 +138,8 @@ def measure(model_name: str, mode: str, device: str, min_run_time: float) -> Dic
         row["median_us"] = m.median * 1e6
         row["iqr_us"] = m.iqr * 1e6
         row["runs"] = len(m.times)
+        if trace_dir is not None:
+            row.update(record_trace(call, device, os.path.join(trace_dir, f"{model_name}.{mode}.json")))
     return row
 
 
@@ -133,6 +172,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--modes", default=None, help="comma-separated: " + ", ".join(MODES))
     p.add_argument("--quick", action="store_true", help="short timings, no Inductor (under a minute on CPU)")
     p.add_argument("--out", default="bench_out", help="directory for results.json, results.csv, speedup.png")
+    p.add_argument("--trace", action="store_true",
+                   help=f"also record a torch.profiler trace of {TRACE_STEPS} steps per model and mode into "
+                        "OUT/traces (read them with python -m torchreplay.trace)")
     args = p.parse_args(argv)
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -159,6 +201,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                 continue
         models.append(name)
     os.makedirs(args.out, exist_ok=True)
+    trace_dir = os.path.join(args.out, "traces") if args.trace else None
+    if trace_dir:
+        os.makedirs(trace_dir, exist_ok=True)
 
     from tqdm import tqdm
 
@@ -168,7 +213,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     for model_name, mode in tqdm(jobs, desc="compile, capture, time", unit="run", file=sys.stderr):
         torch._dynamo.reset()
         try:
-            rows.append(measure(model_name, mode, args.device, min_run_time))
+            rows.append(measure(model_name, mode, args.device, min_run_time, trace_dir))
         except Exception as e:  # a mode that fails is reported, not fatal
             rows.append({"model": model_name, "mode": mode, "correct": False, "error": f"{type(e).__name__}: {e}"[:300]})
     for r in rows:
@@ -177,18 +222,22 @@ def main(argv: Optional[List[str]] = None) -> int:
             r["speedup"] = base["median_us"] / r["median_us"]
 
     print(render_table(rows, models, modes, args.device))
+    if trace_dir:
+        print(render_trace_table(rows))
     meta = {"device": args.device, "torch": torch.__version__, "python": platform.python_version(),
             "machine": platform.machine(), "threads": torch.get_num_threads(),
             "date": time.strftime("%Y-%m-%d"), "modes": {m: MODES[m] for m in modes}}
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"meta": meta, "results": rows}, f, indent=2)
-    fields = ["model", "mode", "correct", "bitwise", "median_us", "iqr_us", "runs", "speedup", "compile_s", "error"]
+    fields = ["model", "mode", "correct", "bitwise", "median_us", "iqr_us", "runs", "speedup", "compile_s", "error",
+              "trace", "trace_host_us", "trace_replays", "trace_aten_ops", "trace_kernel_launches",
+              "trace_graph_launches"]
     with open(os.path.join(args.out, "results.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
     plot(rows, os.path.join(args.out, "speedup.png"))
-    print(f"wrote {args.out}/results.json, results.csv, speedup.png")
+    print(f"wrote {args.out}/results.json, results.csv, speedup.png" + (", traces/" if trace_dir else ""))
     return 0
 
 
@@ -207,6 +256,18 @@ def render_table(rows: List[Dict[str, Any]], models: List[str], modes: List[str]
             check = "bitwise" if r["bitwise"] else "close"
             lines.append(f"{m:<18}{mode:<30}{r['median_us']:>10.1f}{r['iqr_us']:>8.1f}"
                          f"{r.get('speedup', 0):>9.2f}x{r['compile_s']:>11.2f}  {check}")
+    return "\n".join(lines)
+
+
+def render_trace_table(rows: List[Dict[str, Any]]) -> str:
+    lines = [f"profiler traces (median per step; python -m torchreplay.trace summarize FILE for the rest)",
+             f"{'model':<18}{'mode':<30}{'host us':>10}{'replays':>9}{'aten ops':>10}{'launches':>10}{'graph launches':>16}  file"]
+    for r in rows:
+        if "trace" not in r:
+            continue
+        lines.append(f"{r['model']:<18}{r['mode']:<30}{r['trace_host_us']:>10.1f}{r['trace_replays']:>9.0f}"
+                     f"{r['trace_aten_ops']:>10.0f}{r['trace_kernel_launches']:>10.0f}{r['trace_graph_launches']:>16.0f}"
+                     f"  {r['trace']}")
     return "\n".join(lines)
 
 

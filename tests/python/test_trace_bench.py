@@ -1,0 +1,141 @@
+"""Trace inspection (python -m torchreplay.trace) on traces recorded here, and the harness's
+--quick run end to end, including a mode that is deliberately wrong."""
+import csv
+import json
+import os
+
+import pytest
+import torch
+
+import torchreplay
+from torchreplay import trace
+from torchreplay.bench import __main__ as bench
+from torchreplay.bench.models import ElementwiseChain
+
+STEPS = 5
+
+
+def record(fn, x, path, steps=STEPS, schedule=True):
+    sched = torch.profiler.schedule(wait=0, warmup=1, active=steps, repeat=1) if schedule else None
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], schedule=sched) as prof:
+        for _ in range(steps + (1 if schedule else 0)):
+            fn(x)
+            prof.step()
+    prof.export_chrome_trace(str(path))
+    return str(path)
+
+
+def reduce_overhead(model):
+    config = torchreplay.CompilerConfig()
+    config.mode = "reduce-overhead"
+    return torch.compile(model, backend=torchreplay.get_backend(compiler_config=config), fullgraph=True)
+
+
+@pytest.fixture
+def traces(tmp_path):
+    """Eager and reduce-overhead traces of an 8-op chain (sin, mul, add, relu twice)."""
+    x = torch.randn(16)
+    model = ElementwiseChain(8)
+    compiled = reduce_overhead(ElementwiseChain(8))
+    with torch.no_grad():
+        for _ in range(3):  # warm-up and capture happen before the profiled steps
+            compiled(x)
+        return (record(model, x, tmp_path / "eager.json"),
+                record(compiled, x, tmp_path / "replay.json"))
+
+
+def test_summary_counts_replays_and_dispatches(traces):
+    eager, replay = trace.summarize(traces[0]), trace.summarize(traces[1])
+    assert eager.step_kind == replay.step_kind == "profiler steps"
+    assert len(eager.steps) == len(replay.steps) == STEPS
+    # Eager dispatches each of the chain's 8 ops through the dispatcher, every step.
+    assert [s.aten_ops for s in eager.steps] == [8] * STEPS
+    assert [s.replays for s in eager.steps] == [0] * STEPS
+    # Reduce-overhead: one replay per step, no capture, and the tape's kernels are called directly.
+    assert [s.replays for s in replay.steps] == [1] * STEPS
+    assert [s.captures + s.warmups + s.eager_fallbacks for s in replay.steps] == [0] * STEPS
+    assert [s.aten_ops for s in replay.steps] == [0] * STEPS
+    for s in replay.steps:
+        assert 0 < s.replay_us < s.host_us
+    assert not eager.has_gpu and eager.steps[0].kernel_launches == 0
+
+
+def test_without_step_markers_each_compiled_call_is_a_step(tmp_path):
+    x = torch.randn(16)
+    compiled = reduce_overhead(ElementwiseChain(4))
+    with torch.no_grad():
+        path = record(compiled, x, tmp_path / "calls.json", steps=4, schedule=False)
+    t = trace.summarize(path)
+    assert t.step_kind == "compiled calls" and len(t.steps) == 4
+    # warmup_iters=1: call 1 warms up, call 2 captures and replays, calls 3 and 4 replay.
+    assert [s.warmups for s in t.steps] == [1, 0, 0, 0]
+    assert [s.captures for s in t.steps] == [0, 1, 0, 0]
+    assert [s.replays for s in t.steps] == [0, 1, 1, 1]
+
+
+def test_gpu_activity_is_measured_from_correlated_launches():
+    # A hand-made CUDA-shaped trace: two launches 10 us apart, kernels of 5 us each.
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": "ProfilerStep#1", "ts": 0, "dur": 100, "pid": 1, "tid": 1},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 10, "dur": 3, "pid": 1, "tid": 1,
+         "args": {"correlation": 7}},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 20, "dur": 3, "pid": 1, "tid": 1,
+         "args": {"correlation": 8}},
+        {"ph": "X", "cat": "kernel", "name": "k1", "ts": 30, "dur": 5, "pid": 0, "tid": 7, "args": {"correlation": 7}},
+        {"ph": "X", "cat": "kernel", "name": "k2", "ts": 45, "dur": 5, "pid": 0, "tid": 7, "args": {"correlation": 8}},
+        {"ph": "X", "cat": "kernel", "name": "k3", "ts": 48, "dur": 4, "pid": 0, "tid": 7, "args": {"correlation": 8}},
+    ]
+    s = trace.summarize_events(events).steps[0]
+    assert (s.kernel_launches, s.graph_launches, s.gpu_kernels) == (1, 1, 3)
+    assert s.gpu_busy_us == pytest.approx(5 + 7)
+    assert s.gpu_idle_us == pytest.approx(10) and s.gpu_max_gap_us == pytest.approx(10)
+
+
+def test_cli_summarize_and_compare(traces, capsys):
+    assert trace.main(["summarize", traces[1]]) == 0
+    out = capsys.readouterr().out
+    assert f"{STEPS} steps (profiler steps)" in out and f"replay ran in {STEPS} of {STEPS} steps" in out
+    assert trace.main(["summarize", traces[1], "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [s["replays"] for s in data["steps"]] == [1] * STEPS
+    assert trace.main(["compare", *traces]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split()[0] + (" " + line.split()[1] if line.startswith("aten ops") else ""): line.split()
+             for line in out.splitlines() if line.strip()}
+    assert lines["aten ops"][2:4] == ["8", "0"]
+    assert lines["replays"][1:3] == ["0", "1"]
+    assert trace.main(["summarize", "/nonexistent.json"]) == 2
+
+
+def test_harness_quick_run_writes_results_and_flags_a_wrong_mode(tmp_path, capsys):
+    def off_by_one(model):
+        def backend(gm, example_inputs):
+            return lambda *args: [o + 1 for o in gm(*args)]
+        return torch.compile(model, backend=backend)
+
+    bench.register_mode("off-by-one", "a deliberately wrong backend", off_by_one)
+    try:
+        rc = bench.main(["--quick", "--models", "chain64", "--modes", "eager,torchreplay-reduce-overhead,off-by-one",
+                         "--out", str(tmp_path), "--trace"])
+    finally:
+        bench.MODES.pop("off-by-one")
+        bench._CUSTOM.pop("off-by-one")
+    assert rc == 0
+    out = capsys.readouterr().out
+    table = {}
+    for line in out.split("profiler traces")[0].splitlines():
+        if line.startswith("chain64"):
+            table[tuple(line.split()[:2])] = line
+    assert "WRONG" in table[("chain64", "off-by-one")]
+    assert "bitwise" in table[("chain64", "torchreplay-reduce-overhead")]
+    results = {r["mode"]: r for r in json.load(open(tmp_path / "results.json"))["results"]}
+    assert results["off-by-one"]["correct"] is False and "median_us" not in results["off-by-one"]
+    ro = results["torchreplay-reduce-overhead"]
+    assert ro["correct"] and ro["bitwise"] and ro["median_us"] > 0
+    assert ro["speedup"] == pytest.approx(results["eager"]["median_us"] / ro["median_us"])
+    assert ro["trace_replays"] == 1 and results["eager"]["trace_aten_ops"] == 64
+    assert os.path.exists(ro["trace"])
+    with open(tmp_path / "results.csv") as f:
+        assert {r["mode"] for r in csv.DictReader(f)} == set(results)
+    with open(tmp_path / "speedup.png", "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
