@@ -16,6 +16,7 @@
 #include <string>
 
 #include "capture/graph.h"
+#include "capture/scopes.h"
 #include "replay/engine.h"
 
 namespace py = pybind11;
@@ -52,10 +53,11 @@ c10::IValue ToIValue(py::handle obj) {
   if (PyComplex_Check(o)) return c10::complex<double>(PyComplex_RealAsDouble(o), PyComplex_ImagAsDouble(o));
   if (PyList_Check(o) || PyTuple_Check(o)) {
     auto seq = py::reinterpret_borrow<py::sequence>(obj);
-    bool all_int = true, all_float = true, all_bool = true, all_tensor = true;
+    bool all_int = true, all_float = true, all_bool = true, all_tensor = true, all_str = true;
     for (auto item : seq) {
       PyObject* p = item.ptr();
       const bool is_bool = PyBool_Check(p);
+      all_str = all_str && PyUnicode_Check(p);
       all_bool = all_bool && is_bool;
       all_int = all_int && PyLong_Check(p) && !is_bool;
       all_float = all_float && (PyFloat_Check(p) || (PyLong_Check(p) && !is_bool));
@@ -74,6 +76,11 @@ c10::IValue ToIValue(py::handle obj) {
     if (all_float) {
       c10::List<double> v;
       for (auto item : seq) v.push_back(item.cast<double>());
+      return v;
+    }
+    if (all_str) {
+      c10::List<std::string> v;
+      for (auto item : seq) v.push_back(item.cast<std::string>());
       return v;
     }
     if (all_tensor) {
@@ -217,7 +224,7 @@ PYBIND11_MODULE(_C, m) {
   py::class_<replay::Engine, std::shared_ptr<replay::Engine>>(m, "Engine")
       .def(py::init([](std::shared_ptr<capture::Graph> g, const std::string& mode,
                        int warmup_iters, int capture_limit, bool clone_outputs,
-                       const std::string& name) {
+                       const std::string& name, const std::string& dot_dir) {
              replay::EngineOptions o;
              if (mode == "default") {
                o.mode = replay::Mode::kDefault;
@@ -232,11 +239,12 @@ PYBIND11_MODULE(_C, m) {
              o.capture_limit = capture_limit;
              o.clone_outputs = clone_outputs;
              o.name = name;
+             o.dot_dir = dot_dir;
              return std::make_shared<replay::Engine>(std::move(g), std::move(o));
            }),
            py::arg("graph"), py::arg("mode") = "reduce-overhead", py::arg("warmup_iters") = 1,
            py::arg("capture_limit") = 64, py::arg("clone_outputs") = false,
-           py::arg("name") = "graph")
+           py::arg("name") = "graph", py::arg("dot_dir") = "")
       .def("run",
            [](replay::Engine& e, py::list args) {
              std::vector<c10::IValue> inputs;
@@ -253,9 +261,27 @@ PYBIND11_MODULE(_C, m) {
              for (size_t i = 0; i < out->size(); ++i) result[i] = FromIValue((*out)[i]);
              return result;
            })
+      .def("precapture",
+           [](replay::Engine& e, const std::vector<py::list>& input_sets) {
+             std::vector<std::vector<c10::IValue>> sets;
+             for (const auto& l : input_sets) {
+               std::vector<c10::IValue> inputs;
+               for (auto a : l) inputs.push_back(ToIValue(a));
+               sets.push_back(std::move(inputs));
+             }
+             absl::Status s;
+             {
+               py::gil_scoped_release no_gil;
+               s = e.Precapture(std::move(sets));
+             }
+             if (!s.ok()) Throw(s);
+           },
+           py::arg("input_sets"),
+           "Warms up and captures these inputs' keys ahead of time, largest first.")
       .def("stats", [](const replay::Engine& e) { return StatsToDict(e.stats()); })
       .def_property_readonly("name", [](const replay::Engine& e) { return e.options().name; });
 
+  m.def("built_with_cuda", &capture::BuiltWithCuda);
   m.def("set_log_level", &replay::SetLogLevel);
   m.def("log_level", &replay::LogLevel);
 }

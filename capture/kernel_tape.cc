@@ -396,10 +396,36 @@ absl::StatusOr<std::vector<c10::IValue>> RunAndRecord(const Interpreter& interp,
   return interp.Run(std::move(inputs), &observer);
 }
 
+absl::Status CheckReplayable(const Graph& g, const Recording& rec) {
+  for (const Node& n : g.nodes()) {
+    if (n.kind != NodeKind::kOp) continue;
+    const std::string base = n.op->schema().name();
+    bool mask_index = false;  // x[mask]: as many rows as the mask has true elements
+    if (base == "aten::index" && n.args.size() > 1) {
+      ForEachValueUse(n.args[1], [&](ValueId v) {
+        const c10::ScalarType t = rec.values[v].dtype;
+        mask_index = mask_index || t == c10::kBool || t == c10::kByte;
+      });
+    }
+    if (HasDataDependentShape(base) || mask_index) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "node '", n.name, "' (", OperatorName(*n.op), ") has a data-dependent output shape"));
+    }
+    for (ValueId o : n.outputs) {
+      if (!rec.values[o].is_tensor && !rec.values[o].is_list && !IsSizeQuery(base)) {
+        return absl::FailedPreconditionError(absl::StrCat("node '", n.name, "' (", OperatorName(*n.op),
+                                                          ") reads a value from tensor data on the host"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<StreamGraph>> CaptureKernelTape(
     std::shared_ptr<const Graph> graph, const Recording& rec,
     const std::vector<c10::IValue>& inputs, memory_pool::Arena* arena) {
   const Graph& g = *graph;
+  if (auto s = CheckReplayable(g, rec); !s.ok()) return s;
   auto tape = std::make_unique<KernelTape>();
   const int num_nodes = static_cast<int>(g.nodes().size());
   tape->info_.nodes = num_nodes;
@@ -518,19 +544,11 @@ absl::StatusOr<std::unique_ptr<StreamGraph>> CaptureKernelTape(
       }
       const std::string name = OperatorName(*n.op);
       const std::string base = n.op->schema().name();
-      if (HasDataDependentShape(base)) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("node '", n.name, "' (", name, ") has a data-dependent output shape"));
-      }
       bool returns_scalar = false;
       for (ValueId o : n.outputs) {
         returns_scalar = returns_scalar || (!rec.values[o].is_tensor && !rec.values[o].is_list);
       }
-      if (returns_scalar) {
-        if (!IsSizeQuery(base)) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "node '", n.name, "' (", name, ") reads a value from tensor data on the host"));
-        }
+      if (returns_scalar) {  // a size query (CheckReplayable refused the others): fixed per key
         for (ValueId o : n.outputs) set_const(o, rec.values[o].scalar);
         tape->info_.precomputed += build;
         continue;

@@ -1,7 +1,7 @@
 // capture/stream_graph.h: a captured graph that replays without re-dispatching op by op.
 //
-// Two backends implement StreamGraph: the CPU kernel tape (this file) and the CUDA stream graph
-// (cuda_stream_graph.h). Both are built from a Recording of one eager (warm-up) run of the graph
+// Two backends implement StreamGraph: the CPU kernel tape (CaptureKernelTape below) and the CUDA
+// stream graph (cuda_stream_graph.h). Both are built from a Recording of one eager (warm-up) run of the graph
 // under the guard key they serve, and both are replayed only with inputs of that key.
 #pragma once
 
@@ -63,7 +63,15 @@ class StreamGraph {
   virtual const CaptureInfo& info() const = 0;
   // True for outputs whose memory is the engine's pool (reused by the next replay).
   virtual bool OutputInPool(size_t i) const = 0;
+  // Writes the captured graph in Graphviz DOT form (CUDA graphs captured with keep_graph).
+  virtual absl::Status DumpDot(const std::string& path) const {
+    return absl::UnimplementedError("only CUDA graphs have a DOT dump");
+  }
 };
+
+// Refuses graphs that no captured graph can replay: data-dependent output shapes (nonzero, ...)
+// and scalars read from tensor data on the host (item, ...). FailedPrecondition naming the node.
+absl::Status CheckReplayable(const Graph& graph, const Recording& recording);
 
 // Captures the CPU kernel tape: every kernel resolved once (redispatched below autograd), `out=`
 // variants writing into buffers planned in `arena`, views of static tensors precomputed,

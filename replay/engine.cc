@@ -7,12 +7,15 @@
 #include <c10/core/TensorImpl.h>
 #include <c10/util/intrusive_ptr.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "capture/cuda_stream_graph.h"
+#include "capture/scopes.h"
 #include "capture/stream_graph.h"
 #include "guards/guard_key.h"
 #include "memory_pool/arena.h"
@@ -50,7 +53,9 @@ struct Engine::Entry {
 };
 
 struct Engine::ThreadState {
-  memory_pool::Arena arena;
+  memory_pool::Arena arena;        // CPU keys
+  capture::CudaPool cuda_pool;     // CUDA keys: one private pool for all of them
+  int64_t cuda_pool_bytes = 0;     // what CUDA captures added to the allocator's reserve
   absl::flat_hash_map<guards::GuardKey, std::unique_ptr<Entry>> cache;
   guards::GuardKey last_key;
   Entry* last = nullptr;
@@ -62,6 +67,10 @@ struct Engine::ThreadState {
 
 Engine::Engine(std::shared_ptr<const capture::Graph> graph, EngineOptions options)
     : graph_(std::move(graph)), options_(std::move(options)), interpreter_(graph_) {
+  for (capture::ValueId v : graph_->inputs()) {
+    const auto& spec = graph_->values()[v].spec;
+    uses_cuda_ = uses_cuda_ || (spec.has_value() && spec->device == c10::DeviceType::CUDA);
+  }
   invalidated_msg_ = absl::StrCat(
       "torchreplay: this tensor is an output of the replayed graph '", options_.name,
       "', and a later replay has reused its memory. Clone outputs you keep across calls "
@@ -88,7 +97,9 @@ EngineStats Engine::stats() const {
   s.warmups = warmups_;
   s.eager_fallbacks = eager_fallbacks_;
   absl::MutexLock lock(&mu_);
-  for (const auto& [id, ts] : threads_) s.pool_bytes = std::max(s.pool_bytes, ts->arena.bytes());
+  for (const auto& [id, ts] : threads_) {
+    s.pool_bytes = std::max(s.pool_bytes, ts->arena.bytes() + ts->cuda_pool_bytes);
+  }
   s.capture_log = capture_log_;
   s.fallback_reasons = fallback_reasons_;
   return s;
@@ -133,7 +144,17 @@ absl::StatusOr<Engine::Entry*> Engine::Lookup(ThreadState& ts,
   return e;
 }
 
+std::optional<c10::Device> Engine::CudaDevice(const std::vector<c10::IValue>& inputs) const {
+  if (!uses_cuda_) return std::nullopt;
+  for (const auto& v : inputs) {
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_cuda()) return v.toTensor().device();
+  }
+  return std::nullopt;
+}
+
 absl::StatusOr<std::vector<c10::IValue>> Engine::RunEager(const std::vector<c10::IValue>& inputs) {
+  const std::optional<c10::Device> cuda = CudaDevice(inputs);
+  capture::ScopeRun scopes(cuda.value_or(c10::Device(c10::DeviceType::CPU)));
   auto out = interpreter_.Run(inputs);
   if (!out.ok()) {
     return absl::Status(out.status().code(),
@@ -156,12 +177,27 @@ absl::Status Engine::Capture(ThreadState& ts, Entry& e, const std::vector<c10::I
   RECORD_FUNCTION("torchreplay::capture", std::vector<c10::IValue>());
   InvalidateOutputs(ts);  // the pool may grow, and replays below will reuse it
   const auto t0 = std::chrono::steady_clock::now();
-  auto graph = capture::CaptureKernelTape(graph_, *e.recording, inputs, &ts.arena);
+  const std::optional<c10::Device> cuda = CudaDevice(inputs);
+  absl::StatusOr<std::unique_ptr<capture::StreamGraph>> graph =
+      cuda.has_value()
+          ? capture::CaptureCudaGraph(interpreter_, *e.recording, inputs, &ts.cuda_pool,
+                                      {/*keep_graph=*/!options_.dot_dir.empty()})
+          : capture::CaptureKernelTape(graph_, *e.recording, inputs, &ts.arena);
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   e.recording.reset();
   if (!graph.ok()) return graph.status();
   e.graph = std::move(*graph);
+  if (cuda.has_value()) ts.cuda_pool_bytes += std::max<int64_t>(0, e.graph->info().arena_bytes);
+  if (!options_.dot_dir.empty() && cuda.has_value()) {
+    const std::string path =
+        absl::StrCat(options_.dot_dir, "/torchreplay_", options_.name, ".key", ts.captured, ".dot");
+    if (auto s = e.graph->DumpDot(path); s.ok()) {
+      Log(1, absl::StrCat("graph '", options_.name, "': wrote the captured CUDA graph to ", path));
+    } else {
+      Log(2, absl::StrCat("graph '", options_.name, "': no DOT dump: ", s.message()));
+    }
+  }
   e.static_ptrs.clear();
   for (int i : graph_->static_inputs()) {
     if (inputs[i].isTensor()) e.static_ptrs.emplace_back(i, inputs[i].toTensor().const_data_ptr());
@@ -202,7 +238,10 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::Replay(ThreadState& ts, Entry& 
     return absl::Status(s.code(), absl::StrCat("graph '", options_.name, "': ", s.message()));
   }
   ++replays_;
-  c10::intrusive_ptr<c10::StorageImpl> handout;  // one per call, aliasing the pool
+  // Pool outputs are handed out through storages of their own that alias the pool (one per pool
+  // storage and call), so the next replay can invalidate them without touching the pool.
+  const c10::StorageImpl* last_pool = nullptr;
+  c10::intrusive_ptr<c10::StorageImpl> handout;
   for (size_t i = 0; i < outs.size(); ++i) {
     if (!e.graph->OutputInPool(i) || !outs[i].isTensor()) continue;
     const at::Tensor& t = outs[i].toTensor();
@@ -210,19 +249,48 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::Replay(ThreadState& ts, Entry& 
       outs[i] = t.clone(at::MemoryFormat::Preserve);
       continue;
     }
-    if (!handout) {
-      const c10::Storage& pool = ts.arena.storage();
-      handout = c10::make_intrusive<c10::StorageImpl>(
-          c10::StorageImpl::use_byte_size_t(), pool.nbytes(),
-          c10::DataPtr(const_cast<void*>(pool.data()), pool.device()), nullptr,
-          /*resizable=*/false);
-      ts.handed_out.emplace_back(handout);
+    const c10::StorageImpl* pool = t.storage().unsafeGetStorageImpl();
+    if (pool != last_pool) {
+      handout = nullptr;
+      for (const auto& weak : ts.handed_out) {  // a storage shared by several outputs
+        auto strong = weak.lock();
+        if (strong && strong->data() == pool->data() && strong->nbytes() == pool->nbytes()) {
+          handout = std::move(strong);
+          break;
+        }
+      }
+      if (!handout) {
+        handout = c10::make_intrusive<c10::StorageImpl>(
+            c10::StorageImpl::use_byte_size_t(), pool->nbytes(),
+            c10::DataPtr(const_cast<void*>(pool->data()), t.device()), nullptr,
+            /*resizable=*/false);
+        ts.handed_out.emplace_back(handout);
+      }
+      last_pool = pool;
     }
     auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(handout), t.key_set(), t.dtype());
     impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
     outs[i] = at::Tensor(std::move(impl));
   }
   return outs;
+}
+
+absl::Status Engine::Precapture(std::vector<std::vector<c10::IValue>> input_sets) {
+  auto bytes = [](const std::vector<c10::IValue>& inputs) {
+    int64_t n = 0;
+    for (const auto& v : inputs) {
+      if (v.isTensor() && v.toTensor().defined()) n += static_cast<int64_t>(v.toTensor().nbytes());
+    }
+    return n;
+  };
+  std::stable_sort(input_sets.begin(), input_sets.end(),
+                   [&](const auto& a, const auto& b) { return bytes(a) > bytes(b); });
+  for (auto& inputs : input_sets) {
+    for (int k = 0; k <= std::max(0, options_.warmup_iters); ++k) {
+      if (auto out = Run(inputs); !out.ok()) return out.status();
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<c10::IValue>> Engine::Run(std::vector<c10::IValue> inputs) {
@@ -268,7 +336,11 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::Run(std::vector<c10::IValue> in
       RECORD_FUNCTION("torchreplay::warmup", std::vector<c10::IValue>());
       ++warmups_;
       e->recording.emplace();
-      auto out = capture::RunAndRecord(interpreter_, inputs, &*e->recording);
+      absl::StatusOr<std::vector<c10::IValue>> out;
+      {
+        capture::ScopeRun scopes(CudaDevice(inputs).value_or(c10::Device(c10::DeviceType::CPU)));
+        out = capture::RunAndRecord(interpreter_, inputs, &*e->recording);
+      }
       if (!out.ok()) {
         e->recording.reset();
         return absl::Status(out.status().code(),

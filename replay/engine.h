@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -44,6 +45,8 @@ struct EngineOptions {
   bool clone_outputs = false;
   // Name used in logs, stats and errors (e.g. "forward", "backward").
   std::string name = "graph";
+  // When set, each CUDA capture writes its graph as DOT to DIR/torchreplay_NAME.keyK.dot.
+  std::string dot_dir;
 };
 
 struct CaptureRecord {
@@ -70,6 +73,11 @@ class Engine {
   // Runs one call. Errors: bad inputs (arity, dtype, device, rank) and kernel failures.
   absl::StatusOr<std::vector<c10::IValue>> Run(std::vector<c10::IValue> inputs);
 
+  // Warms up and captures the keys of `input_sets` ahead of time, largest first (by tensor
+  // bytes), so that on CUDA the smaller keys reuse the largest one's pool memory. Each set runs
+  // warmup_iters + 1 times, like that many real calls (mutations included).
+  absl::Status Precapture(std::vector<std::vector<c10::IValue>> input_sets);
+
   EngineStats stats() const;
   const capture::Graph& graph() const { return *graph_; }
   const EngineOptions& options() const { return options_; }
@@ -81,6 +89,8 @@ class Engine {
   ThreadState& StateForThisThread();
   absl::StatusOr<Entry*> Lookup(ThreadState& ts, const std::vector<c10::IValue>& inputs);
   absl::StatusOr<std::vector<c10::IValue>> RunEager(const std::vector<c10::IValue>& inputs);
+  // The CUDA device of a call on a graph with CUDA inputs, else nullopt.
+  std::optional<c10::Device> CudaDevice(const std::vector<c10::IValue>& inputs) const;
   absl::Status Capture(ThreadState& ts, Entry& e, const std::vector<c10::IValue>& inputs);
   absl::StatusOr<std::vector<c10::IValue>> Replay(ThreadState& ts, Entry& e,
                                                   std::vector<c10::IValue>& inputs);
@@ -91,6 +101,7 @@ class Engine {
   EngineOptions options_;
   capture::Interpreter interpreter_;
   std::string invalidated_msg_;
+  bool uses_cuda_ = false;  // some input is declared on a CUDA device
 
   std::atomic<int64_t> calls_{0}, replays_{0}, captures_{0}, warmups_{0}, eager_fallbacks_{0};
   mutable absl::Mutex mu_;

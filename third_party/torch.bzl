@@ -19,6 +19,14 @@ print(sysconfig.get_paths()["include"])
 print(int(torch._C._GLIBCXX_USE_CXX11_ABI))
 print(torch.version.cuda or "")
 print(torch.__version__)
+# The CUDA runtime torch itself loads (the nvidia-* wheels), and their headers.
+import glob
+site = os.path.dirname(os.path.dirname(torch.__file__))
+cudart = sorted(glob.glob(os.path.join(site, "nvidia", "*", "lib", "libcudart.so.*")) +
+                glob.glob(os.path.join(lib, "libcudart*.so*")))
+print(cudart[0] if cudart else "")
+heads = sorted(glob.glob(os.path.join(site, "nvidia", "*", "include", "cuda_runtime_api.h")))
+print(os.path.dirname(heads[0]) if heads else "")
 """
 
 _BUILD = """
@@ -42,7 +50,7 @@ cc_library(
     name = "torch_cuda",
     deps = [":torch", ":cuda_headers"],
     defines = ["TORCHREPLAY_WITH_CUDA=1"],
-    linkopts = ["-L{lib}", "-Wl,--no-as-needed", "-ltorch_cuda", "-lc10_cuda", "-Wl,--as-needed"],
+    linkopts = ["-L{lib}", "-Wl,--no-as-needed", "-ltorch_cuda", "-lc10_cuda", "-Wl,--as-needed"] + {cudart},
 )
 
 cc_library(
@@ -67,16 +75,23 @@ def _torch_repository_impl(ctx):
     res = ctx.execute([str(python), "-c", _QUERY])
     if res.return_code != 0:
         fail("torchreplay: could not import torch from %s:\n%s" % (python, res.stderr))
-    inc, lib, py_inc, abi, cuda, version = res.stdout.strip().split("\n")
+    inc, lib, py_inc, abi, cuda, version, cudart, wheel_cuda_inc = (res.stdout.rstrip("\n") + "\n").split("\n")[:8]
     ctx.symlink(inc, "include")
     ctx.symlink(py_inc, "python")
+    # CUDA headers: CUDA_HOME's toolkit, else the headers of the nvidia-* wheels torch depends on.
     cuda_home = ctx.os.environ.get("CUDA_HOME", "/usr/local/cuda")
     if ctx.path(cuda_home + "/include/cuda_runtime_api.h").exists:
         ctx.symlink(cuda_home + "/include", "cuda/include")
+    elif wheel_cuda_inc:
+        ctx.symlink(wheel_cuda_inc, "cuda/include")
     else:
         ctx.file("cuda/include/.empty", "")
+    cudart_opts = []
+    if cudart:
+        cudart_dir = cudart.rpartition("/")[0]
+        cudart_opts = ["-L" + cudart_dir, "-Wl,-rpath," + cudart_dir, "-l:" + cudart.rpartition("/")[2]]
     ctx.file("version.txt", "torch %s cuda %s abi %s\n" % (version, cuda, abi))
-    ctx.file("BUILD", _BUILD.format(lib = lib, abi = abi))
+    ctx.file("BUILD", _BUILD.format(lib = lib, abi = abi, cudart = repr(cudart_opts)))
 
 torch_repository = repository_rule(
     implementation = _torch_repository_impl,

@@ -16,7 +16,8 @@ from .backend import Backend, get_backend, named_backend, stats
 from .config import CompilerConfig
 from .lowering import LoweringError
 
-__all__ = ["Backend", "CompilerConfig", "LoweringError", "get_backend", "stats", "set_log_level"]
+__all__ = ["Backend", "CompilerConfig", "LoweringError", "get_backend", "stats", "set_log_level",
+           "cuda_available"]
 
 _logging.getLogger("torchreplay").addHandler(_logging.NullHandler())
 
@@ -26,11 +27,22 @@ def set_log_level(level: int) -> None:
     _C.set_log_level(level)
 
 
+def cuda_available() -> bool:
+    """True when this build has the CUDA backend and a CUDA device is present."""
+    return bool(_C.built_with_cuda()) and _torch.cuda.is_available()
+
+
 def _register() -> None:
     from torch._dynamo.backends.registry import _BACKENDS, register_backend
 
     if "torchreplay" not in _BACKENDS:
         register_backend(name="torchreplay")(named_backend)
+    # The multi-stream scope ops (registered by _C) return nothing a later node uses; they must
+    # survive dead-code elimination.
+    import torch.fx
+
+    for op in ("scope_enter", "scope_exit", "record", "wait"):
+        torch.fx.node.has_side_effect(getattr(_torch.ops.torchreplay, op).default)
 
 
 _register()

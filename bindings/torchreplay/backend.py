@@ -42,15 +42,37 @@ def _dump(config: CompilerConfig, name: str, gm: torch.fx.GraphModule, graph: Op
         return
     directory = config.debug.graph_dump.path
     os.makedirs(directory, exist_ok=True)
+    if kind == "dot":
+        # The IR as text and as a DOT graph; the captured CUDA graphs follow at capture time
+        # (torchreplay_{name}.keyK.dot, written by the engine).
+        with open(os.path.join(directory, f"torchreplay_{name}.txt"), "w") as f:
+            f.write(str(graph) if graph is not None else str(gm.graph))
     path = os.path.join(directory, f"torchreplay_{name}.{kind}")
     with open(path, "w") as f:
         if kind == "txt":
             f.write(str(graph) if graph is not None else str(gm.graph))
+        elif kind == "dot":
+            f.write(_fx_to_dot(gm, name))
         else:  # "py": the ATen graph as runnable Python
             f.write(f"# torchreplay graph {name}, mode {config.mode!r}\n")
             f.write("import torch\nfrom math import inf, nan\nfrom torch import device\n")
             f.write(gm.code)
     logger.info("torchreplay: dumped graph %s to %s", name, path)
+
+
+def _fx_to_dot(gm: torch.fx.GraphModule, name: str) -> str:
+    """The ATen graph in Graphviz DOT: one box per node, an edge per use."""
+    def q(s: str) -> str:
+        return '"' + s.replace('"', '\\"') + '"'
+
+    lines = [f"digraph {q('torchreplay_' + name)} {{", "  node [shape=box, fontname=monospace];"]
+    for node in gm.graph.nodes:
+        label = node.name if node.op in ("placeholder", "output") else f"{node.name}\\n{node.target}"
+        lines.append(f"  {q(node.name)} [label={q(label)}];")
+        for user in node.users:
+            lines.append(f"  {q(node.name)} -> {q(user.name)};")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
 
 
 class Backend:
@@ -87,7 +109,9 @@ class Backend:
             graph = lower(gm, example_inputs, _static_input_indices(kind, example_inputs))
             _dump(config, name, gm, graph)
         ro = config.reduce_overhead
-        engine = _C.Engine(graph, config.mode, ro.warmup_iters, ro.capture_limit, ro.clone_outputs, name)
+        dot_dir = os.path.abspath(config.debug.graph_dump.path) if config.debug.graph_dump.type == "dot" else ""
+        engine = _C.Engine(graph, config.mode, ro.warmup_iters, ro.capture_limit, ro.clone_outputs, name,
+                           dot_dir)
         self.engines.append(engine)
         _all_engines.add(engine)
         logger.debug("torchreplay: compiled %s (%d nodes, static inputs %s) in mode %s",

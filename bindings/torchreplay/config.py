@@ -3,7 +3,7 @@
     config = torchreplay.CompilerConfig()
     config.mode = "reduce-overhead"                 # or "default"
     config.reduce_overhead.warmup_iters = 1
-    config.debug.graph_dump.type = "txt"            # "txt", "py" (or None)
+    config.debug.graph_dump.type = "txt"            # "txt", "py", "dot" (or None)
     config.post_grad_custom_pre_pass = my_pass      # fn(gm, example_inputs, config) -> None
 
 Every field is checked when it is set, so a typo fails where it is written.
@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, Optional
 
 MODES = ("default", "reduce-overhead")
-DUMP_TYPES = (None, "txt", "py")
+DUMP_TYPES = (None, "txt", "py", "dot")
 
 FxPass = Callable[[Any, Any, "CompilerConfig"], None]
 

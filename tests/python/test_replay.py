@@ -171,6 +171,32 @@ def test_data_dependent_graph_falls_back_with_reason():
     assert "data-dependent output shape" in s["fallback_reasons"][0]
 
 
+def test_boolean_mask_indexing_falls_back_with_reason():
+    # x[x > 0] has as many rows as x has positive elements: not fixed by the guard key.
+    e = engine_for(lambda x: x[x > 0] * 2, [torch.randn(8)])
+    for _ in range(4):
+        x = torch.randn(8)
+        assert torch.equal(run(e, x)[0], x[x > 0] * 2)
+    s = e.stats()
+    assert s["captures"] == 0 and "aten::index.Tensor" in s["fallback_reasons"][0]
+    assert "data-dependent output shape" in s["fallback_reasons"][0]
+
+
+def test_precapture_captures_every_key_ahead():
+    e = engine_for(lambda x: torch.relu(x) + 1, [torch.randn(4, 8)])
+    e.precapture([[torch.randn(n, 8)] for n in (2, 8, 4)])
+    s = e.stats()
+    assert s["captures"] == 3
+    assert [c["key"].split(")")[0] for c in s["capture_log"]] == [
+        "(Float(8, 8", "(Float(4, 8", "(Float(2, 8"]   # largest first
+    calls = s["calls"]
+    for n in (2, 4, 8):
+        x = torch.randn(n, 8)
+        assert torch.equal(run(e, x)[0], torch.relu(x) + 1)
+    assert e.stats()["replays"] == s["replays"] + 3 and e.stats()["captures"] == 3
+    assert e.stats()["calls"] == calls + 3
+
+
 def test_pool_shared_by_keys_costs_about_the_largest():
     e = engine_for(lambda x: torch.relu(x @ x.t()).sum(0) + 1, [torch.randn(64, 16)])
     sizes = [64, 32, 16, 8]
