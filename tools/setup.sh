@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 log() { echo "[setup] $*" >&2; }
 
-APT_PACKAGES=(bazel-bootstrap bazel-platforms bazel-rules-java g++ libabsl-dev libgtest-dev libgmock-dev
+APT_PACKAGES=(bazel-bootstrap bazel-platforms bazel-rules-java g++ cmake ninja-build libabsl-dev libgtest-dev libgmock-dev
               libbenchmark-dev python3-venv)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

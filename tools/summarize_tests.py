@@ -1,4 +1,5 @@
-"""Adds up the JUnit XML reports of the C++ tests (bazel-testlogs/**/test.xml) and pytest, and
+"""Adds up the JUnit XML reports of the C++ tests (bazel-testlogs/**/test.xml) and the pytest
+runs given after it, and
 prints one line: 'N passed, M failed, K skipped'. Exits 1 if anything failed or nothing ran."""
 import glob
 import os
@@ -19,11 +20,10 @@ def count(path):
     return passed, failed, skipped
 
 
-def main(testlogs, pytest_xml):
+def main(testlogs, *pytest_xmls):
     totals = [0, 0, 0]
     reports = glob.glob(os.path.join(testlogs, "**", "test.xml"), recursive=True)
-    if os.path.exists(pytest_xml):
-        reports.append(pytest_xml)
+    reports += [x for x in pytest_xmls if os.path.exists(x)]
     for r in reports:
         for i, n in enumerate(count(r)):
             totals[i] += n
@@ -33,4 +33,4 @@ def main(testlogs, pytest_xml):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2]))
+    sys.exit(main(sys.argv[1], *sys.argv[2:]))

@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# Runs every test: the C++ suites (bazel test //...) and the Python suites (pytest), then prints
-# one summary line "N passed, M failed, K skipped". Extra arguments go to pytest.
+# Runs every test: the C++ suites (bazel test //...), the Python suites (pytest) on the Bazel
+# build, and the CMake/pip build with its own pytest run (tools/cmake_check.sh); then prints one
+# summary line "N passed, M failed, K skipped". Extra arguments go to the main pytest run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh || exit 1
 mkdir -p bazel-out-reports
+rm -f bazel-out-reports/pytest*.xml
 bazel test --noshow_progress //... 2>&1 | grep -vE "^(Loading|Analyzing|INFO: (Analyzed|Found|From))"
 bazel_rc=${PIPESTATUS[0]}
 .venv/bin/python -m pytest -q tests/python --junitxml=bazel-out-reports/pytest.xml "$@"
 pytest_rc=$?
-.venv/bin/python tools/summarize_tests.py bazel-testlogs bazel-out-reports/pytest.xml
+tools/cmake_check.sh
+cmake_rc=$?
+.venv/bin/python tools/summarize_tests.py bazel-testlogs bazel-out-reports/pytest.xml \
+  bazel-out-reports/pytest-cmake.xml
 summary_rc=$?
-[ $bazel_rc -eq 0 ] && [ $pytest_rc -eq 0 ] && [ $summary_rc -eq 0 ]
+[ $bazel_rc -eq 0 ] && [ $pytest_rc -eq 0 ] && [ $cmake_rc -eq 0 ] && [ $summary_rc -eq 0 ]
