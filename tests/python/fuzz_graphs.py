@@ -29,15 +29,15 @@ class Program:
 class _Gen:
     """Emits each op to the C++ builder and records a closure for the eager reference."""
 
-    def __init__(self, rng: random.Random):
+    def __init__(self, rng: random.Random, device: str = "cpu"):
         self.rng = rng
         self.b = _C.GraphBuilder()
         self.steps: List[Callable[[Dict[int, Any]], None]] = []
         self.ops_used: set = set()
-        self.x = self.b.add_input("x", "Tensor", torch.float32, torch.device("cpu"), 2)
-        self.y = self.b.add_input("y", "Tensor", torch.float32, torch.device("cpu"), 2)
-        self.w = self.b.add_input("w", "Tensor", torch.float32, torch.device("cpu"), 2)
-        self.idx = self.b.add_input("idx", "Tensor", torch.int64, torch.device("cpu"), 1)
+        self.x = self.b.add_input("x", "Tensor", torch.float32, torch.device(device), 2)
+        self.y = self.b.add_input("y", "Tensor", torch.float32, torch.device(device), 2)
+        self.w = self.b.add_input("w", "Tensor", torch.float32, torch.device(device), 2)
+        self.idx = self.b.add_input("idx", "Tensor", torch.int64, torch.device(device), 1)
         self.r = self.b.add_input("r", "int")
         self.pool = [self.x, self.y]   # (r, C) float values
         self.mutated_input = False
@@ -193,9 +193,9 @@ def _emit_random_op(g: _Gen) -> None:
             g.add(g.op("aten::tanh", a))
 
 
-def make_program(seed: int, num_ops: int = 8) -> Program:
+def make_program(seed: int, num_ops: int = 8, device: str = "cpu") -> Program:
     rng = random.Random(seed)
-    g = _Gen(rng)
+    g = _Gen(rng, device)
     for _ in range(num_ops):
         _emit_random_op(g)
     candidates = g.pool[2:] or g.pool
@@ -224,10 +224,10 @@ def make_program(seed: int, num_ops: int = 8) -> Program:
     return prog
 
 
-def make_inputs(rng: torch.Generator, r: int, w: torch.Tensor) -> List[Any]:
-    x = torch.randn(r, C, generator=rng)
-    y = torch.randn(r, C, generator=rng)
-    idx = torch.randperm(r, generator=rng)[:K]
+def make_inputs(rng: torch.Generator, r: int, w: torch.Tensor, device: str = "cpu") -> List[Any]:
+    x = torch.randn(r, C, generator=rng).to(device)
+    y = torch.randn(r, C, generator=rng).to(device)
+    idx = torch.randperm(r, generator=rng)[:K].to(device)
     return [x, y, w, idx, r]
 
 

@@ -30,10 +30,11 @@ MODES = {
     "torchreplay-reduce-overhead": "torchreplay, mode reduce-overhead (capture + replay)",
     "aot_eager": "torch.compile(backend='aot_eager')",
     "inductor": "torch.compile() (Inductor)",
+    "cuda-graph-by-hand": "torch.cuda.CUDAGraph captured once, replayed from Python with the input copy",
     "cudagraphs": "torch.compile(backend='cudagraphs')",
     "inductor-reduce-overhead": "torch.compile(mode='reduce-overhead')",
 }
-CUDA_ONLY = {"cudagraphs", "inductor-reduce-overhead"}
+CUDA_ONLY = {"cuda-graph-by-hand", "cudagraphs", "inductor-reduce-overhead"}
 _CUSTOM: Dict[str, Callable[[torch.nn.Module], Callable]] = {}
 
 
@@ -47,7 +48,36 @@ def register_mode(name: str, description: str, compile_fn: Callable[[torch.nn.Mo
         CUDA_ONLY.add(name)
 
 
+class GraphByHand:
+    """The floor for CUDA replay from Python: the model captured once into a torch.cuda.CUDAGraph
+    (after warm-up on a side stream); each call copies its tensor inputs into the static ones
+    and replays. Valid for one input shape, like the benchmark uses it."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model, self.graph = model, None
+
+    def __call__(self, *inputs: Any) -> Any:
+        if self.graph is None:
+            self.static = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self.model(*[x.clone() if isinstance(x, torch.Tensor) else x for x in inputs])
+            torch.cuda.current_stream().wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.out = self.model(*self.static)
+        for dst, src in zip(self.static, inputs):
+            if isinstance(dst, torch.Tensor):
+                dst.copy_(src)
+        self.graph.replay()
+        return self.out
+
+
 def compile_for(mode: str, model: torch.nn.Module) -> Callable:
+    if mode == "cuda-graph-by-hand":
+        return GraphByHand(model)
     if mode in _CUSTOM:
         return _CUSTOM[mode](model)
     if mode == "eager":
@@ -81,6 +111,23 @@ def same(a: Any, b: Any) -> tuple:
 
 
 TRACE_STEPS = 5
+
+
+def host_overhead_us(call: Callable[[], Any], calls: int = 400, sync_every: int = 8) -> float:
+    """Median host time of one call that launches GPU work, without waiting for the GPU: each
+    call is timed alone, and the GPU is caught up (untimed) every few calls so the launch queue
+    never fills up and blocks the host."""
+    times = []
+    torch.cuda.synchronize()
+    for i in range(calls):
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+        if i % sync_every == sync_every - 1:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    times.sort()
+    return times[len(times) // 2] * 1e6
 
 
 def record_trace(call: Callable[[], None], device: str, path: str) -> Dict[str, Any]:
@@ -138,6 +185,8 @@ def measure(model_name: str, mode: str, device: str, min_run_time: float,
         row["median_us"] = m.median * 1e6
         row["iqr_us"] = m.iqr * 1e6
         row["runs"] = len(m.times)
+        if device == "cuda":
+            row["host_us"] = host_overhead_us(lambda: fn(*inputs))
         if trace_dir is not None:
             row.update(record_trace(call, device, os.path.join(trace_dir, f"{model_name}.{mode}.json")))
     return row
@@ -222,6 +271,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             r["speedup"] = base["median_us"] / r["median_us"]
 
     print(render_table(rows, models, modes, args.device))
+    if args.device == "cuda":
+        print(render_host_ratios(rows, models))
     if trace_dir:
         print(render_trace_table(rows))
     meta = {"device": args.device, "torch": torch.__version__, "python": platform.python_version(),
@@ -229,7 +280,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             "date": time.strftime("%Y-%m-%d"), "modes": {m: MODES[m] for m in modes}}
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"meta": meta, "results": rows}, f, indent=2)
-    fields = ["model", "mode", "correct", "bitwise", "median_us", "iqr_us", "runs", "speedup", "compile_s", "error",
+    fields = ["model", "mode", "correct", "bitwise", "median_us", "iqr_us", "runs", "speedup", "compile_s",
+              "host_us", "error",
               "trace", "trace_host_us", "trace_replays", "trace_aten_ops", "trace_kernel_launches",
               "trace_graph_launches"]
     with open(os.path.join(args.out, "results.csv"), "w", newline="") as f:
@@ -242,8 +294,11 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def render_table(rows: List[Dict[str, Any]], models: List[str], modes: List[str], device: str) -> str:
-    lines = [f"torchreplay benchmark: device {device}, torch {torch.__version__}, {torch.get_num_threads()} threads",
-             f"{'model':<18}{'mode':<30}{'us/call':>10}{'iqr':>8}{'vs eager':>10}{'compile s':>11}  check"]
+    host = device == "cuda"
+    where = torch.cuda.get_device_name() if host else f"{torch.get_num_threads()} threads"
+    lines = [f"torchreplay benchmark: device {device} ({where}), torch {torch.__version__}",
+             f"{'model':<18}{'mode':<30}{'us/call':>10}{'iqr':>8}{'vs eager':>10}{'compile s':>11}"
+             + (f"{'host us':>10}" if host else "") + "  check"]
     for m in models:
         for mode in modes:
             r = next((x for x in rows if x["model"] == m and x["mode"] == mode), None)
@@ -255,7 +310,29 @@ def render_table(rows: List[Dict[str, Any]], models: List[str], modes: List[str]
                 continue
             check = "bitwise" if r["bitwise"] else "close"
             lines.append(f"{m:<18}{mode:<30}{r['median_us']:>10.1f}{r['iqr_us']:>8.1f}"
-                         f"{r.get('speedup', 0):>9.2f}x{r['compile_s']:>11.2f}  {check}")
+                         f"{r.get('speedup', 0):>9.2f}x{r['compile_s']:>11.2f}"
+                         + (f"{r.get('host_us', 0):>10.1f}" if host else "") + f"  {check}")
+    return "\n".join(lines)
+
+
+def render_host_ratios(rows: List[Dict[str, Any]], models: List[str]) -> str:
+    """Host time per call of torchreplay against the graph-replay peers (CUDA)."""
+    def host(model: str, mode: str) -> Optional[float]:
+        r = next((x for x in rows if x["model"] == model and x["mode"] == mode), None)
+        return r.get("host_us") if r and r.get("correct") else None
+
+    lines = ["host time per call, torchreplay reduce-overhead against (lower is better for torchreplay):",
+             f"{'model':<18}{'x by-hand replay':>18}{'cudagraphs / it':>17}{'inductor-ro / it':>18}"]
+    for m in models:
+        ours = host(m, "torchreplay-reduce-overhead")
+        if not ours:
+            continue
+        cells = []
+        for mode, ratio in (("cuda-graph-by-hand", lambda o: ours / o), ("cudagraphs", lambda o: o / ours),
+                            ("inductor-reduce-overhead", lambda o: o / ours)):
+            other = host(m, mode)
+            cells.append(f"{ratio(other):.2f}x" if other else "-")
+        lines.append(f"{m:<18}{cells[0]:>18}{cells[1]:>17}{cells[2]:>18}")
     return "\n".join(lines)
 
 

@@ -1,0 +1,322 @@
+"""The CUDA backend: captured CUDA graphs replayed by the engine, against eager.
+
+Every test needs a CUDA device and a build with the CUDA backend; elsewhere the module is skipped
+with the reason. tools/gpu_check.sh runs it on a GPU machine.
+"""
+import re
+import threading
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import torchreplay
+from torchreplay import _C
+from torchreplay.lowering import lower
+
+if not _C.built_with_cuda():
+    pytest.skip("torchreplay was built without its CUDA backend", allow_module_level=True)
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device here (torch.cuda.is_available() is False); "
+                "tools/gpu_check.sh runs these tests on a GPU machine", allow_module_level=True)
+
+from fuzz_graphs import C, bitwise_equal, make_inputs, make_program  # noqa: E402
+
+DEV = "cuda"
+
+
+def engine_for(fn, example_inputs, static=(), **opts):
+    gm = make_fx(fn)(*example_inputs)
+    return _C.Engine(lower(gm, example_inputs, static), "reduce-overhead", **opts)
+
+
+def run(engine, *inputs):
+    return engine.run(list(inputs))
+
+
+# ------------------------------------------------------------------------------ differential
+
+@pytest.mark.parametrize("chunk", range(4))
+def test_random_graphs_on_cuda_bitwise_equal_to_eager(chunk):
+    rows = [5, 5, 3, 5, 3, 3]
+    for seed in range(chunk * 50, (chunk + 1) * 50):
+        prog = make_program(seed, num_ops=6 + seed % 7, device=DEV)
+        engine = _C.Engine(prog.graph, "reduce-overhead", warmup_iters=seed % 2, name=f"cuda{seed}")
+        gen = torch.Generator().manual_seed(seed)
+        w = torch.randn(C, C, generator=gen).to(DEV)
+        w_ref = w.clone()
+        for call, r in enumerate(rows):
+            inputs = make_inputs(gen, r, w, device=DEV)
+            ref_inputs = [t.clone() if isinstance(t, torch.Tensor) else t for t in inputs]
+            ref_inputs[2] = w_ref
+            want = prog.eager(ref_inputs)
+            got = engine.run(list(inputs))
+            for i, (g, e) in enumerate(zip(got, want)):
+                assert bitwise_equal(g, e), f"seed {seed} call {call} output {i}:\n{prog.graph}"
+            for i in (0, 1):
+                assert bitwise_equal(inputs[i], ref_inputs[i]), f"seed {seed} call {call} input {i}"
+        s = engine.stats()
+        assert (s["captures"], s["eager_fallbacks"]) == (2, 0), (seed, s["fallback_reasons"])
+
+
+# ------------------------------------------------------------------------------ semantics
+
+def test_keys_change_and_come_back_one_capture_each():
+    e = engine_for(lambda x: torch.relu(x) * 2, [torch.randn(4, 4, device=DEV)])
+    for shape in [(4, 4), (4, 4), (8, 4), (8, 4), (4, 4), (8, 4)]:
+        x = torch.randn(shape, device=DEV)
+        assert torch.equal(run(e, x)[0], torch.relu(x) * 2)
+    s = e.stats()
+    assert (s["captures"], s["replays"]) == (2, 4)
+    assert "sizes (4, 4) -> (8, 4)" in s["capture_log"][1]["reason"]
+
+
+def test_static_input_moved_is_recaptured():
+    w = torch.randn(4, 4, device=DEV)
+    e = engine_for(lambda x, w: x @ w.t(), [torch.randn(2, 4, device=DEV), w], static=[1])
+    x = torch.randn(2, 4, device=DEV)
+    for _ in range(3):
+        assert torch.equal(run(e, x, w)[0], x @ w.t())
+    w2 = torch.randn(4, 4, device=DEV)
+    assert torch.equal(run(e, x, w2)[0], x @ w2.t())
+    log = e.stats()["capture_log"]
+    assert len(log) == 2 and "static input 1" in log[1]["reason"] and "moved" in log[1]["reason"]
+
+
+def test_mutated_inputs_hold_what_eager_leaves():
+    def step(cache, pos, kv, x):
+        cache.index_copy_(0, pos, kv)
+        x.mul_(2)
+        return cache.sum(0) + x
+
+    shapes = [torch.zeros(8, 4, device=DEV), torch.tensor([0], device=DEV),
+              torch.randn(1, 4, device=DEV), torch.randn(4, device=DEV)]
+    e = engine_for(step, [t.clone() for t in shapes])
+    cache, cache_ref = torch.zeros(8, 4, device=DEV), torch.zeros(8, 4, device=DEV)
+    for i in range(6):
+        pos = torch.tensor([i], device=DEV)
+        kv = torch.randn(1, 4, device=DEV)
+        x = torch.randn(4, device=DEV)
+        x_ref = x.clone()
+        got = run(e, cache, pos, kv, x)[0]
+        want = step(cache_ref, pos, kv, x_ref)
+        assert torch.equal(got, want) and torch.equal(cache, cache_ref) and torch.equal(x, x_ref)
+    assert e.stats()["replays"] >= 4
+
+
+def test_stale_output_raises_and_clone_outputs_keeps_them():
+    e = engine_for(lambda x: x * 3, [torch.randn(4, device=DEV)])
+    outs = [run(e, torch.randn(4, device=DEV))[0] for _ in range(3)]
+    latest = outs[-1].clone()
+    with pytest.raises(RuntimeError, match="later replay has reused its memory"):
+        outs[-2].sum()
+    assert torch.equal(outs[-1], latest)
+    kept = engine_for(lambda x: x * 3, [torch.randn(4, device=DEV)], clone_outputs=True)
+    xs = [torch.randn(4, device=DEV) for _ in range(4)]
+    outs = [run(kept, x)[0] for x in xs]
+    for x, o in zip(xs, outs):
+        assert torch.equal(o, x * 3)
+
+
+def test_output_aliasing_input_is_a_view_of_the_callers_tensor():
+    e = engine_for(lambda x: (x.t(), x.sum()), [torch.randn(3, 5, device=DEV)])
+    for _ in range(3):
+        x = torch.randn(3, 5, device=DEV)
+        view, total = run(e, x)
+        assert view.data_ptr() == x.data_ptr() and torch.equal(view, x.t())
+        assert torch.equal(total, x.sum())
+
+
+def test_threads_on_one_engine():
+    e = engine_for(lambda x: torch.tanh(x) + 1, [torch.randn(64, device=DEV)], clone_outputs=True)
+    errors = []
+
+    def worker(seed):
+        try:
+            g = torch.Generator(device=DEV).manual_seed(seed)
+            for _ in range(20):
+                x = torch.randn(64, device=DEV, generator=g)
+                if not torch.equal(run(e, x)[0], torch.tanh(x) + 1):
+                    errors.append(seed)
+        except Exception as exc:  # reported below
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+# ------------------------------------------------------------------------------ pool, failures
+
+def _graph_with_big_intermediates():
+    return lambda x: ((torch.relu(x) * 2 + 1).sin() * 3).sum(1)
+
+
+def test_keys_share_one_pool_about_the_largest_key():
+    fn = _graph_with_big_intermediates()
+    rows = [1024, 512, 256, 128]   # 4 MiB per intermediate at 1024 x 1024 floats
+    single = engine_for(fn, [torch.randn(rows[0], 1024, device=DEV)])
+    single.precapture([[torch.randn(rows[0], 1024, device=DEV)]])
+    shared = engine_for(fn, [torch.randn(rows[0], 1024, device=DEV)])
+    shared.precapture([[torch.randn(n, 1024, device=DEV)] for n in rows])
+    assert shared.stats()["captures"] == 4
+    assert shared.stats()["pool_bytes"] <= 1.1 * single.stats()["pool_bytes"]
+    for n in rows:
+        x = torch.randn(n, 1024, device=DEV)
+        assert torch.equal(run(shared, x)[0], fn(x))
+
+
+def test_capture_failure_falls_back_and_releases_the_pool():
+    @torch.library.custom_op("torchreplay_test::synced_add", mutates_args=())
+    def synced_add(x: torch.Tensor) -> torch.Tensor:
+        torch.cuda.synchronize()   # not allowed while a stream is capturing
+        return x + 1
+
+    gm = make_fx(lambda x: torch.ops.torchreplay_test.synced_add(x * 2) * 3)(torch.randn(4, device=DEV))
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved()
+    for _ in range(3):
+        e = _C.Engine(lower(gm, [torch.randn(4, device=DEV)]), "reduce-overhead")
+        for _ in range(4):
+            x = torch.randn(4, device=DEV)
+            assert torch.equal(e.run([x])[0], (x * 2 + 1) * 3)
+        s = e.stats()
+        assert s["captures"] == 0 and s["eager_fallbacks"] == 3
+        assert "CUDA capture" in s["fallback_reasons"][0]
+        del e
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_reserved() <= before
+    # The stream left capture mode: a later capture in this process works.
+    ok = engine_for(lambda x: x + 1, [torch.randn(4, device=DEV)])
+    for _ in range(3):
+        x = torch.randn(4, device=DEV)
+        assert torch.equal(run(ok, x)[0], x + 1)
+    assert ok.stats()["captures"] == 1
+
+
+def test_host_reads_and_cpu_tensors_run_eagerly_with_reason():
+    e = engine_for(lambda x: x * x.sum().item(), [torch.randn(4, device=DEV)])
+    for _ in range(3):
+        x = torch.randn(4, device=DEV)
+        assert torch.allclose(run(e, x)[0], x * x.sum().item())
+    assert "reads a value from tensor data on the host" in e.stats()["fallback_reasons"][0]
+    e = engine_for(lambda x, c: x + c.to(x.device), [torch.randn(4, device=DEV), torch.randn(4)])
+    for _ in range(3):
+        x, c = torch.randn(4, device=DEV), torch.randn(4)
+        assert torch.equal(run(e, x, c)[0], x + c.to(DEV))
+    assert "CPU tensor inside a CUDA graph" in e.stats()["fallback_reasons"][0]
+
+
+def test_random_ops_draw_like_eager():
+    fn = lambda x: torch.nn.functional.dropout(x, 0.5, training=True) + torch.rand_like(x)  # noqa: E731
+    e = engine_for(fn, [torch.ones(4096, device=DEV)])
+    torch.manual_seed(7)
+    want = [fn(torch.ones(4096, device=DEV)) for _ in range(4)]
+    torch.manual_seed(7)
+    got = [run(e, torch.ones(4096, device=DEV))[0].clone() for _ in range(4)]
+    assert e.stats()["replays"] >= 2
+    assert not torch.equal(got[2], got[3])           # fresh numbers every replay
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)                     # the same stream of numbers as eager
+
+
+# ------------------------------------------------------------------------------ scopes, dot
+
+def _ancestors(edges, node):
+    seen, todo = set(), [node]
+    while todo:
+        n = todo.pop()
+        for a, b in edges:
+            if b == n and a not in seen:
+                seen.add(a)
+                todo.append(a)
+    return seen
+
+
+def test_scopes_make_parallel_branches_in_the_captured_graph(tmp_path):
+    b = _C.GraphBuilder()
+    x = b.add_input("x", "Tensor", torch.float32, torch.device(DEV), 2)
+    y = b.add_input("y", "Tensor", torch.float32, torch.device(DEV), 2)
+    b.add_op("torchreplay::scope_enter", [("c", ["branch"]), ("c", ["stream_1"])], {})
+    a = b.add_op("aten::mm", [("v", x), ("v", x)], {})[0]
+    r = b.add_op("torchreplay::record", [], {})[0]
+    b.add_op("torchreplay::scope_exit", [], {})
+    m = b.add_op("aten::mm", [("v", y), ("v", y)], {})[0]
+    b.add_op("torchreplay::wait", [("l", [("v", r)])], {})
+    out = b.add_op("aten::add.Tensor", [("v", a), ("v", m)], {})[0]
+    b.set_outputs([("v", out)])
+    e = _C.Engine(b.build(), "reduce-overhead", name="scopes", dot_dir=str(tmp_path))
+    for _ in range(4):
+        xs, ys = torch.randn(256, 256, device=DEV), torch.randn(256, 256, device=DEV)
+        assert torch.equal(e.run([xs, ys])[0], xs @ xs + ys @ ys)
+    dot = (tmp_path / "torchreplay_scopes.key1.dot").read_text()
+    nodes = dict(re.findall(r'"?(\w+)"?\s*\[[^\]]*?label="([^"]*)', dot))
+    edges = re.findall(r'"?(\w+)"?\s*->\s*"?(\w+)"?', dot)
+    gemms = [n for n, label in nodes.items() if re.search("gemm|cutlass|sm90|xmma", label, re.I)]
+    assert len(gemms) == 2, nodes
+    g1, g2 = gemms
+    assert g1 not in _ancestors(edges, g2) and g2 not in _ancestors(edges, g1)   # parallel
+
+
+def test_seed004_pass_with_dot_dump_through_torch_compile(tmp_path):
+    from torchreplay.bench.models import MmAbsModel
+
+    def pre_pass(gm, example_inputs, config):
+        g, record_node = gm.graph, None
+        for node in list(g.nodes):
+            if node.target == torch.ops.aten.mm.default:
+                with g.inserting_before(node):
+                    g.call_function(torch.ops.torchreplay.scope_enter.default, args=(["l"], ["stream_1"]))
+            if node.target == torch.ops.aten.abs.default:
+                with g.inserting_after(node):
+                    record_node = g.call_function(torch.ops.torchreplay.record.default, args=())
+                with g.inserting_after(record_node):
+                    g.call_function(torch.ops.torchreplay.scope_exit.default, args=())
+            if node.target == torch.ops.aten.sub.Tensor:
+                with g.inserting_before(node):
+                    g.call_function(torch.ops.torchreplay.wait.default, args=([record_node],))
+
+    config = torchreplay.CompilerConfig()
+    config.mode = "reduce-overhead"
+    config.post_grad_custom_pre_pass = pre_pass
+    config.debug.graph_dump.type = "dot"
+    config.debug.graph_dump.path = str(tmp_path)
+    model = MmAbsModel()
+    compiled = torch.compile(model, backend=torchreplay.get_backend(compiler_config=config))
+    for _ in range(4):
+        x = torch.randn(64, 64, device=DEV)
+        got, want = compiled(x), model(x)
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+    dumps = sorted(p.name for p in tmp_path.iterdir())
+    assert any(n.endswith(".key1.dot") for n in dumps) and any(n.endswith(".txt") for n in dumps), dumps
+
+
+def test_zoo_models_on_cuda_match_eager():
+    from torchreplay.bench.models import MODELS
+
+    for name in ("mlp", "demo", "attention_decode", "convnet", "chain64"):
+        torch._dynamo.reset()
+        factory, _ = MODELS[name]
+        torch.manual_seed(0)
+        model, make_inputs_fn = factory()
+        model = model.to(DEV)
+        import copy
+
+        reference = copy.deepcopy(model)
+        config = torchreplay.CompilerConfig()
+        config.mode = "reduce-overhead"
+        compiled = torch.compile(copy.deepcopy(model), backend=torchreplay.get_backend(compiler_config=config))
+        with torch.no_grad():
+            for i in range(5):
+                inputs = [t.to(DEV) if isinstance(t, torch.Tensor) else t for t in make_inputs_fn(i)]
+                want = reference(*[t.clone() if isinstance(t, torch.Tensor) else t for t in inputs])
+                got = compiled(*inputs)
+                want = want if isinstance(want, tuple) else (want,)
+                got = got if isinstance(got, tuple) else (got,)
+                for g, w in zip(got, want):
+                    assert torch.allclose(g, w, rtol=1e-5, atol=1e-6), (name, i)
