@@ -28,6 +28,7 @@ MODES = {
     "eager": "eager PyTorch",
     "torchreplay-default": "torchreplay, mode default (C++ interpreter)",
     "torchreplay-reduce-overhead": "torchreplay, mode reduce-overhead (capture + replay)",
+    "dynamo-eager": "torch.compile(backend='eager'): Dynamo alone, the per-call floor of any backend",
     "aot_eager": "torch.compile(backend='aot_eager')",
     "inductor": "torch.compile() (Inductor)",
     "cuda-graph-by-hand": "torch.cuda.CUDAGraph captured once, replayed from Python with the input copy",
@@ -86,6 +87,8 @@ def compile_for(mode: str, model: torch.nn.Module) -> Callable:
         config = torchreplay.CompilerConfig()
         config.mode = mode[len("torchreplay-"):]
         return torch.compile(model, backend=torchreplay.get_backend(compiler_config=config))
+    if mode == "dynamo-eager":
+        return torch.compile(model, backend="eager")
     if mode == "aot_eager":
         return torch.compile(model, backend="aot_eager")
     if mode == "inductor":
