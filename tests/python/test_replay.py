@@ -251,3 +251,41 @@ def test_profiler_shows_replay_ranges():
     assert names.count("torchreplay::warmup") == 1
     assert names.count("torchreplay::capture") == 1
     assert names.count("torchreplay::replay") == 4
+
+
+TYPED_CASES = [   # one op per typed-step signature (Note [Typed steps] in capture/kernel_tape.cc)
+    ("TO", lambda x, y, z: torch.sin(x)),
+    ("TTO", lambda x, y, z: x * y),
+    ("TSO", lambda x, y, z: torch.nn.functional.leaky_relu(x, 0.1)),
+    ("TTSO", lambda x, y, z: torch.add(x, y, alpha=2)),
+    ("TSSO", lambda x, y, z: torch.nn.functional.hardtanh(x, -0.5, 0.5)),
+    ("TTTO", lambda x, y, z: torch.where(z > 0, x, y)),
+    ("TTTSO", lambda x, y, z: torch.addcmul(x, y, z, value=0.5)),
+    ("TTTSSO", lambda x, y, z: torch.addmm(x, y, z.t(), beta=0.5, alpha=2)),
+    ("TssO", lambda x, y, z: torch.clamp(x, -0.5, 0.5)),
+    ("TIBO", lambda x, y, z: torch.softmax(x, 1)),
+    ("relu as clamp_min", lambda x, y, z: torch.relu(x)),
+]
+
+
+@pytest.mark.parametrize("sig,fn", TYPED_CASES, ids=[c[0] for c in TYPED_CASES])
+def test_typed_steps_are_used_and_bitwise_equal(sig, fn):
+    e = engine_for(fn, [torch.randn(6, 6) for _ in range(3)])
+    for _ in range(4):
+        x, y, z = (torch.randn(6, 6) for _ in range(3))
+        got = run(e, x, y, z)[0]
+        want = fn(x, y, z)
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    log = e.stats()["capture_log"]
+    assert len(log) == 1 and log[0]["functional_steps"] == 0
+    assert log[0]["typed_steps"] == log[0]["out_variant_steps"] >= 1, log[0]
+
+
+def test_python_number_arguments_keep_eager_type_promotion():
+    # float64 tensor * 1.1 and int tensor + 2: the cast-once path must leave results identical.
+    for x in (torch.randn(5, dtype=torch.float64), torch.randint(-5, 5, (5,)), torch.randn(5)):
+        e = engine_for(lambda x: (x * 1.1 + 2) - 0.25, [x])
+        for _ in range(3):
+            got = run(e, x)[0]
+            want = (x * 1.1 + 2) - 0.25
+            assert got.dtype == want.dtype and torch.equal(got, want)
