@@ -15,11 +15,30 @@
 // Non-static inputs are bound by reference, so an in-place op on an input (copy_ into a KV cache,
 // a running-stats update) writes into the caller's tensor exactly as eager does; its result is the
 // same value as its argument, constant or per call alike.
+// Prepared pointwise steps call ATen's CPU kernel stubs. DispatchStub's inline code must be
+// compiled with the CPU capability set torch itself was built with: on x86-64 that is AVX2 and
+// AVX512 (the exported DispatchStubImpl::get_call_ptr takes those kernels). Elsewhere the
+// prepared path is compiled out and steps stay ordinary typed calls.
+#if defined(__x86_64__) && !defined(TORCHREPLAY_NO_PREPARED_STEPS)
+#define TORCHREPLAY_PREPARED_STEPS 1
+#ifndef HAVE_AVX512_CPU_DEFINITION
+#define HAVE_AVX512_CPU_DEFINITION
+#endif
+#ifndef HAVE_AVX2_CPU_DEFINITION
+#define HAVE_AVX2_CPU_DEFINITION
+#endif
+#include <ATen/TensorIterator.h>
+#include <ATen/native/BinaryOps.h>
+#include <ATen/native/TensorCompare.h>
+#include <ATen/native/UnaryOps.h>
+#include <ATen/ops/empty_strided.h>
+#endif
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/List.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/TensorImpl.h>
 
+#include <cstdlib>
 #include <mutex>
 
 #include "absl/container/flat_hash_map.h"
@@ -227,6 +246,192 @@ std::string SignatureCode(const c10::FunctionSchema& schema) {
   }
   return code;
 }
+
+// ---------------------------------------------------------------- prepared pointwise steps
+//
+// Note [Prepared pointwise steps]
+// What is left of a typed out= call on small tensors is mostly ATen building a TensorIterator:
+// shapes, strides, dtypes, overlap checks, all fixed under one guard key. For the commonest
+// structured pointwise ops (unary float ops, neg, add/sub/mul/div, clamp_min: relu) the step
+// builds the TensorIterator once, the way the op's meta function does, and replay calls the op's
+// own CPU kernel stub on it: the same kernel on the same iterator, so results are bitwise those
+// of the op. Per-call tensors (same geometry under the key) are swapped in by data pointer; if a
+// constant tensor moved (the arena grew for a larger key) the iterator is rebuilt. Only used when
+// no operand needs a dtype cast (the iterator would hold a copy made at build time).
+
+#ifdef TORCHREPLAY_PREPARED_STEPS
+enum class IterKind { kUnary, kUnaryFloat, kBinary, kBinaryFloat };
+using StubCall = void (*)(at::TensorIteratorBase&, const c10::Scalar&);
+
+struct PreparedOp {
+  IterKind kind;
+  StubCall call;
+  bool has_scalar;     // add/sub alpha, clamp_min's min: the argument after the tensors
+  bool negate_scalar;  // sub: add_stub with -alpha
+};
+
+const PreparedOp* FindPreparedOp(const std::string& name) {
+  using at::TensorIteratorBase;
+  using c10::Scalar;
+  static const absl::flat_hash_map<std::string, PreparedOp> kOps = {
+      {"aten::sin.out", {IterKind::kUnaryFloat, [](TensorIteratorBase& it, const Scalar&) { at::native::sin_stub(c10::kCPU, it); }, false, false}},
+      {"aten::cos.out", {IterKind::kUnaryFloat, [](TensorIteratorBase& it, const Scalar&) { at::native::cos_stub(c10::kCPU, it); }, false, false}},
+      {"aten::exp.out", {IterKind::kUnaryFloat, [](TensorIteratorBase& it, const Scalar&) { at::native::exp_stub(c10::kCPU, it); }, false, false}},
+      {"aten::log.out", {IterKind::kUnaryFloat, [](TensorIteratorBase& it, const Scalar&) { at::native::log_stub(c10::kCPU, it); }, false, false}},
+      {"aten::tanh.out", {IterKind::kUnaryFloat, [](TensorIteratorBase& it, const Scalar&) { at::native::tanh_stub(c10::kCPU, it); }, false, false}},
+      {"aten::sigmoid.out", {IterKind::kUnaryFloat, [](TensorIteratorBase& it, const Scalar&) { at::native::sigmoid_stub(c10::kCPU, it); }, false, false}},
+      {"aten::neg.out", {IterKind::kUnary, [](TensorIteratorBase& it, const Scalar&) { at::native::neg_stub(c10::kCPU, it); }, false, false}},
+      {"aten::add.out", {IterKind::kBinary, [](TensorIteratorBase& it, const Scalar& a) { at::native::add_stub(c10::kCPU, it, a); }, true, false}},
+      {"aten::sub.out", {IterKind::kBinary, [](TensorIteratorBase& it, const Scalar& a) { at::native::add_stub(c10::kCPU, it, a); }, true, true}},
+      {"aten::mul.out", {IterKind::kBinary, [](TensorIteratorBase& it, const Scalar&) { at::native::mul_stub(c10::kCPU, it); }, false, false}},
+      {"aten::div.out", {IterKind::kBinaryFloat, [](TensorIteratorBase& it, const Scalar&) { at::native::div_true_stub(c10::kCPU, it); }, false, false}},
+      {"aten::clamp_min.out", {IterKind::kUnary, [](TensorIteratorBase& it, const Scalar& m) { at::native::clamp_min_scalar_stub(c10::kCPU, it, m); }, true, false}},
+  };
+  auto it = kOps.find(name);
+  return it == kOps.end() ? nullptr : &it->second;
+}
+
+bool PreparedStepsEnabled() {
+  static const bool enabled = [] {
+    const char* env = std::getenv("TORCHREPLAY_PREPARED_ITERATORS");
+    return env == nullptr || std::string(env) != "0";
+  }();
+  return enabled;
+}
+
+class PreparedPointwise final : public FastCall {
+ public:
+  // operands: out first, then the tensor inputs (TensorIterator's operand order). `typed` is the
+  // ordinary typed call, used if the iterator cannot be prepared.
+  PreparedPointwise(const PreparedOp& op, std::vector<TensorArg> operands, c10::Scalar scalar,
+                    std::unique_ptr<FastCall> typed)
+      : op_(op), operands_(std::move(operands)), scalar_(std::move(scalar)), typed_(std::move(typed)) {}
+
+  void Run(c10::DispatchKeySet keys, const Slots& slots) const override {
+    if (state_ == State::kUnprepared) {
+      // First replay: every per-call operand has its value now.
+      state_ = Build(slots) ? State::kPrepared : State::kTyped;
+    }
+    if (state_ == State::kTyped) return typed_->Run(keys, slots);
+    for (size_t i = 0; i < operands_.size(); ++i) {
+      if (operands_[i].slot < 0 && operands_[i].value.data_ptr() != built_ptrs_[i]) {
+        // The arena moved (a larger key grew it): same geometry, rebuild once.
+        if (!Build(slots)) {
+          state_ = State::kTyped;
+          return typed_->Run(keys, slots);
+        }
+        break;
+      }
+    }
+    for (size_t i = 0; i < operands_.size(); ++i) {
+      if (operands_[i].slot >= 0) {
+        iter_->unsafe_replace_operand(static_cast<int64_t>(i),
+                                      slots[operands_[i].slot].toTensor().data_ptr());
+      }
+    }
+    op_.call(*iter_, scalar_);
+  }
+
+ private:
+  // Builds the iterator the way the op's meta function does. False if an operand would need a
+  // dtype cast (the iterator would hold a copy made now) or the op's checks fail.
+  bool Build(const Slots& slots) const {
+    // The iterator borrows its operands. A per-call tensor is gone after the call, so it is built
+    // on a stand-in of the same geometry (its own small buffer), whose data pointer each call
+    // then replaces; constants are held by the step itself.
+    const at::Tensor& out = operands_[0].value;
+    if (out.numel() > kMaxPreparedNumel) return false;  // bounds the stand-ins' memory
+    std::vector<const at::Tensor*> ops(operands_.size());
+    standins_.assign(operands_.size(), at::Tensor());
+    for (size_t i = 0; i < operands_.size(); ++i) {
+      if (operands_[i].slot >= 0) {
+        const at::Tensor& t = slots[operands_[i].slot].toTensor();
+        standins_[i] = at::empty_strided(t.sizes(), t.strides(), t.options());
+        ops[i] = &standins_[i];
+      } else {
+        ops[i] = &operands_[i].value;
+      }
+    }
+    try {
+      iter_ = std::make_unique<at::TensorIterator>();
+      switch (op_.kind) {
+        case IterKind::kUnary:
+          iter_->build_borrowing_unary_op(out, *ops[1]);
+          break;
+        case IterKind::kUnaryFloat:
+          iter_->build_borrowing_unary_float_op(out, *ops[1]);
+          break;
+        case IterKind::kBinary:
+          iter_->build_borrowing_binary_op(out, *ops[1], *ops[2]);
+          break;
+        case IterKind::kBinaryFloat:
+          iter_->build_borrowing_binary_float_op(out, *ops[1], *ops[2]);
+          break;
+      }
+    } catch (const c10::Error&) {
+      return false;
+    }
+    built_ptrs_.clear();
+    for (size_t i = 0; i < operands_.size(); ++i) {
+      if (ops[i]->scalar_type() != iter_->dtype(static_cast<int64_t>(i))) return false;
+      built_ptrs_.push_back(operands_[i].slot < 0 ? ops[i]->data_ptr() : nullptr);
+    }
+    return true;
+  }
+
+  static constexpr int64_t kMaxPreparedNumel = 1 << 16;
+
+  enum class State { kUnprepared, kPrepared, kTyped };
+  const PreparedOp& op_;
+  std::vector<TensorArg> operands_;
+  c10::Scalar scalar_;
+  std::unique_ptr<FastCall> typed_;
+  mutable State state_ = State::kUnprepared;
+  mutable std::unique_ptr<at::TensorIterator> iter_;
+  mutable std::vector<at::Tensor> standins_;
+  mutable std::vector<void*> built_ptrs_;
+};
+
+// `args` follow the out= schema: tensor inputs, [scalar], out.
+std::unique_ptr<FastCall> MakePrepared(const c10::OperatorHandle& op, const Slots& args,
+                                       const std::vector<int>& slot_of,
+                                       std::unique_ptr<FastCall> typed) {
+  if (!PreparedStepsEnabled() || typed == nullptr) return typed;
+  const PreparedOp* prepared = FindPreparedOp(OperatorName(op));
+  if (prepared == nullptr) return typed;
+  const size_t num_inputs =
+      prepared->kind == IterKind::kBinary || prepared->kind == IterKind::kBinaryFloat ? 2 : 1;
+  if (args.size() != num_inputs + (prepared->has_scalar ? 1 : 0) + 1) return typed;
+  if (!args.back().isTensor() || slot_of.back() >= 0) return typed;
+  std::vector<TensorArg> operands(1);
+  operands[0].value = args.back().toTensor();
+  for (size_t i = 0; i < num_inputs; ++i) {
+    TensorArg a;
+    if (slot_of[i] >= 0) {
+      a.slot = slot_of[i];
+    } else if (args[i].isTensor() && args[i].toTensor().defined()) {
+      a.value = args[i].toTensor();
+    } else {
+      return typed;
+    }
+    operands.push_back(std::move(a));
+  }
+  c10::Scalar scalar;
+  if (prepared->has_scalar) {
+    if (!args[num_inputs].isScalar()) return typed;
+    scalar = args[num_inputs].toScalar();
+    if (scalar.isComplex() || scalar.toDouble() != scalar.toDouble()) return typed;  // NaN: fill_
+    if (prepared->negate_scalar) scalar = -scalar;
+  }
+  return std::make_unique<PreparedPointwise>(*prepared, std::move(operands), std::move(scalar),
+                                             std::move(typed));
+}
+#else
+std::unique_ptr<FastCall> MakePrepared(const c10::OperatorHandle&, const Slots&,
+                                       const std::vector<int>&, std::unique_ptr<FastCall> typed) {
+  return typed;
+}
+#endif  // TORCHREPLAY_PREPARED_STEPS
 
 std::unique_ptr<FastCall> MakeFastCall(const c10::OperatorHandle& op, const Slots& args,
                                        const std::vector<int>& slot_of) {
@@ -622,7 +827,10 @@ absl::StatusOr<std::unique_ptr<StreamGraph>> CaptureKernelTape(
             slot_of[p.arg] = p.slot;
             whole_args = whole_args && p.elem < 0;
           }
-          if (whole_args) step.fast = MakeFastCall(step.op, step.args, slot_of);
+          if (whole_args) {
+            step.fast = MakePrepared(step.op, step.args, slot_of,
+                                     MakeFastCall(step.op, step.args, slot_of));
+          }
           tape->info_.typed_steps += step.fast != nullptr;
           tape->steps_.push_back(std::move(step));
           ++tape->info_.out_variant_steps;

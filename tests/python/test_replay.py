@@ -289,3 +289,26 @@ def test_python_number_arguments_keep_eager_type_promotion():
             got = run(e, x)[0]
             want = (x * 1.1 + 2) - 0.25
             assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_small_key_first_then_larger_key_grows_the_arena_and_both_stay_exact():
+    # The second key needs a larger arena, which moves every buffer of the first key: its prepared
+    # kernels must follow (Note [Prepared pointwise steps]).
+    fn = lambda x, y: torch.relu(torch.sin(x) * 1.01 + y) - torch.tanh(y) / 3  # noqa: E731
+    e = engine_for(fn, [torch.randn(2, 4), torch.randn(2, 4)])
+    for n in [2, 2, 2, 256, 256, 2, 256, 2, 2]:
+        x, y = torch.randn(n, 4), torch.randn(n, 4)
+        assert torch.equal(run(e, x, y)[0], fn(x, y)), n
+    s = e.stats()
+    assert s["captures"] == 2 and s["capture_log"][1]["arena_bytes"] > s["capture_log"][0]["arena_bytes"]
+
+
+def test_per_call_operands_with_strides_and_offsets():
+    fn = lambda x, y: (x + y) * torch.sigmoid(x) - torch.neg(y)  # noqa: E731
+    e = engine_for(fn, [torch.randn(6, 5), torch.randn(6, 5)])
+    base = torch.randn(40, 8)
+    for _ in range(3):
+        x = torch.randn(5, 6).t()               # transposed
+        y = base[3:9, 1:6]                      # offset, row stride 8
+        assert torch.equal(run(e, x, y)[0], fn(x, y))
+        base.normal_()
