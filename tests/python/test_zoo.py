@@ -125,6 +125,10 @@ def test_decode_attention_kv_cache(mode):
                           mode, calls=8)
     if mode == "reduce-overhead":
         assert total(b, "replays") >= 6
+        # The cache writes are done in place (reinplace_input_updates): the arena holds no copy
+        # of the 2 x 8 KiB caches, only the small activations.
+        log = b.stats()[0]["capture_log"][0]
+        assert log["arena_bytes"] < 4096, log
 
 
 @pytest.mark.parametrize("mode", MODES)
