@@ -227,6 +227,59 @@ def test_graph_dump_written_and_readable(tmp_path, kind):
         assert torch.equal(add, torch.abs(x @ x) + 1) and torch.equal(sub, x - x @ x)
 
 
+def test_dot_dump_of_the_graph(tmp_path):
+    config = torchreplay.CompilerConfig()
+    config.mode = "reduce-overhead"
+    config.debug.graph_dump.type = "dot"
+    config.debug.graph_dump.path = str(tmp_path)
+    compiled = torch.compile(MmAbsModel(), backend=torchreplay.get_backend(compiler_config=config))
+    for _ in range(3):
+        compiled(torch.randn(3, 3))
+    names = sorted(p.name for p in tmp_path.iterdir())
+    stem = names[0].rsplit(".", 1)[0]                      # torchreplay_gN.inference
+    assert names == [stem + ".dot", stem + ".txt"]         # and no CUDA graph on the CPU
+    dot = (tmp_path / names[0]).read_text()
+    assert dot.startswith(f'digraph "{stem}"')
+    assert '"mm" -> "abs_1";' in dot and '"mm" -> "sub";' in dot
+
+
+def seed004_scope_pass(gm, example_inputs, config):
+    """Seed 004's pass with torchreplay's scope ops: mm and abs on stream_1, sub waits for them."""
+    g, record_node = gm.graph, None
+    for node in list(g.nodes):
+        if node.target == torch.ops.aten.mm.default:
+            with g.inserting_before(node):
+                g.call_function(torch.ops.torchreplay.scope_enter.default, args=(["_user_stream_label"], ["stream_1"]))
+        if node.target == torch.ops.aten.abs.default:
+            with g.inserting_after(node):
+                record_node = g.call_function(torch.ops.torchreplay.record.default, args=())
+            with g.inserting_after(record_node):
+                g.call_function(torch.ops.torchreplay.scope_exit.default, args=())
+        if node.target == torch.ops.aten.sub.Tensor:
+            with g.inserting_before(node):
+                g.call_function(torch.ops.torchreplay.wait.default, args=([record_node],))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_scope_ops_keep_their_place_and_results_on_cpu(tmp_path, mode):
+    config = torchreplay.CompilerConfig()
+    config.mode = mode
+    config.post_grad_custom_pre_pass = seed004_scope_pass
+    config.debug.graph_dump.type = "txt"
+    config.debug.graph_dump.path = str(tmp_path)
+    model = MmAbsModel()
+    compiled = torch.compile(model, backend=torchreplay.get_backend(compiler_config=config))
+    for _ in range(4):
+        x = torch.randn(3, 3)
+        assert_same(compiled(x), model(x))
+    (dump,) = tmp_path.iterdir()
+    ops = [line.split("= ")[1].split("(")[0] for line in dump.read_text().splitlines() if "= " in line]
+    # Dead-code elimination kept them, in the order the pass put them.
+    assert ops[:5] == ["torchreplay::scope_enter", "aten::mm", "aten::abs", "torchreplay::record",
+                       "torchreplay::scope_exit"], ops
+    assert ops.index("torchreplay::wait") == ops.index("aten::sub.Tensor") - 1
+
+
 def test_unsupported_op_error_names_node_and_run_eagerly_fallback():
     from torchreplay.lowering import LoweringError, lower
 
