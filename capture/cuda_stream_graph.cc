@@ -143,24 +143,6 @@ void AbortCapture(CUDAStream stream, c10::DeviceIndex device, at::cuda::MempoolI
   }
 }
 
-// Values whose storage is written by a mutable op (in-place, out=, copy_): their roots.
-std::vector<bool> MutatedRoots(const Graph& g, const Recording& rec) {
-  std::vector<bool> mutated(g.values().size(), false);
-  for (const Node& n : g.nodes()) {
-    if (n.kind != NodeKind::kOp || !n.op->schema().is_mutable()) continue;
-    const auto& args = n.op->schema().arguments();
-    for (size_t a = 0; a < n.args.size() && a < args.size(); ++a) {
-      const auto* alias = args[a].alias_info();
-      if (alias == nullptr || !alias->isWrite()) continue;
-      ForEachValueUse(n.args[a], [&](ValueId v) {
-        const ValueId root = rec.values[v].root >= 0 ? rec.values[v].root : v;
-        mutated[root] = true;
-      });
-    }
-  }
-  return mutated;
-}
-
 }  // namespace
 
 int64_t CudaReservedBytes(c10::Device device) {

@@ -481,6 +481,27 @@ void PrecastWrappedNumbers(c10::ScalarType out_dtype, Slots* args) {
   }
 }
 
+// An op whose result is a pure function of its (constant) arguments: no random numbers, no
+// uninitialized memory, no side effects. Such a node with constant arguments is folded at capture.
+bool Deterministic(const c10::OperatorHandle& op) {
+  static const absl::flat_hash_set<std::string> kUninitialized = {
+      "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
+      "aten::new_empty_strided", "aten::empty_permuted"};
+  const c10::FunctionSchema& fs = op.schema();
+  if (fs.is_mutable() || kUninitialized.contains(fs.name()) ||
+      op.hasTag(at::Tag::nondeterministic_seeded) || op.hasTag(at::Tag::nondeterministic_bitwise)) {
+    return false;
+  }
+  for (const auto& a : fs.arguments()) {
+    if (a.type()->kind() == c10::TypeKind::GeneratorType) return false;
+    if (a.type()->kind() == c10::TypeKind::OptionalType &&
+        a.type()->containedType(0)->kind() == c10::TypeKind::GeneratorType) {
+      return false;
+    }
+  }
+  return fs.name().rfind("aten::", 0) == 0;  // custom ops may keep state of their own
+}
+
 // ---------------------------------------------------------------- the tape
 
 struct Patch {
@@ -601,6 +622,22 @@ absl::StatusOr<std::vector<c10::IValue>> RunAndRecord(const Interpreter& interp,
   return interp.Run(std::move(inputs), &observer);
 }
 
+std::vector<bool> MutatedRoots(const Graph& g, const Recording& rec) {
+  std::vector<bool> mutated(g.values().size(), false);
+  for (const Node& n : g.nodes()) {
+    if (n.kind != NodeKind::kOp || !n.op->schema().is_mutable()) continue;
+    const auto& args = n.op->schema().arguments();
+    for (size_t a = 0; a < n.args.size() && a < args.size(); ++a) {
+      const auto* alias = args[a].alias_info();
+      if (alias == nullptr || !alias->isWrite()) continue;
+      ForEachValueUse(n.args[a], [&](ValueId v) {
+        mutated[rec.values[v].root >= 0 ? rec.values[v].root : v] = true;
+      });
+    }
+  }
+  return mutated;
+}
+
 absl::Status CheckReplayable(const Graph& g, const Recording& rec) {
   for (const Node& n : g.nodes()) {
     if (n.kind != NodeKind::kOp) continue;
@@ -645,6 +682,15 @@ absl::StatusOr<std::unique_ptr<StreamGraph>> CaptureKernelTape(
     bind[v].constant = true;
     bind[v].value = std::move(c);
   };
+
+  const std::vector<bool> mutated = MutatedRoots(g, rec);
+  std::vector<bool> is_output(g.values().size(), false);  // a graph output's storage (by root)
+  for (const auto& a : g.outputs()) {
+    ForEachValueUse(a, [&](ValueId v) {
+      is_output[v] = true;
+      if (rec.values[v].root >= 0) is_output[rec.values[v].root] = true;
+    });
+  }
 
   // Liveness of each root value, in node indices: arena buffers are planned from it.
   std::vector<int> last_use(g.values().size(), -1);
@@ -691,6 +737,15 @@ absl::StatusOr<std::unique_ptr<StreamGraph>> CaptureKernelTape(
       }
     }
   };
+  // Values whose contents, not just identity, are fixed under the key: scalars, sizes, and what
+  // is folded from them. (Arena buffers and static inputs are constant tensors, but what they
+  // hold changes from call to call.)
+  std::vector<bool> fixed(g.values().size(), false);
+  auto all_fixed = [&](const Node& n) {
+    bool all = true;
+    for (const auto& a : n.args) ForEachValueUse(a, [&](ValueId v) { all = all && fixed[v]; });
+    return all;
+  };
   auto all_constant = [&](const Node& n) {
     bool all = true;
     for (const auto& a : n.args) ForEachValueUse(a, [&](ValueId v) { all = all && bind[v].constant; });
@@ -710,6 +765,7 @@ absl::StatusOr<std::unique_ptr<StreamGraph>> CaptureKernelTape(
   auto walk = [&](bool build) -> absl::Status {
     num_slots = 0;
     std::fill(bind.begin(), bind.end(), Binding{});
+    std::fill(fixed.begin(), fixed.end(), false);
     tape->input_slots_.clear();
     for (size_t i = 0; i < g.inputs().size(); ++i) {
       // Static tensors and scalars are constants; other tensors are rebound per call.
@@ -719,12 +775,14 @@ absl::StatusOr<std::unique_ptr<StreamGraph>> CaptureKernelTape(
         tape->input_slots_.emplace_back(static_cast<int>(i), bind[v].slot);
       } else {
         set_const(v, inputs[i]);
+        fixed[v] = !inputs[i].isTensor();
       }
     }
     for (int i = 0; i < num_nodes; ++i) {
       const Node& n = g.nodes()[i];
       if (n.kind == NodeKind::kSymArith) {
         set_const(n.outputs[0], rec.values[n.outputs[0]].scalar);
+        fixed[n.outputs[0]] = true;
         tape->info_.precomputed += build;
         continue;
       }
@@ -754,7 +812,10 @@ absl::StatusOr<std::unique_ptr<StreamGraph>> CaptureKernelTape(
         returns_scalar = returns_scalar || (!rec.values[o].is_tensor && !rec.values[o].is_list);
       }
       if (returns_scalar) {  // a size query (CheckReplayable refused the others): fixed per key
-        for (ValueId o : n.outputs) set_const(o, rec.values[o].scalar);
+        for (ValueId o : n.outputs) {
+          set_const(o, rec.values[o].scalar);
+          fixed[o] = true;
+        }
         tape->info_.precomputed += build;
         continue;
       }
@@ -784,7 +845,10 @@ absl::StatusOr<std::unique_ptr<StreamGraph>> CaptureKernelTape(
         } else {
           for (ValueId o : n.outputs) set_const(o, c10::IValue());
         }
-        for (ValueId o : n.outputs) in_arena[o] = from_arena;
+        for (ValueId o : n.outputs) {
+          in_arena[o] = from_arena;
+          fixed[o] = all_fixed(n) && !mutated[rec.values[o].root >= 0 ? rec.values[o].root : o];
+        }
         continue;
       }
 
@@ -835,6 +899,29 @@ absl::StatusOr<std::unique_ptr<StreamGraph>> CaptureKernelTape(
           tape->steps_.push_back(std::move(step));
           ++tape->info_.out_variant_steps;
         }
+        continue;
+      }
+
+      // Made from constants only (arange, scalar_tensor, a cast of a constant, ...): computed
+      // once, here, unless something writes into it later or the caller receives it.
+      bool foldable = !mutable_op && all_fresh && all_fixed(n) && Deterministic(*n.op);
+      for (ValueId o : n.outputs) foldable = foldable && !mutated[o] && !is_output[o];
+      if (foldable) {
+        if (build) {
+          Step probe(*n.op);
+          build_args(n, &probe);
+          try {
+            n.op->callBoxed(&probe.args);
+          } catch (const c10::Error& e) {
+            return absl::InternalError(absl::StrCat("node '", n.name, "' failed at capture: ",
+                                                    e.what_without_backtrace()));
+          }
+          for (size_t o = 0; o < n.outputs.size(); ++o) set_const(n.outputs[o], probe.args[o]);
+          ++tape->info_.precomputed;
+        } else {
+          for (ValueId o : n.outputs) set_const(o, c10::IValue());
+        }
+        for (ValueId o : n.outputs) fixed[o] = true;
         continue;
       }
 

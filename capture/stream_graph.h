@@ -73,6 +73,9 @@ class StreamGraph {
 // and scalars read from tensor data on the host (item, ...). FailedPrecondition naming the node.
 absl::Status CheckReplayable(const Graph& graph, const Recording& recording);
 
+// Per value: whether a mutable op (in-place, out=, copy_) writes into its storage, by root.
+std::vector<bool> MutatedRoots(const Graph& graph, const Recording& recording);
+
 // Captures the CPU kernel tape: every kernel resolved once (redispatched below autograd), `out=`
 // variants writing into buffers planned in `arena`, views of static tensors precomputed,
 // constants prebuilt. `inputs` are those of the recorded run (static ones are baked in).

@@ -312,3 +312,34 @@ def test_per_call_operands_with_strides_and_offsets():
         y = base[3:9, 1:6]                      # offset, row stride 8
         assert torch.equal(run(e, x, y)[0], fn(x, y))
         base.normal_()
+
+
+def test_values_made_from_constants_are_folded_once_and_random_ones_are_not():
+    def fn(x):
+        pos = torch.arange(x.shape[0], dtype=torch.float32)           # constant under the key
+        scale = torch.scalar_tensor(0.5)
+        noise = torch.rand(x.shape[0])                                # random: never folded
+        return x * pos[:, None] * scale, noise
+
+    e = engine_for(fn, [torch.randn(4, 3)])
+    noises = []
+    for _ in range(4):
+        x = torch.randn(4, 3)
+        out, noise = run(e, x)
+        assert torch.equal(out, x * torch.arange(4.0)[:, None] * 0.5)
+        noises.append(noise.clone())
+    assert not torch.equal(noises[-1], noises[-2])
+    log = e.stats()["capture_log"][0]
+    assert "aten::rand" in log["functional_ops"] and "aten::arange" not in log["functional_ops"]
+
+
+def test_a_constant_written_in_place_later_is_not_folded():
+    def fn(x):
+        acc = torch.zeros(3)
+        acc.add_(x.sum(0))          # per-call data written into what started as a constant
+        return acc * 2
+
+    e = engine_for(fn, [torch.randn(4, 3)])
+    for _ in range(4):
+        x = torch.randn(4, 3)
+        assert torch.equal(run(e, x)[0], x.sum(0) * 2)

@@ -133,12 +133,22 @@ def _llama_decode():
         def __init__(self):
             super().__init__()
             self.model = model
+            self.cache = cache  # an attribute, so that a copy of the step has its own cache
 
         def forward(self, ids, pos):
-            return self.model(input_ids=ids, cache_position=pos, past_key_values=cache,
+            # Newer transformers keep the write position in the cache (a 0-dim tensor per layer,
+            # advanced by every step): set it, so that step i writes at pos[0] and the benchmark
+            # can run any number of steps.
+            for layer in getattr(self.cache, "layers", []):
+                if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor):
+                    layer.cumulative_length.copy_(pos[0])
+            return self.model(input_ids=ids, cache_position=pos, past_key_values=self.cache,
                               use_cache=True).logits
 
-    return Step(), lambda i: (torch.tensor([[i % 256]]), torch.tensor([i % 64]))
+    step = Step()
+    with torch.no_grad():  # allocates the cache's tensors (lazily created on the first step)
+        step(torch.tensor([[0]]), torch.tensor([0]))
+    return step, lambda i: (torch.tensor([[i % 256]]), torch.tensor([i % 64]))
 
 
 # name -> (factory returning (model, make_inputs(i)), description)
