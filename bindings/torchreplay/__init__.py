@@ -12,12 +12,12 @@ import logging as _logging
 import torch as _torch  # loads libtorch before the extension
 
 from . import _C
-from .backend import Backend, get_backend, named_backend, stats
+from .backend import Backend, get_backend, named_backend, precapture, stats
 from .config import CompilerConfig
 from .lowering import LoweringError
 
-__all__ = ["Backend", "CompilerConfig", "LoweringError", "get_backend", "stats", "set_log_level",
-           "cuda_available"]
+__all__ = ["Backend", "CompilerConfig", "LoweringError", "get_backend", "precapture", "stats",
+           "set_log_level", "cuda_available"]
 
 _logging.getLogger("torchreplay").addHandler(_logging.NullHandler())
 

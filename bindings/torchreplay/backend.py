@@ -142,6 +142,19 @@ def named_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     return Backend(CompilerConfig.from_options(options))(gm, example_inputs)
 
 
+def precapture(fn: Callable, input_sets: Sequence[Sequence[Any]], warmup_iters: int = 1) -> None:
+    """Warms up and captures a compiled model for shapes known ahead, largest first (by tensor
+    bytes), so that on CUDA the smaller shapes reuse the largest one's pool memory. Each input set
+    runs warmup_iters + 1 times, like that many real calls (in-place updates included). Compile
+    with dynamic=True (or mark dynamic dims) so that all shapes share one graph and one pool."""
+    def nbytes(inputs: Sequence[Any]) -> int:
+        return sum(t.numel() * t.element_size() for t in inputs if isinstance(t, torch.Tensor))
+
+    for inputs in sorted(input_sets, key=nbytes, reverse=True):
+        for _ in range(warmup_iters + 1):
+            fn(*inputs)
+
+
 def stats() -> List[Dict[str, Any]]:
     """Stats of every live engine in the process."""
     return [dict(e.stats(), name=e.name) for e in list(_all_engines)]

@@ -326,3 +326,20 @@ def test_llama_decode_step_with_static_cache():
     assert total(backend, "replays") >= 4 and total(backend, "eager_fallbacks") == 0
     # Cache writes are in place: the arena holds activations, not copies of the caches.
     assert max(c["arena_bytes"] for s in stats for c in s["capture_log"]) < 64 * 1024
+
+
+def test_precapture_through_torch_compile_largest_first():
+    backend = backend_for("reduce-overhead")
+    model = MLP(d=16, hidden=32).eval()
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    with torch.no_grad():
+        # (batch sizes other than 16: Dynamo would give a batch equal to the width one symbol)
+        torchreplay.precapture(compiled, [(torch.randn(n, 16),) for n in (3, 24, 12)])
+        (engine_stats,) = backend.stats()
+        keys = [c["key"] for c in engine_stats["capture_log"]]
+        assert len(keys) == 3 and "(24, 16)" in keys[0] and "(12, 16)" in keys[1] and "(3, 16)" in keys[2], keys
+        replays = engine_stats["replays"]
+        for n in (3, 12, 24):
+            x = torch.randn(n, 16)
+            assert torch.equal(compiled(x), model(x))
+        assert backend.stats()[0]["replays"] == replays + 3 and backend.stats()[0]["captures"] == 3
