@@ -1,8 +1,18 @@
 #!/usr/bin/env bash
-# The main job: eager vs torchreplay ("default", "reduce-overhead") vs torch.compile peers on the
-# built-in models; prints a table and writes JSON, CSV and a PNG plot to bench_out/. Arguments go
-# to `python -m torchreplay.bench` (try --help).
+# The main job: the Google Benchmark program (the 64-op chain in C++: interpreter, replay, ATen
+# allocating, the hand-written out= floor), then eager vs torchreplay ("default",
+# "reduce-overhead") vs the torch.compile peers on the built-in models through the Python harness,
+# which prints a table and writes JSON, CSV and a PNG plot to bench_out/ (or --out DIR).
+# Arguments go to `python -m torchreplay.bench` (try --help).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
+min_time=1
+for a in "$@"; do [ "$a" = "--quick" ] && min_time=0.2; done
+bazel build --noshow_progress --ui_event_filters=-info,-stdout //bench:chain_bench 2>&1 \
+  | grep -vE "^(Loading|Analyzing|INFO|Target|  bazel-bin)" >&2 || true
+echo "== Google Benchmark: bench/chain_bench.cc (64 elementwise ops on 16 floats, one thread)"
+bazel-bin/bench/chain_bench --benchmark_min_time="$min_time" 2>/dev/null
+echo
+echo "== Python harness: python -m torchreplay.bench $*"
 exec .venv/bin/python -m torchreplay.bench "$@"
