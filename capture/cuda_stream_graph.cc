@@ -6,7 +6,8 @@
 // generator state with the graph so random ops (dropout, rand) draw fresh numbers on every replay
 // exactly as PyTorch's own graphs do. What it does not do is clean up after a capture that fails
 // half-way (an uncapturable op throws while the stream is capturing): that case is handled here,
-// in AbortCapture, so the stream leaves capture mode and the pool's use count is given back.
+// in AbortCapture, so the stream leaves capture mode, the pool's use count is given back and the
+// RNG state leaves capture mode too.
 #include "capture/cuda_stream_graph.h"
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +16,7 @@
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/CUDAGraph.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/ops/_foreach_copy.h>
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -141,6 +143,16 @@ void AbortCapture(CUDAStream stream, c10::DeviceIndex device, at::cuda::MempoolI
     c10::cuda::CUDACachingAllocator::releasePool(device, pool);
   } catch (const c10::Error&) {
   }
+  // capture_begin put the registered RNG states (the default generator's always) in capture
+  // mode, and only a successful capture_end takes them out of it; left so, every later eager
+  // random op would fail. A trivial capture on the same (side) stream runs the pair once more.
+  try {
+    at::cuda::CUDAGraph reset_rng;
+    reset_rng.capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
+    at::empty({1}, at::TensorOptions().dtype(at::kFloat).device(c10::Device(c10::kCUDA, device))).zero_();
+    reset_rng.capture_end();
+  } catch (const c10::Error&) {
+  }
 }
 
 }  // namespace
@@ -192,8 +204,11 @@ absl::StatusOr<std::unique_ptr<StreamGraph>> CaptureCudaGraph(const Interpreter&
     for (size_t i = 0; i < inputs.size(); ++i) {
       if (!inputs[i].isTensor() || g.is_static_input(static_cast<int>(i))) continue;
       const at::Tensor& t = inputs[i].toTensor();
-      const int64_t span = static_cast<int64_t>(t.storage().nbytes()) / std::max<int64_t>(1, t.element_size());
-      at::Tensor base = at::empty({std::max<int64_t>(span, t.storage_offset() + 1)}, t.options());
+      // Elements up to the last one the view reaches (not the caller's whole storage).
+      const int64_t itemsize = std::max<int64_t>(1, t.element_size());
+      const int64_t span = t.storage_offset() +
+          static_cast<int64_t>(at::detail::computeStorageNbytes(t.sizes(), t.strides(), itemsize)) / itemsize;
+      at::Tensor base = at::empty({std::max<int64_t>(span, 1)}, t.options());
       at::Tensor placeholder = base.as_strided(t.sizes(), t.strides(), t.storage_offset());
       placeholder.copy_(t);
       placeholder_of[i] = static_cast<int>(out->placeholders_.size());
@@ -235,8 +250,8 @@ absl::StatusOr<std::unique_ptr<StreamGraph>> CaptureCudaGraph(const Interpreter&
             absl::StrCat("capture failed: ", e.what_without_backtrace()));
       }
       if (!run_status.ok()) {
+        results.clear();  // pool blocks go back before the pool's share is released
         AbortCapture(side, device->index(), pool_id);
-        results.clear();
         out->graph_.reset();
         return absl::FailedPreconditionError(absl::StrCat("CUDA capture: ", run_status.message()));
       }
