@@ -148,6 +148,7 @@ py::dict StatsToDict(const replay::EngineStats& s) {
     r["steps"] = i.steps;
     r["out_variant_steps"] = i.out_variant_steps;
     r["typed_steps"] = i.typed_steps;
+    r["prepared_steps"] = i.prepared_steps;
     r["functional_steps"] = i.functional_steps;
     r["precomputed"] = i.precomputed;
     r["arena_bytes"] = i.arena_bytes;

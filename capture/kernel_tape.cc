@@ -28,6 +28,7 @@
 #define HAVE_AVX2_CPU_DEFINITION
 #endif
 #include <ATen/TensorIterator.h>
+#include <ATen/native/Activation.h>
 #include <ATen/native/BinaryOps.h>
 #include <ATen/native/TensorCompare.h>
 #include <ATen/native/UnaryOps.h>
@@ -252,7 +253,8 @@ std::string SignatureCode(const c10::FunctionSchema& schema) {
 // Note [Prepared pointwise steps]
 // What is left of a typed out= call on small tensors is mostly ATen building a TensorIterator:
 // shapes, strides, dtypes, overlap checks, all fixed under one guard key. For the commonest
-// structured pointwise ops (unary float ops, neg, add/sub/mul/div, clamp_min: relu) the step
+// structured pointwise ops (unary float ops, neg, silu, add/sub/mul/div, comparisons, clamp_min:
+// relu) the step
 // builds the TensorIterator once, the way the op's meta function does, and replay calls the op's
 // own CPU kernel stub on it: the same kernel on the same iterator, so results are bitwise those
 // of the op. Per-call tensors (same geometry under the key) are swapped in by data pointer; if a
@@ -260,7 +262,7 @@ std::string SignatureCode(const c10::FunctionSchema& schema) {
 // no operand needs a dtype cast (the iterator would hold a copy made at build time).
 
 #ifdef TORCHREPLAY_PREPARED_STEPS
-enum class IterKind { kUnary, kUnaryFloat, kBinary, kBinaryFloat };
+enum class IterKind { kUnary, kUnaryFloat, kBinary, kBinaryFloat, kComparison };
 using StubCall = void (*)(at::TensorIteratorBase&, const c10::Scalar&);
 
 struct PreparedOp {
@@ -286,6 +288,17 @@ const PreparedOp* FindPreparedOp(const std::string& name) {
       {"aten::mul.out", {IterKind::kBinary, [](TensorIteratorBase& it, const Scalar&) { at::native::mul_stub(c10::kCPU, it); }, false, false}},
       {"aten::div.out", {IterKind::kBinaryFloat, [](TensorIteratorBase& it, const Scalar&) { at::native::div_true_stub(c10::kCPU, it); }, false, false}},
       {"aten::clamp_min.out", {IterKind::kUnary, [](TensorIteratorBase& it, const Scalar& m) { at::native::clamp_min_scalar_stub(c10::kCPU, it, m); }, true, false}},
+      {"aten::sqrt.out", {IterKind::kUnaryFloat, [](TensorIteratorBase& it, const Scalar&) { at::native::sqrt_stub(c10::kCPU, it); }, false, false}},
+      {"aten::rsqrt.out", {IterKind::kUnaryFloat, [](TensorIteratorBase& it, const Scalar&) { at::native::rsqrt_stub(c10::kCPU, it); }, false, false}},
+      {"aten::reciprocal.out", {IterKind::kUnaryFloat, [](TensorIteratorBase& it, const Scalar&) { at::native::reciprocal_stub(c10::kCPU, it); }, false, false}},
+      {"aten::erf.out", {IterKind::kUnaryFloat, [](TensorIteratorBase& it, const Scalar&) { at::native::erf_stub(c10::kCPU, it); }, false, false}},
+      {"aten::silu.out", {IterKind::kUnary, [](TensorIteratorBase& it, const Scalar&) { at::native::silu_stub(c10::kCPU, it); }, false, false}},
+      {"aten::lt.Tensor_out", {IterKind::kComparison, [](TensorIteratorBase& it, const Scalar&) { at::native::lt_stub(c10::kCPU, it); }, false, false}},
+      {"aten::le.Tensor_out", {IterKind::kComparison, [](TensorIteratorBase& it, const Scalar&) { at::native::le_stub(c10::kCPU, it); }, false, false}},
+      {"aten::gt.Tensor_out", {IterKind::kComparison, [](TensorIteratorBase& it, const Scalar&) { at::native::gt_stub(c10::kCPU, it); }, false, false}},
+      {"aten::ge.Tensor_out", {IterKind::kComparison, [](TensorIteratorBase& it, const Scalar&) { at::native::ge_stub(c10::kCPU, it); }, false, false}},
+      {"aten::eq.Tensor_out", {IterKind::kComparison, [](TensorIteratorBase& it, const Scalar&) { at::native::eq_stub(c10::kCPU, it); }, false, false}},
+      {"aten::ne.Tensor_out", {IterKind::kComparison, [](TensorIteratorBase& it, const Scalar&) { at::native::ne_stub(c10::kCPU, it); }, false, false}},
   };
   auto it = kOps.find(name);
   return it == kOps.end() ? nullptr : &it->second;
@@ -367,6 +380,9 @@ class PreparedPointwise final : public FastCall {
         case IterKind::kBinaryFloat:
           iter_->build_borrowing_binary_float_op(out, *ops[1], *ops[2]);
           break;
+        case IterKind::kComparison:
+          iter_->build_borrowing_comparison_op(out, *ops[1], *ops[2]);
+          break;
       }
     } catch (const c10::Error&) {
       return false;
@@ -399,8 +415,11 @@ std::unique_ptr<FastCall> MakePrepared(const c10::OperatorHandle& op, const Slot
   if (!PreparedStepsEnabled() || typed == nullptr) return typed;
   const PreparedOp* prepared = FindPreparedOp(OperatorName(op));
   if (prepared == nullptr) return typed;
-  const size_t num_inputs =
-      prepared->kind == IterKind::kBinary || prepared->kind == IterKind::kBinaryFloat ? 2 : 1;
+  const size_t num_inputs = prepared->kind == IterKind::kBinary ||
+                                    prepared->kind == IterKind::kBinaryFloat ||
+                                    prepared->kind == IterKind::kComparison
+                                ? 2
+                                : 1;
   if (args.size() != num_inputs + (prepared->has_scalar ? 1 : 0) + 1) return typed;
   if (!args.back().isTensor() || slot_of.back() >= 0) return typed;
   std::vector<TensorArg> operands(1);
@@ -892,8 +911,10 @@ absl::StatusOr<std::unique_ptr<StreamGraph>> CaptureKernelTape(
             whole_args = whole_args && p.elem < 0;
           }
           if (whole_args) {
-            step.fast = MakePrepared(step.op, step.args, slot_of,
-                                     MakeFastCall(step.op, step.args, slot_of));
+            std::unique_ptr<FastCall> typed = MakeFastCall(step.op, step.args, slot_of);
+            const FastCall* plain = typed.get();
+            step.fast = MakePrepared(step.op, step.args, slot_of, std::move(typed));
+            tape->info_.prepared_steps += step.fast != nullptr && step.fast.get() != plain;
           }
           tape->info_.typed_steps += step.fast != nullptr;
           tape->steps_.push_back(std::move(step));

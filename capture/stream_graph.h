@@ -47,6 +47,7 @@ struct CaptureInfo {
   int steps = 0;              // kernel calls per replay
   int out_variant_steps = 0;  // ... of which write into planned arena buffers
   int typed_steps = 0;        // ... of those, called unboxed (no IValue stack)
+  int prepared_steps = 0;     // ... of those, on a TensorIterator built once (CPU pointwise)
   int functional_steps = 0;   // ... of which allocate their result (no out= variant, or dynamic)
   int precomputed = 0;        // nodes decided once at capture (views of static tensors, sizes)
   int64_t arena_bytes = 0;    // this key's plan

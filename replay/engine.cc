@@ -208,7 +208,8 @@ absl::Status Engine::Capture(ThreadState& ts, Entry& e, const std::vector<c10::I
   CaptureRecord rec{e.key.ToString(), e.reason, ms, info};
   Log(1, absl::StrCat("graph '", options_.name, "': captured key ", rec.key, " (", rec.reason,
                       "): ", info.nodes, " nodes -> ", info.steps, " steps (",
-                      info.out_variant_steps, " out= (", info.typed_steps, " typed), ", info.functional_steps, " functional, ",
+                      info.out_variant_steps, " out= (", info.typed_steps, " typed, ",
+                      info.prepared_steps, " prepared), ", info.functional_steps, " functional, ",
                       info.precomputed, " precomputed), arena ", info.arena_bytes, " B for ",
                       info.tensor_bytes, " B of tensors, pool ", ts.arena.bytes(), " B, ", ms,
                       " ms"));

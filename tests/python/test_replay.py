@@ -265,6 +265,9 @@ TYPED_CASES = [   # one op per typed-step signature (Note [Typed steps] in captu
     ("TssO", lambda x, y, z: torch.clamp(x, -0.5, 0.5)),
     ("TIBO", lambda x, y, z: torch.softmax(x, 1)),
     ("relu as clamp_min", lambda x, y, z: torch.relu(x)),
+    ("prepared unary float", lambda x, y, z: torch.rsqrt(x.abs() + 1) + torch.sqrt(y.abs()) * torch.erf(z)),
+    ("prepared silu, reciprocal", lambda x, y, z: torch.nn.functional.silu(x) - torch.reciprocal(y)),
+    ("prepared comparisons", lambda x, y, z: (x > y) & (y <= z) | (x == z) | (x != y).logical_not()),
 ]
 
 
@@ -279,6 +282,8 @@ def test_typed_steps_are_used_and_bitwise_equal(sig, fn):
     log = e.stats()["capture_log"]
     assert len(log) == 1 and log[0]["functional_steps"] == 0
     assert log[0]["typed_steps"] == log[0]["out_variant_steps"] >= 1, log[0]
+    if sig.startswith("prepared") or sig in ("TO", "TTO", "TTSO", "relu as clamp_min"):
+        assert log[0]["prepared_steps"] >= 1, log[0]
 
 
 def test_python_number_arguments_keep_eager_type_promotion():
