@@ -776,6 +776,25 @@ absl::StatusOr<std::unique_ptr<StreamGraph>> CaptureKernelTape(
     return any;
   };
 
+  // Runs node `n` once, now, and binds its outputs as constants (in pass 1, only binds them).
+  auto precompute = [&](const Node& n, bool build) -> absl::Status {
+    if (!build) {
+      for (ValueId o : n.outputs) set_const(o, c10::IValue());
+      return absl::OkStatus();
+    }
+    Step probe(*n.op);
+    build_args(n, &probe);
+    try {
+      n.op->callBoxed(&probe.args);
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat("node '", n.name, "' failed at capture: ",
+                                              e.what_without_backtrace()));
+    }
+    for (size_t o = 0; o < n.outputs.size(); ++o) set_const(n.outputs[o], probe.args[o]);
+    ++tape->info_.precomputed;
+    return absl::OkStatus();
+  };
+
   // Two passes over the same walk. The first decides how each value is bound and collects the
   // arena requests; the second, with the arena planned, builds the steps and precomputes views.
   std::vector<memory_pool::BufferRequest> requests;
@@ -850,20 +869,7 @@ absl::StatusOr<std::unique_ptr<StreamGraph>> CaptureKernelTape(
       if (!mutable_op && !any_fresh && all_constant(n)) {
         // A view (or list of views) of constant tensors: computed once, here.
         const bool from_arena = arena_of_args(n);
-        if (build) {
-          Step probe(*n.op);
-          build_args(n, &probe);
-          try {
-            n.op->callBoxed(&probe.args);
-          } catch (const c10::Error& e) {
-            return absl::InternalError(absl::StrCat("node '", n.name, "' failed at capture: ",
-                                                    e.what_without_backtrace()));
-          }
-          for (size_t o = 0; o < n.outputs.size(); ++o) set_const(n.outputs[o], probe.args[o]);
-          ++tape->info_.precomputed;
-        } else {
-          for (ValueId o : n.outputs) set_const(o, c10::IValue());
-        }
+        if (auto st = precompute(n, build); !st.ok()) return st;
         for (ValueId o : n.outputs) {
           in_arena[o] = from_arena;
           fixed[o] = all_fixed(n) && !mutated[rec.values[o].root >= 0 ? rec.values[o].root : o];
@@ -928,20 +934,7 @@ absl::StatusOr<std::unique_ptr<StreamGraph>> CaptureKernelTape(
       bool foldable = !mutable_op && all_fresh && all_fixed(n) && Deterministic(*n.op);
       for (ValueId o : n.outputs) foldable = foldable && !mutated[o] && !is_output[o];
       if (foldable) {
-        if (build) {
-          Step probe(*n.op);
-          build_args(n, &probe);
-          try {
-            n.op->callBoxed(&probe.args);
-          } catch (const c10::Error& e) {
-            return absl::InternalError(absl::StrCat("node '", n.name, "' failed at capture: ",
-                                                    e.what_without_backtrace()));
-          }
-          for (size_t o = 0; o < n.outputs.size(); ++o) set_const(n.outputs[o], probe.args[o]);
-          ++tape->info_.precomputed;
-        } else {
-          for (ValueId o : n.outputs) set_const(o, c10::IValue());
-        }
+        if (auto st = precompute(n, build); !st.ok()) return st;
         for (ValueId o : n.outputs) fixed[o] = true;
         continue;
       }

@@ -21,6 +21,7 @@ if not torch.cuda.is_available():
                 "tools/gpu_check.sh runs these tests on a GPU machine", allow_module_level=True)
 
 from fuzz_graphs import C, bitwise_equal, make_inputs, make_program  # noqa: E402
+from scope_pass import seed004_scope_pass  # noqa: E402
 
 DEV = "cuda"
 
@@ -268,24 +269,9 @@ def test_scopes_make_parallel_branches_in_the_captured_graph(tmp_path):
 def test_seed004_pass_with_dot_dump_through_torch_compile(tmp_path):
     from torchreplay.bench.models import MmAbsModel
 
-    def pre_pass(gm, example_inputs, config):
-        g, record_node = gm.graph, None
-        for node in list(g.nodes):
-            if node.target == torch.ops.aten.mm.default:
-                with g.inserting_before(node):
-                    g.call_function(torch.ops.torchreplay.scope_enter.default, args=(["l"], ["stream_1"]))
-            if node.target == torch.ops.aten.abs.default:
-                with g.inserting_after(node):
-                    record_node = g.call_function(torch.ops.torchreplay.record.default, args=())
-                with g.inserting_after(record_node):
-                    g.call_function(torch.ops.torchreplay.scope_exit.default, args=())
-            if node.target == torch.ops.aten.sub.Tensor:
-                with g.inserting_before(node):
-                    g.call_function(torch.ops.torchreplay.wait.default, args=([record_node],))
-
     config = torchreplay.CompilerConfig()
     config.mode = "reduce-overhead"
-    config.post_grad_custom_pre_pass = pre_pass
+    config.post_grad_custom_pre_pass = seed004_scope_pass
     config.debug.graph_dump.type = "dot"
     config.debug.graph_dump.path = str(tmp_path)
     model = MmAbsModel()

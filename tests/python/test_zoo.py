@@ -11,6 +11,7 @@ import torch
 import torchreplay
 from torchreplay.bench.models import (MLP, ConvBN, CountingModel, DecodeAttention, DemoModel, ElementwiseChain,
                     MmAbsModel, ViewOfInput)
+from scope_pass import seed004_scope_pass
 
 MODES = ["default", "reduce-overhead"]
 
@@ -241,23 +242,6 @@ def test_dot_dump_of_the_graph(tmp_path):
     dot = (tmp_path / names[0]).read_text()
     assert dot.startswith(f'digraph "{stem}"')
     assert '"mm" -> "abs_1";' in dot and '"mm" -> "sub";' in dot
-
-
-def seed004_scope_pass(gm, example_inputs, config):
-    """Seed 004's pass with torchreplay's scope ops: mm and abs on stream_1, sub waits for them."""
-    g, record_node = gm.graph, None
-    for node in list(g.nodes):
-        if node.target == torch.ops.aten.mm.default:
-            with g.inserting_before(node):
-                g.call_function(torch.ops.torchreplay.scope_enter.default, args=(["_user_stream_label"], ["stream_1"]))
-        if node.target == torch.ops.aten.abs.default:
-            with g.inserting_after(node):
-                record_node = g.call_function(torch.ops.torchreplay.record.default, args=())
-            with g.inserting_after(record_node):
-                g.call_function(torch.ops.torchreplay.scope_exit.default, args=())
-        if node.target == torch.ops.aten.sub.Tensor:
-            with g.inserting_before(node):
-                g.call_function(torch.ops.torchreplay.wait.default, args=([record_node],))
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -1,0 +1,19 @@
+"""Seed 004's custom FX pass, written with torchreplay's multi-stream scope ops."""
+import torch
+
+
+def seed004_scope_pass(gm, example_inputs, config):
+    """Seed 004's pass with torchreplay's scope ops: mm and abs on stream_1, sub waits for them."""
+    g, record_node = gm.graph, None
+    for node in list(g.nodes):
+        if node.target == torch.ops.aten.mm.default:
+            with g.inserting_before(node):
+                g.call_function(torch.ops.torchreplay.scope_enter.default, args=(["_user_stream_label"], ["stream_1"]))
+        if node.target == torch.ops.aten.abs.default:
+            with g.inserting_after(node):
+                record_node = g.call_function(torch.ops.torchreplay.record.default, args=())
+            with g.inserting_after(record_node):
+                g.call_function(torch.ops.torchreplay.scope_exit.default, args=())
+        if node.target == torch.ops.aten.sub.Tensor:
+            with g.inserting_before(node):
+                g.call_function(torch.ops.torchreplay.wait.default, args=([record_node],))
