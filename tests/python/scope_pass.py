@@ -1,6 +1,8 @@
 """Seed 004's custom FX pass, written with torchreplay's multi-stream scope ops."""
 import torch
 
+import torchreplay
+
 
 def seed004_scope_pass(gm, example_inputs, config):
     """Seed 004's pass with torchreplay's scope ops: mm and abs on stream_1, sub waits for them."""
@@ -17,3 +19,13 @@ def seed004_scope_pass(gm, example_inputs, config):
         if node.target == torch.ops.aten.sub.Tensor:
             with g.inserting_before(node):
                 g.call_function(torch.ops.torchreplay.wait.default, args=([record_node],))
+
+
+def compile_with_scopes(model, mode, dump_type, dump_path):
+    """`model` through torch.compile with the pass above and a graph dump."""
+    config = torchreplay.CompilerConfig()
+    config.mode = mode
+    config.post_grad_custom_pre_pass = seed004_scope_pass
+    config.debug.graph_dump.type = dump_type
+    config.debug.graph_dump.path = str(dump_path)
+    return torch.compile(model, backend=torchreplay.get_backend(compiler_config=config))

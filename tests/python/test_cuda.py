@@ -21,7 +21,7 @@ if not torch.cuda.is_available():
                 "tools/gpu_check.sh runs these tests on a GPU machine", allow_module_level=True)
 
 from fuzz_graphs import C, bitwise_equal, make_inputs, make_program  # noqa: E402
-from scope_pass import seed004_scope_pass  # noqa: E402
+from scope_pass import compile_with_scopes  # noqa: E402
 
 DEV = "cuda"
 
@@ -269,13 +269,8 @@ def test_scopes_make_parallel_branches_in_the_captured_graph(tmp_path):
 def test_seed004_pass_with_dot_dump_through_torch_compile(tmp_path):
     from torchreplay.bench.models import MmAbsModel
 
-    config = torchreplay.CompilerConfig()
-    config.mode = "reduce-overhead"
-    config.post_grad_custom_pre_pass = seed004_scope_pass
-    config.debug.graph_dump.type = "dot"
-    config.debug.graph_dump.path = str(tmp_path)
     model = MmAbsModel()
-    compiled = torch.compile(model, backend=torchreplay.get_backend(compiler_config=config))
+    compiled = compile_with_scopes(model, "reduce-overhead", "dot", tmp_path)
     for _ in range(4):
         x = torch.randn(64, 64, device=DEV)
         got, want = compiled(x), model(x)

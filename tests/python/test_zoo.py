@@ -11,7 +11,7 @@ import torch
 import torchreplay
 from torchreplay.bench.models import (MLP, ConvBN, CountingModel, DecodeAttention, DemoModel, ElementwiseChain,
                     MmAbsModel, ViewOfInput)
-from scope_pass import seed004_scope_pass
+from scope_pass import compile_with_scopes
 
 MODES = ["default", "reduce-overhead"]
 
@@ -246,13 +246,8 @@ def test_dot_dump_of_the_graph(tmp_path):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_scope_ops_keep_their_place_and_results_on_cpu(tmp_path, mode):
-    config = torchreplay.CompilerConfig()
-    config.mode = mode
-    config.post_grad_custom_pre_pass = seed004_scope_pass
-    config.debug.graph_dump.type = "txt"
-    config.debug.graph_dump.path = str(tmp_path)
     model = MmAbsModel()
-    compiled = torch.compile(model, backend=torchreplay.get_backend(compiler_config=config))
+    compiled = compile_with_scopes(model, mode, "txt", tmp_path)
     for _ in range(4):
         x = torch.randn(3, 3)
         assert_same(compiled(x), model(x))
