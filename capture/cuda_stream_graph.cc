@@ -14,7 +14,6 @@
 
 #ifdef TORCHREPLAY_WITH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
-#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/ops/_foreach_copy.h>
@@ -230,8 +229,6 @@ absl::StatusOr<std::unique_ptr<StreamGraph>> CaptureCudaGraph(const Interpreter&
       c10::cuda::CUDAStreamGuard stream_guard(side);
       out->graph_ = std::make_unique<at::cuda::CUDAGraph>(options.keep_graph);
       out->kept_graph_ = options.keep_graph;
-      // Random ops read the CUDA generator's state: registered, each replay draws anew.
-      out->graph_->register_generator_state(at::cuda::detail::getDefaultCUDAGenerator(device->index()));
       out->graph_->capture_begin(pool_id, cudaStreamCaptureModeThreadLocal);
       absl::Status run_status;
       try {

@@ -142,14 +142,12 @@ struct TensorArg {  // const Tensor&: constant, or a per-call slot
 struct OutArg {  // Tensor(a!) out: always a planned arena buffer
   using type = at::Tensor&;
   mutable at::Tensor value;
-  int slot = -1;
   at::Tensor& get(const Slots&) const { return value; }
 };
 template <class T, class Ref = const T&>
 struct ConstArg {  // Scalar, Scalar?, int, bool: constants under one guard key
   using type = Ref;
   T value;
-  int slot = -1;
   Ref get(const Slots&) const { return value; }
 };
 using ScalarArg = ConstArg<c10::Scalar>;
@@ -272,33 +270,44 @@ struct PreparedOp {
   bool negate_scalar;  // sub: add_stub with -alpha
 };
 
+// The op's CPU kernel stub, called on the prepared iterator (with the op's scalar, if any).
+template <auto& Stub>
+void StubOnly(at::TensorIteratorBase& it, const c10::Scalar&) {
+  Stub(c10::kCPU, it);
+}
+template <auto& Stub>
+void StubWithScalar(at::TensorIteratorBase& it, const c10::Scalar& s) {
+  Stub(c10::kCPU, it, s);
+}
+
 const PreparedOp* FindPreparedOp(const std::string& name) {
-  using at::TensorIteratorBase;
-  using c10::Scalar;
+  using namespace at::native;  // NOLINT: the stubs
+  constexpr IterKind kUnary = IterKind::kUnary, kFloat = IterKind::kUnaryFloat;
+  constexpr IterKind kBinary = IterKind::kBinary, kCompare = IterKind::kComparison;
   static const absl::flat_hash_map<std::string, PreparedOp> kOps = {
-      {"aten::sin.out", {IterKind::kUnaryFloat, [](TensorIteratorBase& it, const Scalar&) { at::native::sin_stub(c10::kCPU, it); }, false, false}},
-      {"aten::cos.out", {IterKind::kUnaryFloat, [](TensorIteratorBase& it, const Scalar&) { at::native::cos_stub(c10::kCPU, it); }, false, false}},
-      {"aten::exp.out", {IterKind::kUnaryFloat, [](TensorIteratorBase& it, const Scalar&) { at::native::exp_stub(c10::kCPU, it); }, false, false}},
-      {"aten::log.out", {IterKind::kUnaryFloat, [](TensorIteratorBase& it, const Scalar&) { at::native::log_stub(c10::kCPU, it); }, false, false}},
-      {"aten::tanh.out", {IterKind::kUnaryFloat, [](TensorIteratorBase& it, const Scalar&) { at::native::tanh_stub(c10::kCPU, it); }, false, false}},
-      {"aten::sigmoid.out", {IterKind::kUnaryFloat, [](TensorIteratorBase& it, const Scalar&) { at::native::sigmoid_stub(c10::kCPU, it); }, false, false}},
-      {"aten::neg.out", {IterKind::kUnary, [](TensorIteratorBase& it, const Scalar&) { at::native::neg_stub(c10::kCPU, it); }, false, false}},
-      {"aten::add.out", {IterKind::kBinary, [](TensorIteratorBase& it, const Scalar& a) { at::native::add_stub(c10::kCPU, it, a); }, true, false}},
-      {"aten::sub.out", {IterKind::kBinary, [](TensorIteratorBase& it, const Scalar& a) { at::native::add_stub(c10::kCPU, it, a); }, true, true}},
-      {"aten::mul.out", {IterKind::kBinary, [](TensorIteratorBase& it, const Scalar&) { at::native::mul_stub(c10::kCPU, it); }, false, false}},
-      {"aten::div.out", {IterKind::kBinaryFloat, [](TensorIteratorBase& it, const Scalar&) { at::native::div_true_stub(c10::kCPU, it); }, false, false}},
-      {"aten::clamp_min.out", {IterKind::kUnary, [](TensorIteratorBase& it, const Scalar& m) { at::native::clamp_min_scalar_stub(c10::kCPU, it, m); }, true, false}},
-      {"aten::sqrt.out", {IterKind::kUnaryFloat, [](TensorIteratorBase& it, const Scalar&) { at::native::sqrt_stub(c10::kCPU, it); }, false, false}},
-      {"aten::rsqrt.out", {IterKind::kUnaryFloat, [](TensorIteratorBase& it, const Scalar&) { at::native::rsqrt_stub(c10::kCPU, it); }, false, false}},
-      {"aten::reciprocal.out", {IterKind::kUnaryFloat, [](TensorIteratorBase& it, const Scalar&) { at::native::reciprocal_stub(c10::kCPU, it); }, false, false}},
-      {"aten::erf.out", {IterKind::kUnaryFloat, [](TensorIteratorBase& it, const Scalar&) { at::native::erf_stub(c10::kCPU, it); }, false, false}},
-      {"aten::silu.out", {IterKind::kUnary, [](TensorIteratorBase& it, const Scalar&) { at::native::silu_stub(c10::kCPU, it); }, false, false}},
-      {"aten::lt.Tensor_out", {IterKind::kComparison, [](TensorIteratorBase& it, const Scalar&) { at::native::lt_stub(c10::kCPU, it); }, false, false}},
-      {"aten::le.Tensor_out", {IterKind::kComparison, [](TensorIteratorBase& it, const Scalar&) { at::native::le_stub(c10::kCPU, it); }, false, false}},
-      {"aten::gt.Tensor_out", {IterKind::kComparison, [](TensorIteratorBase& it, const Scalar&) { at::native::gt_stub(c10::kCPU, it); }, false, false}},
-      {"aten::ge.Tensor_out", {IterKind::kComparison, [](TensorIteratorBase& it, const Scalar&) { at::native::ge_stub(c10::kCPU, it); }, false, false}},
-      {"aten::eq.Tensor_out", {IterKind::kComparison, [](TensorIteratorBase& it, const Scalar&) { at::native::eq_stub(c10::kCPU, it); }, false, false}},
-      {"aten::ne.Tensor_out", {IterKind::kComparison, [](TensorIteratorBase& it, const Scalar&) { at::native::ne_stub(c10::kCPU, it); }, false, false}},
+      {"aten::sin.out", {kFloat, &StubOnly<sin_stub>, false, false}},
+      {"aten::cos.out", {kFloat, &StubOnly<cos_stub>, false, false}},
+      {"aten::exp.out", {kFloat, &StubOnly<exp_stub>, false, false}},
+      {"aten::log.out", {kFloat, &StubOnly<log_stub>, false, false}},
+      {"aten::tanh.out", {kFloat, &StubOnly<tanh_stub>, false, false}},
+      {"aten::sigmoid.out", {kFloat, &StubOnly<sigmoid_stub>, false, false}},
+      {"aten::sqrt.out", {kFloat, &StubOnly<sqrt_stub>, false, false}},
+      {"aten::rsqrt.out", {kFloat, &StubOnly<rsqrt_stub>, false, false}},
+      {"aten::reciprocal.out", {kFloat, &StubOnly<reciprocal_stub>, false, false}},
+      {"aten::erf.out", {kFloat, &StubOnly<erf_stub>, false, false}},
+      {"aten::neg.out", {kUnary, &StubOnly<neg_stub>, false, false}},
+      {"aten::silu.out", {kUnary, &StubOnly<silu_stub>, false, false}},
+      {"aten::clamp_min.out", {kUnary, &StubWithScalar<clamp_min_scalar_stub>, true, false}},
+      {"aten::add.out", {kBinary, &StubWithScalar<add_stub>, true, false}},
+      {"aten::sub.out", {kBinary, &StubWithScalar<add_stub>, true, true}},
+      {"aten::mul.out", {kBinary, &StubOnly<mul_stub>, false, false}},
+      {"aten::div.out", {IterKind::kBinaryFloat, &StubOnly<div_true_stub>, false, false}},
+      {"aten::lt.Tensor_out", {kCompare, &StubOnly<lt_stub>, false, false}},
+      {"aten::le.Tensor_out", {kCompare, &StubOnly<le_stub>, false, false}},
+      {"aten::gt.Tensor_out", {kCompare, &StubOnly<gt_stub>, false, false}},
+      {"aten::ge.Tensor_out", {kCompare, &StubOnly<ge_stub>, false, false}},
+      {"aten::eq.Tensor_out", {kCompare, &StubOnly<eq_stub>, false, false}},
+      {"aten::ne.Tensor_out", {kCompare, &StubOnly<ne_stub>, false, false}},
   };
   auto it = kOps.find(name);
   return it == kOps.end() ? nullptr : &it->second;
@@ -589,6 +598,11 @@ absl::Status KernelTape::Replay(const std::vector<c10::IValue>& inputs,
       s.op.redispatchBoxed(keys_, &stack_);
       for (size_t r = 0; r < s.out_slots.size(); ++r) {
         if (s.out_slots[r] >= 0) slots_[s.out_slots[r]] = std::move(stack_[r]);
+      }
+      // A list argument is shared with the prebuilt stack: drop this call's tensors from it, as
+      // the slots are dropped below, so the step does not keep them alive until the next call.
+      for (const Patch& p : s.patches) {
+        if (p.elem >= 0) s.args[p.arg].toList().set(p.elem, c10::IValue(at::Tensor()));
       }
     }
   } catch (const c10::Error& e) {

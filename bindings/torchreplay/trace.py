@@ -146,7 +146,7 @@ def summarize_events(events: Sequence[Dict[str, Any]], path: str = "") -> TraceS
         for field, range_name in RANGES.items():
             ranges = _outermost(e for e in inside if e["name"] == range_name)
             setattr(s, f"{field}_us", sum(float(e["dur"]) for e in ranges))
-            setattr(s, field + "s" if field != "eager_fallback" else "eager_fallbacks", len(ranges))
+            setattr(s, field + "s", len(ranges))   # replays, captures, warmups, eager_fallbacks
         aten = [e for e in inside if e.get("cat") == "cpu_op" and str(e["name"]).startswith("aten::")]
         s.aten_ops_all = len(aten)
         s.aten_ops = len(_outermost(aten))
