@@ -4,8 +4,10 @@
 #include <ATen/core/jit_type.h>
 #include <ATen/ScalarOps.h>
 
+#include <algorithm>
 #include <sstream>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -48,16 +50,49 @@ void ForEachValueUse(const Arg& a, const std::function<void(ValueId)>& f) {
 }
 
 absl::StatusOr<SymOp> SymOpFromName(const std::string& name) {
-  if (name == "add") return SymOp::kAdd;
-  if (name == "sub") return SymOp::kSub;
-  if (name == "mul") return SymOp::kMul;
-  if (name == "floordiv") return SymOp::kFloorDiv;
-  if (name == "mod") return SymOp::kMod;
-  if (name == "neg") return SymOp::kNeg;
-  if (name == "max" || name == "sym_max") return SymOp::kMax;
-  if (name == "min" || name == "sym_min") return SymOp::kMin;
-  return absl::InvalidArgumentError(absl::StrCat("unsupported symbolic arithmetic '", name, "'"));
+  static const absl::flat_hash_map<std::string, SymOp> kNames = {
+      {"add", SymOp::kAdd},     {"sub", SymOp::kSub},   {"mul", SymOp::kMul},
+      {"truediv", SymOp::kTrueDiv}, {"floordiv", SymOp::kFloorDiv}, {"mod", SymOp::kMod},
+      {"pow", SymOp::kPow},     {"max", SymOp::kMax},   {"sym_max", SymOp::kMax},
+      {"min", SymOp::kMin},     {"sym_min", SymOp::kMin}, {"eq", SymOp::kEq},
+      {"ne", SymOp::kNe},       {"lt", SymOp::kLt},     {"le", SymOp::kLe},
+      {"gt", SymOp::kGt},       {"ge", SymOp::kGe},     {"and", SymOp::kAnd},
+      {"or", SymOp::kOr},       {"xor", SymOp::kXor},   {"neg", SymOp::kNeg},
+      {"pos", SymOp::kPos},     {"abs", SymOp::kAbs},   {"not", SymOp::kNot},
+      {"float", SymOp::kFloat}, {"trunc", SymOp::kTrunc}, {"floor", SymOp::kFloor},
+      {"ceil", SymOp::kCeil},   {"round", SymOp::kRound}, {"sqrt", SymOp::kSqrt}};
+  auto it = kNames.find(name);
+  if (it == kNames.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("unsupported symbolic arithmetic '", name, "'"));
+  }
+  return it->second;
 }
+
+int SymOpArity(SymOp op) { return op >= SymOp::kNeg ? 1 : 2; }
+
+namespace {
+
+// The type of a symbolic arithmetic result, from its operands' types (Python's rules).
+ValueType SymResultType(SymOp op, const std::vector<ValueType>& operands) {
+  const bool any_float = std::count(operands.begin(), operands.end(), ValueType::kFloat) > 0;
+  const bool all_bool = std::count(operands.begin(), operands.end(), ValueType::kBool) ==
+                        static_cast<std::ptrdiff_t>(operands.size());
+  switch (op) {
+    case SymOp::kEq: case SymOp::kNe: case SymOp::kLt: case SymOp::kLe: case SymOp::kGt:
+    case SymOp::kGe: case SymOp::kNot:
+      return ValueType::kBool;
+    case SymOp::kAnd: case SymOp::kOr: case SymOp::kXor:
+      return all_bool ? ValueType::kBool : ValueType::kInt;
+    case SymOp::kTrueDiv: case SymOp::kFloat: case SymOp::kSqrt:
+      return ValueType::kFloat;
+    case SymOp::kTrunc: case SymOp::kFloor: case SymOp::kCeil: case SymOp::kRound:
+      return ValueType::kInt;
+    default:
+      return any_float ? ValueType::kFloat : ValueType::kInt;
+  }
+}
+
+}  // namespace
 
 absl::StatusOr<c10::OperatorHandle> FindOperator(const std::string& qualified_name) {
   std::string name = qualified_name, overload;
@@ -91,6 +126,7 @@ bool IsTensorType(const c10::TypePtr& t) {
 }
 
 c10::IValue WrapNumber(const c10::IValue& v) {
+  if (!(v.isInt() || v.isDouble() || v.isBool() || v.isComplexDouble())) return v;
   at::Tensor t = at::scalar_to_tensor(v.toScalar());
   t.unsafeGetTensorImpl()->set_wrapped_number(true);
   return t;
@@ -119,8 +155,7 @@ ValueType ReturnType(const c10::TypePtr& t) {
 }
 
 c10::IValue WrapNumberIfTensor(const c10::TypePtr& type, c10::IValue v) {
-  if (!IsTensorType(type) || !(v.isInt() || v.isDouble() || v.isBool())) return v;
-  return WrapNumber(v);
+  return IsTensorType(type) ? WrapNumber(v) : v;
 }
 
 std::string ArgToString(const Graph& g, const Arg& a) {
@@ -317,19 +352,28 @@ absl::StatusOr<ValueId> GraphBuilder::AddGetItem(ValueId list, int64_t index, st
 
 absl::StatusOr<ValueId> GraphBuilder::AddSymArith(SymOp op, std::vector<Arg> operands,
                                                   std::string name) {
-  const size_t want = op == SymOp::kNeg ? 1 : 2;
+  const size_t want = SymOpArity(op);
   if (operands.size() != want) {
     return absl::InvalidArgumentError(absl::StrCat("symbolic arithmetic '", name, "' takes ", want,
                                                    " operands, got ", operands.size()));
   }
+  std::vector<ValueType> types;
   for (const auto& a : operands) {
     if (auto s = CheckArg(a, absl::StrCat("node '", name, "'")); !s.ok()) return s;
-    if (a.kind == Arg::Kind::kList ||
-        (a.kind == Arg::Kind::kConstant && !a.constant.isInt()) ||
-        (a.kind == Arg::Kind::kValue && graph_->values_[a.value].type != ValueType::kInt)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("node '", name, "': symbolic arithmetic takes integers only"));
+    ValueType t = ValueType::kNone;
+    if (a.kind == Arg::Kind::kConstant) {
+      t = a.constant.isInt() ? ValueType::kInt
+          : a.constant.isDouble() ? ValueType::kFloat
+          : a.constant.isBool() ? ValueType::kBool
+                                : ValueType::kNone;
+    } else if (a.kind == Arg::Kind::kValue) {
+      t = graph_->values_[a.value].type;
     }
+    if (t != ValueType::kInt && t != ValueType::kFloat && t != ValueType::kBool) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "node '", name, "': symbolic arithmetic takes ints, floats and bools only"));
+    }
+    types.push_back(t);
   }
   Node node;
   node.kind = NodeKind::kSymArith;
@@ -337,7 +381,7 @@ absl::StatusOr<ValueId> GraphBuilder::AddSymArith(SymOp op, std::vector<Arg> ope
   node.name = name.empty() ? absl::StrCat("sym", graph_->nodes_.size()) : name;
   node.args = std::move(operands);
   node.outputs.push_back(
-      NewValue(ValueType::kInt, node.name, static_cast<int>(graph_->nodes_.size())));
+      NewValue(SymResultType(op, types), node.name, static_cast<int>(graph_->nodes_.size())));
   ValueId out = node.outputs[0];
   graph_->nodes_.push_back(std::move(node));
   return out;

@@ -63,14 +63,23 @@ struct Arg {
 void ForEachValueUse(const Arg& arg, const std::function<void(ValueId)>& f);
 
 enum class NodeKind { kOp, kGetItem, kSymArith };
-enum class SymOp { kAdd, kSub, kMul, kFloorDiv, kMod, kNeg, kMax, kMin };
-absl::StatusOr<SymOp> SymOpFromName(const std::string& name);  // "add", "floordiv", ...
+// Python arithmetic on symbolic sizes and scalars (int, float, bool), with Python's semantics:
+// int op int stays int (except truediv), a float operand makes a float, comparisons make bools.
+enum class SymOp {
+  // two operands
+  kAdd, kSub, kMul, kTrueDiv, kFloorDiv, kMod, kPow, kMax, kMin,
+  kEq, kNe, kLt, kLe, kGt, kGe, kAnd, kOr, kXor,
+  // one operand
+  kNeg, kPos, kAbs, kNot, kFloat, kTrunc, kFloor, kCeil, kRound, kSqrt,
+};
+absl::StatusOr<SymOp> SymOpFromName(const std::string& name);  // "add", "truediv", "floor", ...
+int SymOpArity(SymOp op);
 
 struct Node {
   NodeKind kind = NodeKind::kOp;
   std::string name;                    // e.g. "addmm_1" (the FX node name), for errors and dumps
   std::optional<c10::OperatorHandle> op;
-  std::vector<Arg> args;               // kOp: one per schema argument; kSymArith: 1 or 2 operands
+  std::vector<Arg> args;               // kOp: one per schema argument; kSymArith: its operands
   // For each kOp argument: the schema type the runtime value must be given as (Tensor arguments
   // fed a number are wrapped into a 0-dim "wrapped number" tensor, as the Python binding does).
   std::vector<c10::TypePtr> arg_types;
@@ -142,8 +151,9 @@ std::string OperatorName(const c10::OperatorHandle& op);
 // True for the schema types Tensor and Tensor?.
 bool IsTensorType(const c10::TypePtr& type);
 
-// A number given where a Tensor is expected becomes a 0-dim "wrapped number" tensor, exactly as
-// torch's own argument parsing does, so that type promotion matches eager.
-c10::IValue WrapNumber(const c10::IValue& number);
+// A number (int, float, bool, complex) given where a Tensor is expected becomes a 0-dim "wrapped
+// number" tensor, exactly as torch's own argument parsing does, so that type promotion matches
+// eager. Any other value is returned as it is.
+c10::IValue WrapNumber(const c10::IValue& v);
 
 }  // namespace torchreplay::capture

@@ -5,6 +5,8 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 
@@ -20,24 +22,102 @@ c10::TypePtr ListElementType(const c10::TypePtr& type) {
 
 }  // namespace
 
-int64_t EvalSymArith(SymOp op, int64_t a, int64_t b) {
-  switch (op) {
-    case SymOp::kAdd: return a + b;
-    case SymOp::kSub: return a - b;
-    case SymOp::kMul: return a * b;
-    case SymOp::kFloorDiv: {  // Python semantics: rounds toward negative infinity
-      int64_t q = a / b;
-      return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+namespace {
+
+int64_t FloorDivInt(int64_t a, int64_t b) {  // Python: rounds toward negative infinity
+  const int64_t q = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+int64_t ModInt(int64_t a, int64_t b) {  // Python: the result takes the divisor's sign
+  const int64_t r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+// Python's float divmod (Objects/floatobject.c), so that // and % on floats match it exactly.
+std::pair<double, double> DivModFloat(double a, double b) {
+  double mod = std::fmod(a, b);
+  double div = (a - mod) / b;
+  if (mod != 0) {
+    if ((b < 0) != (mod < 0)) {
+      mod += b;
+      div -= 1.0;
     }
-    case SymOp::kMod: {  // Python semantics: the result takes the divisor's sign
-      int64_t r = a % b;
-      return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
-    }
-    case SymOp::kNeg: return -a;
-    case SymOp::kMax: return std::max(a, b);
-    case SymOp::kMin: return std::min(a, b);
+  } else {
+    mod = std::copysign(0.0, b);
   }
-  return 0;
+  double floordiv;
+  if (div != 0) {
+    floordiv = std::floor(div);
+    if (div - floordiv > 0.5) floordiv += 1.0;
+  } else {
+    floordiv = std::copysign(0.0, a / b);
+  }
+  return {floordiv, mod};
+}
+int64_t AsInt(const c10::IValue& v) { return v.isBool() ? v.toBool() : v.toInt(); }
+double AsDouble(const c10::IValue& v) { return v.isDouble() ? v.toDouble() : AsInt(v); }
+
+}  // namespace
+
+absl::StatusOr<c10::IValue> EvalSymArith(SymOp op, const c10::IValue& a, const c10::IValue& b) {
+  for (const c10::IValue* v : {&a, &b}) {
+    if (v == &b && SymOpArity(op) == 1) break;
+    if (!v->isInt() && !v->isDouble() && !v->isBool()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("symbolic arithmetic on a ", v->tagKind(), " (want int, float or bool)"));
+    }
+  }
+  const bool is_float = a.isDouble() || (SymOpArity(op) == 2 && b.isDouble());
+  const bool divides = op == SymOp::kTrueDiv || op == SymOp::kFloorDiv || op == SymOp::kMod;
+  if (divides && AsDouble(b) == 0) return absl::InvalidArgumentError("division by zero");
+  switch (op) {
+    case SymOp::kAdd: return is_float ? c10::IValue(AsDouble(a) + AsDouble(b)) : c10::IValue(AsInt(a) + AsInt(b));
+    case SymOp::kSub: return is_float ? c10::IValue(AsDouble(a) - AsDouble(b)) : c10::IValue(AsInt(a) - AsInt(b));
+    case SymOp::kMul: return is_float ? c10::IValue(AsDouble(a) * AsDouble(b)) : c10::IValue(AsInt(a) * AsInt(b));
+    case SymOp::kTrueDiv: return AsDouble(a) / AsDouble(b);
+    case SymOp::kFloorDiv:
+      return is_float ? c10::IValue(DivModFloat(AsDouble(a), AsDouble(b)).first)
+                      : c10::IValue(FloorDivInt(AsInt(a), AsInt(b)));
+    case SymOp::kMod:
+      return is_float ? c10::IValue(DivModFloat(AsDouble(a), AsDouble(b)).second)
+                      : c10::IValue(ModInt(AsInt(a), AsInt(b)));
+    case SymOp::kPow: {
+      if (is_float || AsInt(b) < 0) return std::pow(AsDouble(a), AsDouble(b));
+      int64_t r = 1, base = AsInt(a);
+      for (int64_t e = AsInt(b); e > 0; e >>= 1, base *= base) {
+        if (e & 1) r *= base;
+      }
+      return r;
+    }
+    case SymOp::kMax: case SymOp::kMin: {
+      const bool first = (op == SymOp::kMax) == (AsDouble(a) >= AsDouble(b));
+      const c10::IValue& pick = first ? a : b;
+      return is_float ? c10::IValue(AsDouble(pick)) : c10::IValue(AsInt(pick));
+    }
+    case SymOp::kEq: return AsDouble(a) == AsDouble(b) && (is_float || AsInt(a) == AsInt(b));
+    case SymOp::kNe: return !(AsDouble(a) == AsDouble(b) && (is_float || AsInt(a) == AsInt(b)));
+    case SymOp::kLt: return is_float ? AsDouble(a) < AsDouble(b) : AsInt(a) < AsInt(b);
+    case SymOp::kLe: return is_float ? AsDouble(a) <= AsDouble(b) : AsInt(a) <= AsInt(b);
+    case SymOp::kGt: return is_float ? AsDouble(a) > AsDouble(b) : AsInt(a) > AsInt(b);
+    case SymOp::kGe: return is_float ? AsDouble(a) >= AsDouble(b) : AsInt(a) >= AsInt(b);
+    case SymOp::kAnd: case SymOp::kOr: case SymOp::kXor: {
+      if (is_float) return absl::InvalidArgumentError("bitwise operation on a float");
+      const int64_t x = AsInt(a), y = AsInt(b);
+      const int64_t r = op == SymOp::kAnd ? (x & y) : op == SymOp::kOr ? (x | y) : (x ^ y);
+      if (a.isBool() && b.isBool()) return r != 0;
+      return r;
+    }
+    case SymOp::kNeg: return is_float ? c10::IValue(-AsDouble(a)) : c10::IValue(-AsInt(a));
+    case SymOp::kPos: return is_float ? c10::IValue(AsDouble(a)) : c10::IValue(AsInt(a));
+    case SymOp::kAbs: return is_float ? c10::IValue(std::fabs(AsDouble(a))) : c10::IValue(std::abs(AsInt(a)));
+    case SymOp::kNot: return AsDouble(a) == 0;
+    case SymOp::kFloat: return AsDouble(a);
+    case SymOp::kTrunc: return is_float ? static_cast<int64_t>(std::trunc(AsDouble(a))) : AsInt(a);
+    case SymOp::kFloor: return is_float ? static_cast<int64_t>(std::floor(AsDouble(a))) : AsInt(a);
+    case SymOp::kCeil: return is_float ? static_cast<int64_t>(std::ceil(AsDouble(a))) : AsInt(a);
+    case SymOp::kRound: return is_float ? static_cast<int64_t>(std::nearbyint(AsDouble(a))) : AsInt(a);
+    case SymOp::kSqrt: return std::sqrt(AsDouble(a));
+  }
+  return absl::InternalError("unknown symbolic arithmetic");
 }
 
 c10::IValue MaterializeArg(const Arg& arg, const c10::TypePtr& type,
@@ -46,8 +126,7 @@ c10::IValue MaterializeArg(const Arg& arg, const c10::TypePtr& type,
     case Arg::Kind::kConstant: return arg.constant;
     case Arg::Kind::kValue: {
       const c10::IValue& v = env[arg.value];
-      if (IsTensorType(type) && (v.isInt() || v.isDouble() || v.isBool())) return WrapNumber(v);
-      return v;
+      return IsTensorType(type) ? WrapNumber(v) : v;
     }
     case Arg::Kind::kList: {
       c10::impl::GenericList list(ListElementType(type));
@@ -171,15 +250,15 @@ absl::StatusOr<std::vector<c10::IValue>> Interpreter::Run(std::vector<c10::IValu
           break;
         }
         case NodeKind::kSymArith: {
-          auto operand = [&](const Arg& a) {
-            return a.kind == Arg::Kind::kValue ? env[a.value].toInt() : a.constant.toInt();
+          auto operand = [&](size_t k) {
+            if (k >= n.args.size()) return c10::IValue();
+            return n.args[k].kind == Arg::Kind::kValue ? env[n.args[k].value] : n.args[k].constant;
           };
-          const int64_t x = operand(n.args[0]);
-          const int64_t y = n.args.size() > 1 ? operand(n.args[1]) : 0;
-          if ((n.sym_op == SymOp::kFloorDiv || n.sym_op == SymOp::kMod) && y == 0) {
-            return absl::InvalidArgumentError(absl::StrCat("node '", n.name, "': division by zero"));
+          auto r = EvalSymArith(n.sym_op, operand(0), operand(1));
+          if (!r.ok()) {
+            return absl::InvalidArgumentError(absl::StrCat("node '", n.name, "': ", r.status().message()));
           }
-          env[n.outputs[0]] = EvalSymArith(n.sym_op, x, y);
+          env[n.outputs[0]] = *std::move(r);
           break;
         }
       }

@@ -23,8 +23,9 @@ absl::Status CheckInputs(const Graph& graph, const std::vector<c10::IValue>& inp
 c10::IValue MaterializeArg(const Arg& arg, const c10::TypePtr& type,
                            const std::vector<c10::IValue>& env);
 
-// Evaluates a kSymArith node on integer operands.
-int64_t EvalSymArith(SymOp op, int64_t a, int64_t b);
+// Evaluates symbolic arithmetic with Python's semantics (`b` is ignored by one-operand ops).
+// InvalidArgument for division by zero and for operands that are not int, float or bool.
+absl::StatusOr<c10::IValue> EvalSymArith(SymOp op, const c10::IValue& a, const c10::IValue& b = {});
 
 class Interpreter {
  public:

@@ -87,11 +87,41 @@ TEST(GraphTest, ListOutputsGetItemCatAndSymArith) {
   EXPECT_TRUE((*out)[2].isNone());
 }
 
+c10::IValue Eval(SymOp op, c10::IValue a, c10::IValue b = {}) {
+  auto r = EvalSymArith(op, a, b);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *r : c10::IValue();
+}
+
 TEST(GraphTest, FloorDivAndModFollowPython) {
-  EXPECT_EQ(EvalSymArith(SymOp::kFloorDiv, -7, 2), -4);
-  EXPECT_EQ(EvalSymArith(SymOp::kFloorDiv, 7, 2), 3);
-  EXPECT_EQ(EvalSymArith(SymOp::kMod, -7, 3), 2);
-  EXPECT_EQ(EvalSymArith(SymOp::kMod, 7, -3), -2);
+  EXPECT_EQ(Eval(SymOp::kFloorDiv, -7, 2).toInt(), -4);
+  EXPECT_EQ(Eval(SymOp::kFloorDiv, 7, 2).toInt(), 3);
+  EXPECT_EQ(Eval(SymOp::kMod, -7, 3).toInt(), 2);
+  EXPECT_EQ(Eval(SymOp::kMod, 7, -3).toInt(), -2);
+  EXPECT_EQ(Eval(SymOp::kFloorDiv, -7.5, 2).toDouble(), -4.0);   // -7.5 // 2
+  EXPECT_EQ(Eval(SymOp::kMod, -7.5, 2).toDouble(), 0.5);         // -7.5 % 2
+  EXPECT_EQ(Eval(SymOp::kMod, 7.5, -2).toDouble(), -0.5);        // 7.5 % -2
+}
+
+TEST(GraphTest, SymArithKeepsPythonTypes) {
+  EXPECT_TRUE(Eval(SymOp::kTrueDiv, 6, 4).isDouble());
+  EXPECT_EQ(Eval(SymOp::kTrueDiv, 6, 4).toDouble(), 1.5);
+  EXPECT_EQ(Eval(SymOp::kPow, 3, 4).toInt(), 81);
+  EXPECT_EQ(Eval(SymOp::kPow, 2, -1).toDouble(), 0.5);           // int ** negative int is a float
+  EXPECT_EQ(Eval(SymOp::kPow, 2.0, 3).toDouble(), 8.0);
+  EXPECT_TRUE(Eval(SymOp::kGe, 3, 3).toBool());
+  EXPECT_FALSE(Eval(SymOp::kLt, 3.5, 3).toBool());
+  EXPECT_TRUE(Eval(SymOp::kEq, 2, 2.0).toBool());
+  EXPECT_TRUE(Eval(SymOp::kAnd, true, true).isBool());
+  EXPECT_EQ(Eval(SymOp::kAnd, 6, 3).toInt(), 2);
+  EXPECT_EQ(Eval(SymOp::kFloor, -2.5).toInt(), -3);
+  EXPECT_EQ(Eval(SymOp::kCeil, 2.1).toInt(), 3);
+  EXPECT_EQ(Eval(SymOp::kRound, 2.5).toInt(), 2);                // round half to even, like Python
+  EXPECT_EQ(Eval(SymOp::kTrunc, -2.7).toInt(), -2);
+  EXPECT_EQ(Eval(SymOp::kMax, 3, 2.5).toDouble(), 3.0);
+  EXPECT_TRUE(Eval(SymOp::kFloat, 3).isDouble());
+  EXPECT_FALSE(EvalSymArith(SymOp::kTrueDiv, 1, 0).ok());         // ZeroDivisionError in Python
+  EXPECT_FALSE(EvalSymArith(SymOp::kMod, 1.0, 0.0).ok());
 }
 
 TEST(GraphTest, UnknownOperatorIsNotFound) {

@@ -1,6 +1,7 @@
 """Lowering: an ATen-level FX graph (after AOTAutograd) -> the C++ torchreplay._C.Graph."""
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any, Dict, List, Sequence
 
@@ -9,15 +10,17 @@ import torch.fx
 
 from . import _C
 
+# Python arithmetic on symbolic sizes and scalars -> the C++ SymOp of the same name (graph.h).
 _SYM_OPS = {
-    operator.add: "add",
-    operator.sub: "sub",
-    operator.mul: "mul",
-    operator.floordiv: "floordiv",
-    operator.mod: "mod",
-    operator.neg: "neg",
-    torch.sym_max: "max",
-    torch.sym_min: "min",
+    operator.add: "add", operator.sub: "sub", operator.mul: "mul",
+    operator.truediv: "truediv", operator.floordiv: "floordiv", operator.mod: "mod",
+    operator.pow: "pow", torch.sym_max: "max", torch.sym_min: "min",
+    operator.eq: "eq", operator.ne: "ne", operator.lt: "lt", operator.le: "le",
+    operator.gt: "gt", operator.ge: "ge",
+    operator.and_: "and", operator.or_: "or", operator.xor: "xor",
+    operator.neg: "neg", operator.pos: "pos", operator.abs: "abs", abs: "abs",
+    torch.sym_not: "not", torch.sym_float: "float", torch.sym_int: "trunc", math.trunc: "trunc",
+    math.floor: "floor", math.ceil: "ceil", round: "round", torch._sym_sqrt: "sqrt",
 }
 
 
