@@ -352,6 +352,14 @@ class PreparedPointwise final : public FastCall {
       }
     }
     op_.call(*iter_, scalar_);
+    if (iter_->ntensors() != static_cast<int>(operands_.size())) {
+      // Some kernels rewrite the iterator they are given (reduced-precision mul/div/add read a
+      // CPU scalar operand's value and remove it): this call was right, but the iterator can
+      // no longer be reused. Later calls take the typed call.
+      state_ = State::kTyped;
+      iter_.reset();
+      standins_.clear();
+    }
   }
 
  private:
@@ -563,12 +571,14 @@ class KernelTape final : public StreamGraph {
                       std::vector<c10::IValue>* outputs) override;
   const CaptureInfo& info() const override { return info_; }
   bool OutputInPool(size_t i) const override { return output_in_pool_[i]; }
+  Region OutputRegion(size_t i) const override { return output_region_[i]; }
 
   CaptureInfo info_;
   std::vector<Step> steps_;
   std::vector<std::pair<int, int>> input_slots_;  // (input position, slot)
   std::vector<Binding> outputs_;
   std::vector<bool> output_in_pool_;
+  std::vector<Region> output_region_;  // pool outputs: their root buffer in the arena
   std::vector<c10::IValue> slots_;
   torch::jit::Stack stack_;
   c10::DispatchKeySet keys_{c10::DispatchKey::CPU};
@@ -643,7 +653,24 @@ absl::StatusOr<std::vector<c10::IValue>> RunAndRecord(const Interpreter& interp,
         r.root = it->second;
       }
     } else if (v.isTensorList()) {
+      // A list is a view (split, unbind) if every element shares an earlier value's storage;
+      // otherwise it is fresh (a _foreach_ result) and owns its elements' storages.
       r.is_list = true;
+      r.root = id;
+      const c10::List<at::Tensor> list = v.toTensorList();
+      bool all_views = true;
+      for (const at::Tensor& t : list) {
+        if (!t.defined() || !t.has_storage()) continue;
+        auto it = owner.find(t.storage().unsafeGetStorageImpl());
+        all_views = all_views && it != owner.end();
+        if (all_views && r.root == id) r.root = it->second;
+      }
+      if (!all_views) {
+        r.root = id;
+        for (const at::Tensor& t : list) {
+          if (t.defined() && t.has_storage()) owner.emplace(t.storage().unsafeGetStorageImpl(), id);
+        }
+      }
     } else {
       r.scalar = v;
     }
@@ -747,8 +774,7 @@ absl::StatusOr<std::unique_ptr<StreamGraph>> CaptureKernelTape(
       } else if (arg.kind == Arg::Kind::kValue) {
         const Binding& b = bind[arg.value];
         if (b.constant) {
-          step->args.push_back(IsTensorType(type) && !b.value.isTensor() ? WrapNumber(b.value)
-                                                                          : b.value);
+          step->args.push_back(IsTensorType(type) ? WrapNumber(b.value) : b.value);
         } else {
           step->args.emplace_back();
           step->patches.push_back(Patch{static_cast<int>(a), -1, b.slot});
@@ -822,7 +848,7 @@ absl::StatusOr<std::unique_ptr<StreamGraph>> CaptureKernelTape(
     for (size_t i = 0; i < g.inputs().size(); ++i) {
       // Static tensors and scalars are constants; other tensors are rebound per call.
       const ValueId v = g.inputs()[i];
-      if (inputs[i].isTensor() && !g.is_static_input(static_cast<int>(i))) {
+      if (inputs[i].isTensor() && !rec.baked(g, static_cast<int>(i))) {
         new_slot(v);
         tape->input_slots_.emplace_back(static_cast<int>(i), bind[v].slot);
       } else {
@@ -874,7 +900,7 @@ absl::StatusOr<std::unique_ptr<StreamGraph>> CaptureKernelTape(
       // Which outputs are fresh tensors, and which alias an argument?
       bool all_fresh = true, any_fresh = false;
       for (ValueId o : n.outputs) {
-        const bool fresh = rec.values[o].is_tensor && rec.values[o].root == o;
+        const bool fresh = (rec.values[o].is_tensor || rec.values[o].is_list) && rec.values[o].root == o;
         all_fresh = all_fresh && fresh;
         any_fresh = any_fresh || fresh;
       }
@@ -1005,15 +1031,24 @@ absl::StatusOr<std::unique_ptr<StreamGraph>> CaptureKernelTape(
   for (const auto& a : g.outputs()) {
     Binding b;
     bool pool = false;
+    StreamGraph::Region region;
     if (a.kind == Arg::Kind::kValue) {
       b = bind[a.value];
       pool = in_arena[a.value];
+      const ValueId root = rec.values[a.value].root;
+      if (auto it = buffers.find(root); pool && root >= 0 && it != buffers.end()) {
+        const at::Tensor& buf = it->second;
+        region.offset = buf.storage_offset() * static_cast<int64_t>(buf.itemsize());
+        region.nbytes = static_cast<int64_t>(at::detail::computeStorageNbytes(
+            buf.sizes(), buf.strides(), buf.itemsize()));
+      }
     } else {
       b.constant = true;
       b.value = a.constant;
     }
     tape->outputs_.push_back(std::move(b));
     tape->output_in_pool_.push_back(pool);
+    tape->output_region_.push_back(region);
   }
   return std::unique_ptr<StreamGraph>(std::move(tape));
 }
