@@ -38,12 +38,26 @@ T Unwrap(absl::StatusOr<T> v) {
   return std::move(*v);
 }
 
+// A Python int as int64, or a clear OverflowError (graphs and kernels take 64-bit integers).
+int64_t ToInt64(PyObject* o) {
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+  if (overflow != 0) {
+    PyErr_Format(PyExc_OverflowError,
+                 "torchreplay: the Python int %S does not fit in 64 bits (graph integers are int64)",
+                 o);
+    throw py::error_already_set();
+  }
+  if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
+  return static_cast<int64_t>(v);
+}
+
 c10::IValue ToIValue(py::handle obj) {
   PyObject* o = obj.ptr();
   if (o == Py_None) return {};
   if (THPVariable_Check(o)) return THPVariable_Unpack(o);
   if (PyBool_Check(o)) return o == Py_True;
-  if (PyLong_Check(o)) return static_cast<int64_t>(PyLong_AsLongLong(o));
+  if (PyLong_Check(o)) return ToInt64(o);
   if (PyFloat_Check(o)) return PyFloat_AsDouble(o);
   if (PyUnicode_Check(o)) return obj.cast<std::string>();
   if (THPDtype_Check(o)) return reinterpret_cast<THPDtype*>(o)->scalar_type;
@@ -65,7 +79,7 @@ c10::IValue ToIValue(py::handle obj) {
     }
     if (seq.size() == 0 || all_int) {
       std::vector<int64_t> v;
-      for (auto item : seq) v.push_back(item.cast<int64_t>());
+      for (auto item : seq) v.push_back(ToInt64(item.ptr()));
       return c10::List<int64_t>(v);
     }
     if (all_bool) {
@@ -225,7 +239,8 @@ PYBIND11_MODULE(_C, m) {
   py::class_<replay::Engine, std::shared_ptr<replay::Engine>>(m, "Engine")
       .def(py::init([](std::shared_ptr<capture::Graph> g, const std::string& mode,
                        int warmup_iters, int capture_limit, bool clone_outputs,
-                       const std::string& name, const std::string& dot_dir) {
+                       const std::string& name, const std::string& dot_dir,
+                       bool preserve_outputs) {
              replay::EngineOptions o;
              if (mode == "default") {
                o.mode = replay::Mode::kDefault;
@@ -239,13 +254,14 @@ PYBIND11_MODULE(_C, m) {
              o.warmup_iters = warmup_iters;
              o.capture_limit = capture_limit;
              o.clone_outputs = clone_outputs;
+             o.preserve_outputs = preserve_outputs;
              o.name = name;
              o.dot_dir = dot_dir;
              return std::make_shared<replay::Engine>(std::move(g), std::move(o));
            }),
            py::arg("graph"), py::arg("mode") = "reduce-overhead", py::arg("warmup_iters") = 1,
            py::arg("capture_limit") = 64, py::arg("clone_outputs") = false,
-           py::arg("name") = "graph", py::arg("dot_dir") = "")
+           py::arg("name") = "graph", py::arg("dot_dir") = "", py::arg("preserve_outputs") = false)
       .def("run",
            [](replay::Engine& e, py::list args) {
              std::vector<c10::IValue> inputs;

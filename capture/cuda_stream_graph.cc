@@ -201,7 +201,7 @@ absl::StatusOr<std::unique_ptr<StreamGraph>> CaptureCudaGraph(const Interpreter&
     std::vector<c10::IValue> capture_inputs = inputs;
     std::vector<int> placeholder_of(inputs.size(), -1);
     for (size_t i = 0; i < inputs.size(); ++i) {
-      if (!inputs[i].isTensor() || g.is_static_input(static_cast<int>(i))) continue;
+      if (!inputs[i].isTensor() || rec.baked(g, static_cast<int>(i))) continue;
       const at::Tensor& t = inputs[i].toTensor();
       // Elements up to the last one the view reaches (not the caller's whole storage).
       const int64_t itemsize = std::max<int64_t>(1, t.element_size());

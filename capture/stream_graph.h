@@ -35,6 +35,12 @@ struct ValueRecord {
 
 struct Recording {
   std::vector<ValueRecord> values;
+  // Per graph input: its tensor is baked into the capture (a static input whose address the
+  // engine checks) rather than rebound per call. Empty: the graph's static inputs.
+  std::vector<bool> baked_inputs;
+  bool baked(const Graph& g, int i) const {
+    return baked_inputs.empty() ? g.is_static_input(i) : baked_inputs[i];
+  }
 };
 
 // Runs `interp` eagerly on `inputs` and records every value. Returns the run's outputs.
@@ -64,6 +70,13 @@ class StreamGraph {
   virtual const CaptureInfo& info() const = 0;
   // True for outputs whose memory is the engine's pool (reused by the next replay).
   virtual bool OutputInPool(size_t i) const = 0;
+  // For a pool output: the bytes of its storage that are its own buffer, {byte offset, bytes}
+  // (shared with any other output that is a view of the same buffer). nbytes < 0: the whole
+  // storage. The engine hands each buffer out as a storage of its own, as eager would.
+  struct Region {
+    int64_t offset = 0, nbytes = -1;
+  };
+  virtual Region OutputRegion(size_t i) const { return {}; }
   // Writes the captured graph in Graphviz DOT form (CUDA graphs captured with keep_graph).
   virtual absl::Status DumpDot(const std::string& path) const {
     return absl::UnimplementedError("only CUDA graphs have a DOT dump");

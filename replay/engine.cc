@@ -2,6 +2,8 @@
 // marked where they happen (WARM-UP, CAPTURE, REPLAY), plus the eager fallback.
 #include "replay/engine.h"
 
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
 #include <ATen/record_function.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/core/TensorImpl.h>
@@ -13,6 +15,7 @@
 #include <iostream>
 #include <optional>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "capture/cuda_stream_graph.h"
 #include "capture/scopes.h"
@@ -49,6 +52,8 @@ struct Engine::Entry {
   std::optional<capture::Recording> recording;
   std::unique_ptr<capture::StreamGraph> graph;
   std::vector<std::pair<int, const void*>> static_ptrs;  // baked-in addresses
+  std::vector<bool> baked;                               // inputs baked in (static, not moving)
+  std::vector<int> moves;                                // per input: times its address moved
   std::string fallback_reason;                           // set: this key runs eagerly
 };
 
@@ -61,7 +66,7 @@ struct Engine::ThreadState {
   Entry* last = nullptr;
   int captured = 0;
   bool limit_logged = false;
-  // Storages handed out by the last replay that alias the pool.
+  // Storages handed out by the last replay that alias the pool (Note [Handed-out outputs]).
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> handed_out;
 };
 
@@ -79,7 +84,7 @@ Engine::Engine(std::shared_ptr<const capture::Graph> graph, EngineOptions option
 
 Engine::~Engine() {
   absl::MutexLock lock(&mu_);
-  for (auto& [id, ts] : threads_) InvalidateOutputs(*ts);
+  for (auto& [id, ts] : threads_) ReleaseOutputs(*ts, {});
 }
 
 Engine::ThreadState& Engine::StateForThisThread() {
@@ -127,6 +132,10 @@ absl::StatusOr<Engine::Entry*> Engine::Lookup(ThreadState& ts,
   }
   auto entry = std::make_unique<Entry>();
   entry->key = key;
+  for (int i = 0; i < static_cast<int>(inputs.size()); ++i) {
+    entry->baked.push_back(graph_->is_static_input(i));
+  }
+  entry->moves.assign(inputs.size(), 0);
   entry->reason = ts.cache.empty() ? "no graph yet" : guards::Diff(ts.last_key, key);
   Entry* e = entry.get();
   ts.cache.emplace(key, std::move(entry));
@@ -163,9 +172,53 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::RunEager(const std::vector<c10:
   return out;
 }
 
-void Engine::InvalidateOutputs(ThreadState& ts) {
+// Note [Handed-out outputs]
+// A replay hands its pool outputs out through storages of their own, one per pool buffer
+// (StreamGraph::OutputRegion), aliasing the pool: the caller sees what eager would give (a
+// tensor at offset 0 of its own storage, views of one buffer sharing it), so an output fed back
+// as the next input has the same guard key as a fresh tensor. Before the pool is reused (the
+// next capture or replay of any key on this thread), every handed-out storage still alive is
+//   - copied out, given memory of its own with the same bytes, if this call reads it (an output
+//     fed back: h = f(x, h)) or the engine preserves outputs (training: autograd's saved
+//     activations and gradients); or else
+//   - invalidated: its data released, so that touching it raises invalidated_msg_.
+// Either way no replay writes under a tensor the caller can still read. The copy happens only
+// for outputs kept alive, and only once.
+
+namespace {
+
+at::Tensor BytesOf(const c10::StorageImpl& s) {
+  return at::from_blob(const_cast<void*>(s.data()), {static_cast<int64_t>(s.nbytes())},
+                       at::TensorOptions().dtype(at::kByte).device(s.device()));
+}
+
+// Moves a handed-out storage to memory of its own, keeping its bytes (all its views follow).
+void CopyOut(c10::StorageImpl& s) {
+  at::Tensor fresh = at::empty({static_cast<int64_t>(s.nbytes())},
+                               at::TensorOptions().dtype(at::kByte).device(s.device()));
+  fresh.copy_(BytesOf(s));
+  s.set_data_ptr_noswap(fresh.storage().unsafeGetStorageImpl()->set_data_ptr(c10::DataPtr()));
+}
+
+bool ReadBy(const std::vector<c10::IValue>& inputs, const c10::StorageImpl* s) {
+  for (const auto& v : inputs) {
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().has_storage() &&
+        v.toTensor().storage().unsafeGetStorageImpl() == s) {
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+void Engine::ReleaseOutputs(ThreadState& ts, const std::vector<c10::IValue>& inputs) {
   for (auto& weak : ts.handed_out) {
-    if (auto strong = weak.lock()) {
+    auto strong = weak.lock();
+    if (!strong) continue;
+    if (options_.preserve_outputs || ReadBy(inputs, strong.get())) {
+      CopyOut(*strong);
+    } else {
       strong->release_data_and_set_meta_custom_data_ptr_error_msg_(invalidated_msg_);
     }
   }
@@ -175,7 +228,7 @@ void Engine::InvalidateOutputs(ThreadState& ts) {
 // CAPTURE: build the StreamGraph for this key from the recording of its last warm-up run.
 absl::Status Engine::Capture(ThreadState& ts, Entry& e, const std::vector<c10::IValue>& inputs) {
   RECORD_FUNCTION("torchreplay::capture", std::vector<c10::IValue>());
-  InvalidateOutputs(ts);  // the pool may grow, and replays below will reuse it
+  ReleaseOutputs(ts, inputs);  // the pool may grow, and replays below will reuse it
   const auto t0 = std::chrono::steady_clock::now();
   const std::optional<c10::Device> cuda = CudaDevice(inputs);
   absl::StatusOr<std::unique_ptr<capture::StreamGraph>> graph =
@@ -200,7 +253,9 @@ absl::Status Engine::Capture(ThreadState& ts, Entry& e, const std::vector<c10::I
   }
   e.static_ptrs.clear();
   for (int i : graph_->static_inputs()) {
-    if (inputs[i].isTensor()) e.static_ptrs.emplace_back(i, inputs[i].toTensor().const_data_ptr());
+    if (inputs[i].isTensor() && e.baked[i]) {
+      e.static_ptrs.emplace_back(i, inputs[i].toTensor().const_data_ptr());
+    }
   }
   ++ts.captured;
   ++captures_;
@@ -222,55 +277,50 @@ absl::Status Engine::Capture(ThreadState& ts, Entry& e, const std::vector<c10::I
 absl::StatusOr<std::vector<c10::IValue>> Engine::Replay(ThreadState& ts, Entry& e,
                                                         std::vector<c10::IValue>& inputs) {
   RECORD_FUNCTION("torchreplay::replay", std::vector<c10::IValue>());
-  // An input that lives in the pool (an earlier output fed back) would be overwritten while it is
-  // read: give the replay its own copy.
+  ReleaseOutputs(ts, inputs);
+  // An input still in the pool that is not a handed-out output (memory shared through NumPy or
+  // DLPack) would be overwritten while it is read: the replay reads a copy (same geometry, so
+  // the key still holds).
   for (auto& v : inputs) {
     if (!v.isTensor()) continue;
     const at::Tensor& t = v.toTensor();
     if (t.defined() && t.has_storage() &&
         ts.arena.Overlaps(t.storage().data(), static_cast<int64_t>(t.storage().nbytes()))) {
-      v = t.clone();
+      at::Tensor bytes = BytesOf(*t.storage().unsafeGetStorageImpl()).clone();
+      v = at::empty({0}, t.options()).set_(bytes.storage(), t.storage_offset(), t.sizes(), t.strides());
     }
   }
-  InvalidateOutputs(ts);
   std::vector<c10::IValue> outs;
   auto s = e.graph->Replay(inputs, &outs);
   if (!s.ok()) {
     return absl::Status(s.code(), absl::StrCat("graph '", options_.name, "': ", s.message()));
   }
   ++replays_;
-  // Pool outputs are handed out through storages of their own that alias the pool (one per pool
-  // storage and call), so the next replay can invalidate them without touching the pool.
-  const c10::StorageImpl* last_pool = nullptr;
-  c10::intrusive_ptr<c10::StorageImpl> handout;
+  // Pool outputs are handed out through storages of their own, one per pool buffer (Note
+  // [Handed-out outputs]); `made` holds this call's, for outputs that share a buffer.
+  absl::InlinedVector<c10::intrusive_ptr<c10::StorageImpl>, 4> made;
   for (size_t i = 0; i < outs.size(); ++i) {
-    if (!e.graph->OutputInPool(i) || !outs[i].isTensor()) continue;
+    if (!e.graph->OutputInPool(i) || !outs[i].isTensor() || !outs[i].toTensor().defined()) continue;
     const at::Tensor& t = outs[i].toTensor();
     if (options_.clone_outputs) {
       outs[i] = t.clone(at::MemoryFormat::Preserve);
       continue;
     }
     const c10::StorageImpl* pool = t.storage().unsafeGetStorageImpl();
-    if (pool != last_pool) {
-      handout = nullptr;
-      for (const auto& weak : ts.handed_out) {  // a storage shared by several outputs
-        auto strong = weak.lock();
-        if (strong && strong->data() == pool->data() && strong->nbytes() == pool->nbytes()) {
-          handout = std::move(strong);
-          break;
-        }
-      }
-      if (!handout) {
-        handout = c10::make_intrusive<c10::StorageImpl>(
-            c10::StorageImpl::use_byte_size_t(), pool->nbytes(),
-            c10::DataPtr(const_cast<void*>(pool->data()), t.device()), nullptr,
-            /*resizable=*/false);
-        ts.handed_out.emplace_back(handout);
-      }
-      last_pool = pool;
+    capture::StreamGraph::Region region = e.graph->OutputRegion(i);
+    if (region.nbytes < 0) region = {0, static_cast<int64_t>(pool->nbytes())};
+    const char* base = static_cast<const char*>(pool->data()) + region.offset;
+    auto same = std::find_if(made.begin(), made.end(), [&](const auto& s) { return s->data() == base; });
+    if (same == made.end()) {
+      made.push_back(c10::make_intrusive<c10::StorageImpl>(
+          c10::StorageImpl::use_byte_size_t(), region.nbytes,
+          c10::DataPtr(const_cast<char*>(base), t.device()), nullptr, /*resizable=*/false));
+      ts.handed_out.emplace_back(made.back());
+      same = made.end() - 1;
     }
-    auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(handout), t.key_set(), t.dtype());
-    impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+    auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(*same), t.key_set(), t.dtype());
+    impl->set_sizes_and_strides(t.sizes(), t.strides(),
+                                t.storage_offset() - region.offset / static_cast<int64_t>(t.itemsize()));
     outs[i] = at::Tensor(std::move(impl));
   }
   return outs;
@@ -321,9 +371,13 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::Run(std::vector<c10::IValue> in
     for (const auto& [i, ptr] : e->static_ptrs) {
       const void* now = inputs[i].toTensor().const_data_ptr();
       if (now != ptr) {
-        // Never replay with a stale address: recapture this key around the new one.
+        // Never replay with a stale address: recapture this key around the new one. A static
+        // input that keeps moving (a buffer reassigned in forward: self.avg = self.avg * 0.9 + ..)
+        // is rebound per call from its second move on, instead of recaptured every call.
+        const bool rebind = ++e->moves[i] >= 2;
+        e->baked[i] = !rebind;
         e->reason = absl::StrCat("static input ", i, " (", graph_->values()[graph_->inputs()[i]].name,
-                                 ") moved");
+                                 ") moved", rebind ? "; it is rebound per call from now on" : "");
         e->graph.reset();
         e->eager_runs = 0;
         --ts.captured;
@@ -337,6 +391,7 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::Run(std::vector<c10::IValue> in
       RECORD_FUNCTION("torchreplay::warmup", std::vector<c10::IValue>());
       ++warmups_;
       e->recording.emplace();
+      e->recording->baked_inputs = e->baked;
       absl::StatusOr<std::vector<c10::IValue>> out;
       {
         capture::ScopeRun scopes(CudaDevice(inputs).value_or(c10::Device(c10::DeviceType::CPU)));

@@ -6,9 +6,10 @@
 //     new keys run eagerly and that is logged once;
 //   - static inputs are baked in; if one moves, the key is recaptured, never replayed stale;
 //   - non-static inputs are rebound per call, so in-place ops on them reach the caller's tensors;
-//   - outputs in the pool are views of it; the next replay reuses that memory, so the earlier
-//     outputs are invalidated first and raise a clear error when touched (or are clones, with
-//     `clone_outputs`); outputs that alias inputs are views of the caller's tensors;
+//   - outputs in the pool alias it; the next replay reuses that memory, so earlier outputs still
+//     alive are first copied out (when the call reads them, or with `preserve_outputs`) or else
+//     invalidated, raising a clear error when touched (or are clones, with `clone_outputs`);
+//     outputs that alias inputs are views of the caller's tensors (Note [Handed-out outputs]);
 //   - every key of the engine shares one pool, sized by the largest.
 // Captured state is per thread (like Static Runtime's per-thread runtimes): threads calling one
 // engine never see each other's pool reused under them.
@@ -43,6 +44,9 @@ struct EngineOptions {
   int capture_limit = 64;
   // Hand out copies of pool outputs instead of views (no invalidation, one copy per output).
   bool clone_outputs = false;
+  // Pool outputs still alive when the pool is next reused are copied out, never invalidated
+  // (what autograd keeps: activations saved for backward, gradients). Set for training graphs.
+  bool preserve_outputs = false;
   // Name used in logs, stats and errors (e.g. "forward", "backward").
   std::string name = "graph";
   // When set, each CUDA capture writes its graph as DOT to DIR/torchreplay_NAME.keyK.dot.
@@ -94,7 +98,8 @@ class Engine {
   absl::Status Capture(ThreadState& ts, Entry& e, const std::vector<c10::IValue>& inputs);
   absl::StatusOr<std::vector<c10::IValue>> Replay(ThreadState& ts, Entry& e,
                                                   std::vector<c10::IValue>& inputs);
-  void InvalidateOutputs(ThreadState& ts);
+  // Before the pool is reused: copies out or invalidates what the last replay handed out.
+  void ReleaseOutputs(ThreadState& ts, const std::vector<c10::IValue>& inputs);
   void Fallback(Entry& e, std::string reason);
 
   std::shared_ptr<const capture::Graph> graph_;

@@ -110,8 +110,10 @@ class Backend:
             _dump(config, name, gm, graph)
         ro = config.reduce_overhead
         dot_dir = os.path.abspath(config.debug.graph_dump.path) if config.debug.graph_dump.type == "dot" else ""
+        # Training graphs preserve outputs still alive at the next call (autograd keeps saved
+        # activations and gradients); inference outputs kept across calls are invalidated.
         engine = _C.Engine(graph, config.mode, ro.warmup_iters, ro.capture_limit, ro.clone_outputs, name,
-                           dot_dir)
+                           dot_dir, preserve_outputs=kind != "inference")
         self.engines.append(engine)
         _all_engines.add(engine)
         logger.debug("torchreplay: compiled %s (%d nodes, static inputs %s) in mode %s",

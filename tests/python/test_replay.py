@@ -348,3 +348,189 @@ def test_a_constant_written_in_place_later_is_not_folded():
     for _ in range(4):
         x = torch.randn(4, 3)
         assert torch.equal(run(e, x)[0], x.sum(0) * 2)
+
+
+# ---- through torch.compile: behaviours that once went wrong
+
+def reduce_overhead(**ro):
+    cfg = torchreplay.CompilerConfig()
+    cfg.mode = "reduce-overhead"
+    for k, v in ro.items():
+        setattr(cfg.reduce_overhead, k, v)
+    return torchreplay.get_backend(compiler_config=cfg)
+
+
+@pytest.mark.parametrize("kind", ["parameter", "buffer"])
+def test_foreach_update_of_a_static_tensor_runs_every_call(kind):
+    # A _foreach_ op returns a list of fresh tensors: never folded into a constant at capture.
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            if kind == "parameter":
+                self.w = torch.nn.Parameter(torch.zeros(3), requires_grad=False)
+            else:
+                self.register_buffer("w", torch.zeros(3))
+
+        def forward(self, x):
+            torch._foreach_add_([self.w], 1.0)
+            return x + self.w
+
+    c = torch.compile(M(), backend=reduce_overhead())
+    assert [c(torch.zeros(3))[0].item() for _ in range(6)] == [1, 2, 3, 4, 5, 6]
+
+
+def test_non_dense_view_of_an_output_fed_back():
+    f = lambda h: torch.cat([torch.tanh(h) * 0.5, h], dim=1)
+    backend = reduce_overhead()
+    c = torch.compile(f, backend=backend)
+    h = h_ref = torch.randn(4, 8)
+    for _ in range(6):
+        out, ref = c(h), f(h_ref)
+        assert torch.equal(out, ref)
+        h, h_ref = out[:, :8], ref[:, :8]
+    # At most the contiguous key and the strided one (Dynamo may compile each as a graph).
+    assert sum(s["captures"] for s in backend.stats()) <= 2
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("op", ["mul", "div", "add"])
+def test_reduced_precision_binary_op_with_a_0dim_tensor(dtype, op):
+    # ATen's reduced-precision kernels remove a CPU-scalar operand from the iterator they get.
+    fn = getattr(torch, op)
+    c = torch.compile(lambda x, s: fn(x, s), backend=reduce_overhead())
+    for _ in range(8):
+        x, s = torch.randn(4, 8, dtype=dtype), torch.randn((), dtype=dtype) + 2
+        assert torch.equal(c(x, s), fn(x, s))
+    y = torch.randn(4, 8, dtype=dtype)
+    c2 = torch.compile(lambda y: y / y.abs().max(), backend=reduce_overhead())
+    for _ in range(6):
+        y = torch.randn(4, 8, dtype=dtype)
+        assert torch.equal(c2(y), y / y.abs().max())
+
+
+def test_output_fed_back_costs_one_capture_and_stays_exact():
+    backend = reduce_overhead()
+    c = torch.compile(lambda x, h: torch.tanh(x + h), backend=backend)
+    h = h_ref = torch.zeros(4)
+    for _ in range(8):
+        x = torch.randn(4)
+        h, h_ref = c(x, h), torch.tanh(x + h_ref)
+        assert torch.equal(h, h_ref)
+    assert backend.stats()[0]["captures"] == 1
+
+
+def test_lstm_cell_state_fed_back():
+    torch.manual_seed(0)
+    cell = torch.nn.LSTMCell(6, 5)
+    c = torch.compile(cell, backend=reduce_overhead())
+    with torch.no_grad():
+        state = ref = (torch.zeros(3, 5), torch.zeros(3, 5))
+        for _ in range(6):
+            x = torch.randn(3, 6)
+            state, ref = c(x, state), cell(x, ref)
+            torch.testing.assert_close(state, ref, rtol=1e-6, atol=1e-6)
+
+
+def test_an_output_kept_by_a_later_input_is_copied_out_not_invalidated():
+    # The call that reads an earlier output copies it out of the pool before reusing the pool.
+    e = engine_for(lambda x, h: torch.tanh(x + h), [torch.randn(4), torch.randn(4)])
+    run(e, torch.randn(4), torch.randn(4))
+    h = run(e, torch.randn(4), torch.randn(4))[0]      # capture + replay: h is in the pool
+    kept = h.clone()
+    x = torch.randn(4)
+    out = run(e, x, h)[0]
+    assert torch.equal(h, kept)                          # still readable, and unchanged
+    assert torch.equal(out, torch.tanh(x + kept))
+    assert h.storage_offset() == 0 and out.storage_offset() == 0
+
+
+def test_gradient_accumulation_and_two_forwards_one_backward():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    ref = __import__("copy").deepcopy(model)
+    c = torch.compile(model, backend=reduce_overhead())
+    for _ in range(3):
+        for _ in range(2):                               # two backward passes per step
+            x = torch.randn(3, 4)
+            c(x).sum().backward()
+            ref(x).sum().backward()
+        x1, x2 = torch.randn(3, 4), torch.randn(3, 4)    # two forwards, one backward
+        (c(x1).sum() + c(x2).sum()).backward()
+        (ref(x1).sum() + ref(x2).sum()).backward()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_symbolic_float_arithmetic_on_sizes():
+    f = lambda x: x * (x.shape[0] / 2) + x ** (x.shape[0] // 2) - float(x.shape[0]) ** 0.5
+    c = torch.compile(f, backend=reduce_overhead(), dynamic=True)
+    for n in (3, 4, 5, 6, 4, 3):
+        x = torch.randn(n)
+        torch.testing.assert_close(c(x), f(x), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x[x > 0] * 2,
+    lambda x: torch.nonzero(x).float(),
+    lambda x: torch.unique(x.round()),
+    lambda x: torch.masked_select(x, x < 0),
+    lambda x: torch.repeat_interleave(x, (x > 0).long() + 1),
+    lambda x: torch.where(x > 0)[0],
+    lambda x: torch.bincount((x.abs() * 3).long()),
+], ids=["mask", "nonzero", "unique", "masked_select", "repeat_interleave", "where", "bincount"])
+@torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True)
+def test_data_dependent_ops_run_eagerly_with_a_reason(fn):
+    backend = reduce_overhead()
+    c = torch.compile(fn, backend=backend)
+    for _ in range(4):
+        x = torch.randn(10)
+        assert torch.equal(c(x), fn(x))
+    stats = backend.stats()
+    assert sum(s["eager_fallbacks"] for s in stats) >= 1
+    assert any("data-dependent" in r for s in stats for r in s["fallback_reasons"])
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_complex_python_scalars(mode):
+    cfg = torchreplay.CompilerConfig()
+    cfg.mode = mode
+    f = lambda z: z * 2j + (1 - 0.5j)
+    c = torch.compile(f, backend=torchreplay.get_backend(compiler_config=cfg))
+    for _ in range(4):
+        z = torch.randn(4, dtype=torch.complex64)
+        assert torch.equal(c(z), f(z))
+
+
+def test_an_int_beyond_64_bits_is_a_clear_overflow_error():
+    gm = make_fx(lambda x, n: x * n)(torch.ones(2), 3)
+    e = _C.Engine(lower(gm, [torch.ones(2), 3]), "reduce-overhead")
+    with pytest.raises(OverflowError, match="does not fit in 64 bits"):
+        run(e, torch.ones(2), 2 ** 70)
+    assert torch.equal(run(e, torch.ones(2), 3)[0], torch.full((2,), 3.0))
+
+
+def test_buffer_reassigned_in_forward_is_exact_and_rebound_not_recaptured_every_call():
+    class EMA(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+            self.register_buffer("avg", torch.zeros(4))
+
+        def forward(self, x):
+            y = self.lin(x)
+            self.avg = self.avg * 0.9 + y.mean(0) * 0.1
+            return y - self.avg
+
+    torch.manual_seed(0)
+    model = EMA()
+    ref = __import__("copy").deepcopy(model)
+    backend = reduce_overhead()
+    c = torch.compile(model, backend=backend)
+    with torch.no_grad():
+        for _ in range(10):
+            x = torch.randn(3, 4)
+            assert torch.equal(c(x), ref(x))
+            assert torch.equal(model.avg, ref.avg)
+    (s,) = backend.stats()
+    assert s["captures"] == 3 and s["replays"] == 7
+    assert "rebound per call" in s["capture_log"][-1]["reason"]
