@@ -64,7 +64,8 @@ struct Engine::ThreadState {
   absl::flat_hash_map<guards::GuardKey, std::unique_ptr<Entry>> cache;
   guards::GuardKey last_key;
   Entry* last = nullptr;
-  int captured = 0;
+  int captured = 0;                // captures done (recaptures of a key included)
+  int admitted = 0;                // keys allowed to capture: at most capture_limit
   bool limit_logged = false;
   // Storages handed out by the last replay that alias the pool (Note [Handed-out outputs]).
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> handed_out;
@@ -84,7 +85,8 @@ Engine::Engine(std::shared_ptr<const capture::Graph> graph, EngineOptions option
 
 Engine::~Engine() {
   absl::MutexLock lock(&mu_);
-  for (auto& [id, ts] : threads_) ReleaseOutputs(*ts, {});
+  // The pool is freed; outputs the caller still holds keep their values (as in eager).
+  for (auto& [id, ts] : threads_) ReleaseOutputs(*ts, {}, /*copy_all=*/true);
 }
 
 Engine::ThreadState& Engine::StateForThisThread() {
@@ -140,7 +142,11 @@ absl::StatusOr<Engine::Entry*> Engine::Lookup(ThreadState& ts,
   Entry* e = entry.get();
   ts.cache.emplace(key, std::move(entry));
   ts.last_key = std::move(key);
-  if (ts.captured >= options_.capture_limit) {
+  // Keys are admitted when first seen, not when captured: several new keys can be warming up
+  // at once, and all of them together must stay within the limit.
+  if (ts.admitted < options_.capture_limit) {
+    ++ts.admitted;
+  } else {
     std::string reason = absl::StrCat("capture limit (", options_.capture_limit,
                                       " keys) reached; new key: ", e->reason);
     if (!ts.limit_logged) {
@@ -183,7 +189,8 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::RunEager(const std::vector<c10:
 //     activations and gradients); or else
 //   - invalidated: its data released, so that touching it raises invalidated_msg_.
 // Either way no replay writes under a tensor the caller can still read. The copy happens only
-// for outputs kept alive, and only once.
+// for outputs kept alive, and only once. When the engine (and its pool) goes away, every
+// handed-out storage still alive is copied out.
 
 namespace {
 
@@ -212,11 +219,12 @@ bool ReadBy(const std::vector<c10::IValue>& inputs, const c10::StorageImpl* s) {
 
 }  // namespace
 
-void Engine::ReleaseOutputs(ThreadState& ts, const std::vector<c10::IValue>& inputs) {
+void Engine::ReleaseOutputs(ThreadState& ts, const std::vector<c10::IValue>& inputs,
+                            bool copy_all) {
   for (auto& weak : ts.handed_out) {
     auto strong = weak.lock();
     if (!strong) continue;
-    if (options_.preserve_outputs || ReadBy(inputs, strong.get())) {
+    if (copy_all || options_.preserve_outputs || ReadBy(inputs, strong.get())) {
       CopyOut(*strong);
     } else {
       strong->release_data_and_set_meta_custom_data_ptr_error_msg_(invalidated_msg_);
@@ -298,27 +306,28 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::Replay(ThreadState& ts, Entry& 
   ++replays_;
   // Pool outputs are handed out through storages of their own, one per pool buffer (Note
   // [Handed-out outputs]); `made` holds this call's, for outputs that share a buffer.
-  absl::InlinedVector<c10::intrusive_ptr<c10::StorageImpl>, 4> made;
+  absl::InlinedVector<std::pair<const char*, c10::intrusive_ptr<c10::StorageImpl>>, 4> made;
   for (size_t i = 0; i < outs.size(); ++i) {
     if (!e.graph->OutputInPool(i) || !outs[i].isTensor() || !outs[i].toTensor().defined()) continue;
     const at::Tensor& t = outs[i].toTensor();
-    if (options_.clone_outputs) {
-      outs[i] = t.clone(at::MemoryFormat::Preserve);
-      continue;
-    }
     const c10::StorageImpl* pool = t.storage().unsafeGetStorageImpl();
     capture::StreamGraph::Region region = e.graph->OutputRegion(i);
     if (region.nbytes < 0) region = {0, static_cast<int64_t>(pool->nbytes())};
     const char* base = static_cast<const char*>(pool->data()) + region.offset;
-    auto same = std::find_if(made.begin(), made.end(), [&](const auto& s) { return s->data() == base; });
+    auto same = std::find_if(made.begin(), made.end(), [&](const auto& m) { return m.first == base; });
     if (same == made.end()) {
-      made.push_back(c10::make_intrusive<c10::StorageImpl>(
+      auto storage = c10::make_intrusive<c10::StorageImpl>(
           c10::StorageImpl::use_byte_size_t(), region.nbytes,
-          c10::DataPtr(const_cast<char*>(base), t.device()), nullptr, /*resizable=*/false));
-      ts.handed_out.emplace_back(made.back());
+          c10::DataPtr(const_cast<char*>(base), t.device()), nullptr, /*resizable=*/false);
+      if (options_.clone_outputs) {
+        CopyOut(*storage);  // a copy per buffer: outputs that alias each other still do
+      } else {
+        ts.handed_out.emplace_back(storage);
+      }
+      made.emplace_back(base, std::move(storage));
       same = made.end() - 1;
     }
-    auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(*same), t.key_set(), t.dtype());
+    auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(same->second), t.key_set(), t.dtype());
     impl->set_sizes_and_strides(t.sizes(), t.strides(),
                                 t.storage_offset() - region.offset / static_cast<int64_t>(t.itemsize()));
     outs[i] = at::Tensor(std::move(impl));

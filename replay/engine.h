@@ -42,7 +42,8 @@ struct EngineOptions {
   int warmup_iters = 1;
   // Keys captured per engine and thread; calls with further new keys run eagerly.
   int capture_limit = 64;
-  // Hand out copies of pool outputs instead of views (no invalidation, one copy per output).
+  // Hand out copies of pool outputs instead of views (no invalidation; one copy per pool
+  // buffer, so outputs that alias each other, y and y.t(), still do).
   bool clone_outputs = false;
   // Pool outputs still alive when the pool is next reused are copied out, never invalidated
   // (what autograd keeps: activations saved for backward, gradients). Set for training graphs.
@@ -98,8 +99,10 @@ class Engine {
   absl::Status Capture(ThreadState& ts, Entry& e, const std::vector<c10::IValue>& inputs);
   absl::StatusOr<std::vector<c10::IValue>> Replay(ThreadState& ts, Entry& e,
                                                   std::vector<c10::IValue>& inputs);
-  // Before the pool is reused: copies out or invalidates what the last replay handed out.
-  void ReleaseOutputs(ThreadState& ts, const std::vector<c10::IValue>& inputs);
+  // Before the pool is reused: copies out or invalidates what the last replay handed out
+  // (copy_all: everything still alive is copied out, as when the pool is freed).
+  void ReleaseOutputs(ThreadState& ts, const std::vector<c10::IValue>& inputs,
+                      bool copy_all = false);
   void Fallback(Entry& e, std::string reason);
 
   std::shared_ptr<const capture::Graph> graph_;
