@@ -57,7 +57,8 @@ absl::StatusOr<SymOp> SymOpFromName(const std::string& name) {
       {"min", SymOp::kMin},     {"sym_min", SymOp::kMin}, {"eq", SymOp::kEq},
       {"ne", SymOp::kNe},       {"lt", SymOp::kLt},     {"le", SymOp::kLe},
       {"gt", SymOp::kGt},       {"ge", SymOp::kGe},     {"and", SymOp::kAnd},
-      {"or", SymOp::kOr},       {"xor", SymOp::kXor},   {"neg", SymOp::kNeg},
+      {"or", SymOp::kOr},       {"xor", SymOp::kXor},   {"lshift", SymOp::kLShift},
+      {"rshift", SymOp::kRShift}, {"neg", SymOp::kNeg},
       {"pos", SymOp::kPos},     {"abs", SymOp::kAbs},   {"not", SymOp::kNot},
       {"float", SymOp::kFloat}, {"trunc", SymOp::kTrunc}, {"floor", SymOp::kFloor},
       {"ceil", SymOp::kCeil},   {"round", SymOp::kRound}, {"sqrt", SymOp::kSqrt}};

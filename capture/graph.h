@@ -68,7 +68,7 @@ enum class NodeKind { kOp, kGetItem, kSymArith };
 enum class SymOp {
   // two operands
   kAdd, kSub, kMul, kTrueDiv, kFloorDiv, kMod, kPow, kMax, kMin,
-  kEq, kNe, kLt, kLe, kGt, kGe, kAnd, kOr, kXor,
+  kEq, kNe, kLt, kLe, kGt, kGe, kAnd, kOr, kXor, kLShift, kRShift,
   // one operand
   kNeg, kPos, kAbs, kNot, kFloat, kTrunc, kFloor, kCeil, kRound, kSqrt,
 };

@@ -69,10 +69,22 @@ absl::StatusOr<c10::IValue> EvalSymArith(SymOp op, const c10::IValue& a, const c
   const bool is_float = a.isDouble() || (SymOpArity(op) == 2 && b.isDouble());
   const bool divides = op == SymOp::kTrueDiv || op == SymOp::kFloorDiv || op == SymOp::kMod;
   if (divides && AsDouble(b) == 0) return absl::InvalidArgumentError("division by zero");
+  int64_t r = 0;
+  // Reads r after `overflow` is computed (the call's arguments have no order between them).
+  auto Checked = [&r](bool overflow) -> absl::StatusOr<c10::IValue> {
+    if (overflow) return absl::OutOfRangeError("integer overflow: the result does not fit in 64 bits");
+    return c10::IValue(r);
+  };
   switch (op) {
-    case SymOp::kAdd: return is_float ? c10::IValue(AsDouble(a) + AsDouble(b)) : c10::IValue(AsInt(a) + AsInt(b));
-    case SymOp::kSub: return is_float ? c10::IValue(AsDouble(a) - AsDouble(b)) : c10::IValue(AsInt(a) - AsInt(b));
-    case SymOp::kMul: return is_float ? c10::IValue(AsDouble(a) * AsDouble(b)) : c10::IValue(AsInt(a) * AsInt(b));
+    case SymOp::kAdd:
+      if (is_float) return AsDouble(a) + AsDouble(b);
+      return Checked(__builtin_add_overflow(AsInt(a), AsInt(b), &r));
+    case SymOp::kSub:
+      if (is_float) return AsDouble(a) - AsDouble(b);
+      return Checked(__builtin_sub_overflow(AsInt(a), AsInt(b), &r));
+    case SymOp::kMul:
+      if (is_float) return AsDouble(a) * AsDouble(b);
+      return Checked(__builtin_mul_overflow(AsInt(a), AsInt(b), &r));
     case SymOp::kTrueDiv: return AsDouble(a) / AsDouble(b);
     case SymOp::kFloorDiv:
       return is_float ? c10::IValue(DivModFloat(AsDouble(a), AsDouble(b)).first)
@@ -82,11 +94,15 @@ absl::StatusOr<c10::IValue> EvalSymArith(SymOp op, const c10::IValue& a, const c
                       : c10::IValue(ModInt(AsInt(a), AsInt(b)));
     case SymOp::kPow: {
       if (is_float || AsInt(b) < 0) return std::pow(AsDouble(a), AsDouble(b));
-      int64_t r = 1, base = AsInt(a);
-      for (int64_t e = AsInt(b); e > 0; e >>= 1, base *= base) {
-        if (e & 1) r *= base;
+      // Python ints have no bound; graph ints are int64, so an overflow is an error, not a wrap.
+      int64_t base = AsInt(a);
+      bool overflow = false;
+      r = 1;
+      for (int64_t e = AsInt(b); e > 0 && !overflow; e >>= 1) {
+        if (e & 1) overflow |= __builtin_mul_overflow(r, base, &r);
+        if (e > 1) overflow |= __builtin_mul_overflow(base, base, &base);
       }
-      return r;
+      return Checked(overflow);
     }
     case SymOp::kMax: case SymOp::kMin: {
       const bool first = (op == SymOp::kMax) == (AsDouble(a) >= AsDouble(b));
@@ -102,9 +118,17 @@ absl::StatusOr<c10::IValue> EvalSymArith(SymOp op, const c10::IValue& a, const c
     case SymOp::kAnd: case SymOp::kOr: case SymOp::kXor: {
       if (is_float) return absl::InvalidArgumentError("bitwise operation on a float");
       const int64_t x = AsInt(a), y = AsInt(b);
-      const int64_t r = op == SymOp::kAnd ? (x & y) : op == SymOp::kOr ? (x | y) : (x ^ y);
-      if (a.isBool() && b.isBool()) return r != 0;
-      return r;
+      const int64_t bits = op == SymOp::kAnd ? (x & y) : op == SymOp::kOr ? (x | y) : (x ^ y);
+      if (a.isBool() && b.isBool()) return bits != 0;
+      return bits;
+    }
+    case SymOp::kLShift: case SymOp::kRShift: {
+      if (is_float) return absl::InvalidArgumentError("shift of a float");
+      const int64_t x = AsInt(a), n = AsInt(b);
+      if (n < 0) return absl::InvalidArgumentError("negative shift count");
+      if (op == SymOp::kRShift) return n >= 64 ? (x < 0 ? -1 : 0) : (x >> n);
+      if (x == 0) return int64_t{0};
+      return Checked(n >= 63 || __builtin_mul_overflow(x, int64_t{1} << n, &r));
     }
     case SymOp::kNeg: return is_float ? c10::IValue(-AsDouble(a)) : c10::IValue(-AsInt(a));
     case SymOp::kPos: return is_float ? c10::IValue(AsDouble(a)) : c10::IValue(AsInt(a));

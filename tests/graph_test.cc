@@ -12,6 +12,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "capture/graph.h"
 #include "capture/interpreter.h"
 
@@ -122,6 +124,22 @@ TEST(GraphTest, SymArithKeepsPythonTypes) {
   EXPECT_TRUE(Eval(SymOp::kFloat, 3).isDouble());
   EXPECT_FALSE(EvalSymArith(SymOp::kTrueDiv, 1, 0).ok());         // ZeroDivisionError in Python
   EXPECT_FALSE(EvalSymArith(SymOp::kMod, 1.0, 0.0).ok());
+}
+
+TEST(GraphTest, SymIntShiftsAndOverflowAreChecked) {
+  EXPECT_EQ(Eval(SymOp::kLShift, 3, 4).toInt(), 48);
+  EXPECT_EQ(Eval(SymOp::kRShift, -9, 1).toInt(), -5);             // floor, like Python
+  EXPECT_EQ(Eval(SymOp::kRShift, -9, 200).toInt(), -1);
+  EXPECT_EQ(Eval(SymOp::kLShift, true, 2).toInt(), 4);
+  EXPECT_EQ(Eval(SymOp::kPow, -3, 39).toInt(), -4052555153018976267);  // largest that fits
+  EXPECT_FALSE(EvalSymArith(SymOp::kLShift, 1, -1).ok());         // negative shift count
+  // Python ints are unbounded; graph ints are not: an overflow is an error, never a wrap.
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(EvalSymArith(SymOp::kAdd, kMax, 1).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(EvalSymArith(SymOp::kMul, kMax / 2, 3).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(EvalSymArith(SymOp::kPow, 3, 40).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(EvalSymArith(SymOp::kLShift, 1, 63).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(Eval(SymOp::kLShift, 1, 62).toInt(), int64_t{1} << 62);
 }
 
 TEST(GraphTest, UnknownOperatorIsNotFound) {

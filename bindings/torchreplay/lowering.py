@@ -18,6 +18,7 @@ _SYM_OPS = {
     operator.eq: "eq", operator.ne: "ne", operator.lt: "lt", operator.le: "le",
     operator.gt: "gt", operator.ge: "ge",
     operator.and_: "and", operator.or_: "or", operator.xor: "xor",
+    operator.lshift: "lshift", operator.rshift: "rshift",
     operator.neg: "neg", operator.pos: "pos", operator.abs: "abs", abs: "abs",
     torch.sym_not: "not", torch.sym_float: "float", torch.sym_int: "trunc", math.trunc: "trunc",
     math.floor: "floor", math.ceil: "ceil", round: "round", torch._sym_sqrt: "sqrt",
@@ -89,7 +90,10 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                     index = node.args[1]
                     env[node] = src[index] if isinstance(src, tuple) else builder.add_getitem(src, index, node.name)
                 elif target in _SYM_OPS:
-                    env[node] = builder.add_sym(_SYM_OPS[target], [tag(a) for a in node.args], node.name)
+                    args = list(node.args)
+                    if target is round and len(args) == 2 and args[1] is None:
+                        args.pop()  # round(x, None) is round(x)
+                    env[node] = builder.add_sym(_SYM_OPS[target], [tag(a) for a in args], node.name)
                 else:
                     raise LoweringError(f"'{getattr(target, '__name__', target)}' is not an ATen operator")
             elif node.op == "get_attr":
@@ -105,7 +109,7 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                 raise LoweringError(f"FX op kind '{node.op}' is not supported")
         except LoweringError as e:
             raise LoweringError(f"torchreplay cannot lower node '{node.name}' ({node.format_node()}): {e}") from None
-        except (ValueError, TypeError) as e:
+        except (ValueError, TypeError, OverflowError) as e:
             raise LoweringError(f"torchreplay cannot lower node '{node.name}' ({node.format_node()}): {e}") from None
     builder.set_static_inputs(list(static_inputs))
     return builder.build()
