@@ -16,7 +16,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from . import _C
 from .config import CompilerConfig
-from .lowering import lower
+from .lowering import LoweringError, lower
 from .passes import run_passes
 
 logger = logging.getLogger("torchreplay")
@@ -77,13 +77,15 @@ def _fx_to_dot(gm: torch.fx.GraphModule, name: str) -> str:
 
 class Backend:
     """A torch.compile backend; one instance per CompilerConfig. Callable as
-    backend(gm, example_inputs). Keeps the engines it created, for stats()."""
+    backend(gm, example_inputs). Keeps the engines it created, for stats(), and in eager_graphs
+    the graphs that run eagerly (cannot be lowered, or were given an int beyond 64 bits) and why."""
 
     def __init__(self, config: Optional[CompilerConfig] = None,
                  custom_decompositions: Optional[Dict[Any, Callable]] = None) -> None:
         self.config = config if config is not None else CompilerConfig()
         self.decompositions = dict(custom_decompositions or {})
         self.engines: List[Any] = []
+        self.eager_graphs: Dict[str, str] = {}  # graph name -> why it runs eagerly
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **_: Any) -> Any:
         graph_id = next(_graph_ids)
@@ -105,9 +107,15 @@ class Backend:
             _dump(config, name, gm, None)
             logger.info("torchreplay: %s runs eagerly (debug.run_eagerly)", name)
             return make_boxed_func(gm.forward)
-        with unset_fake_temporarily():  # constants must be real tensors
-            graph = lower(gm, example_inputs, _static_input_indices(kind, example_inputs))
-            _dump(config, name, gm, graph)
+        try:
+            with unset_fake_temporarily():  # constants must be real tensors
+                graph = lower(gm, example_inputs, _static_input_indices(kind, example_inputs))
+        except LoweringError as e:  # e.g. torch.cond, a constant beyond int64: eager, logged
+            _dump(config, name, gm, None)
+            logger.warning("torchreplay: %s runs eagerly: %s", name, e)
+            self.eager_graphs[name] = str(e)
+            return make_boxed_func(gm.forward)
+        _dump(config, name, gm, graph)
         ro = config.reduce_overhead
         dot_dir = os.path.abspath(config.debug.graph_dump.path) if config.debug.graph_dump.type == "dot" else ""
         # Training graphs preserve outputs still alive at the next call (autograd keeps saved
@@ -119,9 +127,17 @@ class Backend:
         logger.debug("torchreplay: compiled %s (%d nodes, static inputs %s) in mode %s",
                      name, graph.num_nodes, graph.static_inputs, config.mode)
         run = engine.run
+        forward = gm.forward
 
         def call(args: List[Any]) -> List[Any]:
-            return run(args)
+            try:
+                return run(args)
+            except OverflowError as e:  # a Python int beyond int64, before anything ran
+                if name not in self.eager_graphs:
+                    logger.warning("torchreplay: %s runs eagerly when given an int beyond 64 bits: %s",
+                                   name, e)
+                    self.eager_graphs[name] = str(e)
+                return forward(*args)
 
         call._boxed_call = True  # type: ignore[attr-defined]
         call.engine = engine  # type: ignore[attr-defined]
