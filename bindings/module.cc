@@ -11,6 +11,7 @@
 #include <torch/csrc/Layout.h>
 #include <torch/csrc/MemoryFormat.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <c10/core/GradMode.h>
 
 #include <memory>
 #include <string>
@@ -142,6 +143,50 @@ capture::ValueType ValueTypeFromName(const std::string& s) {
   if (s == "bool") return capture::ValueType::kBool;
   throw py::value_error("torchreplay: unknown input type '" + s + "'");
 }
+
+// Note [The call path]
+// For an inference graph, torch.compile hands Dynamo a Call instead of AOTAutograd's runtime
+// wrapper around a Python function: Dynamo's bytecode calls straight into C++ with the call's
+// arguments as they are (no boxed list, no Python frame of ours). backend.py builds one only when
+// that wrapper would do nothing beyond what a Call does: bump the version counters of the inputs
+// the graph mutates, run with grad mode off, and drop the graph's extra outputs (intermediate
+// bases of aliased outputs). torchreplay.capture uses it too, with the model's parameters and
+// buffers bound once ahead of the call's arguments.
+struct Call {
+  std::shared_ptr<replay::Engine> engine;
+  std::vector<c10::IValue> bound;  // leading graph inputs, fixed when the Call is built
+  std::vector<int> mutated;        // indices of call arguments the graph writes to
+  int num_outputs = -1;            // outputs returned: the graph's first num_outputs (-1: all)
+  py::object fallback;             // takes the call when an argument does not convert (an int
+                                   // beyond 64 bits); None: the OverflowError propagates
+
+  py::object operator()(py::args args) const {
+    std::vector<c10::IValue> inputs;
+    inputs.reserve(bound.size() + args.size());
+    inputs.insert(inputs.end(), bound.begin(), bound.end());
+    try {
+      for (auto a : args) inputs.push_back(ToIValue(a));
+    } catch (py::error_already_set& e) {
+      if (!e.matches(PyExc_OverflowError) || fallback.is_none()) throw;
+      return fallback(*args);
+    }
+    for (int i : mutated) {
+      const c10::IValue& v = inputs[bound.size() + i];
+      if (v.isTensor()) v.toTensor().unsafeGetTensorImpl()->bump_version();
+    }
+    absl::StatusOr<std::vector<c10::IValue>> out;
+    {
+      py::gil_scoped_release no_gil;
+      c10::AutoGradMode no_grad(false);
+      out = engine->Run(std::move(inputs));
+    }
+    if (!out.ok()) Throw(out.status());
+    const size_t n = num_outputs < 0 ? out->size() : std::min<size_t>(num_outputs, out->size());
+    py::list result(n);
+    for (size_t i = 0; i < n; ++i) result[i] = FromIValue((*out)[i]);
+    return std::move(result);
+  }
+};
 
 py::dict StatsToDict(const replay::EngineStats& s) {
   py::dict d;
@@ -297,6 +342,22 @@ PYBIND11_MODULE(_C, m) {
            "Warms up and captures these inputs' keys ahead of time, largest first.")
       .def("stats", [](const replay::Engine& e) { return StatsToDict(e.stats()); })
       .def_property_readonly("name", [](const replay::Engine& e) { return e.options().name; });
+
+  py::class_<Call>(m, "Call", "One compiled graph as a C++ callable (Note [The call path]).")
+      .def(py::init([](std::shared_ptr<replay::Engine> engine, py::list bound, std::vector<int> mutated,
+                       int num_outputs, py::object fallback) {
+             Call c{std::move(engine), {}, std::move(mutated), num_outputs, std::move(fallback)};
+             for (auto b : bound) c.bound.push_back(ToIValue(b));
+             const int n_args = static_cast<int>(c.engine->graph().inputs().size() - c.bound.size());
+             for (int i : c.mutated) {
+               if (i < 0 || i >= n_args) throw py::value_error("torchreplay: mutated index out of range");
+             }
+             return c;
+           }),
+           py::arg("engine"), py::arg("bound") = py::list(), py::arg("mutated") = std::vector<int>(),
+           py::arg("num_outputs") = -1, py::arg("fallback") = py::none())
+      .def("__call__", &Call::operator())
+      .def_property_readonly("engine", [](const Call& c) { return c.engine; });
 
   m.def("built_with_cuda", &capture::BuiltWithCuda);
   m.def("set_log_level", &replay::SetLogLevel);

@@ -10,6 +10,7 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
@@ -71,8 +72,24 @@ struct Engine::ThreadState {
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> handed_out;
 };
 
+// Note [Per-thread state lookup]
+// Every call needs this thread's ThreadState. The engine's map (under mu_) owns them; a small
+// thread_local cache keyed by engine id finds them without the mutex on the fast path. Ids are
+// never reused, so an entry of a destroyed engine can never match; a ThreadState lives as long as
+// its engine, so a matching entry is always valid.
+namespace {
+std::atomic<uint64_t> next_engine_id{1};
+struct StateSlot {
+  uint64_t engine_id = 0;
+  void* state = nullptr;
+};
+thread_local std::array<StateSlot, 8> state_cache;
+thread_local unsigned state_cache_next = 0;
+}  // namespace
+
 Engine::Engine(std::shared_ptr<const capture::Graph> graph, EngineOptions options)
-    : graph_(std::move(graph)), options_(std::move(options)), interpreter_(graph_) {
+    : id_(next_engine_id++), graph_(std::move(graph)), options_(std::move(options)),
+      interpreter_(graph_) {
   for (capture::ValueId v : graph_->inputs()) {
     const auto& spec = graph_->values()[v].spec;
     uses_cuda_ = uses_cuda_ || (spec.has_value() && spec->device == c10::DeviceType::CUDA);
@@ -90,10 +107,18 @@ Engine::~Engine() {
 }
 
 Engine::ThreadState& Engine::StateForThisThread() {
-  absl::MutexLock lock(&mu_);
-  auto& slot = threads_[std::this_thread::get_id()];
-  if (slot == nullptr) slot = std::make_unique<ThreadState>();
-  return *slot;
+  for (const StateSlot& s : state_cache) {
+    if (s.engine_id == id_) return *static_cast<ThreadState*>(s.state);
+  }
+  ThreadState* ts;
+  {
+    absl::MutexLock lock(&mu_);
+    auto& slot = threads_[std::this_thread::get_id()];
+    if (slot == nullptr) slot = std::make_unique<ThreadState>();
+    ts = slot.get();
+  }
+  state_cache[state_cache_next++ % state_cache.size()] = {id_, ts};
+  return *ts;
 }
 
 EngineStats Engine::stats() const {

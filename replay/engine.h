@@ -105,6 +105,7 @@ class Engine {
                       bool copy_all = false);
   void Fallback(Entry& e, std::string reason);
 
+  const uint64_t id_;  // unique in the process (Note [Per-thread state lookup])
   std::shared_ptr<const capture::Graph> graph_;
   EngineOptions options_;
   capture::Interpreter interpreter_;

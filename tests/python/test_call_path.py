@@ -1,0 +1,123 @@
+"""The call path: what runs between the caller and the C++ engine on each call."""
+import sys
+
+import torch
+import torch.nn as nn
+
+import torchreplay
+from torchreplay import _C
+
+
+def backend(**ro):
+    cfg = torchreplay.CompilerConfig()
+    cfg.mode = "reduce-overhead"
+    for k, v in ro.items():
+        setattr(cfg.reduce_overhead, k, v)
+    return torchreplay.get_backend(compiler_config=cfg)
+
+
+def python_frames_of_one_call(fn, *args):
+    """The files of the Python functions entered while fn(*args) runs."""
+    files = []
+
+    def prof(frame, event, arg):
+        if event == "call":
+            files.append(frame.f_code.co_filename)
+
+    sys.setprofile(prof)
+    try:
+        fn(*args)
+    finally:
+        sys.setprofile(None)
+    return files
+
+
+def test_inference_graph_is_called_straight_into_cpp():
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
+    b = backend()
+    compiled = torch.compile(model, backend=b)
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        for _ in range(3):
+            assert torch.equal(compiled(x), model(x))
+        files = python_frames_of_one_call(compiled, x)
+    assert list(b.call_paths.values()) == ["direct"]
+    assert b.stats()[0]["replays"] >= 1
+    # No frame of torchreplay's Python package, nor AOTAutograd's runtime wrappers, runs per call
+    # (Dynamo's guards call two AOTAutograd utilities about saved-tensor hooks: not ours).
+    ours = [f for f in files if "torchreplay" in f or "runtime_wrappers" in f or "aot_autograd.py" in f]
+    assert ours == [], ours
+
+
+def test_training_graph_keeps_the_aot_wrapper():
+    torch._dynamo.reset()
+    model = nn.Linear(4, 3)
+    b = backend()
+    compiled = torch.compile(model, backend=b)
+    x = torch.randn(2, 4)
+    for _ in range(3):
+        compiled(x).sum().backward()
+    assert b.call_paths == {}  # no inference graph: forward and backward engines under autograd
+    assert {e.name.split(".")[1] for e in b.engines} == {"forward", "backward"}
+
+
+def test_direct_call_bumps_versions_of_mutated_inputs():
+    """As AOTAutograd's wrapper does: an input the graph writes to has its version bumped."""
+    torch._dynamo.reset()
+
+    def f(x, y):
+        x.mul_(2)
+        return x + y
+
+    b = backend()
+    compiled = torch.compile(f, backend=b)
+    with torch.no_grad():
+        for _ in range(4):
+            x, y = torch.randn(5), torch.randn(5)
+            xe = x.clone()
+            v0 = x._version
+            out = compiled(x, y)
+            assert torch.equal(out, f(xe, y)) and torch.equal(x, xe)
+            assert x._version > v0 and y._version == 0
+    assert list(b.call_paths.values()) == ["direct"]
+
+
+def test_outputs_that_alias_inputs_stay_autograd_views():
+    """Outputs that are views of inputs go through AOTAutograd's wrapper, which regenerates
+    them as views (._base is the input), as eager returns them."""
+    torch._dynamo.reset()
+    b = backend()
+    compiled = torch.compile(lambda x: (x.view(-1), x * 2), backend=b)
+    x = torch.randn(2, 3)
+    with torch.no_grad():
+        for _ in range(3):
+            v, y = compiled(x)
+    assert v._base is x and torch.equal(y, x * 2)
+    assert "views" in next(iter(b.call_paths.values()))
+
+
+def test_call_object_checks_its_arguments():
+    torch._dynamo.reset()
+    b = backend()
+    compiled = torch.compile(lambda x: torch.relu(x) + 1, backend=b)
+    x = torch.randn(3)
+    with torch.no_grad():
+        compiled(x)
+    engine = b.engines[0]
+    call = _C.Call(engine, num_outputs=1)
+    assert torch.equal(call(x)[0], torch.relu(x) + 1)
+    for bad, what in [((), "expected 1 inputs"), ((x, x), "expected 1 inputs"),
+                      ((x.double(),), "dtype"), ((x.view(1, 3),), "1-d"), ((3,), "expected a tensor")]:
+        try:
+            call(*bad)
+        except ValueError as e:
+            assert what in str(e), (what, str(e))
+        else:
+            raise AssertionError(f"no error for {what}")
+    try:
+        _C.Call(engine, mutated=[1])
+    except ValueError as e:
+        assert "out of range" in str(e)
+    else:
+        raise AssertionError("mutated index out of range accepted")
