@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "capture/graph.h"
 #include "capture/scopes.h"
 #include "replay/engine.h"
@@ -152,6 +153,13 @@ capture::ValueType ValueTypeFromName(const std::string& s) {
 // the graph mutates, run with grad mode off, and drop the graph's extra outputs (intermediate
 // bases of aliased outputs). torchreplay.capture uses it too, with the model's parameters and
 // buffers bound once ahead of the call's arguments.
+std::string Describe(const c10::IValue& v) {
+  if (v.isInt()) return absl::StrCat(v.toInt());
+  if (v.isDouble()) return absl::StrCat(v.toDouble());
+  if (v.isBool()) return v.toBool() ? "True" : "False";
+  return v.tagKind();
+}
+
 struct Call {
   std::shared_ptr<replay::Engine> engine;
   std::vector<c10::IValue> bound;  // leading graph inputs, fixed when the Call is built
@@ -159,8 +167,16 @@ struct Call {
   int num_outputs = -1;            // outputs returned: the graph's first num_outputs (-1: all)
   py::object fallback;             // takes the call when an argument does not convert (an int
                                    // beyond 64 bits); None: the OverflowError propagates
+  // Python numbers the graph was specialized on: (argument index, value), checked every call.
+  std::vector<std::pair<int, c10::IValue>> fixed;
+  enum class Returns { kList, kTuple, kOne } returns = Returns::kList;  // kOne: the output itself
 
   py::object operator()(py::args args) const {
+    const size_t n_args = engine->graph().inputs().size() - bound.size();
+    if (args.size() != n_args) {
+      throw py::type_error(absl::StrCat("torchreplay: graph '", engine->options().name, "' takes ",
+                                        n_args, " arguments, got ", args.size()));
+    }
     std::vector<c10::IValue> inputs;
     inputs.reserve(bound.size() + args.size());
     inputs.insert(inputs.end(), bound.begin(), bound.end());
@@ -169,6 +185,20 @@ struct Call {
     } catch (py::error_already_set& e) {
       if (!e.matches(PyExc_OverflowError) || fallback.is_none()) throw;
       return fallback(*args);
+    }
+    for (const auto& [i, want] : fixed) {
+      const c10::IValue& got = inputs[bound.size() + i];
+      const bool same = got.tagKind() == want.tagKind() &&
+                        (got.isInt()    ? got.toInt() == want.toInt()
+                         : got.isDouble() ? got.toDouble() == want.toDouble()
+                         : got.isBool()   ? got.toBool() == want.toBool()
+                                          : true);
+      if (!same) {
+        throw py::value_error(absl::StrCat(
+            "torchreplay: argument ", i, " is ", Describe(got), ", but the graph was captured with ",
+            Describe(want), " there and computes with that value; capture again for another value, "
+            "or pass it as a tensor"));
+      }
     }
     for (int i : mutated) {
       const c10::IValue& v = inputs[bound.size() + i];
@@ -182,6 +212,12 @@ struct Call {
     }
     if (!out.ok()) Throw(out.status());
     const size_t n = num_outputs < 0 ? out->size() : std::min<size_t>(num_outputs, out->size());
+    if (returns == Returns::kOne && n == 1) return FromIValue((*out)[0]);
+    if (returns == Returns::kTuple) {
+      py::tuple result(n);
+      for (size_t i = 0; i < n; ++i) result[i] = FromIValue((*out)[i]);
+      return std::move(result);
+    }
     py::list result(n);
     for (size_t i = 0; i < n; ++i) result[i] = FromIValue((*out)[i]);
     return std::move(result);
@@ -285,7 +321,7 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init([](std::shared_ptr<capture::Graph> g, const std::string& mode,
                        int warmup_iters, int capture_limit, bool clone_outputs,
                        const std::string& name, const std::string& dot_dir,
-                       bool preserve_outputs) {
+                       bool preserve_outputs, int bound_inputs) {
              replay::EngineOptions o;
              if (mode == "default") {
                o.mode = replay::Mode::kDefault;
@@ -300,13 +336,15 @@ PYBIND11_MODULE(_C, m) {
              o.capture_limit = capture_limit;
              o.clone_outputs = clone_outputs;
              o.preserve_outputs = preserve_outputs;
+             o.bound_inputs = bound_inputs;
              o.name = name;
              o.dot_dir = dot_dir;
              return std::make_shared<replay::Engine>(std::move(g), std::move(o));
            }),
            py::arg("graph"), py::arg("mode") = "reduce-overhead", py::arg("warmup_iters") = 1,
            py::arg("capture_limit") = 64, py::arg("clone_outputs") = false,
-           py::arg("name") = "graph", py::arg("dot_dir") = "", py::arg("preserve_outputs") = false)
+           py::arg("name") = "graph", py::arg("dot_dir") = "", py::arg("preserve_outputs") = false,
+           py::arg("bound_inputs") = 0)
       .def("run",
            [](replay::Engine& e, py::list args) {
              std::vector<c10::IValue> inputs;
@@ -345,17 +383,29 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<Call>(m, "Call", "One compiled graph as a C++ callable (Note [The call path]).")
       .def(py::init([](std::shared_ptr<replay::Engine> engine, py::list bound, std::vector<int> mutated,
-                       int num_outputs, py::object fallback) {
+                       int num_outputs, py::object fallback, py::dict fixed, const std::string& returns) {
              Call c{std::move(engine), {}, std::move(mutated), num_outputs, std::move(fallback)};
+             if (returns == "tuple") {
+               c.returns = Call::Returns::kTuple;
+             } else if (returns == "one") {
+               c.returns = Call::Returns::kOne;
+             } else if (returns != "list") {
+               throw py::value_error("torchreplay: returns must be 'list', 'tuple' or 'one'");
+             }
              for (auto b : bound) c.bound.push_back(ToIValue(b));
+             for (auto [i, v] : fixed) c.fixed.emplace_back(i.cast<int>(), ToIValue(v));
              const int n_args = static_cast<int>(c.engine->graph().inputs().size() - c.bound.size());
              for (int i : c.mutated) {
                if (i < 0 || i >= n_args) throw py::value_error("torchreplay: mutated index out of range");
              }
+             for (const auto& f : c.fixed) {
+               if (f.first < 0 || f.first >= n_args) throw py::value_error("torchreplay: fixed index out of range");
+             }
              return c;
            }),
            py::arg("engine"), py::arg("bound") = py::list(), py::arg("mutated") = std::vector<int>(),
-           py::arg("num_outputs") = -1, py::arg("fallback") = py::none())
+           py::arg("num_outputs") = -1, py::arg("fallback") = py::none(), py::arg("fixed") = py::dict(),
+           py::arg("returns") = "list")
       .def("__call__", &Call::operator())
       .def_property_readonly("engine", [](const Call& c) { return c.engine; });
 

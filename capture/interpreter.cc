@@ -164,7 +164,7 @@ c10::IValue MaterializeArg(const Arg& arg, const c10::TypePtr& type,
   return {};
 }
 
-absl::Status CheckInputs(const Graph& graph, const std::vector<c10::IValue>& inputs) {
+absl::Status CheckInputs(const Graph& graph, const std::vector<c10::IValue>& inputs, int bound) {
   const auto& ids = graph.inputs();
   if (inputs.size() != ids.size()) {
     return absl::InvalidArgumentError(
@@ -173,7 +173,11 @@ absl::Status CheckInputs(const Graph& graph, const std::vector<c10::IValue>& inp
   for (size_t i = 0; i < ids.size(); ++i) {
     const ValueInfo& info = graph.values()[ids[i]];
     const c10::IValue& v = inputs[i];
-    const std::string where = absl::StrCat("input ", i, " (", info.name, ")");
+    const int k = static_cast<int>(i);
+    const std::string where =
+        bound == 0 ? absl::StrCat("input ", k, " (", info.name, ")")
+        : k < bound ? absl::StrCat("bound input ", k, " (", info.name, ")")
+                    : absl::StrCat("argument ", k - bound, " (", info.name, ")");
     switch (info.type) {
       case ValueType::kTensor: {
         if (!v.isTensor()) {

@@ -17,7 +17,9 @@
 namespace torchreplay::capture {
 
 // Checks a call's inputs against the graph: count, kind, and for tensors dtype, device and rank.
-absl::Status CheckInputs(const Graph& graph, const std::vector<c10::IValue>& inputs);
+// With `bound` > 0 the first `bound` inputs are fixed by the caller (torchreplay.capture's
+// parameters), and errors name the others as "argument i", counted after them.
+absl::Status CheckInputs(const Graph& graph, const std::vector<c10::IValue>& inputs, int bound = 0);
 
 // The runtime value of `arg` for a parameter of schema type `type`, looked up in `env`.
 c10::IValue MaterializeArg(const Arg& arg, const c10::TypePtr& type,

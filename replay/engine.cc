@@ -154,7 +154,7 @@ absl::StatusOr<Engine::Entry*> Engine::Lookup(ThreadState& ts,
     ts.last_key = key;
     return it->second.get();
   }
-  if (auto s = capture::CheckInputs(*graph_, inputs); !s.ok()) {
+  if (auto s = capture::CheckInputs(*graph_, inputs, options_.bound_inputs); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("graph '", options_.name, "': ", s.message()));
   }
   auto entry = std::make_unique<Entry>();
@@ -381,7 +381,7 @@ absl::Status Engine::Precapture(std::vector<std::vector<c10::IValue>> input_sets
 absl::StatusOr<std::vector<c10::IValue>> Engine::Run(std::vector<c10::IValue> inputs) {
   ++calls_;
   if (options_.mode == Mode::kDefault) {
-    if (auto s = capture::CheckInputs(*graph_, inputs); !s.ok()) {
+    if (auto s = capture::CheckInputs(*graph_, inputs, options_.bound_inputs); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("graph '", options_.name, "': ", s.message()));
     }
     return RunEager(inputs);

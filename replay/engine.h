@@ -50,6 +50,9 @@ struct EngineOptions {
   bool preserve_outputs = false;
   // Name used in logs, stats and errors (e.g. "forward", "backward").
   std::string name = "graph";
+  // Leading inputs the caller binds once (torchreplay.capture: parameters, buffers); input errors
+  // then name the others "argument i", as the user passed them.
+  int bound_inputs = 0;
   // When set, each CUDA capture writes its graph as DOT to DIR/torchreplay_NAME.keyK.dot.
   std::string dot_dir;
 };

@@ -5,7 +5,8 @@
     config.mode = "reduce-overhead"
     model = torch.compile(model, backend=torchreplay.get_backend(compiler_config=config))
 
-or torch.compile(model, backend="torchreplay", options={"mode": "reduce-overhead"}).
+or torch.compile(model, backend="torchreplay", options={"mode": "reduce-overhead"}); or, with no
+Dynamo frame per call, step = torchreplay.capture(model, example_args, config=config).
 """
 import logging as _logging
 
@@ -13,10 +14,11 @@ import torch as _torch  # loads libtorch before the extension
 
 from . import _C
 from .backend import Backend, get_backend, named_backend, precapture, stats
+from .captured import Captured, capture
 from .config import CompilerConfig
 from .lowering import LoweringError
 
-__all__ = ["Backend", "CompilerConfig", "LoweringError", "get_backend", "precapture", "stats",
+__all__ = ["Backend", "Captured", "CompilerConfig", "LoweringError", "capture", "get_backend", "precapture", "stats",
            "set_log_level", "cuda_available"]
 
 _logging.getLogger("torchreplay").addHandler(_logging.NullHandler())

@@ -1,0 +1,202 @@
+"""torchreplay.capture: a model as one C++ callable, without Dynamo per call.
+
+    step = torchreplay.capture(model, (x, pos), config=cfg)
+    out = step(x, pos)         # straight into C++: the engine's guard key, then replay
+
+torch.export traces the model once (functional ATen graph, input mutations as extra outputs);
+the same passes, lowering and engine as the torch.compile path then run it. Parameters and buffers
+are bound once as static inputs; the writes the model makes to buffers and inputs are put back
+into the graph as in-place updates, so they land in the real tensors. What is checked per call and
+what is not: docs/design.md, "torchreplay.capture".
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import torch
+import torch.fx
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind, OutputKind
+from torch.utils import _pytree as pytree
+
+from . import _C
+from .backend import _all_engines, _dump
+from .config import CompilerConfig
+from .lowering import lower
+from .passes import run_passes
+
+logger = logging.getLogger("torchreplay")
+_capture_ids = itertools.count()
+aten = torch.ops.aten
+
+
+class _AsModule(torch.nn.Module):
+    def __init__(self, fn: Callable) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+
+def _decompositions(extra: Optional[Dict[Any, Callable]]) -> Any:
+    """What AOTAutograd does under torch.compile: CompositeImplicitAutograd ops decompose (linear ->
+    t + addmm), the rest of ATen stays; plus the caller's own decompositions."""
+    from torch._export.utils import _collect_all_valid_cia_ops
+
+    table = torch.export.default_decompositions()
+    cia = _collect_all_valid_cia_ops()
+    for op in list(table.keys()):
+        if op not in cia:
+            table.pop(op)
+    for op, fn in (extra or {}).items():
+        table[op] = fn
+    return table
+
+
+def _writes_back(ep: ExportedProgram, gm: torch.fx.GraphModule) -> int:
+    """Turns the export's mutation outputs (the new value of a buffer or an input) into copy_
+    nodes, so that the graph writes them itself (the reinplace pass then makes some of them
+    in-place updates). Each copy_ goes right after the last read of the old value, and later
+    uses of the new value read the written tensor, so that an output computed from it (x.mul_(2);
+    return x.view(-1)) aliases the caller's tensor as in eager. Returns the user output count."""
+    sig = ep.graph_signature
+    placeholders = {n.name: n for n in gm.graph.nodes if n.op == "placeholder"}
+    written = {}  # buffer FQN or user input name -> placeholder
+    for spec in sig.input_specs:
+        if spec.kind == InputKind.BUFFER:
+            written[spec.target] = placeholders[spec.arg.name]
+        elif spec.kind == InputKind.USER_INPUT and hasattr(spec.arg, "name"):
+            written[spec.arg.name] = placeholders[spec.arg.name]
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    user = []
+    for spec, new in zip(sig.output_specs, list(output.args[0])):
+        if spec.kind == OutputKind.USER_OUTPUT:
+            user.append(new)
+            continue
+        if spec.kind not in (OutputKind.BUFFER_MUTATION, OutputKind.USER_INPUT_MUTATION):
+            raise NotImplementedError(f"torchreplay.capture: export output kind {spec.kind.name}")
+        buf = written[spec.target]
+        order = {n: i for i, n in enumerate(gm.graph.nodes)}
+        last = max([new] + [u for u in buf.users if u.op != "output"], key=order.__getitem__)
+        with gm.graph.inserting_after(last):
+            copy = gm.graph.call_function(aten.copy_.default, (buf, new))
+        new.replace_all_uses_with(copy, delete_user_cb=lambda u: u is not copy and u.op != "output"
+                                  and order.get(u, len(order)) > order[last])
+        user = [copy if u is new else u for u in user]
+    output.args = (tuple(user),)
+    gm.graph.lint()
+    gm.recompile()
+    return len(user)
+
+
+class Captured(_C.Call):
+    """A model captured by torchreplay.capture; call it like the model. Positional arguments,
+    flat (tensors and Python numbers) go straight to C++; nested ones are flattened first."""
+
+    def __init__(self, engine: Any, bound: List[Any], mutated: List[int], fixed: Dict[int, Any],
+                 in_spec: Any, out_spec: Any, num_outputs: int) -> None:
+        returns = "one" if out_spec.is_leaf() else "tuple"
+        super().__init__(engine, bound=bound, mutated=mutated, num_outputs=num_outputs, fixed=fixed,
+                         returns=returns)
+        self._bound, self._in_spec, self._out_spec = bound, in_spec, out_spec
+        self._flat_out = out_spec.is_leaf() or (
+            out_spec.type is tuple and all(c.is_leaf() for c in out_spec.children()))
+
+    @property
+    def name(self) -> str:
+        return self.engine.name
+
+    def stats(self) -> Dict[str, Any]:
+        """Calls, replays, captures, fallbacks and the capture log of this model's engine."""
+        return dict(self.engine.stats(), name=self.engine.name)
+
+    def precapture(self, input_sets: Sequence[Sequence[Any]]) -> None:
+        """Warms up and captures these argument sets' keys ahead of time, largest first."""
+        self.engine.precapture([list(self._bound) + self._flatten(args) for args in input_sets])
+
+    def _flatten(self, args: Sequence[Any]) -> List[Any]:
+        flat, spec = pytree.tree_flatten((tuple(args), {}))
+        if spec != self._in_spec:
+            raise TypeError(f"torchreplay.capture: the arguments have structure {spec}, "
+                            f"the captured model was called with {self._in_spec}")
+        return flat
+
+
+def _nested_call(captured: Captured) -> Callable:
+    """For nested arguments or outputs: flatten, call, unflatten (the only per-call Python)."""
+    call = super(Captured, captured).__call__  # the C++ call
+
+    def step(*args: Any) -> Any:
+        outs = call(*captured._flatten(args))
+        if captured._out_spec.is_leaf():
+            outs = [outs]
+        return pytree.tree_unflatten(list(outs), captured._out_spec)
+
+    step.captured = captured  # type: ignore[attr-defined]
+    step.stats = captured.stats  # type: ignore[attr-defined]
+    step.precapture = captured.precapture  # type: ignore[attr-defined]
+    return step
+
+
+def capture(model: Callable, example_args: Sequence[Any], *, config: Optional[CompilerConfig] = None,
+            dynamic: bool = False, decompositions: Optional[Dict[Any, Callable]] = None) -> Any:
+    """Traces model(*example_args) once with torch.export and returns a callable that replays it
+    (config.mode "reduce-overhead") or runs it op by op in C++ ("default"), with no Dynamo frame
+    per call. dynamic=True lets every tensor dimension change (one capture per shape);
+    otherwise other shapes are a clear error from the engine's input check or a new key."""
+    config = config if config is not None else CompilerConfig()
+    module = model if isinstance(model, torch.nn.Module) else _AsModule(model)
+    args = tuple(example_args)
+    dynamic_shapes = None
+    if dynamic:
+        dynamic_shapes = pytree.tree_map(
+            lambda a: {d: torch.export.Dim.AUTO for d in range(a.dim())} if isinstance(a, torch.Tensor) else None,
+            args)
+    with torch.no_grad():
+        ep = torch.export.export(module, args, dynamic_shapes=dynamic_shapes, strict=False)
+        ep = ep.run_decompositions(_decompositions(decompositions))
+    gm = ep.graph_module
+    num_outputs = _writes_back(ep, gm)
+    sig = ep.graph_signature
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    example = [n.meta.get("val") for n in placeholders]
+    run_passes(gm, example, config)
+
+    # Bound inputs: the module's own parameters, buffers and constants, in the graph's order.
+    state = dict(module.named_parameters(remove_duplicate=False))
+    state.update(module.named_buffers(remove_duplicate=False))
+    bound: List[Any] = []
+    user_specs = []
+    for spec in sig.input_specs:
+        if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
+            bound.append(state[spec.target])
+        elif spec.kind == InputKind.CONSTANT_TENSOR:
+            bound.append(ep.constants[spec.target])
+        elif spec.kind == InputKind.USER_INPUT:
+            user_specs.append(spec)
+        else:
+            raise NotImplementedError(f"torchreplay.capture: export input kind {spec.kind.name}")
+    if bound and len(bound) + len(user_specs) != len(placeholders):
+        raise AssertionError("torchreplay.capture: graph inputs and signature disagree")
+    flat_args, in_spec = pytree.tree_flatten((args, {}))
+    # Python numbers export specialized on: checked per call, since the graph computes with them.
+    fixed = {i: a for i, (a, n) in enumerate(zip(flat_args, placeholders[len(bound):]))
+             if isinstance(a, (bool, int, float)) and not isinstance(n.meta.get("val"), torch.SymInt)}
+    mutated_names = {s.target for s in sig.output_specs if s.kind == OutputKind.USER_INPUT_MUTATION}
+    mutated = [i for i, s in enumerate(user_specs) if s.arg.name in mutated_names]
+
+    name = f"c{next(_capture_ids)}.{type(module).__name__ if module is model else getattr(model, '__name__', 'fn')}"
+    with torch._subclasses.fake_tensor.unset_fake_temporarily():
+        graph = lower(gm, example, list(range(len(bound))))
+    _dump(config, name, gm, graph)
+    ro = config.reduce_overhead
+    engine = _C.Engine(graph, config.mode, ro.warmup_iters, ro.capture_limit, ro.clone_outputs, name, "",
+                       preserve_outputs=False, bound_inputs=len(bound))
+    _all_engines.add(engine)
+    captured = Captured(engine, bound, mutated, fixed, in_spec, ep.call_spec.out_spec, num_outputs)
+    flat_in = all(c.is_leaf() for c in in_spec.children()[0].children()) and not in_spec.children()[1].children()
+    logger.debug("torchreplay: captured %s (%d nodes, %d bound inputs)", name, graph.num_nodes, len(bound))
+    return captured if flat_in and captured._flat_out else _nested_call(captured)

@@ -1,0 +1,230 @@
+"""torchreplay.capture: the Dynamo-free entry point, against eager, with the same semantics as the
+torch.compile path (input mutation, output aliasing, stale outputs, clone_outputs, fallback with
+a reason, stats, profiler ranges, precapture) and clear errors for bad calls."""
+import copy
+import os
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+
+import torchreplay
+from fuzz_graphs import C, bitwise_equal, make_inputs, make_program
+from torchreplay.bench.models import DecodeAttention, DemoModel, MLP
+
+FUZZ_GRAPHS = int(os.environ.get("TORCHREPLAY_CAPTURE_FUZZ_GRAPHS", "60"))
+
+
+def config(mode="reduce-overhead", **ro):
+    cfg = torchreplay.CompilerConfig()
+    cfg.mode = mode
+    for k, v in ro.items():
+        setattr(cfg.reduce_overhead, k, v)
+    return cfg
+
+
+class Counting(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("count", torch.zeros(4))
+
+    def forward(self, x):
+        self.count.add_(1)
+        x.mul_(2)                          # an input mutation the caller sees
+        return self.lin(x) * self.count, x.view(-1)
+
+
+def test_random_graphs_through_capture_bitwise_equal_to_eager():
+    """The differential fuzz's graphs (as Python functions) captured and replayed: outputs and
+    mutated inputs bitwise equal to eager over several calls."""
+    for seed in range(FUZZ_GRAPHS):
+        prog = make_program(seed, num_ops=6 + seed % 7)
+        gen = torch.Generator().manual_seed(seed)
+        w = torch.randn(C, C, generator=gen)
+        w_ref = w.clone()
+        step = torchreplay.capture(lambda x, y, w, idx, r: tuple(prog.eager([x, y, w, idx, r])),
+                                   [t.clone() if isinstance(t, torch.Tensor) else t
+                                    for t in make_inputs(gen, 5, w)], config=config())
+        for call in range(5):
+            inputs = make_inputs(gen, 5, w)
+            ref = [t.clone() if isinstance(t, torch.Tensor) else t for t in inputs]
+            ref[2] = w_ref
+            want = prog.eager(ref)
+            got = step(*inputs)
+            got = got if isinstance(got, tuple) else (got,)
+            assert len(got) == len(want)
+            for i, (g, e) in enumerate(zip(got, want)):
+                assert bitwise_equal(g, e), f"seed {seed} call {call} output {i}"
+            for i in (0, 1, 2):
+                assert bitwise_equal(inputs[i], ref[i]), f"seed {seed} call {call} input {i}"
+        assert step.stats()["replays"] >= 3, (seed, step.stats())
+
+
+def test_buffer_and_input_mutations_land_and_views_alias():
+    torch.manual_seed(0)
+    eager = Counting()
+    model = copy.deepcopy(eager)
+    step = torchreplay.capture(model, (torch.randn(2, 4),), config=config())
+    for _ in range(5):
+        x = torch.randn(2, 4)
+        xe = x.clone()
+        with torch.no_grad():
+            y, v = step(x)
+            ye, ve = eager(xe)
+        assert torch.equal(y, ye) and torch.equal(x, xe) and torch.equal(model.count, eager.count)
+        assert v.data_ptr() == x.data_ptr() and torch.equal(v, ve)   # a view of the caller's x
+        assert x._version > 0
+    s = step.stats()
+    assert s["captures"] == 1 and s["replays"] == 4   # call 1 warms up; 2 captures, then replays
+
+
+def test_decode_step_with_kv_cache_written_in_place():
+    torch.manual_seed(1)
+    eager = DecodeAttention().eval()
+    model = copy.deepcopy(eager)
+    step = torchreplay.capture(model, (torch.randn(1, 1, 64), torch.tensor([0])), config=config())
+    with torch.no_grad():
+        for i in range(8):
+            x, pos = torch.randn(1, 1, 64), torch.tensor([i])
+            assert torch.equal(step(x, pos), eager(x, pos))
+            assert torch.equal(model.k_cache, eager.k_cache) and torch.equal(model.v_cache, eager.v_cache)
+    assert step.stats()["replays"] == 7
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_both_modes_match_eager(mode):
+    torch.manual_seed(2)
+    model = MLP().eval()
+    step = torchreplay.capture(model, (torch.randn(1, 64),), config=config(mode))
+    with torch.no_grad():
+        for _ in range(4):
+            x = torch.randn(1, 64)
+            assert torch.equal(step(x), model(x))
+    assert step.stats()["captures"] == (1 if mode == "reduce-overhead" else 0)
+
+
+def test_kept_output_is_invalidated_unless_clone_outputs():
+    model = MLP().eval()
+    x = torch.randn(1, 64)
+    step = torchreplay.capture(model, (x,), config=config())
+    kept = [step(torch.randn(1, 64)) for _ in range(3)]
+    with pytest.raises(RuntimeError, match="reused its memory"):
+        kept[1].sum()
+    step = torchreplay.capture(model, (x,), config=config(clone_outputs=True))
+    xs = [torch.randn(1, 64) for _ in range(3)]
+    kept = [step(t) for t in xs]
+    with torch.no_grad():
+        assert all(torch.equal(k, model(t)) for k, t in zip(kept, xs))
+
+
+def test_python_number_is_specialized_and_checked():
+    torch.manual_seed(3)
+    model = DemoModel().eval()
+    x = torch.randn(100, 128)
+    step = torchreplay.capture(model, (x, 100), config=config())
+    with torch.no_grad():
+        for _ in range(3):
+            assert torch.equal(step(x, 100), model(x, 100))
+    with pytest.raises(ValueError, match="argument 1 is 7, but the graph was captured with 100"):
+        step(x, 7)
+
+
+def test_bad_calls_raise_clear_errors():
+    step = torchreplay.capture(MLP().eval(), (torch.randn(1, 64),), config=config())
+    with pytest.raises(TypeError, match="takes 1 arguments, got 2"):
+        step(torch.randn(1, 64), torch.randn(1, 64))
+    with pytest.raises(TypeError, match="takes 1 arguments, got 0"):
+        step()
+    with pytest.raises(ValueError, match=r"argument 0 \(x\): expected dtype Float, got Double"):
+        step(torch.randn(1, 64, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"argument 0 \(x\): expected a 2-d tensor, got 1-d"):
+        step(torch.randn(64))
+    with pytest.raises(ValueError, match=r"argument 0 \(x\): expected a tensor, got Int"):
+        step(3)
+
+
+def test_dynamic_shapes_capture_per_shape_and_fall_back_with_reason():
+    model = MLP().eval()
+    step = torchreplay.capture(model, (torch.randn(2, 64),), config=config(capture_limit=2), dynamic=True)
+    with torch.no_grad():
+        for rows in [2, 2, 3, 3, 2, 3, 5, 5, 5]:
+            x = torch.randn(rows, 64)
+            assert torch.equal(step(x), model(x))
+    s = step.stats()
+    assert s["captures"] == 2 and s["eager_fallbacks"] == 3
+    assert "capture limit (2 keys) reached" in s["fallback_reasons"][0]
+
+
+def test_precapture_then_only_replays():
+    model = MLP().eval()
+    step = torchreplay.capture(model, (torch.randn(2, 64),), config=config(), dynamic=True)
+    step.precapture([(torch.randn(4, 64),), (torch.randn(2, 64),)])
+    before = step.stats()
+    assert before["captures"] == 2
+    with torch.no_grad():
+        for rows in [2, 4, 2]:
+            x = torch.randn(rows, 64)
+            assert torch.equal(step(x), model(x))
+    after = step.stats()
+    assert after["captures"] == 2 and after["replays"] == before["replays"] + 3
+
+
+def test_moved_parameter_is_recaptured():
+    torch.manual_seed(4)
+    model = MLP().eval()
+    step = torchreplay.capture(model, (torch.randn(1, 64),), config=config())
+    x = torch.randn(1, 64)
+    for _ in range(3):
+        step(x)
+    with torch.no_grad():
+        model.layers[0].weight.data = torch.randn(256, 64)   # new memory under the same Parameter
+        for _ in range(3):
+            assert torch.equal(step(x), model(x))
+    assert step.stats()["captures"] == 2
+
+
+def test_nested_arguments_and_outputs():
+    def fn(pair, scale):
+        a, b = pair
+        return {"sum": a + b, "prod": (a * b * scale,)}
+
+    step = torchreplay.capture(fn, ((torch.randn(3), torch.randn(3)), 2.0), config=config())
+    for _ in range(3):
+        a, b = torch.randn(3), torch.randn(3)
+        got, want = step((a, b), 2.0), fn((a, b), 2.0)
+        assert torch.equal(got["sum"], want["sum"]) and torch.equal(got["prod"][0], want["prod"][0])
+    with pytest.raises(TypeError, match="structure"):
+        step(a, b)
+
+
+def test_flat_call_runs_no_python_of_ours_and_shows_in_the_profiler():
+    model = MLP().eval()
+    x = torch.randn(1, 64)
+    step = torchreplay.capture(model, (x,), config=config())
+    for _ in range(3):
+        step(x)
+    files = []
+    sys.setprofile(lambda frame, event, arg: files.append(frame.f_code.co_filename) if event == "call" else None)
+    try:
+        step(x)
+    finally:
+        sys.setprofile(None)
+    assert files == []
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(3):
+            step(x)
+    assert [ev.name for ev in prof.events()].count("torchreplay::replay") == 3
+
+
+@pytest.mark.skipif(not torchreplay.cuda_available(), reason="needs the CUDA build and a CUDA device")
+def test_capture_on_cuda_matches_eager():
+    torch.manual_seed(5)
+    model = MLP().eval().cuda()
+    step = torchreplay.capture(model, (torch.randn(1, 64, device="cuda"),), config=config())
+    with torch.no_grad():
+        for _ in range(4):
+            x = torch.randn(1, 64, device="cuda")
+            assert torch.equal(step(x), model(x))
+    assert step.stats()["replays"] >= 2
