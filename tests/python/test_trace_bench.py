@@ -139,3 +139,37 @@ def test_harness_quick_run_writes_results_and_flags_a_wrong_mode(tmp_path, capsy
         assert {r["mode"] for r in csv.DictReader(f)} == set(results)
     with open(tmp_path / "speedup.png", "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_harness_floor_and_engine_rows_and_summary(tmp_path, capsys):
+    class TwoGraphs(torch.nn.Module):
+        def forward(self, x):
+            x = torch.sin(x) + 1
+            torch._dynamo.graph_break()
+            return torch.cos(x) * 2
+
+    bench.MODELS["two_graphs"] = (lambda: (TwoGraphs(), lambda i: (torch.randn(8),)), "one graph break")
+    try:
+        rc = bench.main(["--quick", "--models", "chain64,two_graphs", "--modes",
+                         "eager,torchreplay-reduce-overhead,engine,dynamo-floor", "--out", str(tmp_path)])
+    finally:
+        bench.MODELS.pop("two_graphs")
+    assert rc == 0
+    out, err = capsys.readouterr()
+    data = json.load(open(tmp_path / "results.json"))
+    results = {(r["model"], r["mode"]): r for r in data["results"]}
+    floor = results[("chain64", "dynamo-floor")]
+    assert floor["correct"] is None and floor["check"] == "floor (not checked)" and floor["median_us"] > 0
+    assert any(line.startswith("chain64") and "floor (not checked)" in line for line in out.splitlines())
+    engine = results[("chain64", "engine")]
+    assert engine["correct"] and engine["bitwise"] and engine["graphs"] == 1 and engine["median_us"] > 0
+    two = results[("two_graphs", "engine")]
+    assert two["correct"] and two["graphs"] == 2 and two["check"] == "bitwise, 2 graphs"
+    summary = {s["model"]: s for s in data["summary"]}
+    s = summary["chain64"]
+    assert s["ours_us"] == results[("chain64", "torchreplay-reduce-overhead")]["median_us"]
+    assert s["added_us"] == pytest.approx(s["ours_us"] - s["dynamo_floor_us"] - s["engine_us"])
+    assert s["ours_vs_eager"] == pytest.approx(s["eager_us"] / s["ours_us"])
+    assert "where torchreplay reduce-overhead's time goes" in out
+    # stderr is not a terminal here: one plain line per run instead of a progress bar
+    assert "[8/8] two_graphs dynamo-floor " in err and "it/s" not in err and "run/s" not in err

@@ -1,5 +1,8 @@
 """Eager vs torchreplay vs the torch.compile peers, per model: time per call, speedup vs eager,
-compile/capture time; correctness checked against eager before timing.
+compile/capture time; correctness checked against eager before timing. Two reference rows:
+dynamo-floor (what Dynamo alone costs per call) and engine (torchreplay's C++ engines called
+directly); a summary per model then splits torchreplay's time through torch.compile into the two
+and what the torch.compile path adds on top.
 
     python -m torchreplay.bench [--device cpu|cuda] [--models mlp,demo] [--modes eager,replay]
                                 [--quick] [--out DIR] [--trace]
@@ -22,13 +25,21 @@ import torch
 import torch.utils.benchmark as tbench
 
 import torchreplay
-from torchreplay.bench.models import MODELS
+from torchreplay.bench.models import MODELS, out_by_hand
 
 MODES = {
     "eager": "eager PyTorch",
     "torchreplay-default": "torchreplay, mode default (C++ interpreter)",
     "torchreplay-reduce-overhead": "torchreplay, mode reduce-overhead (capture + replay)",
-    "dynamo-eager": "torch.compile(backend='eager'): Dynamo alone, the per-call floor of any backend",
+    "torchreplay-capture": "torchreplay.capture (reduce-overhead): torch.export once, then each call "
+                           "straight into C++, no Dynamo",
+    "out-by-hand": "the model hand-written as out= ATen calls into preallocated buffers, from Python "
+                   "(mlp, demo only): the floor for compute-bound models",
+    "engine": "torchreplay's engines (reduce-overhead) called directly from Python on recorded inputs "
+              "(checked against each graph run eagerly)",
+    "dynamo-floor": "torch.compile with a backend returning the outputs of its first call: what Dynamo "
+                    "alone costs per call, the floor under any backend (outputs stale, not checked)",
+    "dynamo-eager": "torch.compile(backend='eager'): Dynamo, then the FX graph run by Python",
     "aot_eager": "torch.compile(backend='aot_eager')",
     "inductor": "torch.compile() (Inductor)",
     "cuda-graph-by-hand": "torch.cuda.CUDAGraph captured once, replayed from Python with the input copy",
@@ -36,6 +47,7 @@ MODES = {
     "inductor-reduce-overhead": "torch.compile(mode='reduce-overhead')",
 }
 CUDA_ONLY = {"cuda-graph-by-hand", "cudagraphs", "inductor-reduce-overhead"}
+NOT_CHECKED = {"dynamo-floor": "floor (not checked)"}  # mode -> what its check column says
 _CUSTOM: Dict[str, Callable[[torch.nn.Module], Callable]] = {}
 
 
@@ -76,9 +88,114 @@ class GraphByHand:
         return self.out
 
 
-def compile_for(mode: str, model: torch.nn.Module) -> Callable:
+def floor_backend(gm: torch.fx.GraphModule, example_inputs: List[Any]) -> Callable:
+    """A torch.compile backend whose compiled function runs the graph on its first call and then
+    returns those same outputs on every call: Dynamo's own per-call cost and nothing else."""
+    outputs: List[Any] = []
+
+    def run(*args: Any) -> Any:
+        if not outputs:
+            outputs.append(gm(*args))
+        return outputs[0]
+
+    return run
+
+
+def _tensors(out: Any) -> List[torch.Tensor]:
+    return [o for o in (out if isinstance(out, (list, tuple)) else [out]) if isinstance(o, torch.Tensor)]
+
+
+class RecordingBackend(torchreplay.Backend):
+    """The torchreplay backend, recording for the latest call each graph it ran: the engine's run
+    (or the graph's eager fallback), the argument list it got, the FX graph and its outputs."""
+
+    def __init__(self, config: torchreplay.CompilerConfig) -> None:
+        super().__init__(config)
+        self.calls: List[tuple] = []
+        self._built: Optional[tuple] = None
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Callable:
+        compiled = super().__call__(gm, example_inputs, **kwargs)
+        built, self._built = self._built, None
+
+        def call(*args: Any) -> Any:
+            n = len(self.calls)
+            out = compiled(*args)
+            if len(self.calls) == n and built:  # the engine was called without AOTAutograd's wrapper
+                self.calls.append((built[0], list(args), built[1], _tensors(out)))
+            return out
+
+        return call
+
+    def _compile(self, gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Callable:
+        compiled = super()._compile(gm, example_inputs, **kwargs)
+        engine = getattr(compiled, "engine", None)
+        run = engine.run if engine is not None else compiled
+        self._built = (run, gm)
+
+        def call(args: List[Any]) -> Any:
+            saved = list(args)  # a copy: the boxed call clears its list
+            out = compiled(args)
+            self.calls.append((run, saved, gm, _tensors(out)))
+            return out
+
+        call._boxed_call = True  # type: ignore[attr-defined]
+        return call
+
+
+class EngineDirect:
+    """Mode "engine": the model compiled with torchreplay (reduce-overhead) for the warm-up and
+    check calls; step() then runs the engines the latest call went through, in order, each on
+    the argument list it got: the C++ path without Dynamo and AOTAutograd."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        config = torchreplay.CompilerConfig()
+        config.mode = "reduce-overhead"
+        self.backend = RecordingBackend(config)
+        self.compiled = torch.compile(model, backend=self.backend)
+
+    def __call__(self, *inputs: Any) -> Any:
+        self.backend.calls.clear()
+        out = self.compiled(*inputs)
+        # An engine's outputs live in its pool until its next run: a later graph's argument that
+        # shares their memory is copied, so that step() can run the engines again and again.
+        pooled = set()
+        for _, args, _, outs in self.backend.calls:
+            args[:] = [x.clone() if isinstance(x, torch.Tensor) and x.untyped_storage().data_ptr() in pooled else x
+                       for x in args]
+            pooled.update(o.untyped_storage().data_ptr() for o in outs)
+            outs.clear()
+        return out
+
+    def step(self) -> None:
+        for run, args, _, _ in self.backend.calls:
+            run(list(args))
+
+    def check(self) -> tuple:
+        """(close, bitwise) of each engine's outputs against its FX graph run eagerly on copies of
+        the same arguments."""
+        ok, bitwise = True, True
+        for run, args, gm, _ in self.backend.calls:
+            want = gm(*[x.clone() if isinstance(x, torch.Tensor) else x for x in args])
+            close, exact = same(list(run(list(args))), list(want))
+            ok, bitwise = ok and close, bitwise and exact
+        return ok, bitwise
+
+
+def compile_for(mode: str, model: torch.nn.Module, example_inputs: List[Any]) -> Optional[Callable]:
+    """The callable to time for this mode, or None where the mode has no version of the model."""
+    if mode == "torchreplay-capture":
+        config = torchreplay.CompilerConfig()
+        config.mode = "reduce-overhead"
+        return torchreplay.capture(model, example_inputs, config=config)
+    if mode == "out-by-hand":
+        return out_by_hand(model)
     if mode == "cuda-graph-by-hand":
         return GraphByHand(model)
+    if mode == "engine":
+        return EngineDirect(model)
+    if mode == "dynamo-floor":
+        return torch.compile(model, backend=floor_backend)
     if mode in _CUSTOM:
         return _CUSTOM[mode](model)
     if mode == "eager":
@@ -109,6 +226,8 @@ def same(a: Any, b: Any) -> tuple:
     if isinstance(a, (tuple, list)):
         pairs = [same(x, y) for x, y in zip(a, b)]
         return all(p[0] for p in pairs), all(p[1] for p in pairs)
+    if not isinstance(a, torch.Tensor):
+        return a == b, a == b
     close = a.shape == b.shape and torch.allclose(a, b, rtol=1e-4, atol=1e-5)
     return close, close and torch.equal(a, b)
 
@@ -159,28 +278,45 @@ def measure(model_name: str, mode: str, device: str, min_run_time: float,
     model, make_inputs = factory()
     model = model.to(device)
     reference = copy.deepcopy(model)
-    fn = compile_for(mode, copy.deepcopy(model))
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        fn = compile_for(mode, copy.deepcopy(model), [to_device(x, device) for x in make_inputs(0)])
+    if fn is None:
+        return None
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     row: Dict[str, Any] = {"model": model_name, "mode": mode}
     with torch.no_grad():
         # Warm-up: compile, warm-up runs, capture. Checked against eager on the same inputs.
-        t0 = time.perf_counter()
         ok, bitwise = True, True
         for i in range(3):
             inputs = [to_device(x, device) for x in make_inputs(i)]
             want = reference(*copy.deepcopy(inputs))
             got = fn(*inputs)
-            close, exact = same(got, want)
-            ok, bitwise = ok and close, bitwise and exact
+            if mode not in NOT_CHECKED:
+                close, exact = same(got, want)
+                ok, bitwise = ok and close, bitwise and exact
         sync()
         row["compile_s"] = time.perf_counter() - t0
-        row["correct"], row["bitwise"] = ok, bitwise
+        if isinstance(fn, EngineDirect):
+            row["graphs"] = len(fn.backend.calls)
+            if ok:
+                ok, bitwise = fn.check()
+                if not ok:
+                    row["error"] = "an engine's outputs differ from its FX graph run eagerly"
+        if mode in NOT_CHECKED:
+            row["correct"], row["bitwise"], row["check"] = None, None, NOT_CHECKED[mode]
+        else:
+            row["correct"], row["bitwise"] = ok, bitwise
+            row["check"] = "bitwise" if bitwise else "close" if ok else "WRONG"
+        if row.get("graphs", 1) > 1:
+            row["check"] += f", {row['graphs']} graphs"
         if not ok:
             return row
         inputs = [to_device(x, device) for x in make_inputs(3)]
+        step = fn.step if isinstance(fn, EngineDirect) else lambda: fn(*inputs)
 
         def call() -> None:
-            fn(*inputs)
+            step()
             sync()
 
         timer = tbench.Timer(stmt="call()", globals={"call": call})
@@ -189,7 +325,7 @@ def measure(model_name: str, mode: str, device: str, min_run_time: float,
         row["iqr_us"] = m.iqr * 1e6
         row["runs"] = len(m.times)
         if device == "cuda":
-            row["host_us"] = host_overhead_us(lambda: fn(*inputs))
+            row["host_us"] = host_overhead_us(step)
         if trace_dir is not None:
             row.update(record_trace(call, device, os.path.join(trace_dir, f"{model_name}.{mode}.json")))
     return row
@@ -211,7 +347,8 @@ def plot(rows: List[Dict[str, Any]], path: str) -> None:
     ax.set_xticks([i + width * (len(modes) - 1) / 2 for i in range(len(models))], models)
     ax.set_ylabel("speedup vs eager (x)")
     ax.set_title("time per call, speedup over eager")
-    ax.legend(fontsize=7)
+    if modes:
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -262,18 +399,31 @@ def main(argv: Optional[List[str]] = None) -> int:
     rows: List[Dict[str, Any]] = []
     jobs = [(m, mode) for m in models for mode in modes]
     min_run_time = 0.3 if args.quick else 1.5
-    for model_name, mode in tqdm(jobs, desc="compile, capture, time", unit="run", file=sys.stderr):
+    tty = sys.stderr.isatty()  # a log file gets one line per run instead of the bar's redraws
+    for k, (model_name, mode) in enumerate(tqdm(jobs, desc="compile, capture, time", unit="run",
+                                                file=sys.stderr, disable=not tty), 1):
         torch._dynamo.reset()
         try:
-            rows.append(measure(model_name, mode, args.device, min_run_time, trace_dir))
+            row = measure(model_name, mode, args.device, min_run_time, trace_dir)
+            if row is None:
+                continue  # no version of this model in this mode
+            rows.append(row)
         except Exception as e:  # a mode that fails is reported, not fatal
             rows.append({"model": model_name, "mode": mode, "correct": False, "error": f"{type(e).__name__}: {e}"[:300]})
+        if not tty:
+            r = rows[-1]
+            why = r.get("error", "output differs from eager").splitlines()[0]
+            result = f"{r['median_us']:.1f} us" if "median_us" in r else f"WRONG: {why}"
+            print(f"[{k}/{len(jobs)}] {model_name} {mode} {result}", file=sys.stderr, flush=True)
     for r in rows:
         base = next((b for b in rows if b["model"] == r["model"] and b["mode"] == "eager"), None)
         if base and "median_us" in r and "median_us" in base:
             r["speedup"] = base["median_us"] / r["median_us"]
 
     print(render_table(rows, models, modes, args.device))
+    summary = summarize(rows, models)
+    if summary:
+        print(render_summary(summary))
     if args.device == "cuda":
         print(render_host_ratios(rows, models))
     if trace_dir:
@@ -282,9 +432,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             "machine": platform.machine(), "threads": torch.get_num_threads(),
             "date": time.strftime("%Y-%m-%d"), "modes": {m: MODES[m] for m in modes}}
     with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump({"meta": meta, "results": rows}, f, indent=2)
-    fields = ["model", "mode", "correct", "bitwise", "median_us", "iqr_us", "runs", "speedup", "compile_s",
-              "host_us", "error",
+        json.dump({"meta": meta, "results": rows, "summary": summary}, f, indent=2)
+    fields = ["model", "mode", "correct", "bitwise", "check", "graphs", "median_us", "iqr_us", "runs", "speedup",
+              "compile_s", "host_us", "error",
               "trace", "trace_host_us", "trace_replays", "trace_aten_ops", "trace_kernel_launches",
               "trace_graph_launches"]
     with open(os.path.join(args.out, "results.csv"), "w", newline="") as f:
@@ -307,14 +457,52 @@ def render_table(rows: List[Dict[str, Any]], models: List[str], modes: List[str]
             r = next((x for x in rows if x["model"] == m and x["mode"] == mode), None)
             if r is None:
                 continue
-            if not r.get("correct"):
+            if "median_us" not in r:
                 why = r.get("error", "output differs from eager")
                 lines.append(f"{m:<18}{mode:<30}{'WRONG':>10}{'':>8}{'':>10}{r.get('compile_s', 0):>11.2f}  {why}")
                 continue
-            check = "bitwise" if r["bitwise"] else "close"
+            check = r.get("check") or ("bitwise" if r["bitwise"] else "close")
             lines.append(f"{m:<18}{mode:<30}{r['median_us']:>10.1f}{r['iqr_us']:>8.1f}"
                          f"{r.get('speedup', 0):>9.2f}x{r['compile_s']:>11.2f}"
                          + (f"{r.get('host_us', 0):>10.1f}" if host else "") + f"  {check}")
+    return "\n".join(lines)
+
+
+def summarize(rows: List[Dict[str, Any]], models: List[str]) -> List[Dict[str, Any]]:
+    """Per model: eager, dynamo-floor, engine and torchreplay reduce-overhead through torch.compile
+    (us per call), what the torch.compile path adds (ours - floor - engine) and ours vs eager."""
+    def us(model: str, mode: str) -> Optional[float]:
+        r = next((x for x in rows if x["model"] == model and x["mode"] == mode), None)
+        return r.get("median_us") if r else None
+
+    out = []
+    for m in models:
+        eager, floor, engine, ours, captured, by_hand = (
+            us(m, mode) for mode in ("eager", "dynamo-floor", "engine", "torchreplay-reduce-overhead",
+                                     "torchreplay-capture", "out-by-hand"))
+        if ours is None:
+            continue
+        out.append({"model": m, "eager_us": eager, "dynamo_floor_us": floor, "engine_us": engine, "ours_us": ours,
+                    "added_us": ours - floor - engine if floor is not None and engine is not None else None,
+                    "ours_vs_eager": eager / ours if eager is not None else None,
+                    "capture_us": captured, "out_by_hand_us": by_hand,
+                    "capture_vs_eager": eager / captured if eager is not None and captured else None})
+    return out
+
+
+def render_summary(summary: List[Dict[str, Any]]) -> str:
+    def cell(v: Optional[float], fmt: str = "{:.1f}") -> str:
+        return "-" if v is None else fmt.format(v)
+
+    lines = ["where torchreplay reduce-overhead's time goes, us per call (ours: through torch.compile; "
+             "added = ours - floor - engine; capture: torchreplay.capture, no Dynamo)",
+             f"{'model':<18}{'eager':>9}{'dynamo-floor':>14}{'engine':>9}{'ours':>9}{'added':>9}{'ours vs eager':>15}"
+             f"{'capture':>9}{'capture vs eager':>18}{'out= by hand':>14}"]
+    for s in summary:
+        lines.append(f"{s['model']:<18}{cell(s['eager_us']):>9}{cell(s['dynamo_floor_us']):>14}{cell(s['engine_us']):>9}"
+                     f"{cell(s['ours_us']):>9}{cell(s['added_us']):>9}{cell(s['ours_vs_eager'], '{:.2f}x'):>15}"
+                     f"{cell(s.get('capture_us')):>9}{cell(s.get('capture_vs_eager'), '{:.2f}x'):>18}"
+                     f"{cell(s.get('out_by_hand_us')):>14}")
     return "\n".join(lines)
 
 
