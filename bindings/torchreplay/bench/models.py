@@ -136,6 +136,11 @@ def _llama_decode():
             self.cache = cache  # an attribute, so that a copy of the step has its own cache
 
         def forward(self, ids, pos):
+            # The cache's tensors are this module's buffers (so that torch.export sees the writes
+            # into them as buffer mutations): the cache reads them back from here.
+            for i, (layer, names) in enumerate(zip(getattr(self.cache, "layers", []), self.cache_tensors)):
+                for name in names:
+                    setattr(layer, name, getattr(self, f"cache{i}_{name}"))
             # Newer transformers keep the write position in the cache (a 0-dim tensor per layer,
             # advanced by every step): set it, so that step i writes at pos[0] and the benchmark
             # can run any number of steps.
@@ -146,8 +151,14 @@ def _llama_decode():
                               use_cache=True).logits
 
     step = Step()
+    step.cache_tensors = []
     with torch.no_grad():  # allocates the cache's tensors (lazily created on the first step)
         step(torch.tensor([[0]]), torch.tensor([0]))
+    for i, layer in enumerate(getattr(cache, "layers", [])):
+        names = [k for k, v in vars(layer).items() if isinstance(v, torch.Tensor)]
+        for name in names:
+            step.register_buffer(f"cache{i}_{name}", getattr(layer, name), persistent=False)
+        step.cache_tensors.append(names)
     return step, lambda i: (torch.tensor([[i % 256]]), torch.tensor([i % 64]))
 
 
