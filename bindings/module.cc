@@ -171,7 +171,11 @@ struct Call {
   std::vector<std::pair<int, c10::IValue>> fixed;
   enum class Returns { kList, kTuple, kOne } returns = Returns::kList;  // kOne: the output itself
 
-  py::object operator()(py::args args) const {
+  py::object operator()(py::args args, py::kwargs kwargs) const {
+    if (kwargs.size() != 0) {
+      throw py::type_error(absl::StrCat("torchreplay: graph '", engine->options().name,
+                                        "' takes positional arguments only"));
+    }
     const size_t n_args = engine->graph().inputs().size() - bound.size();
     if (args.size() != n_args) {
       throw py::type_error(absl::StrCat("torchreplay: graph '", engine->options().name, "' takes ",

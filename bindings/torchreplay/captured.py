@@ -37,8 +37,8 @@ class _AsModule(torch.nn.Module):
         super().__init__()
         self.fn = fn
 
-    def forward(self, *args: Any) -> Any:
-        return self.fn(*args)
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
 
 
 def _decompositions(extra: Optional[Dict[Any, Callable]]) -> Any:
@@ -115,10 +115,10 @@ class Captured(_C.Call):
 
     def precapture(self, input_sets: Sequence[Sequence[Any]]) -> None:
         """Warms up and captures these argument sets' keys ahead of time, largest first."""
-        self.engine.precapture([list(self._bound) + self._flatten(args) for args in input_sets])
+        self.engine.precapture([list(self._bound) + self._flatten(args, {}) for args in input_sets])
 
-    def _flatten(self, args: Sequence[Any]) -> List[Any]:
-        flat, spec = pytree.tree_flatten((tuple(args), {}))
+    def _flatten(self, args: Sequence[Any], kwargs: Dict[str, Any]) -> List[Any]:
+        flat, spec = pytree.tree_flatten((tuple(args), kwargs))
         if spec != self._in_spec:
             raise TypeError(f"torchreplay.capture: the arguments have structure {spec}, "
                             f"the captured model was called with {self._in_spec}")
@@ -129,8 +129,8 @@ def _nested_call(captured: Captured) -> Callable:
     """For nested arguments or outputs: flatten, call, unflatten (the only per-call Python)."""
     call = super(Captured, captured).__call__  # the C++ call
 
-    def step(*args: Any) -> Any:
-        outs = call(*captured._flatten(args))
+    def step(*args: Any, **kwargs: Any) -> Any:
+        outs = call(*captured._flatten(args, kwargs))
         if captured._out_spec.is_leaf():
             outs = [outs]
         return pytree.tree_unflatten(list(outs), captured._out_spec)
@@ -141,22 +141,24 @@ def _nested_call(captured: Captured) -> Callable:
     return step
 
 
-def capture(model: Callable, example_args: Sequence[Any], *, config: Optional[CompilerConfig] = None,
-            dynamic: bool = False, decompositions: Optional[Dict[Any, Callable]] = None) -> Any:
-    """Traces model(*example_args) once with torch.export and returns a callable that replays it
+def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Optional[Dict[str, Any]] = None, *,
+            config: Optional[CompilerConfig] = None, dynamic: bool = False,
+            decompositions: Optional[Dict[Any, Callable]] = None) -> Any:
+    """Traces model(*example_args, **example_kwargs) once with torch.export and returns a callable that replays it
     (config.mode "reduce-overhead") or runs it op by op in C++ ("default"), with no Dynamo frame
     per call. dynamic=True lets every tensor dimension change (one capture per shape);
     otherwise other shapes are a clear error from the engine's input check or a new key."""
     config = config if config is not None else CompilerConfig()
     module = model if isinstance(model, torch.nn.Module) else _AsModule(model)
     args = tuple(example_args)
+    kwargs = dict(example_kwargs or {})
     dynamic_shapes = None
-    if dynamic:
-        dynamic_shapes = pytree.tree_map(
+    if dynamic:  # every dimension of every tensor, positional then keyword arguments
+        dynamic_shapes = tuple(pytree.tree_map(
             lambda a: {d: torch.export.Dim.AUTO for d in range(a.dim())} if isinstance(a, torch.Tensor) else None,
-            args)
+            a) for a in args + tuple(kwargs.values()))
     with torch.no_grad():
-        ep = torch.export.export(module, args, dynamic_shapes=dynamic_shapes, strict=False)
+        ep = torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
         ep = ep.run_decompositions(_decompositions(decompositions))
     gm = ep.graph_module
     num_outputs = _writes_back(ep, gm)
@@ -181,7 +183,7 @@ def capture(model: Callable, example_args: Sequence[Any], *, config: Optional[Co
             raise NotImplementedError(f"torchreplay.capture: export input kind {spec.kind.name}")
     if bound and len(bound) + len(user_specs) != len(placeholders):
         raise AssertionError("torchreplay.capture: graph inputs and signature disagree")
-    flat_args, in_spec = pytree.tree_flatten((args, {}))
+    flat_args, in_spec = pytree.tree_flatten((args, kwargs))
     # Python numbers export specialized on: checked per call, since the graph computes with them.
     fixed = {i: a for i, (a, n) in enumerate(zip(flat_args, placeholders[len(bound):]))
              if isinstance(a, (bool, int, float)) and not isinstance(n.meta.get("val"), torch.SymInt)}

@@ -199,6 +199,19 @@ def test_nested_arguments_and_outputs():
         step(a, b)
 
 
+def test_keyword_arguments():
+    def fn(x, *, bias, scale=2.0):
+        return x * scale + bias
+
+    step = torchreplay.capture(fn, (torch.randn(3),), {"bias": torch.randn(3)}, config=config())
+    for _ in range(3):
+        x, b = torch.randn(3), torch.randn(3)
+        assert torch.equal(step(x, bias=b), fn(x, bias=b))
+    flat = torchreplay.capture(MLP().eval(), (torch.randn(1, 64),), config=config())
+    with pytest.raises(TypeError, match="positional arguments only"):
+        flat(x=torch.randn(1, 64))
+
+
 def test_flat_call_runs_no_python_of_ours_and_shows_in_the_profiler():
     model = MLP().eval()
     x = torch.randn(1, 64)
