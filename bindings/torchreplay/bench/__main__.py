@@ -37,6 +37,8 @@ MODES = {
                    "(mlp, demo only): the floor for compute-bound models",
     "engine": "torchreplay's engines (reduce-overhead) called directly from Python on recorded inputs "
               "(checked against each graph run eagerly)",
+    "floor+engine": "dynamo-floor's compiled model then the engines, back to back (no torchreplay code "
+                    "between them): what the two cost together",
     "dynamo-floor": "torch.compile with a backend returning the outputs of its first call: what Dynamo "
                     "alone costs per call, the floor under any backend (outputs stale, not checked)",
     "dynamo-eager": "torch.compile(backend='eager'): Dynamo, then the FX graph run by Python",
@@ -182,6 +184,25 @@ class EngineDirect:
         return ok, bitwise
 
 
+class FloorThenEngine(EngineDirect):
+    """Mode "floor+engine": dynamo-floor's compiled model, then the engines as in mode "engine",
+    back to back with nothing of torchreplay between them: what Dynamo's frame and the C++ path
+    cost together (more than their sum: each evicts the other's caches)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.floor = torch.compile(copy.deepcopy(model), backend=floor_backend)
+        super().__init__(model)
+
+    def __call__(self, *inputs: Any) -> Any:
+        self.inputs = inputs
+        self.floor(*inputs)
+        return super().__call__(*inputs)
+
+    def step(self) -> None:
+        self.floor(*self.inputs)
+        super().step()
+
+
 def compile_for(mode: str, model: torch.nn.Module, example_inputs: List[Any]) -> Optional[Callable]:
     """The callable to time for this mode, or None where the mode has no version of the model."""
     if mode == "torchreplay-capture":
@@ -194,6 +215,8 @@ def compile_for(mode: str, model: torch.nn.Module, example_inputs: List[Any]) ->
         return GraphByHand(model)
     if mode == "engine":
         return EngineDirect(model)
+    if mode == "floor+engine":
+        return FloorThenEngine(model)
     if mode == "dynamo-floor":
         return torch.compile(model, backend=floor_backend)
     if mode in _CUSTOM:
@@ -477,13 +500,14 @@ def summarize(rows: List[Dict[str, Any]], models: List[str]) -> List[Dict[str, A
 
     out = []
     for m in models:
-        eager, floor, engine, ours, captured, by_hand = (
-            us(m, mode) for mode in ("eager", "dynamo-floor", "engine", "torchreplay-reduce-overhead",
-                                     "torchreplay-capture", "out-by-hand"))
+        eager, floor, engine, both, ours, captured, by_hand = (
+            us(m, mode) for mode in ("eager", "dynamo-floor", "engine", "floor+engine",
+                                     "torchreplay-reduce-overhead", "torchreplay-capture", "out-by-hand"))
         if ours is None:
             continue
         out.append({"model": m, "eager_us": eager, "dynamo_floor_us": floor, "engine_us": engine, "ours_us": ours,
                     "added_us": ours - floor - engine if floor is not None and engine is not None else None,
+                    "floor_then_engine_us": both, "added_over_back_to_back_us": ours - both if both else None,
                     "ours_vs_eager": eager / ours if eager is not None else None,
                     "capture_us": captured, "out_by_hand_us": by_hand,
                     "capture_vs_eager": eager / captured if eager is not None and captured else None})
@@ -495,12 +519,14 @@ def render_summary(summary: List[Dict[str, Any]]) -> str:
         return "-" if v is None else fmt.format(v)
 
     lines = ["where torchreplay reduce-overhead's time goes, us per call (ours: through torch.compile; "
-             "added = ours - floor - engine; capture: torchreplay.capture, no Dynamo)",
+             "added = ours - floor - engine; back to back: floor then engine, nothing of ours between; "
+             "capture: torchreplay.capture, no Dynamo)",
              f"{'model':<18}{'eager':>9}{'dynamo-floor':>14}{'engine':>9}{'ours':>9}{'added':>9}{'ours vs eager':>15}"
-             f"{'capture':>9}{'capture vs eager':>18}{'out= by hand':>14}"]
+             f"{'back to back':>14}{'ours - it':>11}{'capture':>9}{'capture vs eager':>18}{'out= by hand':>14}"]
     for s in summary:
         lines.append(f"{s['model']:<18}{cell(s['eager_us']):>9}{cell(s['dynamo_floor_us']):>14}{cell(s['engine_us']):>9}"
                      f"{cell(s['ours_us']):>9}{cell(s['added_us']):>9}{cell(s['ours_vs_eager'], '{:.2f}x'):>15}"
+                     f"{cell(s.get('floor_then_engine_us')):>14}{cell(s.get('added_over_back_to_back_us')):>11}"
                      f"{cell(s.get('capture_us')):>9}{cell(s.get('capture_vs_eager'), '{:.2f}x'):>18}"
                      f"{cell(s.get('out_by_hand_us')):>14}")
     return "\n".join(lines)
