@@ -11,7 +11,8 @@ import torch.nn as nn
 
 import torchreplay
 from fuzz_graphs import C, bitwise_equal, make_inputs, make_program
-from torchreplay.bench.models import DecodeAttention, DemoModel, MLP
+from torchreplay.bench.models import (MLP, ConvBN, CountingModel, DecodeAttention, DemoModel, ElementwiseChain,
+                                      MmAbsModel, ViewOfInput)
 
 FUZZ_GRAPHS = int(os.environ.get("TORCHREPLAY_CAPTURE_FUZZ_GRAPHS", "60"))
 
@@ -60,6 +61,42 @@ def test_random_graphs_through_capture_bitwise_equal_to_eager():
             for i in (0, 1, 2):
                 assert bitwise_equal(inputs[i], ref[i]), f"seed {seed} call {call} input {i}"
         assert step.stats()["replays"] >= 3, (seed, step.stats())
+
+
+ZOO = {   # the models test_zoo.py runs through torch.compile: name -> (model, inputs of call i)
+    "demo": (lambda: DemoModel().eval(), lambda i: (torch.randn(100, 128), 100)),
+    "mm_abs": (MmAbsModel, lambda i: (torch.randn(3, 3),)),
+    "mlp": (lambda: MLP().eval(), lambda i: (torch.randn(1, 64),)),
+    "convbn_eval": (lambda: ConvBN().eval(), lambda i: (torch.randn(2, 3, 8, 8),)),
+    "convbn_train": (lambda: ConvBN().train(), lambda i: (torch.randn(2, 3, 8, 8),)),   # BN stats written
+    "counting": (CountingModel, lambda i: (torch.randn(4),)),
+    "decode_attention": (lambda: DecodeAttention().eval(), lambda i: (torch.randn(1, 1, 64), torch.tensor([i]))),
+    "chain64": (ElementwiseChain, lambda i: (torch.randn(16),)),
+    "view_of_input": (ViewOfInput, lambda i: (torch.randn(3, 5),)),
+}
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+@pytest.mark.parametrize("name", list(ZOO))
+def test_zoo_models_through_capture(name, mode):
+    """Outputs, and every buffer after every call, bitwise equal to eager."""
+    torch.manual_seed(6)
+    factory, make = ZOO[name]
+    eager = factory()
+    model = copy.deepcopy(eager)
+    step = torchreplay.capture(model, make(0), config=config(mode))
+    with torch.no_grad():
+        for i in range(1, 6):
+            torch.manual_seed(100 + i)
+            inputs = make(i)
+            want = eager(*copy.deepcopy(inputs))
+            got = step(*inputs)
+            for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+                assert torch.equal(g, w), f"{name} call {i}"
+            for (b, x), (_, y) in zip(eager.named_buffers(), model.named_buffers()):
+                assert torch.equal(x, y), f"{name}: buffer {b} after call {i}"
+    if mode == "reduce-overhead":
+        assert step.stats()["replays"] == 4
 
 
 def test_buffer_and_input_mutations_land_and_views_alias():
