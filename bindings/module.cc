@@ -15,7 +15,9 @@
 
 #include <memory>
 #include <string>
+#include <tuple>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "capture/graph.h"
 #include "capture/scopes.h"
@@ -150,9 +152,10 @@ capture::ValueType ValueTypeFromName(const std::string& s) {
 // wrapper around a Python function: Dynamo's bytecode calls straight into C++ with the call's
 // arguments as they are (no boxed list, no Python frame of ours). backend.py builds one only when
 // that wrapper would do nothing beyond what a Call does: bump the version counters of the inputs
-// the graph mutates, run with grad mode off, and drop the graph's extra outputs (intermediate
-// bases of aliased outputs). torchreplay.capture uses it too, with the model's parameters and
-// buffers bound once ahead of the call's arguments.
+// the graph mutates, run with grad mode off, give outputs aliasing an input back as the input or
+// an autograd view of it, and drop the graph's extra outputs (intermediate bases of aliased
+// outputs). torchreplay.capture uses it too, with the model's parameters and buffers bound once
+// ahead of the call's arguments.
 std::string Describe(const c10::IValue& v) {
   if (v.isInt()) return absl::StrCat(v.toInt());
   if (v.isDouble()) return absl::StrCat(v.toDouble());
@@ -170,6 +173,15 @@ struct Call {
   // Python numbers the graph was specialized on: (argument index, value), checked every call.
   std::vector<std::pair<int, c10::IValue>> fixed;
   enum class Returns { kList, kTuple, kOne } returns = Returns::kList;  // kOne: the output itself
+  // Outputs that alias a call argument or another output, given back as AOTAutograd gives them:
+  // the argument itself, or an autograd view of the base (._base, shared version counter).
+  enum class AliasKind { kViewOfInput = 0, kInput = 1, kViewOfOutput = 2 };
+  struct Alias {
+    int output;
+    AliasKind kind;
+    int base;  // argument index (after `bound`) or output index
+  };
+  std::vector<Alias> aliases;
 
   py::object operator()(py::args args, py::kwargs kwargs) const {
     if (kwargs.size() != 0) {
@@ -208,11 +220,18 @@ struct Call {
       const c10::IValue& v = inputs[bound.size() + i];
       if (v.isTensor()) v.toTensor().unsafeGetTensorImpl()->bump_version();
     }
+    absl::InlinedVector<c10::IValue, 2> alias_bases;
+    for (const Alias& a : aliases) {
+      if (a.kind != AliasKind::kViewOfOutput) alias_bases.push_back(inputs[bound.size() + a.base]);
+    }
     absl::StatusOr<std::vector<c10::IValue>> out;
     {
       py::gil_scoped_release no_gil;
-      c10::AutoGradMode no_grad(false);
-      out = engine->Run(std::move(inputs));
+      {
+        c10::AutoGradMode no_grad(false);
+        out = engine->Run(std::move(inputs));
+      }
+      if (out.ok() && !aliases.empty()) RegenerateAliases(alias_bases, *out);
     }
     if (!out.ok()) Throw(out.status());
     const size_t n = num_outputs < 0 ? out->size() : std::min<size_t>(num_outputs, out->size());
@@ -225,6 +244,24 @@ struct Call {
     py::list result(n);
     for (size_t i = 0; i < n; ++i) result[i] = FromIValue((*out)[i]);
     return std::move(result);
+  }
+
+  void RegenerateAliases(const absl::InlinedVector<c10::IValue, 2>& input_bases,
+                         std::vector<c10::IValue>& out) const {
+    size_t k = 0;
+    for (const Alias& a : aliases) {
+      const c10::IValue& base_value = a.kind == AliasKind::kViewOfOutput ? out[a.base] : input_bases[k++];
+      c10::IValue& o = out[a.output];
+      if (!o.isTensor() || !base_value.isTensor()) continue;
+      if (a.kind == AliasKind::kInput) {
+        o = base_value;
+        continue;
+      }
+      const at::Tensor& base = base_value.toTensor();
+      const at::Tensor& t = o.toTensor();
+      const at::Tensor typed = t.scalar_type() == base.scalar_type() ? base : base.view(t.scalar_type());
+      o = typed.as_strided(t.sizes(), t.strides(), t.storage_offset());
+    }
   }
 };
 
@@ -387,7 +424,8 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<Call>(m, "Call", "One compiled graph as a C++ callable (Note [The call path]).")
       .def(py::init([](std::shared_ptr<replay::Engine> engine, py::list bound, std::vector<int> mutated,
-                       int num_outputs, py::object fallback, py::dict fixed, const std::string& returns) {
+                       int num_outputs, py::object fallback, py::dict fixed, const std::string& returns,
+                       const std::vector<std::tuple<int, int, int>>& aliases) {
              Call c{std::move(engine), {}, std::move(mutated), num_outputs, std::move(fallback)};
              if (returns == "tuple") {
                c.returns = Call::Returns::kTuple;
@@ -397,6 +435,10 @@ PYBIND11_MODULE(_C, m) {
                throw py::value_error("torchreplay: returns must be 'list', 'tuple' or 'one'");
              }
              for (auto b : bound) c.bound.push_back(ToIValue(b));
+             for (const auto& [o, kind, base] : aliases) {
+               if (kind < 0 || kind > 2) throw py::value_error("torchreplay: alias kind must be 0, 1 or 2");
+               c.aliases.push_back({o, static_cast<Call::AliasKind>(kind), base});
+             }
              for (auto [i, v] : fixed) c.fixed.emplace_back(i.cast<int>(), ToIValue(v));
              const int n_args = static_cast<int>(c.engine->graph().inputs().size() - c.bound.size());
              for (int i : c.mutated) {
@@ -409,7 +451,8 @@ PYBIND11_MODULE(_C, m) {
            }),
            py::arg("engine"), py::arg("bound") = py::list(), py::arg("mutated") = std::vector<int>(),
            py::arg("num_outputs") = -1, py::arg("fallback") = py::none(), py::arg("fixed") = py::dict(),
-           py::arg("returns") = "list")
+           py::arg("returns") = "list",
+           py::arg("aliases") = std::vector<std::tuple<int, int, int>>())
       .def("__call__", &Call::operator())
       .def_property_readonly("engine", [](const Call& c) { return c.engine; });
 

@@ -83,18 +83,43 @@ def test_direct_call_bumps_versions_of_mutated_inputs():
     assert list(b.call_paths.values()) == ["direct"]
 
 
-def test_outputs_that_alias_inputs_stay_autograd_views():
-    """Outputs that are views of inputs go through AOTAutograd's wrapper, which regenerates
-    them as views (._base is the input), as eager returns them."""
+def test_aliasing_outputs_are_autograd_views_as_in_eager():
+    """Outputs that alias an input come back as AOTAutograd's wrapper gives them: the input
+    itself, or a view whose ._base is the input. An output that is a view of another output
+    shares its memory; after a replay it is no autograd view of it (._base is None), with or
+    without the wrapper (AOTAutograd calls such outputs non-aliasing under no_grad)."""
     torch._dynamo.reset()
+
+    def f(x):
+        y = x * 2
+        return x.view(-1), x, y, y.t(), x[1:].t()
+
     b = backend()
-    compiled = torch.compile(lambda x: (x.view(-1), x * 2), backend=b)
+    compiled = torch.compile(f, backend=b)
     x = torch.randn(2, 3)
     with torch.no_grad():
+        for _ in range(4):
+            v, same, y, yt, d = compiled(x)
+            assert v._base is x and same is x and torch.equal(y, x * 2)
+            assert torch.equal(yt, y.t())   # shares y's memory (not an autograd view of it: below)
+            assert d._base is x and torch.equal(d, x[1:].t())
+            y.add_(1)                                   # a write through one output shows in its view
+            assert torch.equal(yt, y.t())
+    assert list(b.call_paths.values()) == ["direct"]
+
+
+def test_detached_outputs_keep_the_aot_wrapper():
+    """x.detach() shares x's memory but is no view of it in eager (._base is None): such graphs
+    keep AOTAutograd's wrapper, which gives it back as eager does."""
+    torch._dynamo.reset()
+    b = backend()
+    compiled = torch.compile(lambda x: (x.detach(), x + 1), backend=b)
+    x = torch.randn(3)
+    with torch.no_grad():
         for _ in range(3):
-            v, y = compiled(x)
-    assert v._base is x and torch.equal(y, x * 2)
-    assert "views" in next(iter(b.call_paths.values()))
+            d, y = compiled(x)
+    assert d._base is None and d.data_ptr() == x.data_ptr() and torch.equal(y, x + 1)
+    assert "detach" in next(iter(b.call_paths.values()))
 
 
 def test_call_object_checks_its_arguments():
