@@ -13,6 +13,9 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <c10/core/GradMode.h>
 
+#include <cmath>
+#include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -156,9 +159,16 @@ capture::ValueType ValueTypeFromName(const std::string& s) {
 // an autograd view of it, and drop the graph's extra outputs (intermediate bases of aliased
 // outputs). torchreplay.capture uses it too, with the model's parameters and buffers bound once
 // ahead of the call's arguments.
+bool SameBits(double a, double b) { return std::memcmp(&a, &b, sizeof(double)) == 0; }
+
 std::string Describe(const c10::IValue& v) {
   if (v.isInt()) return absl::StrCat(v.toInt());
-  if (v.isDouble()) return absl::StrCat(v.toDouble());
+  if (v.isDouble()) {  // as Python prints it: 2.0, -0.0, 0.5
+    const double d = v.toDouble();
+    std::string text = absl::StrCat(d);
+    if (std::isfinite(d) && text.find_first_of(".e") == std::string::npos) text += ".0";
+    return text;
+  }
   if (v.isBool()) return v.toBool() ? "True" : "False";
   return v.tagKind();
 }
@@ -170,8 +180,18 @@ struct Call {
   int num_outputs = -1;            // outputs returned: the graph's first num_outputs (-1: all)
   py::object fallback;             // takes the call when an argument does not convert (an int
                                    // beyond 64 bits); None: the OverflowError propagates
-  // Python numbers the graph was specialized on: (argument index, value), checked every call.
+  // What the graph was specialized on, checked every call: Python numbers (argument index,
+  // value), tensor sizes, and the module's training flag.
   std::vector<std::pair<int, c10::IValue>> fixed;
+  // Tensor sizes: (argument, dim, lowest, highest, group); dims of one group (>= 0) must be equal.
+  struct SizeCheck {
+    int arg, dim;
+    int64_t lo, hi;
+    int group;
+  };
+  std::vector<SizeCheck> sizes;
+  py::object module;  // None, or the nn.Module whose .training must equal `training`
+  bool training = false;
   enum class Returns { kList, kTuple, kOne } returns = Returns::kList;  // kOne: the output itself
   // Outputs that alias a call argument or another output, given back as AOTAutograd gives them:
   // the argument itself, or an autograd view of the base (._base, shared version counter).
@@ -204,17 +224,56 @@ struct Call {
     }
     for (const auto& [i, want] : fixed) {
       const c10::IValue& got = inputs[bound.size() + i];
+      // Floats compare by bits: -0.0 is not 0.0 (x / -0.0 is -inf), and a NaN is the same NaN.
       const bool same = got.tagKind() == want.tagKind() &&
                         (got.isInt()    ? got.toInt() == want.toInt()
-                         : got.isDouble() ? got.toDouble() == want.toDouble()
+                         : got.isDouble() ? SameBits(got.toDouble(), want.toDouble())
                          : got.isBool()   ? got.toBool() == want.toBool()
                                           : true);
       if (!same) {
         throw py::value_error(absl::StrCat(
             "torchreplay: argument ", i, " is ", Describe(got), ", but the graph was captured with ",
-            Describe(want), " there and computes with that value; capture again for another value, "
-            "or pass it as a tensor"));
+            Describe(want), " there and computes with that value; capture again for another "
+            "value (or capture with a tensor there)"));
       }
+    }
+    absl::InlinedVector<int64_t, 4> group_size;
+    for (const SizeCheck& c : sizes) {
+      const c10::IValue& v = inputs[bound.size() + c.arg];
+      const auto& spec = engine->graph().values()[engine->graph().inputs()[bound.size() + c.arg]].spec;
+      if (!v.isTensor() || !spec || v.toTensor().dim() != spec->dim) continue;  // the engine says what
+      const int64_t size = v.toTensor().size(c.dim);
+      std::string why;
+      if (c.lo == c.hi && size != c.lo) {
+        why = absl::StrCat("the graph was captured for size ", c.lo, " there");
+      } else if (size < c.lo || size > c.hi) {
+        why = c.hi == std::numeric_limits<int64_t>::max()
+                  ? absl::StrCat("the graph holds for sizes of at least ", c.lo, " there")
+                  : absl::StrCat("the graph holds for sizes ", c.lo, " to ", c.hi, " there");
+      } else if (c.group >= 0) {
+        if (static_cast<int>(group_size.size()) <= c.group) group_size.resize(c.group + 1, -1);
+        if (group_size[c.group] >= 0 && group_size[c.group] != size) {
+          why = absl::StrCat("the graph needs it equal to size ", group_size[c.group], " of another dim");
+        }
+        group_size[c.group] = size;
+      }
+      if (!why.empty()) {
+        throw py::value_error(absl::StrCat(
+            "torchreplay: argument ", c.arg, " has size ", size, " in dim ", c.dim, ", but ", why,
+            " (the trace depends on it); capture again for this shape",
+            c.lo == c.hi ? ", or with dynamic=True" : ""));
+      }
+    }
+    static PyObject* const kTraining = PyUnicode_InternFromString("training");
+    py::object now;
+    if (!module.is_none()) {
+      now = py::reinterpret_steal<py::object>(PyObject_GetAttr(module.ptr(), kTraining));
+      if (!now) throw py::error_already_set();
+    }
+    if (now && PyObject_IsTrue(now.ptr()) != static_cast<int>(training)) {
+      throw py::value_error(absl::StrCat(
+          "torchreplay: the model was captured in ", training ? "train" : "eval", " mode and is now in ",
+          training ? "eval" : "train", " mode (.train()/.eval() change what it computes); capture again"));
     }
     for (int i : mutated) {
       const c10::IValue& v = inputs[bound.size() + i];
@@ -425,7 +484,9 @@ PYBIND11_MODULE(_C, m) {
   py::class_<Call>(m, "Call", "One compiled graph as a C++ callable (Note [The call path]).")
       .def(py::init([](std::shared_ptr<replay::Engine> engine, py::list bound, std::vector<int> mutated,
                        int num_outputs, py::object fallback, py::dict fixed, const std::string& returns,
-                       const std::vector<std::tuple<int, int, int>>& aliases) {
+                       const std::vector<std::tuple<int, int, int>>& aliases,
+                       const std::vector<std::tuple<int, int, int64_t, int64_t, int>>& sizes,
+                       py::object module) {
              Call c{std::move(engine), {}, std::move(mutated), num_outputs, std::move(fallback)};
              if (returns == "tuple") {
                c.returns = Call::Returns::kTuple;
@@ -435,12 +496,18 @@ PYBIND11_MODULE(_C, m) {
                throw py::value_error("torchreplay: returns must be 'list', 'tuple' or 'one'");
              }
              for (auto b : bound) c.bound.push_back(ToIValue(b));
+             const int n_args = static_cast<int>(c.engine->graph().inputs().size() - c.bound.size());
+             for (const auto& [arg, dim, lo, hi, group] : sizes) {
+               if (arg < 0 || arg >= n_args || dim < 0) throw py::value_error("torchreplay: size check out of range");
+               c.sizes.push_back({arg, dim, lo, hi, group});
+             }
+             c.module = std::move(module);
+             if (!c.module.is_none()) c.training = c.module.attr("training").cast<bool>();
              for (const auto& [o, kind, base] : aliases) {
                if (kind < 0 || kind > 2) throw py::value_error("torchreplay: alias kind must be 0, 1 or 2");
                c.aliases.push_back({o, static_cast<Call::AliasKind>(kind), base});
              }
              for (auto [i, v] : fixed) c.fixed.emplace_back(i.cast<int>(), ToIValue(v));
-             const int n_args = static_cast<int>(c.engine->graph().inputs().size() - c.bound.size());
              for (int i : c.mutated) {
                if (i < 0 || i >= n_args) throw py::value_error("torchreplay: mutated index out of range");
              }
@@ -452,7 +519,9 @@ PYBIND11_MODULE(_C, m) {
            py::arg("engine"), py::arg("bound") = py::list(), py::arg("mutated") = std::vector<int>(),
            py::arg("num_outputs") = -1, py::arg("fallback") = py::none(), py::arg("fixed") = py::dict(),
            py::arg("returns") = "list",
-           py::arg("aliases") = std::vector<std::tuple<int, int, int>>())
+           py::arg("aliases") = std::vector<std::tuple<int, int, int>>(),
+           py::arg("sizes") = std::vector<std::tuple<int, int, int64_t, int64_t, int>>(),
+           py::arg("module") = py::none())
       .def("__call__", &Call::operator())
       .def_property_readonly("engine", [](const Call& c) { return c.engine; });
 

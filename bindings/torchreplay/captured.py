@@ -11,6 +11,7 @@ what is not: docs/design.md, "torchreplay.capture".
 """
 from __future__ import annotations
 
+import inspect
 import itertools
 import logging
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -92,16 +93,44 @@ def _writes_back(ep: ExportedProgram, gm: torch.fx.GraphModule) -> int:
     return len(user)
 
 
+def _size_checks(vals: List[Any], ranges: Dict[Any, Any]) -> List[Any]:
+    """What the graph assumes of each tensor argument's sizes, as (argument, dim, lowest,
+    highest, group): a size export specialized on (lowest == highest), or a symbol's range, dims
+    of one symbol sharing a group (they must be equal). Sizes given by other expressions of
+    symbols (2 * s0) are not checked."""
+    big = 2 ** 63 - 1
+    groups: Dict[Any, int] = {}
+    checks = []
+    for k, val in enumerate(vals):
+        if val is None:
+            continue
+        for d, size in enumerate(val.shape):
+            if not isinstance(size, torch.SymInt):
+                checks.append((k, d, int(size), int(size), -1))
+                continue
+            expr = size.node.expr
+            if not expr.is_Symbol:
+                continue
+            r = ranges.get(expr)
+            lo = int(r.lower) if r is not None and r.lower.is_Integer else 0
+            hi = int(r.upper) if r is not None and r.upper.is_Integer else big
+            checks.append((k, d, lo, min(hi, big), groups.setdefault(expr, len(groups))))
+    return checks
+
+
 class Captured(_C.Call):
     """A model captured by torchreplay.capture; call it like the model. Positional arguments,
     flat (tensors and Python numbers) go straight to C++; nested ones are flattened first."""
 
     def __init__(self, engine: Any, bound: List[Any], mutated: List[int], fixed: Dict[int, Any],
+                 sizes: List[Any], module: Optional[torch.nn.Module], constants: Dict[int, Any],
                  in_spec: Any, out_spec: Any, num_outputs: int) -> None:
         returns = "one" if out_spec.is_leaf() else "tuple"
         super().__init__(engine, bound=bound, mutated=mutated, num_outputs=num_outputs, fixed=fixed,
-                         returns=returns)
+                         returns=returns, sizes=sizes, module=module)
         self._bound, self._in_spec, self._out_spec = bound, in_spec, out_spec
+        self._constants = constants
+        self._kwarg_names = dict.fromkeys(in_spec.children()[1].context or [])
         self._flat_out = out_spec.is_leaf() or (
             out_spec.type is tuple and all(c.is_leaf() for c in out_spec.children()))
 
@@ -118,11 +147,17 @@ class Captured(_C.Call):
         self.engine.precapture([list(self._bound) + self._flatten(args, {}) for args in input_sets])
 
     def _flatten(self, args: Sequence[Any], kwargs: Dict[str, Any]) -> List[Any]:
+        if kwargs.keys() == self._kwarg_names.keys():  # keywords in any order, as Python allows
+            kwargs = {k: kwargs[k] for k in self._kwarg_names}
         flat, spec = pytree.tree_flatten((tuple(args), kwargs))
         if spec != self._in_spec:
-            raise TypeError(f"torchreplay.capture: the arguments have structure {spec}, "
-                            f"the captured model was called with {self._in_spec}")
-        return flat
+            raise TypeError(f"torchreplay.capture: the model was captured with arguments structured as "
+                            f"{self._in_spec}; this call's are {spec}".replace("\n", ""))
+        for i, want in self._constants.items():
+            if flat[i] is not want and flat[i] != want:
+                raise ValueError(f"torchreplay: argument {i} is {flat[i]!r}, but the graph was captured with "
+                                 f"{want!r} there; capture again for another value")
+        return [a for i, a in enumerate(flat) if i not in self._constants] if self._constants else flat
 
 
 def _nested_call(captured: Captured) -> Callable:
@@ -153,10 +188,11 @@ def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Option
     args = tuple(example_args)
     kwargs = dict(example_kwargs or {})
     dynamic_shapes = None
-    if dynamic:  # every dimension of every tensor, positional then keyword arguments
-        dynamic_shapes = tuple(pytree.tree_map(
+    if dynamic:  # every dimension of every tensor, by forward's parameter names
+        bound_args = inspect.signature(module.forward).bind(*args, **kwargs).arguments
+        dynamic_shapes = {k: pytree.tree_map(
             lambda a: {d: torch.export.Dim.AUTO for d in range(a.dim())} if isinstance(a, torch.Tensor) else None,
-            a) for a in args + tuple(kwargs.values()))
+            v) for k, v in bound_args.items()}
     with torch.no_grad():
         ep = torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
         ep = ep.run_decompositions(_decompositions(decompositions))
@@ -181,14 +217,32 @@ def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Option
             user_specs.append(spec)
         else:
             raise NotImplementedError(f"torchreplay.capture: export input kind {spec.kind.name}")
-    if bound and len(bound) + len(user_specs) != len(placeholders):
-        raise AssertionError("torchreplay.capture: graph inputs and signature disagree")
     flat_args, in_spec = pytree.tree_flatten((args, kwargs))
-    # Python numbers export specialized on: checked per call, since the graph computes with them.
-    fixed = {i: a for i, (a, n) in enumerate(zip(flat_args, placeholders[len(bound):]))
+    if len(bound) + len(user_specs) != len(placeholders) or len(user_specs) != len(flat_args):
+        raise AssertionError("torchreplay.capture: graph inputs and signature disagree")
+    # Arguments that are neither tensors nor numbers (None, strings): export specialized on them
+    # and the graph does not read them; they leave the graph and are checked in Python per call.
+    constants = {i: a for i, a in enumerate(flat_args)
+                 if not isinstance(a, (torch.Tensor, bool, int, float, torch.SymInt))}
+    for i in constants:
+        node = placeholders[len(bound) + i]
+        if node.users:
+            raise NotImplementedError(f"torchreplay.capture: argument {i} ({type(flat_args[i]).__name__}) is read "
+                                      "by the graph; pass tensors or Python numbers")
+        gm.graph.erase_node(node)
+    gm.recompile()
+    kept = [i for i in range(len(flat_args)) if i not in constants]
+    placeholders = placeholders[:len(bound)] + [placeholders[len(bound) + i] for i in kept]
+    example = [n.meta.get("val") for n in placeholders]
+    user = [(flat_args[i], placeholders[len(bound) + k], user_specs[i]) for k, i in enumerate(kept)]
+    # Python numbers and tensor sizes export specialized on: checked per call, since the graph
+    # computes with them (x * x.shape[0]).
+    fixed = {k: a for k, (a, n, _) in enumerate(user)
              if isinstance(a, (bool, int, float)) and not isinstance(n.meta.get("val"), torch.SymInt)}
+    sizes = _size_checks([n.meta["val"] if isinstance(a, torch.Tensor) else None for a, n, _ in user],
+                         ep.range_constraints)
     mutated_names = {s.target for s in sig.output_specs if s.kind == OutputKind.USER_INPUT_MUTATION}
-    mutated = [i for i, s in enumerate(user_specs) if s.arg.name in mutated_names]
+    mutated = [k for k, (_, _, spec) in enumerate(user) if spec.arg.name in mutated_names]
 
     name = f"c{next(_capture_ids)}.{type(module).__name__ if module is model else getattr(model, '__name__', 'fn')}"
     with torch._subclasses.fake_tensor.unset_fake_temporarily():
@@ -198,7 +252,9 @@ def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Option
     engine = _C.Engine(graph, config.mode, ro.warmup_iters, ro.capture_limit, ro.clone_outputs, name, "",
                        preserve_outputs=False, bound_inputs=len(bound))
     _all_engines.add(engine)
-    captured = Captured(engine, bound, mutated, fixed, in_spec, ep.call_spec.out_spec, num_outputs)
-    flat_in = all(c.is_leaf() for c in in_spec.children()[0].children()) and not in_spec.children()[1].children()
+    captured = Captured(engine, bound, mutated, fixed, sizes, model if isinstance(model, torch.nn.Module) else None,
+                        constants, in_spec, ep.call_spec.out_spec, num_outputs)
+    flat_in = (all(c.is_leaf() for c in in_spec.children()[0].children()) and not in_spec.children()[1].children()
+               and not constants)
     logger.debug("torchreplay: captured %s (%d nodes, %d bound inputs)", name, graph.num_nodes, len(bound))
     return captured if flat_in and captured._flat_out else _nested_call(captured)

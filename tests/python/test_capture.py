@@ -278,3 +278,55 @@ def test_capture_on_cuda_matches_eager():
             x = torch.randn(1, 64, device="cuda")
             assert torch.equal(step(x), model(x))
     assert step.stats()["replays"] >= 2
+
+
+def test_what_the_trace_depends_on_is_checked_per_call():
+    """Shapes, shape ranges, Python numbers (by bits), train/eval and non-tensor arguments the
+    export specialized on: a call that differs raises, never replays a graph traced for another
+    case."""
+    def scale_by_rows(x):
+        return x * x.shape[0]
+
+    step = torchreplay.capture(scale_by_rows, (torch.ones(4),), config=config())
+    with pytest.raises(ValueError, match="captured for size 4 there"):
+        step(torch.ones(6))
+
+    class Branch(nn.Module):
+        def forward(self, x):
+            return x * 2 if x.shape[0] > 2 else x * 3
+
+    step = torchreplay.capture(Branch(), (torch.ones(4),), config=config(), dynamic=True)
+    assert torch.equal(step(torch.ones(7)), torch.full((7,), 2.0))
+    with pytest.raises(ValueError, match="sizes of at least 3"):
+        step(torch.ones(2))
+
+    step = torchreplay.capture(lambda x, s: x / s, (torch.ones(2), 0.0), config=config())
+    assert torch.equal(step(torch.ones(2), 0.0), torch.full((2,), float("inf")))
+    with pytest.raises(ValueError, match="argument 1 is -0.0, but the graph was captured with 0.0"):
+        step(torch.ones(2), -0.0)
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5)).train()
+    step = torchreplay.capture(model, (torch.randn(3, 4),), config=config())
+    model.eval()
+    with pytest.raises(ValueError, match="captured in train mode and is now in eval mode"):
+        step(torch.randn(3, 4))
+
+    def masked(x, mask=None, how="add"):
+        y = x * 2 if mask is None else x * mask
+        return y + 1 if how == "add" else y - 1
+
+    step = torchreplay.capture(masked, (torch.ones(2), None, "add"), config=config())
+    assert torch.equal(step(torch.ones(2), None, "add"), masked(torch.ones(2)))
+    with pytest.raises(ValueError, match="argument 2 is 'sub'"):
+        step(torch.ones(2), None, "sub")
+
+
+def test_keyword_arguments_in_any_order_and_dynamic_functions():
+    def fn(x, *, a, b):
+        return x * a + b
+
+    x, a, b = torch.ones(2), torch.full((2,), 2.0), torch.full((2,), 3.0)
+    step = torchreplay.capture(fn, (x,), {"a": a, "b": b}, config=config())
+    assert torch.equal(step(x, b=b, a=a), fn(x, a=a, b=b))
+    step = torchreplay.capture(lambda x: x * 2, (torch.ones(4),), config=config(), dynamic=True)
+    assert torch.equal(step(torch.ones(6)), torch.full((6,), 2.0))
