@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch.utils import _pytree as pytree
 
 import torchreplay
+from configs import backend
 
 CALLS = 6
 # reduce_overhead settings that change how outputs are handed out and when capture happens
@@ -37,14 +38,6 @@ def _recompile_limits():
 
 # ------------------------------------------------------------------------------------------------
 # helpers
-
-
-def make_backend(**ro):
-    cfg = torchreplay.CompilerConfig()
-    cfg.mode = "reduce-overhead"
-    for k, v in ro.items():
-        setattr(cfg.reduce_overhead, k, v)
-    return torchreplay.get_backend(compiler_config=cfg)
 
 
 def total(backend, key):
@@ -128,7 +121,7 @@ def run_diff(fn, make_inputs, *, calls=CALLS, dynamic=False, exact=True, rtol=No
     """Compiles fn with torchreplay and compares it, call by call, with `ref` (eager fn, or
     "aot_eager") on identical fresh inputs made by make_inputs(i, generator). With eager_reason,
     the graph is expected to run eagerly, the backend saying why (a reason containing it)."""
-    b = make_backend(**(ro or {}))
+    b = backend(**(ro or {}))
     compiled = torch.compile(fn, backend=b, dynamic=dynamic)
     if ref == "aot_eager":
         reference = torch.compile(fn, backend="aot_eager", dynamic=dynamic)
@@ -172,7 +165,7 @@ def run_module_diff(make_model, make_inputs, *, calls=CALLS, dynamic=False, exac
     torch.manual_seed(seed)
     eager = make_model()
     model = copy.deepcopy(eager)
-    b = make_backend(**(ro or {}))
+    b = backend(**(ro or {}))
     compiled = torch.compile(model, backend=b, dynamic=dynamic)
     reference = torch.compile(eager, backend="aot_eager", dynamic=dynamic) if ref == "aot_eager" else eager
     with torch.set_grad_enabled(grad):
@@ -415,7 +408,7 @@ def test_mutation_input_aliases_a_mutated_buffer():
             return self.buf * 2
 
     eager, model = Acc(), Acc()
-    compiled = torch.compile(model, backend=make_backend())
+    compiled = torch.compile(model, backend=backend())
     with torch.no_grad():
         for i in range(CALLS):
             if i % 2:
@@ -516,7 +509,7 @@ def test_batchnorm_train_mode_with_grad_updates_stats_and_grads():
     torch.manual_seed(4)
     eager = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU())
     model = copy.deepcopy(eager)
-    compiled = torch.compile(model, backend=make_backend())
+    compiled = torch.compile(model, backend=backend())
     for i in range(CALLS):
         x = rn(gen(i), 8, 4)
         for m in (eager, model):
@@ -557,7 +550,7 @@ def test_static_inputs_changed_between_calls(change):
     torch.manual_seed(5)
     eager = ScaledLinear()
     model = copy.deepcopy(eager)
-    compiled = torch.compile(model, backend=make_backend())
+    compiled = torch.compile(model, backend=backend())
     with torch.no_grad():
         for i in range(9):
             if i in (3, 5, 6, 8):
@@ -607,9 +600,9 @@ def test_caller_writes_into_outputs_between_calls(kind, ro):
     if model_cls is not None:
         eager = model_cls()
         model = copy.deepcopy(eager)
-        compiled, reference = torch.compile(model, backend=make_backend(**RO_VARIANTS[ro])), eager
+        compiled, reference = torch.compile(model, backend=backend(**RO_VARIANTS[ro])), eager
     else:
-        compiled, reference = torch.compile(fn, backend=make_backend(**RO_VARIANTS[ro])), fn
+        compiled, reference = torch.compile(fn, backend=backend(**RO_VARIANTS[ro])), fn
     with torch.no_grad():
         for i in range(7):
             args, args_ref = make(i, gen(i)), make(i, gen(i))
@@ -630,7 +623,7 @@ def test_caller_writes_into_outputs_between_calls(kind, ro):
 def feedback_loop(fn, make_state, make_x, *, feed=lambda out: (out,), steps=8, ro=None, seed=0,
                   exact=True, rtol=None, atol=None):
     """state = feed(fn(*x, *state)) for fresh x each step, compiled vs eager."""
-    b = make_backend(**(ro or {}))
+    b = backend(**(ro or {}))
     compiled = torch.compile(fn, backend=b)
     st_c, st_e = make_state(gen(seed)), make_state(gen(seed))
     with torch.no_grad():
@@ -715,7 +708,7 @@ def test_fedback_ema_buffer_reassigned_clone_outputs():
 
 def test_keepalive_clone_outputs_keeps_every_output():
     fn = lambda x: (torch.sin(x) + 1, x.cumsum(0) * 2)  # noqa: E731
-    compiled = torch.compile(fn, backend=make_backend(clone_outputs=True))
+    compiled = torch.compile(fn, backend=backend(clone_outputs=True))
     xs = [rn(gen(i), 6, 3) for i in range(8)]
     outs = [compiled(x) for x in xs]
     for i, (x, out) in enumerate(zip(xs, outs)):
@@ -725,7 +718,7 @@ def test_keepalive_clone_outputs_keeps_every_output():
 def test_keepalive_clone_outputs_module_outputs_and_slices():
     torch.manual_seed(9)
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh()).eval()
-    compiled = torch.compile(model, backend=make_backend(clone_outputs=True))
+    compiled = torch.compile(model, backend=backend(clone_outputs=True))
     with torch.no_grad():
         xs = [rn(gen(i), 3, 4) for i in range(8)]
         kept = [compiled(x)[1:] for x in xs]
@@ -735,7 +728,7 @@ def test_keepalive_clone_outputs_module_outputs_and_slices():
 
 def test_keepalive_default_config_documented_error_or_value():
     fn = lambda x: torch.exp(x) - x  # noqa: E731
-    compiled = torch.compile(fn, backend=make_backend())
+    compiled = torch.compile(fn, backend=backend())
     kept = []
     for i in range(8):
         x = rn(gen(i), 7)
@@ -753,7 +746,7 @@ def test_fedback_output_mutated_in_place_by_the_graph():
         h.mul_(0.5).add_(x)
         return torch.tanh(h) + 0.1
 
-    compiled = torch.compile(fn, backend=make_backend())
+    compiled = torch.compile(fn, backend=backend())
     h_c, h_e = rn(gen(0), 5), rn(gen(0), 5)
     for i in range(8):
         x = rn(gen(100 + i), 5)
@@ -767,8 +760,8 @@ def test_fedback_output_mutated_in_place_by_the_graph():
 def test_fedback_across_two_compiled_functions():
     f1 = lambda h: torch.sin(h) * 1.5 + 0.25  # noqa: E731
     f2 = lambda y: torch.tanh(y @ y.t()) + y  # noqa: E731
-    c1 = torch.compile(f1, backend=make_backend())
-    c2 = torch.compile(f2, backend=make_backend())
+    c1 = torch.compile(f1, backend=backend())
+    c2 = torch.compile(f2, backend=backend())
     h_c = h_e = rn(gen(1), 4, 4)
     for i in range(8):
         h_c = c2(c1(h_c))
@@ -778,7 +771,7 @@ def test_fedback_across_two_compiled_functions():
 
 def test_fedback_output_passed_as_both_arguments():
     fn = lambda a, b: a * 0.5 + torch.sin(b)  # noqa: E731
-    compiled = torch.compile(fn, backend=make_backend())
+    compiled = torch.compile(fn, backend=backend())
     h_c = h_e = rn(gen(2), 6)
     for i in range(8):
         h_c = compiled(h_c, h_c)
@@ -788,7 +781,7 @@ def test_fedback_output_passed_as_both_arguments():
 
 def test_fedback_alternating_with_fresh_inputs():
     fn = lambda h: torch.cos(h) * 2 - h  # noqa: E731
-    compiled = torch.compile(fn, backend=make_backend())
+    compiled = torch.compile(fn, backend=backend())
     h_c = h_e = rn(gen(3), 3, 3)
     for i in range(10):
         if i % 3 == 2:
@@ -803,7 +796,7 @@ def test_fedback_second_output_which_is_a_view():
         y = torch.tanh(h * 1.1 + 0.2)
         return y, y[1:]
 
-    compiled = torch.compile(fn, backend=make_backend())
+    compiled = torch.compile(fn, backend=backend())
     h_c = h_e = rn(gen(4), 6, 3)
     for i in range(8):
         full_c, part_c = compiled(h_c)
@@ -818,7 +811,7 @@ def test_fedback_two_outputs_one_a_view_of_the_other():
         y = torch.tanh(a * 0.9 + b.sum(0))
         return y, y[2:]
 
-    compiled = torch.compile(fn, backend=make_backend())
+    compiled = torch.compile(fn, backend=backend())
     st_c = st_e = (rn(gen(0), 5, 3), rn(gen(1), 3, 3))
     for i in range(8):
         out_c, out_e = compiled(*st_c), fn(*st_e)
@@ -828,7 +821,7 @@ def test_fedback_two_outputs_one_a_view_of_the_other():
 
 def test_fedback_after_caller_writes_into_it():
     fn = lambda x, h: torch.sigmoid(h @ x) - 0.5  # noqa: E731
-    compiled = torch.compile(fn, backend=make_backend())
+    compiled = torch.compile(fn, backend=backend())
     h_c = h_e = rn(gen(2), 4, 4)
     for i in range(8):
         x = rn(gen(20 + i), 4, 4)
@@ -845,7 +838,7 @@ def test_fedback_across_keys_sharing_the_arena(dynamic):
     """The output of one key is read by a call of the other key, whose replay writes the same
     per-thread arena."""
     fn = lambda x, h: (x * h.mean() + 1, torch.cumsum(x, 0))  # noqa: E731
-    compiled = torch.compile(fn, backend=make_backend(), dynamic=dynamic)
+    compiled = torch.compile(fn, backend=backend(), dynamic=dynamic)
     h_c = h_e = rn(gen(3), 6)
     for i in range(10):
         x = rn(gen(30 + i), 4 if i % 2 else 7)
@@ -868,7 +861,7 @@ def test_fedback_plain_tensor_attribute_state():
     torch.manual_seed(8)
     eager = Stateful()
     model = copy.deepcopy(eager)
-    compiled = torch.compile(model, backend=make_backend())
+    compiled = torch.compile(model, backend=backend())
     with torch.no_grad():
         for i in range(8):
             x = rn(gen(i), 2, 4)
@@ -885,7 +878,7 @@ def test_fedback_graph_returns_a_view(ret):
         y = torch.cat([torch.tanh(h * 0.8 + x), h[:1]])      # (5, 4) from (4, 4)
         return views[ret](y) if ret != "strided" else views[ret](torch.cat([y, y[:3]]))
 
-    compiled = torch.compile(fn, backend=make_backend())
+    compiled = torch.compile(fn, backend=backend())
     h_c = h_e = rn(gen(4), 4, 4)
     for i in range(8):
         x = rn(gen(40 + i), 4, 4)
@@ -903,7 +896,7 @@ def _with_graph_break(x, h):
 
 def test_fedback_through_a_graph_break():
     """Two engines per call: the second reads the first's outputs and its own previous one."""
-    b = make_backend()
+    b = backend()
     compiled = torch.compile(_with_graph_break, backend=b)
     h_c = h_e = rn(gen(5), 3, 3)
     for i in range(8):
@@ -929,7 +922,7 @@ def test_train_through_a_graph_break():
 
 def test_fedback_dynamic_sizes():
     fn = lambda x, h: torch.tanh(x + h * (h.shape[0] // 2))  # noqa: E731
-    compiled = torch.compile(fn, backend=make_backend(), dynamic=True)
+    compiled = torch.compile(fn, backend=backend(), dynamic=True)
     for n in (5, 7, 5):
         h_c = h_e = rn(gen(n), n, 3)
         for i in range(5):
@@ -1087,7 +1080,7 @@ def test_compiled_optimizer_step(opt_cls, kwargs, foreach):
     init = [torch.randn(s) for s in shapes]
     sets = [[nn.Parameter(t.clone()) for t in init] for _ in range(3)]   # replay, eager, aot_eager
     opts = [opt_cls(ps, foreach=foreach, **kwargs) for ps in sets]
-    b = make_backend()
+    b = backend()
 
     def step_replay():
         opts[0].step()
@@ -1127,7 +1120,7 @@ def train_compare(make_model, make_batch, step, *, steps=6, seed=0, lr=0.05, exa
     torch.manual_seed(seed)
     eager = make_model()
     model = copy.deepcopy(eager)
-    b = make_backend(**(ro or {}))
+    b = backend(**(ro or {}))
     compiled = torch.compile(model, backend=b)
     opt_e = torch.optim.SGD(eager.parameters(), lr=lr, momentum=0.5)
     opt_c = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.5)
@@ -1570,7 +1563,7 @@ def test_data_dependent_with_backward():
         return (x[x > 0] ** 2).sum() + x.sin().sum()
 
     with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
-        compiled = torch.compile(fn, backend=make_backend())
+        compiled = torch.compile(fn, backend=backend())
         for i in range(CALLS):
             x_c = rn(gen(i), 8).requires_grad_()
             x_e = x_c.detach().clone().requires_grad_()
@@ -1658,7 +1651,7 @@ def test_misc_random_ops_follow_the_global_generator():
     """Same seed, same draws: dropout masks and rand_like as eager, and the generator advanced
     as far as eager's (fresh draws on every replay, never a captured constant)."""
     fn = lambda x: (F.dropout(x, 0.5, training=True), torch.rand_like(x) + x, torch.randn(3))  # noqa: E731
-    compiled = torch.compile(fn, backend=make_backend())
+    compiled = torch.compile(fn, backend=backend())
     for i in range(CALLS):
         x = rn(gen(i), 4, 5)
         torch.manual_seed(100 + i)
@@ -1673,7 +1666,7 @@ def test_misc_random_ops_follow_the_global_generator():
 
 def test_misc_inference_mode():
     fn = lambda x, y: (torch.relu(x) @ y, x.sum(0))  # noqa: E731
-    compiled = torch.compile(fn, backend=make_backend())
+    compiled = torch.compile(fn, backend=backend())
     with torch.inference_mode():
         for i in range(CALLS):
             x, y = rn(gen(i), 3, 4), rn(gen(50 + i), 4, 2)
@@ -1696,7 +1689,7 @@ def test_misc_type_promotion_and_outputs(fn, make_inputs):
 def test_misc_error_during_a_call_then_recovery():
     """A call that raises (index out of range) leaves the engine usable: later calls are right."""
     fn = lambda x, idx: x.index_select(0, idx) * 2  # noqa: E731
-    compiled = torch.compile(fn, backend=make_backend())
+    compiled = torch.compile(fn, backend=backend())
     x = rn(gen(0), 5, 3)
     for i in range(10):
         idx = torch.tensor([i % 5, (i + 2) % 5])
@@ -1818,7 +1811,7 @@ def run_threads(n, work, timeout=120):
 def _thread_setup(kind):
     """(compiled, reference, make_inputs(t, i, g), stateful) for a kind of workload."""
     torch.manual_seed(70)
-    b = make_backend()
+    b = backend()
     if kind == "pointwise":
         fn = lambda x, y: torch.sigmoid(x) * y - torch.tanh(x * y)  # noqa: E731
         return torch.compile(fn, backend=b), fn, lambda t, i, g: (rn(g, 6, 5), rn(g, 6, 5)), b
@@ -1862,7 +1855,7 @@ def test_threads_concurrent_calls(kind, n_threads):
 def test_threads_concurrent_fedback_recurrence(n_threads):
     torch.manual_seed(71)
     cell = nn.GRUCell(4, 6)
-    compiled = torch.compile(cell, backend=make_backend())
+    compiled = torch.compile(cell, backend=backend())
     with torch.no_grad():
         compiled(torch.randn(2, 4), torch.randn(2, 6))
 
@@ -1879,7 +1872,7 @@ def test_threads_concurrent_fedback_recurrence(n_threads):
 
 def test_threads_sequential_calls_from_different_threads():
     fn = lambda x: torch.cos(x) * 3 + x.sum()  # noqa: E731
-    b = make_backend()
+    b = backend()
     compiled = torch.compile(fn, backend=b)
     for i in range(8):
         result = {}
@@ -1899,7 +1892,7 @@ def test_threads_one_thread_per_phase_module():
     """Warm-up, capture and replays each from a different thread, then again on the main one."""
     torch.manual_seed(72)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
-    compiled = torch.compile(model, backend=make_backend())
+    compiled = torch.compile(model, backend=backend())
     with torch.no_grad():
         for i in range(6):
             errors = []
@@ -1925,7 +1918,7 @@ def test_threads_one_thread_per_phase_module():
 def test_threads_other_thread_does_not_invalidate_my_output():
     """Captured state is per thread: replays on another thread never reuse this thread's pool."""
     fn = lambda x: torch.sin(x) * 2  # noqa: E731
-    compiled = torch.compile(fn, backend=make_backend())
+    compiled = torch.compile(fn, backend=backend())
     for i in range(3):
         compiled(rn(gen(i), 6))
     x = rn(gen(7), 6)
@@ -1942,7 +1935,7 @@ def test_threads_other_thread_does_not_invalidate_my_output():
 
 def test_threads_concurrent_clone_outputs_keepalive():
     fn = lambda x: torch.exp(-x * x) + x  # noqa: E731
-    compiled = torch.compile(fn, backend=make_backend(clone_outputs=True))
+    compiled = torch.compile(fn, backend=backend(clone_outputs=True))
     compiled(torch.randn(5))
 
     def work(t):
@@ -1958,7 +1951,7 @@ def test_threads_concurrent_calls_several_static_graphs():
     """Three graphs (one per size, compiled on this thread: Dynamo's own compilation is not
     thread-safe) called concurrently, each thread warming up and capturing its own state."""
     fn = lambda x: torch.relu(x) - x.mean()  # noqa: E731
-    compiled = torch.compile(fn, backend=make_backend(), dynamic=False)
+    compiled = torch.compile(fn, backend=backend(), dynamic=False)
     for n in (4, 5, 6):
         compiled(torch.randn(n))
 
@@ -1986,7 +1979,7 @@ def _loop(compiled, ref, make, n, check_every=1):
 @pytest.mark.parametrize("ro", list(RO_VARIANTS))
 def test_memory_many_calls_pointwise_captures_constant(ro):
     fn = lambda x: torch.tanh(x) * 2 + x  # noqa: E731
-    b = make_backend(**RO_VARIANTS[ro])
+    b = backend(**RO_VARIANTS[ro])
     compiled = torch.compile(fn, backend=b)
     _loop(compiled, fn, lambda i, g: (rn(g, 8, 8),), 20)
     s0 = b.stats()
@@ -2000,7 +1993,7 @@ def test_memory_many_calls_pointwise_captures_constant(ro):
 def test_memory_many_calls_mlp_module(ro):
     torch.manual_seed(80)
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 8)).eval()
-    b = make_backend(**RO_VARIANTS[ro])
+    b = backend(**RO_VARIANTS[ro])
     compiled = torch.compile(model, backend=b)
     with torch.no_grad():
         _loop(compiled, model, lambda i, g: (rn(g, 4, 8),), 200)
@@ -2009,7 +2002,7 @@ def test_memory_many_calls_mlp_module(ro):
 
 def test_memory_many_calls_buffer_mutation():
     model, eager = CounterModel(), CounterModel()
-    b = make_backend()
+    b = backend()
     compiled = torch.compile(model, backend=b)
     with torch.no_grad():
         for i in range(200):
@@ -2022,7 +2015,7 @@ def test_memory_many_calls_buffer_mutation():
 @pytest.mark.parametrize("ro", list(RO_VARIANTS))
 def test_memory_many_calls_fedback_recurrence(ro):
     fn = lambda h, x: torch.tanh(h * 0.9 + x)  # noqa: E731
-    b = make_backend(**RO_VARIANTS[ro])
+    b = backend(**RO_VARIANTS[ro])
     compiled = torch.compile(fn, backend=b)
     h_c = h_e = torch.zeros(16)
     for i in range(200):
@@ -2034,7 +2027,7 @@ def test_memory_many_calls_fedback_recurrence(ro):
 
 def test_memory_alternating_sizes_dynamic_two_keys():
     fn = lambda x: torch.relu(x) @ x.t()  # noqa: E731
-    b = make_backend()
+    b = backend()
     compiled = torch.compile(fn, backend=b, dynamic=True)
     _loop(compiled, fn, lambda i, g: (rn(g, 4 if i % 2 else 6, 3),), 200)
     assert total(b, "captures") == 2
@@ -2047,7 +2040,7 @@ def test_memory_many_training_steps_captures_constant():
 
 def test_memory_keep_many_outputs_with_clone_outputs():
     fn = lambda x: x.cumsum(0) + 1  # noqa: E731
-    b = make_backend(clone_outputs=True)
+    b = backend(clone_outputs=True)
     compiled = torch.compile(fn, backend=b)
     xs = [rn(gen(i), 12) for i in range(200)]
     outs = [compiled(x) for x in xs]
@@ -2058,7 +2051,7 @@ def test_memory_keep_many_outputs_with_clone_outputs():
 
 def test_memory_capture_limit_bounds_captures():
     fn = lambda x: x.sin() * 2  # noqa: E731
-    b = make_backend(capture_limit=3)
+    b = backend(capture_limit=3)
     compiled = torch.compile(fn, backend=b, dynamic=True)
     sizes = [3, 4, 5, 6, 7, 8]
     _loop(compiled, fn, lambda i, g: (rn(g, sizes[i % len(sizes)]),), 60)
@@ -2068,7 +2061,7 @@ def test_memory_capture_limit_bounds_captures():
 def test_memory_many_calls_data_dependent_fallback():
     fn = lambda x: x[x > 0].sum() + x.mean()  # noqa: E731
     with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
-        b = make_backend()
+        b = backend()
         compiled = torch.compile(fn, backend=b)
         _loop(compiled, fn, lambda i, g: (rn(g, 20),), 100)
     assert total(b, "captures") == 0 and total(b, "eager_fallbacks") >= 98
@@ -2078,7 +2071,7 @@ def test_memory_python_float_changing_every_call():
     """A float argument that changes every call (a schedule): every result right, whatever is
     captured; captures never exceed capture_limit."""
     fn = lambda x, t: torch.sin(x * t) + t  # noqa: E731
-    b = make_backend(capture_limit=8)
+    b = backend(capture_limit=8)
     compiled = torch.compile(fn, backend=b)
     for i in range(80):
         t = 0.01 * (i % 40)     # each value comes twice: warm-up, then capture or eager
@@ -2094,7 +2087,7 @@ def _engine_refs(backend):
 def test_memory_deleting_compiled_model_frees_engines_and_parameters():
     torch.manual_seed(82)
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8)).eval()
-    b = make_backend()
+    b = backend()
     compiled = torch.compile(model, backend=b)
     with torch.no_grad():
         _loop(compiled, model, lambda i, g: (rn(g, 2, 8),), 8)
@@ -2110,7 +2103,7 @@ def test_memory_deleting_compiled_model_frees_engines_and_parameters():
 
 def test_memory_deleting_compiled_function_frees_pool_outputs():
     fn = lambda x: torch.exp(x) + 1  # noqa: E731
-    b = make_backend()
+    b = backend()
     compiled = torch.compile(fn, backend=b)
     last = None
     for i in range(8):

@@ -5,15 +5,10 @@ import torch
 import torch.nn as nn
 
 import torchreplay
+from configs import backend
 from torchreplay import _C
 
 
-def backend(**ro):
-    cfg = torchreplay.CompilerConfig()
-    cfg.mode = "reduce-overhead"
-    for k, v in ro.items():
-        setattr(cfg.reduce_overhead, k, v)
-    return torchreplay.get_backend(compiler_config=cfg)
 
 
 def python_frames_of_one_call(fn, *args):

@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 
 import torchreplay
+from configs import config
 from fuzz_graphs import C, bitwise_equal, make_inputs, make_program
 from torchreplay.bench.models import (MLP, ConvBN, CountingModel, DecodeAttention, DemoModel, ElementwiseChain,
                                       MmAbsModel, ViewOfInput)
@@ -17,12 +18,6 @@ from torchreplay.bench.models import (MLP, ConvBN, CountingModel, DecodeAttentio
 FUZZ_GRAPHS = int(os.environ.get("TORCHREPLAY_CAPTURE_FUZZ_GRAPHS", "60"))
 
 
-def config(mode="reduce-overhead", **ro):
-    cfg = torchreplay.CompilerConfig()
-    cfg.mode = mode
-    for k, v in ro.items():
-        setattr(cfg.reduce_overhead, k, v)
-    return cfg
 
 
 class Counting(nn.Module):

@@ -6,6 +6,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import torchreplay
+from configs import backend
 from torchreplay import _C
 from torchreplay.lowering import lower
 
@@ -352,14 +353,6 @@ def test_a_constant_written_in_place_later_is_not_folded():
 
 # ---- through torch.compile: behaviours that once went wrong
 
-def reduce_overhead(**ro):
-    cfg = torchreplay.CompilerConfig()
-    cfg.mode = "reduce-overhead"
-    for k, v in ro.items():
-        setattr(cfg.reduce_overhead, k, v)
-    return torchreplay.get_backend(compiler_config=cfg)
-
-
 @pytest.mark.parametrize("kind", ["parameter", "buffer"])
 def test_foreach_update_of_a_static_tensor_runs_every_call(kind):
     # A _foreach_ op returns a list of fresh tensors: never folded into a constant at capture.
@@ -375,21 +368,21 @@ def test_foreach_update_of_a_static_tensor_runs_every_call(kind):
             torch._foreach_add_([self.w], 1.0)
             return x + self.w
 
-    c = torch.compile(M(), backend=reduce_overhead())
+    c = torch.compile(M(), backend=backend())
     assert [c(torch.zeros(3))[0].item() for _ in range(6)] == [1, 2, 3, 4, 5, 6]
 
 
 def test_non_dense_view_of_an_output_fed_back():
     f = lambda h: torch.cat([torch.tanh(h) * 0.5, h], dim=1)
-    backend = reduce_overhead()
-    c = torch.compile(f, backend=backend)
+    b = backend()
+    c = torch.compile(f, backend=b)
     h = h_ref = torch.randn(4, 8)
     for _ in range(6):
         out, ref = c(h), f(h_ref)
         assert torch.equal(out, ref)
         h, h_ref = out[:, :8], ref[:, :8]
     # At most the contiguous key and the strided one (Dynamo may compile each as a graph).
-    assert sum(s["captures"] for s in backend.stats()) <= 2
+    assert sum(s["captures"] for s in b.stats()) <= 2
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -397,32 +390,32 @@ def test_non_dense_view_of_an_output_fed_back():
 def test_reduced_precision_binary_op_with_a_0dim_tensor(dtype, op):
     # ATen's reduced-precision kernels remove a CPU-scalar operand from the iterator they get.
     fn = getattr(torch, op)
-    c = torch.compile(lambda x, s: fn(x, s), backend=reduce_overhead())
+    c = torch.compile(lambda x, s: fn(x, s), backend=backend())
     for _ in range(8):
         x, s = torch.randn(4, 8, dtype=dtype), torch.randn((), dtype=dtype) + 2
         assert torch.equal(c(x, s), fn(x, s))
     y = torch.randn(4, 8, dtype=dtype)
-    c2 = torch.compile(lambda y: y / y.abs().max(), backend=reduce_overhead())
+    c2 = torch.compile(lambda y: y / y.abs().max(), backend=backend())
     for _ in range(6):
         y = torch.randn(4, 8, dtype=dtype)
         assert torch.equal(c2(y), y / y.abs().max())
 
 
 def test_output_fed_back_costs_one_capture_and_stays_exact():
-    backend = reduce_overhead()
-    c = torch.compile(lambda x, h: torch.tanh(x + h), backend=backend)
+    b = backend()
+    c = torch.compile(lambda x, h: torch.tanh(x + h), backend=b)
     h = h_ref = torch.zeros(4)
     for _ in range(8):
         x = torch.randn(4)
         h, h_ref = c(x, h), torch.tanh(x + h_ref)
         assert torch.equal(h, h_ref)
-    assert backend.stats()[0]["captures"] == 1
+    assert b.stats()[0]["captures"] == 1
 
 
 def test_lstm_cell_state_fed_back():
     torch.manual_seed(0)
     cell = torch.nn.LSTMCell(6, 5)
-    c = torch.compile(cell, backend=reduce_overhead())
+    c = torch.compile(cell, backend=backend())
     with torch.no_grad():
         state = ref = (torch.zeros(3, 5), torch.zeros(3, 5))
         for _ in range(6):
@@ -448,7 +441,7 @@ def test_gradient_accumulation_and_two_forwards_one_backward():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
     ref = __import__("copy").deepcopy(model)
-    c = torch.compile(model, backend=reduce_overhead())
+    c = torch.compile(model, backend=backend())
     for _ in range(3):
         for _ in range(2):                               # two backward passes per step
             x = torch.randn(3, 4)
@@ -463,7 +456,7 @@ def test_gradient_accumulation_and_two_forwards_one_backward():
 
 def test_symbolic_float_arithmetic_on_sizes():
     f = lambda x: x * (x.shape[0] / 2) + x ** (x.shape[0] // 2) - float(x.shape[0]) ** 0.5
-    c = torch.compile(f, backend=reduce_overhead(), dynamic=True)
+    c = torch.compile(f, backend=backend(), dynamic=True)
     for n in (3, 4, 5, 6, 4, 3):
         x = torch.randn(n)
         torch.testing.assert_close(c(x), f(x), rtol=1e-6, atol=1e-6)
@@ -480,12 +473,12 @@ def test_symbolic_float_arithmetic_on_sizes():
 ], ids=["mask", "nonzero", "unique", "masked_select", "repeat_interleave", "where", "bincount"])
 @torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True)
 def test_data_dependent_ops_run_eagerly_with_a_reason(fn):
-    backend = reduce_overhead()
-    c = torch.compile(fn, backend=backend)
+    b = backend()
+    c = torch.compile(fn, backend=b)
     for _ in range(4):
         x = torch.randn(10)
         assert torch.equal(c(x), fn(x))
-    stats = backend.stats()
+    stats = b.stats()
     assert sum(s["eager_fallbacks"] for s in stats) >= 1
     assert any("data-dependent" in r for s in stats for r in s["fallback_reasons"])
 
@@ -524,13 +517,13 @@ def test_buffer_reassigned_in_forward_is_exact_and_rebound_not_recaptured_every_
     torch.manual_seed(0)
     model = EMA()
     ref = __import__("copy").deepcopy(model)
-    backend = reduce_overhead()
-    c = torch.compile(model, backend=backend)
+    b = backend()
+    c = torch.compile(model, backend=b)
     with torch.no_grad():
         for _ in range(10):
             x = torch.randn(3, 4)
             assert torch.equal(c(x), ref(x))
             assert torch.equal(model.avg, ref.avg)
-    (s,) = backend.stats()
+    (s,) = b.stats()
     assert s["captures"] == 3 and s["replays"] == 7
     assert "rebound per call" in s["capture_log"][-1]["reason"]
