@@ -14,7 +14,6 @@
 #include <c10/core/GradMode.h>
 
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <memory>
 #include <string>
@@ -24,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "capture/graph.h"
 #include "capture/scopes.h"
+#include "guards/guard_key.h"
 #include "replay/engine.h"
 
 namespace py = pybind11;
@@ -159,8 +159,6 @@ capture::ValueType ValueTypeFromName(const std::string& s) {
 // an autograd view of it, and drop the graph's extra outputs (intermediate bases of aliased
 // outputs). torchreplay.capture uses it too, with the model's parameters and buffers bound once
 // ahead of the call's arguments.
-bool SameBits(double a, double b) { return std::memcmp(&a, &b, sizeof(double)) == 0; }
-
 std::string Describe(const c10::IValue& v) {
   if (v.isInt()) return absl::StrCat(v.toInt());
   if (v.isDouble()) {  // as Python prints it: 2.0, -0.0, 0.5
@@ -224,10 +222,9 @@ struct Call {
     }
     for (const auto& [i, want] : fixed) {
       const c10::IValue& got = inputs[bound.size() + i];
-      // Floats compare by bits: -0.0 is not 0.0 (x / -0.0 is -inf), and a NaN is the same NaN.
       const bool same = got.tagKind() == want.tagKind() &&
                         (got.isInt()    ? got.toInt() == want.toInt()
-                         : got.isDouble() ? SameBits(got.toDouble(), want.toDouble())
+                         : got.isDouble() ? guards::SameFloat(got.toDouble(), want.toDouble())
                          : got.isBool()   ? got.toBool() == want.toBool()
                                           : true);
       if (!same) {

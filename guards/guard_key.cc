@@ -1,9 +1,14 @@
 #include "guards/guard_key.h"
 
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
 namespace torchreplay::guards {
+
+bool SameFloat(double a, double b) { return std::memcmp(&a, &b, sizeof(double)) == 0; }
+
 namespace {
 
 InputGuard GuardOf(const c10::IValue& v) {
@@ -51,7 +56,7 @@ bool Matches(const InputGuard& g, const c10::IValue& v) {
              SameDims(g.strides, t.strides());
     }
     case InputGuard::Kind::kInt: return v.isInt() && v.toInt() == g.int_value;
-    case InputGuard::Kind::kFloat: return v.isDouble() && v.toDouble() == g.float_value;
+    case InputGuard::Kind::kFloat: return v.isDouble() && SameFloat(v.toDouble(), g.float_value);
     case InputGuard::Kind::kBool: return v.isBool() && v.toBool() == static_cast<bool>(g.int_value);
     case InputGuard::Kind::kNone: return v.isNone();
     case InputGuard::Kind::kOther: return !v.isTensor() && !v.isInt() && !v.isDouble() && !v.isBool() && !v.isNone();
@@ -80,7 +85,7 @@ std::string Describe(const InputGuard& g) {
 bool InputGuard::operator==(const InputGuard& o) const {
   return kind == o.kind && dtype == o.dtype && device == o.device && sizes == o.sizes &&
          strides == o.strides && storage_offset == o.storage_offset && int_value == o.int_value &&
-         float_value == o.float_value;
+         SameFloat(float_value, o.float_value);
 }
 
 GuardKey GuardKey::FromInputs(const std::vector<c10::IValue>& inputs) {

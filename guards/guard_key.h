@@ -15,6 +15,10 @@
 
 namespace torchreplay::guards {
 
+// Floats are the same value when their bits are: -0.0 is not 0.0 (x / -0.0 is -inf), and a NaN
+// is the same NaN (so a NaN scalar keeps its key instead of missing it every call).
+bool SameFloat(double a, double b);
+
 struct InputGuard {
   enum class Kind : uint8_t { kTensor, kInt, kFloat, kBool, kNone, kOther };
   Kind kind = Kind::kOther;

@@ -4,6 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <random>
 
 #include "absl/container/flat_hash_set.h"
@@ -29,6 +30,18 @@ TEST(GuardKeyTest, MatchesExactlyTheInputsItWasBuiltFrom) {
   absl::flat_hash_set<guards::GuardKey> set = {k, guards::GuardKey::FromInputs({x, int64_t{6}, 0.5})};
   EXPECT_EQ(set.size(), 2u);
   EXPECT_TRUE(set.contains(guards::GuardKey::FromInputs(in)));
+}
+
+TEST(GuardKeyTest, FloatsMatchByBits) {
+  // A scalar baked into a capture: -0.0 must not replay a graph built for 0.0 (x / s flips the
+  // sign of inf), and a NaN must keep its key rather than miss it on every call.
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  guards::GuardKey zero = guards::GuardKey::FromInputs({0.0});
+  EXPECT_FALSE(zero.Matches({-0.0}));
+  EXPECT_FALSE(zero == guards::GuardKey::FromInputs({-0.0}));
+  guards::GuardKey k = guards::GuardKey::FromInputs({nan});
+  EXPECT_TRUE(k.Matches({nan}));
+  EXPECT_EQ(k, guards::GuardKey::FromInputs({nan}));
 }
 
 TEST(GuardKeyTest, DiffSaysWhichInputChangedHow) {
