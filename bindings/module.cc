@@ -171,6 +171,14 @@ std::string Describe(const c10::IValue& v) {
   return v.tagKind();
 }
 
+// The first n values as a Python list or tuple.
+template <typename Seq>
+Seq FromIValues(const std::vector<c10::IValue>& values, size_t n) {
+  Seq seq(n);
+  for (size_t i = 0; i < n; ++i) seq[i] = FromIValue(values[i]);
+  return seq;
+}
+
 struct Call {
   std::shared_ptr<replay::Engine> engine;
   std::vector<c10::IValue> bound;  // leading graph inputs, fixed when the Call is built
@@ -292,14 +300,8 @@ struct Call {
     if (!out.ok()) Throw(out.status());
     const size_t n = num_outputs < 0 ? out->size() : std::min<size_t>(num_outputs, out->size());
     if (returns == Returns::kOne && n == 1) return FromIValue((*out)[0]);
-    if (returns == Returns::kTuple) {
-      py::tuple result(n);
-      for (size_t i = 0; i < n; ++i) result[i] = FromIValue((*out)[i]);
-      return std::move(result);
-    }
-    py::list result(n);
-    for (size_t i = 0; i < n; ++i) result[i] = FromIValue((*out)[i]);
-    return std::move(result);
+    if (returns == Returns::kTuple) return FromIValues<py::tuple>(*out, n);
+    return FromIValues<py::list>(*out, n);
   }
 
   void RegenerateAliases(const absl::InlinedVector<c10::IValue, 2>& input_bases,
@@ -454,9 +456,7 @@ PYBIND11_MODULE(_C, m) {
                out = e.Run(std::move(inputs));
              }
              if (!out.ok()) Throw(out.status());
-             py::list result(out->size());
-             for (size_t i = 0; i < out->size(); ++i) result[i] = FromIValue((*out)[i]);
-             return result;
+             return FromIValues<py::list>(*out, out->size());
            })
       .def("precapture",
            [](replay::Engine& e, const std::vector<py::list>& input_sets) {

@@ -79,8 +79,6 @@ def _direct_call(aot_fn: Callable, engine: Any, ctx: Any, num_graph_inputs: int,
             aliases.append((i, 2, o.base_idx))
         else:  # alias_of_intermediate(_save_as_output): the base is an extra output at the end
             aliases.append((i, 2, meta.num_outputs + o.base_idx))
-    if any(a[1] != 2 and not isinstance(a[2], int) for a in aliases):
-        return "outputs aliasing inputs without a single base"
     mutated = list(meta.mutated_graph_handled_indices_seen_by_autograd)
     return _C.Call(engine, mutated=mutated, num_outputs=meta.num_outputs, fallback=aot_fn, aliases=aliases)
 
