@@ -1,8 +1,12 @@
 // Host overhead of a 64-node chain of elementwise ops on 16-element tensors (sin, *1.01, +0.1,
 // relu, repeated): the interpreter (mode "default"), the engine's replay, the same ATen calls
 // allocating their results, and the floor: a hand-written loop of out= kernels into
-// preallocated outputs. Run: bazel run //bench:chain_bench
+// preallocated outputs. Then the harness's MLP (64 -> 256 -> 256 -> 64, batch 1), where the
+// kernels themselves cost most of a replay: the engine's replay and the same addmm/relu kernels
+// written by hand into preallocated outputs (what no replay of this graph can go under).
+// Run: bazel run //bench:chain_bench
 #include <ATen/ops/add.h>
+#include <ATen/ops/addmm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/randn.h>
@@ -81,9 +85,65 @@ void BM_HandWrittenOutFloor(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * kNodes);
 }
 
+// The MLP of torchreplay.bench.models as the lowered graph the engine gets: weights and biases
+// are inputs (static ones: same address every call), then x.
+std::shared_ptr<const torchreplay::capture::Graph> Mlp() {
+  GraphBuilder b;
+  std::vector<torchreplay::capture::ValueId> params;
+  for (const char* name : {"w0", "b0", "w1", "b1", "w2", "b2"})
+    params.push_back(b.AddInput(name, torchreplay::capture::ValueType::kTensor));
+  auto v = b.AddInput("x", torchreplay::capture::ValueType::kTensor);
+  for (int i = 0; i < 3; ++i) {
+    auto wt = (*b.AddOp("aten::t", {Arg::Ref(params[2 * i])}))[0];
+    v = (*b.AddOp("aten::addmm", {Arg::Ref(params[2 * i + 1]), Arg::Ref(v), Arg::Ref(wt)}))[0];
+    if (i < 2) v = (*b.AddOp("aten::relu", {Arg::Ref(v)}))[0];
+  }
+  (void)b.SetOutputs({Arg::Ref(v)});
+  return *b.Build();
+}
+
+std::vector<at::Tensor> MlpInputs() {
+  std::vector<at::Tensor> in;
+  const int64_t dims[] = {64, 256, 256, 64};
+  for (int i = 0; i < 3; ++i) {
+    in.push_back(at::randn({dims[i + 1], dims[i]}));
+    in.push_back(at::randn({dims[i + 1]}));
+  }
+  in.push_back(at::randn({1, 64}));
+  return in;
+}
+
+void BM_MlpReplay(benchmark::State& state) {
+  torchreplay::replay::Engine engine(Mlp(), {});
+  const std::vector<at::Tensor> in = MlpInputs();
+  for (int i = 0; i < 3; ++i) (void)engine.Run({in.begin(), in.end()});
+  for (auto _ : state) benchmark::DoNotOptimize(engine.Run({in.begin(), in.end()}));
+}
+
+void BM_MlpHandWrittenOutFloor(benchmark::State& state) {
+  const std::vector<at::Tensor> in = MlpInputs();
+  std::vector<at::Tensor> wt, out;
+  for (int i = 0; i < 3; ++i) {
+    wt.push_back(in[2 * i].t());
+    out.push_back(at::empty({1, in[2 * i].size(0)}));
+  }
+  const at::Scalar zero(0.0);
+  for (auto _ : state) {
+    const at::Tensor* v = &in.back();
+    for (int i = 0; i < 3; ++i) {
+      at::addmm_out(out[i], in[2 * i + 1], *v, wt[i]);
+      if (i < 2) at::clamp_min_out(out[i], out[i], zero);
+      v = &out[i];
+    }
+    benchmark::DoNotOptimize(out.back().data_ptr());
+  }
+}
+
 BENCHMARK(BM_Interpreter);
 BENCHMARK(BM_Replay);
 BENCHMARK(BM_AtenAllocating);
 BENCHMARK(BM_HandWrittenOutFloor);
+BENCHMARK(BM_MlpReplay);
+BENCHMARK(BM_MlpHandWrittenOutFloor);
 
 }  // namespace
