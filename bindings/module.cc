@@ -21,6 +21,7 @@
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "capture/graph.h"
 #include "capture/scopes.h"
 #include "guards/guard_key.h"
@@ -323,6 +324,13 @@ struct Call {
   }
 };
 
+replay::LogLevel ToLogLevel(int level) {
+  if (level < 0 || level > 3) {
+    throw py::value_error("torchreplay: log level must be 0 (debug), 1 (info), 2 (warning) or 3 (error)");
+  }
+  return static_cast<replay::LogLevel>(level);
+}
+
 py::dict StatsToDict(const replay::EngineStats& s) {
   py::dict d;
   d["calls"] = s.calls;
@@ -416,34 +424,79 @@ PYBIND11_MODULE(_C, m) {
         return std::const_pointer_cast<capture::Graph>(Unwrap(b.Build()));
       });
 
+  py::class_<replay::EngineOptions>(
+      m, "EngineOptions",
+      "Every setting of an engine, by name: EngineOptions(mode='reduce-overhead', warmup_iters=1, "
+      "capture_limit=64, clone_outputs=False, preserve_outputs=False, name='graph', bound_inputs=0, "
+      "dump_dir='', prepared_steps=True, log_level=2). Unset fields take the defaults, with the "
+      "environment's switches (TORCHREPLAY_PREPARED_ITERATORS, TORCHREPLAY_LOG_LEVEL) applied.")
+      .def(py::init([](py::kwargs fields) {
+        py::object o = py::cast(replay::EngineOptions::Defaults());
+        for (auto [key, value] : fields) {
+          const std::string k = key.cast<std::string>();
+          if (k.rfind("_", 0) == 0 || !py::hasattr(o, k.c_str())) {
+            throw py::type_error("torchreplay: EngineOptions has no field '" + k + "'");
+          }
+          o.attr(k.c_str()) = value;
+        }
+        return o.cast<replay::EngineOptions>();
+      }))
+      .def_property(
+          "mode",
+          [](const replay::EngineOptions& o) {
+            return o.mode == replay::Mode::kDefault ? "default" : "reduce-overhead";
+          },
+          [](replay::EngineOptions& o, const std::string& mode) {
+            if (mode == "default") {
+              o.mode = replay::Mode::kDefault;
+            } else if (mode == "reduce-overhead") {
+              o.mode = replay::Mode::kReduceOverhead;
+            } else {
+              throw py::value_error("torchreplay: unknown mode '" + mode + "'");
+            }
+          })
+      .def_property(
+          "warmup_iters", [](const replay::EngineOptions& o) { return o.warmup_iters; },
+          [](replay::EngineOptions& o, int n) {
+            if (n < 0) throw py::value_error("torchreplay: warmup_iters must be >= 0");
+            o.warmup_iters = n;
+          })
+      .def_property(
+          "capture_limit", [](const replay::EngineOptions& o) { return o.capture_limit; },
+          [](replay::EngineOptions& o, int n) {
+            if (n < 0) throw py::value_error("torchreplay: capture_limit must be >= 0");
+            o.capture_limit = n;
+          })
+      .def_readwrite("clone_outputs", &replay::EngineOptions::clone_outputs)
+      .def_readwrite("preserve_outputs", &replay::EngineOptions::preserve_outputs)
+      .def_readwrite("name", &replay::EngineOptions::name)
+      .def_property(
+          "bound_inputs", [](const replay::EngineOptions& o) { return o.bound_inputs; },
+          [](replay::EngineOptions& o, int n) {
+            if (n < 0) throw py::value_error("torchreplay: bound_inputs must be >= 0");
+            o.bound_inputs = n;
+          })
+      .def_readwrite("dump_dir", &replay::EngineOptions::dump_dir)
+      .def_readwrite("prepared_steps", &replay::EngineOptions::prepared_steps)
+      .def_property(
+          "log_level", [](const replay::EngineOptions& o) { return static_cast<int>(o.log_level); },
+          [](replay::EngineOptions& o, int level) { o.log_level = ToLogLevel(level); })
+      .def("__repr__", [](py::object o) {
+        std::vector<std::string> parts;
+        for (const char* f : {"mode", "warmup_iters", "capture_limit", "clone_outputs",
+                              "preserve_outputs", "name", "bound_inputs", "dump_dir",
+                              "prepared_steps", "log_level"}) {
+          parts.push_back(absl::StrCat(f, "=", py::repr(o.attr(f)).cast<std::string>()));
+        }
+        return absl::StrCat("EngineOptions(", absl::StrJoin(parts, ", "), ")");
+      });
+
   py::class_<replay::Engine, std::shared_ptr<replay::Engine>>(m, "Engine")
-      .def(py::init([](std::shared_ptr<capture::Graph> g, const std::string& mode,
-                       int warmup_iters, int capture_limit, bool clone_outputs,
-                       const std::string& name, const std::string& dot_dir,
-                       bool preserve_outputs, int bound_inputs) {
-             replay::EngineOptions o;
-             if (mode == "default") {
-               o.mode = replay::Mode::kDefault;
-             } else if (mode == "reduce-overhead") {
-               o.mode = replay::Mode::kReduceOverhead;
-             } else {
-               throw py::value_error("torchreplay: unknown mode '" + mode + "'");
-             }
-             if (warmup_iters < 0) throw py::value_error("torchreplay: warmup_iters must be >= 0");
-             if (capture_limit < 0) throw py::value_error("torchreplay: capture_limit must be >= 0");
-             o.warmup_iters = warmup_iters;
-             o.capture_limit = capture_limit;
-             o.clone_outputs = clone_outputs;
-             o.preserve_outputs = preserve_outputs;
-             o.bound_inputs = bound_inputs;
-             o.name = name;
-             o.dot_dir = dot_dir;
-             return std::make_shared<replay::Engine>(std::move(g), std::move(o));
+      .def(py::init([](std::shared_ptr<capture::Graph> g, std::optional<replay::EngineOptions> o) {
+             return std::make_shared<replay::Engine>(std::move(g),
+                                                     o.value_or(replay::EngineOptions::Defaults()));
            }),
-           py::arg("graph"), py::arg("mode") = "reduce-overhead", py::arg("warmup_iters") = 1,
-           py::arg("capture_limit") = 64, py::arg("clone_outputs") = false,
-           py::arg("name") = "graph", py::arg("dot_dir") = "", py::arg("preserve_outputs") = false,
-           py::arg("bound_inputs") = 0)
+           py::arg("graph"), py::arg("options") = py::none())
       .def("run",
            [](replay::Engine& e, py::list args) {
              std::vector<c10::IValue> inputs;
@@ -476,7 +529,8 @@ PYBIND11_MODULE(_C, m) {
            py::arg("input_sets"),
            "Warms up and captures these inputs' keys ahead of time, largest first.")
       .def("stats", [](const replay::Engine& e) { return StatsToDict(e.stats()); })
-      .def_property_readonly("name", [](const replay::Engine& e) { return e.options().name; });
+      .def_property_readonly("name", [](const replay::Engine& e) { return e.options().name; })
+      .def_property_readonly("options", [](const replay::Engine& e) { return e.options(); });
 
   py::class_<Call>(m, "Call", "One compiled graph as a C++ callable (Note [The call path]).")
       .def(py::init([](std::shared_ptr<replay::Engine> engine, py::list bound, std::vector<int> mutated,
@@ -523,8 +577,8 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("engine", [](const Call& c) { return c.engine; });
 
   m.def("built_with_cuda", &capture::BuiltWithCuda);
-  m.def("set_log_level", &replay::SetLogLevel);
-  m.def("log_level", &replay::LogLevel);
+  m.def("set_log_level", [](int level) { replay::SetLogLevel(ToLogLevel(level)); });
+  m.def("log_level", [] { return static_cast<int>(replay::DefaultLogLevel()); });
 }
 
 }  // namespace torchreplay

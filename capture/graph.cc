@@ -71,6 +71,24 @@ absl::StatusOr<SymOp> SymOpFromName(const std::string& name) {
 
 int SymOpArity(SymOp op) { return op >= SymOp::kNeg ? 1 : 2; }
 
+const char* SymOpName(SymOp op) {
+  static const char* kNames[] = {
+      "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "max", "min", "eq", "ne", "lt",
+      "le", "gt", "ge", "and", "or", "xor", "lshift", "rshift", "neg", "pos", "abs", "not",
+      "float", "trunc", "floor", "ceil", "round", "sqrt"};
+  static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<size_t>(SymOp::kSqrt) + 1);
+  return kNames[static_cast<int>(op)];
+}
+
+std::string NodeLabel(const Node& n) {
+  switch (n.kind) {
+    case NodeKind::kOp: return OperatorName(*n.op);
+    case NodeKind::kGetItem: return absl::StrCat("getitem[", n.index, "]");
+    case NodeKind::kSymArith: return absl::StrCat("sym.", SymOpName(n.sym_op));
+  }
+  return "?";
+}
+
 namespace {
 
 // The type of a symbolic arithmetic result, from its operands' types (Python's rules).
@@ -211,13 +229,8 @@ std::string Graph::ToString() const {
     for (ValueId v : n.outputs) outs.push_back(absl::StrCat("%", values_[v].name));
     std::vector<std::string> args;
     for (const auto& a : n.args) args.push_back(ArgToString(*this, a));
-    os << "  " << absl::StrJoin(outs, ", ") << " = ";
-    switch (n.kind) {
-      case NodeKind::kOp: os << OperatorName(*n.op); break;
-      case NodeKind::kGetItem: os << "getitem[" << n.index << "]"; break;
-      case NodeKind::kSymArith: os << "sym." << static_cast<int>(n.sym_op); break;
-    }
-    os << "(" << absl::StrJoin(args, ", ") << ")\n";
+    os << "  " << absl::StrJoin(outs, ", ") << " = " << NodeLabel(n) << "("
+       << absl::StrJoin(args, ", ") << ")\n";
   }
   std::vector<std::string> outs;
   for (const auto& a : outputs_) outs.push_back(ArgToString(*this, a));
@@ -227,15 +240,15 @@ std::string Graph::ToString() const {
 
 GraphBuilder::GraphBuilder() : graph_(std::make_unique<Graph>()) {}
 
-ValueId GraphBuilder::NewValue(ValueType type, std::string name, int producer) {
+ValueId GraphBuilder::NewValue(ValueType type, std::string name) {
   ValueId id = static_cast<ValueId>(graph_->values_.size());
   if (name.empty()) name = absl::StrCat("v", id);
-  graph_->values_.push_back(ValueInfo{type, std::move(name), producer, std::nullopt});
+  graph_->values_.push_back(ValueInfo{type, std::move(name), std::nullopt});
   return id;
 }
 
 ValueId GraphBuilder::AddInput(std::string name, ValueType type, std::optional<TensorSpec> spec) {
-  ValueId id = NewValue(type, std::move(name), -1);
+  ValueId id = NewValue(type, std::move(name));
   graph_->values_[id].spec = spec;
   graph_->inputs_.push_back(id);
   return id;
@@ -320,11 +333,10 @@ absl::StatusOr<std::vector<ValueId>> GraphBuilder::AddOp(
     node.arg_types.push_back(formal.type());
     node.args.push_back(std::move(a));
   }
-  const int producer = static_cast<int>(graph_->nodes_.size());
   const auto& returns = schema.returns();
   for (size_t i = 0; i < returns.size(); ++i) {
     std::string out_name = returns.size() == 1 ? node.name : absl::StrCat(node.name, "_", i);
-    node.outputs.push_back(NewValue(ReturnType(returns[i].type()), std::move(out_name), producer));
+    node.outputs.push_back(NewValue(ReturnType(returns[i].type()), std::move(out_name)));
   }
   std::vector<ValueId> outs = node.outputs;
   graph_->nodes_.push_back(std::move(node));
@@ -345,7 +357,7 @@ absl::StatusOr<ValueId> GraphBuilder::AddGetItem(ValueId list, int64_t index, st
   node.args.push_back(Arg::Ref(list));
   node.index = index;
   node.outputs.push_back(
-      NewValue(ValueType::kTensor, node.name, static_cast<int>(graph_->nodes_.size())));
+      NewValue(ValueType::kTensor, node.name));
   ValueId out = node.outputs[0];
   graph_->nodes_.push_back(std::move(node));
   return out;
@@ -382,7 +394,7 @@ absl::StatusOr<ValueId> GraphBuilder::AddSymArith(SymOp op, std::vector<Arg> ope
   node.name = name.empty() ? absl::StrCat("sym", graph_->nodes_.size()) : name;
   node.args = std::move(operands);
   node.outputs.push_back(
-      NewValue(SymResultType(op, types), node.name, static_cast<int>(graph_->nodes_.size())));
+      NewValue(SymResultType(op, types), node.name));
   ValueId out = node.outputs[0];
   graph_->nodes_.push_back(std::move(node));
   return out;

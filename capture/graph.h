@@ -42,7 +42,6 @@ struct TensorSpec {
 struct ValueInfo {
   ValueType type = ValueType::kTensor;
   std::string name;
-  int producer = -1;                 // index of the producing node; -1 for inputs and constants
   std::optional<TensorSpec> spec;    // inputs only, when known
 };
 
@@ -74,6 +73,7 @@ enum class SymOp {
 };
 absl::StatusOr<SymOp> SymOpFromName(const std::string& name);  // "add", "truediv", "floor", ...
 int SymOpArity(SymOp op);
+const char* SymOpName(SymOp op);  // "add", "truediv", ... (the inverse of SymOpFromName)
 
 struct Node {
   NodeKind kind = NodeKind::kOp;
@@ -136,11 +136,14 @@ class GraphBuilder {
 
  private:
   absl::Status CheckArg(const Arg& arg, const std::string& where) const;
-  ValueId NewValue(ValueType type, std::string name, int producer);
+  ValueId NewValue(ValueType type, std::string name);
 
   std::unique_ptr<Graph> graph_;
   bool outputs_set_ = false;
 };
+
+// What a node does, for listings: "aten::addmm", "getitem[1]", "sym.floordiv".
+std::string NodeLabel(const Node& n);
 
 // Resolves "ns::name.overload" to an operator handle, or a clear NotFound status.
 absl::StatusOr<c10::OperatorHandle> FindOperator(const std::string& qualified_name);

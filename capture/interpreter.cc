@@ -9,6 +9,7 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "capture/scopes.h"
 
 namespace torchreplay::capture {
 namespace {
@@ -242,9 +243,17 @@ Interpreter::Interpreter(std::shared_ptr<const Graph> graph) : graph_(std::move(
   }
 }
 
+std::optional<c10::Device> Interpreter::CudaDevice(const std::vector<c10::IValue>& inputs) {
+  for (const auto& v : inputs) {
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_cuda()) return v.toTensor().device();
+  }
+  return std::nullopt;
+}
+
 absl::StatusOr<std::vector<c10::IValue>> Interpreter::Run(std::vector<c10::IValue> inputs,
                                                           const Observer* observer) const {
   const Graph& g = *graph_;
+  ScopeRun scopes(CudaDevice(inputs).value_or(c10::Device(c10::DeviceType::CPU)));
   std::vector<c10::IValue> env(g.values().size());
   for (size_t i = 0; i < inputs.size() && i < g.inputs().size(); ++i) {
     env[g.inputs()[i]] = std::move(inputs[i]);

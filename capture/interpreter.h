@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -37,11 +38,15 @@ class Interpreter {
   explicit Interpreter(std::shared_ptr<const Graph> graph);
 
   // Runs the graph on `inputs` (by position). Values are freed after their last use unless an
-  // observer is given, in which case every value stays alive until the run ends.
+  // observer is given, in which case every value stays alive until the run ends. The run is in
+  // a ScopeRun of the inputs' CUDA device, if any (scopes.h): the one place scopes are opened.
   absl::StatusOr<std::vector<c10::IValue>> Run(std::vector<c10::IValue> inputs,
                                                const Observer* observer = nullptr) const;
 
   const Graph& graph() const { return *graph_; }
+
+  // The device of the first CUDA tensor among `inputs`, else nullopt.
+  static std::optional<c10::Device> CudaDevice(const std::vector<c10::IValue>& inputs);
 
  private:
   std::shared_ptr<const Graph> graph_;

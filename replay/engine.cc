@@ -18,30 +18,45 @@
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
-#include "capture/cuda_stream_graph.h"
-#include "capture/scopes.h"
-#include "capture/stream_graph.h"
+#include "capture/cuda_graph.h"
+#include "capture/kernel_tape.h"
+#include "capture/recording.h"
 #include "guards/guard_key.h"
 #include "memory_pool/arena.h"
+#include "memory_pool/cuda_pool.h"
 
 namespace torchreplay::replay {
 
-// ---------------------------------------------------------------- logging
+// ---------------------------------------------------------------- options and logging
 
 namespace {
-std::atomic<int> g_log_level{[] {
+LogLevel LogLevelFromEnvironment() {
   const char* env = std::getenv("TORCHREPLAY_LOG_LEVEL");
-  return env != nullptr ? std::atoi(env) : 2;
-}()};
+  const int level = env != nullptr ? std::atoi(env) : static_cast<int>(LogLevel::kWarning);
+  return static_cast<LogLevel>(std::min(std::max(level, 0), 3));
+}
+std::atomic<LogLevel> g_default_log_level{LogLevelFromEnvironment()};
 }  // namespace
 
-void SetLogLevel(int level) { g_log_level = level; }
-int LogLevel() { return g_log_level; }
-void Log(int level, const std::string& message) {
-  if (level < g_log_level) return;
+void SetLogLevel(LogLevel level) { g_default_log_level = level; }
+LogLevel DefaultLogLevel() { return g_default_log_level; }
+
+EngineOptions EngineOptions::Defaults() {
+  static const bool prepared_steps = [] {
+    const char* env = std::getenv("TORCHREPLAY_PREPARED_ITERATORS");
+    return env == nullptr || std::string(env) != "0";
+  }();
+  EngineOptions o;
+  o.prepared_steps = prepared_steps;
+  o.log_level = g_default_log_level;
+  return o;
+}
+
+void Engine::Log(LogLevel level, const std::string& message) const {
+  if (level < options_.log_level) return;
   static const char* kTags = "DIWE";
-  std::cerr << "[torchreplay " << kTags[std::min(std::max(level, 0), 3)] << "] " << message
-            << std::endl;
+  std::cerr << "[torchreplay " << kTags[static_cast<int>(level)] << "] graph '" << options_.name
+            << "': " << message << std::endl;
 }
 
 // ---------------------------------------------------------------- state
@@ -51,7 +66,7 @@ struct Engine::Entry {
   std::string reason;  // why this key needs a capture
   int eager_runs = 0;
   std::optional<capture::Recording> recording;
-  std::unique_ptr<capture::StreamGraph> graph;
+  std::unique_ptr<capture::CapturedGraph> graph;
   std::vector<std::pair<int, const void*>> static_ptrs;  // baked-in addresses
   std::vector<bool> baked;                               // inputs baked in (static, not moving)
   std::vector<int> moves;                                // per input: times its address moved
@@ -59,9 +74,8 @@ struct Engine::Entry {
 };
 
 struct Engine::ThreadState {
-  memory_pool::Arena arena;        // CPU keys
-  capture::CudaPool cuda_pool;     // CUDA keys: one private pool for all of them
-  int64_t cuda_pool_bytes = 0;     // what CUDA captures added to the allocator's reserve
+  memory_pool::Arena arena;         // CPU keys
+  memory_pool::CudaPool cuda_pool;  // CUDA keys: one private pool for all of them
   absl::flat_hash_map<guards::GuardKey, std::unique_ptr<Entry>> cache;
   guards::GuardKey last_key;
   Entry* last = nullptr;
@@ -90,10 +104,6 @@ thread_local unsigned state_cache_next = 0;
 Engine::Engine(std::shared_ptr<const capture::Graph> graph, EngineOptions options)
     : id_(next_engine_id++), graph_(std::move(graph)), options_(std::move(options)),
       interpreter_(graph_) {
-  for (capture::ValueId v : graph_->inputs()) {
-    const auto& spec = graph_->values()[v].spec;
-    uses_cuda_ = uses_cuda_ || (spec.has_value() && spec->device == c10::DeviceType::CUDA);
-  }
   invalidated_msg_ = absl::StrCat(
       "torchreplay: this tensor is an output of the replayed graph '", options_.name,
       "', and a later replay has reused its memory. Clone outputs you keep across calls "
@@ -130,7 +140,7 @@ EngineStats Engine::stats() const {
   s.eager_fallbacks = eager_fallbacks_;
   absl::MutexLock lock(&mu_);
   for (const auto& [id, ts] : threads_) {
-    s.pool_bytes = std::max(s.pool_bytes, ts->arena.bytes() + ts->cuda_pool_bytes);
+    s.pool_bytes = std::max(s.pool_bytes, ts->arena.bytes() + ts->cuda_pool.bytes());
   }
   s.capture_log = capture_log_;
   s.fallback_reasons = fallback_reasons_;
@@ -138,8 +148,7 @@ EngineStats Engine::stats() const {
 }
 
 void Engine::Fallback(Entry& e, std::string reason) {
-  Log(2, absl::StrCat("graph '", options_.name, "': key ", e.key.ToString(),
-                      " runs eagerly: ", reason));
+  Log(LogLevel::kWarning, absl::StrCat("key ", e.key.ToString(), " runs eagerly: ", reason));
   e.fallback_reason = reason;
   e.recording.reset();
   absl::MutexLock lock(&mu_);
@@ -184,17 +193,7 @@ absl::StatusOr<Engine::Entry*> Engine::Lookup(ThreadState& ts,
   return e;
 }
 
-std::optional<c10::Device> Engine::CudaDevice(const std::vector<c10::IValue>& inputs) const {
-  if (!uses_cuda_) return std::nullopt;
-  for (const auto& v : inputs) {
-    if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_cuda()) return v.toTensor().device();
-  }
-  return std::nullopt;
-}
-
 absl::StatusOr<std::vector<c10::IValue>> Engine::RunEager(const std::vector<c10::IValue>& inputs) {
-  const std::optional<c10::Device> cuda = CudaDevice(inputs);
-  capture::ScopeRun scopes(cuda.value_or(c10::Device(c10::DeviceType::CPU)));
   auto out = interpreter_.Run(inputs);
   if (!out.ok()) {
     return absl::Status(out.status().code(),
@@ -205,7 +204,7 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::RunEager(const std::vector<c10:
 
 // Note [Handed-out outputs]
 // A replay hands its pool outputs out through storages of their own, one per pool buffer
-// (StreamGraph::OutputRegion), aliasing the pool: the caller sees what eager would give (a
+// (CapturedGraph::OutputRegion), aliasing the pool: the caller sees what eager would give (a
 // tensor at offset 0 of its own storage, views of one buffer sharing it), so an output fed back
 // as the next input has the same guard key as a fresh tensor. Before the pool is reused (the
 // next capture or replay of any key on this thread), every handed-out storage still alive is
@@ -258,30 +257,30 @@ void Engine::ReleaseOutputs(ThreadState& ts, const std::vector<c10::IValue>& inp
   ts.handed_out.clear();
 }
 
-// CAPTURE: build the StreamGraph for this key from the recording of its last warm-up run.
+// CAPTURE: build the CapturedGraph for this key from the recording of its last warm-up run.
 absl::Status Engine::Capture(ThreadState& ts, Entry& e, const std::vector<c10::IValue>& inputs) {
   RECORD_FUNCTION("torchreplay::capture", std::vector<c10::IValue>());
   ReleaseOutputs(ts, inputs);  // the pool may grow, and replays below will reuse it
   const auto t0 = std::chrono::steady_clock::now();
-  const std::optional<c10::Device> cuda = CudaDevice(inputs);
-  absl::StatusOr<std::unique_ptr<capture::StreamGraph>> graph =
-      cuda.has_value()
-          ? capture::CaptureCudaGraph(interpreter_, *e.recording, inputs, &ts.cuda_pool,
-                                      {/*keep_graph=*/!options_.dot_dir.empty()})
-          : capture::CaptureKernelTape(graph_, *e.recording, inputs, &ts.arena);
+  const bool cuda = capture::Interpreter::CudaDevice(inputs).has_value();
+  capture::CaptureOptions options;
+  options.prepared_steps = options_.prepared_steps;
+  options.keep_graph = !options_.dump_dir.empty();
+  absl::StatusOr<std::unique_ptr<capture::CapturedGraph>> graph =
+      cuda ? capture::CaptureCudaGraph(graph_, *e.recording, inputs, &ts.cuda_pool, options)
+           : capture::CaptureKernelTape(graph_, *e.recording, inputs, &ts.arena, options);
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   e.recording.reset();
   if (!graph.ok()) return graph.status();
   e.graph = std::move(*graph);
-  if (cuda.has_value()) ts.cuda_pool_bytes += std::max<int64_t>(0, e.graph->info().arena_bytes);
-  if (!options_.dot_dir.empty() && cuda.has_value()) {
-    const std::string path =
-        absl::StrCat(options_.dot_dir, "/torchreplay_", options_.name, ".key", ts.captured, ".dot");
-    if (auto s = e.graph->DumpDot(path); s.ok()) {
-      Log(1, absl::StrCat("graph '", options_.name, "': wrote the captured CUDA graph to ", path));
+  if (!options_.dump_dir.empty()) {
+    const std::string stem =
+        absl::StrCat(options_.dump_dir, "/torchreplay_", options_.name, ".key", ts.captured);
+    if (auto path = e.graph->Dump(stem); path.ok()) {
+      Log(LogLevel::kInfo, absl::StrCat("wrote the captured graph to ", *path));
     } else {
-      Log(2, absl::StrCat("graph '", options_.name, "': no DOT dump: ", s.message()));
+      Log(LogLevel::kWarning, absl::StrCat("no dump of the captured graph: ", path.status().message()));
     }
   }
   e.static_ptrs.clear();
@@ -294,7 +293,7 @@ absl::Status Engine::Capture(ThreadState& ts, Entry& e, const std::vector<c10::I
   ++captures_;
   const capture::CaptureInfo& info = e.graph->info();
   CaptureRecord rec{e.key.ToString(), e.reason, ms, info};
-  Log(1, absl::StrCat("graph '", options_.name, "': captured key ", rec.key, " (", rec.reason,
+  Log(LogLevel::kInfo, absl::StrCat("captured key ", rec.key, " (", rec.reason,
                       "): ", info.nodes, " nodes -> ", info.steps, " steps (",
                       info.out_variant_steps, " out= (", info.typed_steps, " typed, ",
                       info.prepared_steps, " prepared), ", info.functional_steps, " functional, ",
@@ -336,7 +335,7 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::Replay(ThreadState& ts, Entry& 
     if (!e.graph->OutputInPool(i) || !outs[i].isTensor() || !outs[i].toTensor().defined()) continue;
     const at::Tensor& t = outs[i].toTensor();
     const c10::StorageImpl* pool = t.storage().unsafeGetStorageImpl();
-    capture::StreamGraph::Region region = e.graph->OutputRegion(i);
+    capture::CapturedGraph::Region region = e.graph->OutputRegion(i);
     if (region.nbytes < 0) region = {0, static_cast<int64_t>(pool->nbytes())};
     const char* base = static_cast<const char*>(pool->data()) + region.offset;
     auto same = std::find_if(made.begin(), made.end(), [&](const auto& m) { return m.first == base; });
@@ -426,11 +425,8 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::Run(std::vector<c10::IValue> in
       ++warmups_;
       e->recording.emplace();
       e->recording->baked_inputs = e->baked;
-      absl::StatusOr<std::vector<c10::IValue>> out;
-      {
-        capture::ScopeRun scopes(CudaDevice(inputs).value_or(c10::Device(c10::DeviceType::CPU)));
-        out = capture::RunAndRecord(interpreter_, inputs, &*e->recording);
-      }
+      absl::StatusOr<std::vector<c10::IValue>> out =
+          capture::RunAndRecord(interpreter_, inputs, &*e->recording);
       if (!out.ok()) {
         e->recording.reset();
         return absl::Status(out.status().code(),

@@ -1,7 +1,7 @@
 // replay/engine.h: the engine behind one compiled graph.
 //
-// Per call: guard key of the inputs -> (miss) warm-up eager run(s), then capture a StreamGraph for
-// the key -> (hit) bind inputs, replay, hand out outputs. The semantics it keeps (DESIGN.md):
+// Per call: guard key of the inputs -> (miss) warm-up eager run(s), then capture a CapturedGraph
+// for the key -> (hit) bind inputs, replay, hand out outputs. The semantics it keeps (DESIGN.md):
 //   - replay equals eager; one captured graph per key, at most `capture_limit` keys, after which
 //     new keys run eagerly and that is logged once;
 //   - static inputs are baked in; if one moves, the key is recaptured, never replayed stale;
@@ -29,12 +29,15 @@
 #include "absl/synchronization/mutex.h"
 #include "capture/graph.h"
 #include "capture/interpreter.h"
-#include "capture/stream_graph.h"
+#include "capture/captured_graph.h"
 
 namespace torchreplay::replay {
 
 enum class Mode { kDefault, kReduceOverhead };
 
+enum class LogLevel : int { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3 };
+
+// Every setting of an engine, fixed when it is made. Engine users start from Defaults().
 struct EngineOptions {
   // kDefault runs the graph op by op in C++ (no capture); kReduceOverhead captures and replays.
   Mode mode = Mode::kReduceOverhead;
@@ -53,8 +56,18 @@ struct EngineOptions {
   // Leading inputs the caller binds once (torchreplay.capture: parameters, buffers); input errors
   // then name the others "argument i", as the user passed them.
   int bound_inputs = 0;
-  // When set, each CUDA capture writes its graph as DOT to DIR/torchreplay_NAME.keyK.dot.
-  std::string dot_dir;
+  // When set, each capture writes what it captured to DIR/torchreplay_NAME.keyK: the tape's
+  // plan as .txt (CPU), the CUDA graph as .dot.
+  std::string dump_dir;
+  // CPU: pointwise steps on a TensorIterator built once (Note [Prepared pointwise steps]).
+  bool prepared_steps = true;
+  // Messages below this level are not logged.
+  LogLevel log_level = LogLevel::kWarning;
+
+  // The defaults with the environment's switches applied, read once per process:
+  // TORCHREPLAY_PREPARED_ITERATORS=0 turns prepared steps off; TORCHREPLAY_LOG_LEVEL=0..3 sets
+  // log_level (SetLogLevel overrides it for engines made afterwards).
+  static EngineOptions Defaults();
 };
 
 struct CaptureRecord {
@@ -83,7 +96,8 @@ class Engine {
 
   // Warms up and captures the keys of `input_sets` ahead of time, largest first (by tensor
   // bytes), so that on CUDA the smaller keys reuse the largest one's pool memory. Each set runs
-  // warmup_iters + 1 times, like that many real calls (mutations included).
+  // warmup_iters + 1 times, like that many real calls (mutations included). The one
+  // implementation of precapture: torchreplay.precapture comes here too.
   absl::Status Precapture(std::vector<std::vector<c10::IValue>> input_sets);
 
   EngineStats stats() const;
@@ -97,8 +111,6 @@ class Engine {
   ThreadState& StateForThisThread();
   absl::StatusOr<Entry*> Lookup(ThreadState& ts, const std::vector<c10::IValue>& inputs);
   absl::StatusOr<std::vector<c10::IValue>> RunEager(const std::vector<c10::IValue>& inputs);
-  // The CUDA device of a call on a graph with CUDA inputs, else nullopt.
-  std::optional<c10::Device> CudaDevice(const std::vector<c10::IValue>& inputs) const;
   absl::Status Capture(ThreadState& ts, Entry& e, const std::vector<c10::IValue>& inputs);
   absl::StatusOr<std::vector<c10::IValue>> Replay(ThreadState& ts, Entry& e,
                                                   std::vector<c10::IValue>& inputs);
@@ -107,13 +119,13 @@ class Engine {
   void ReleaseOutputs(ThreadState& ts, const std::vector<c10::IValue>& inputs,
                       bool copy_all = false);
   void Fallback(Entry& e, std::string reason);
+  void Log(LogLevel level, const std::string& message) const;
 
   const uint64_t id_;  // unique in the process (Note [Per-thread state lookup])
   std::shared_ptr<const capture::Graph> graph_;
   EngineOptions options_;
   capture::Interpreter interpreter_;
   std::string invalidated_msg_;
-  bool uses_cuda_ = false;  // some input is declared on a CUDA device
 
   std::atomic<int64_t> calls_{0}, replays_{0}, captures_{0}, warmups_{0}, eager_fallbacks_{0};
   mutable absl::Mutex mu_;
@@ -122,10 +134,8 @@ class Engine {
   std::vector<std::string> fallback_reasons_ ABSL_GUARDED_BY(mu_);
 };
 
-// C++-side logging, level from TORCHREPLAY_LOG_LEVEL (0 debug, 1 info, 2 warning, 3 error;
-// default 2), or set here.
-void SetLogLevel(int level);
-int LogLevel();
-void Log(int level, const std::string& message);
+// The log level engines made from now on get (EngineOptions::Defaults), and the current one.
+void SetLogLevel(LogLevel level);
+LogLevel DefaultLogLevel();
 
 }  // namespace torchreplay::replay

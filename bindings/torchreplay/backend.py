@@ -44,6 +44,15 @@ _PLAIN_OUTPUTS = (OutputType.non_alias, OutputType.unsafe_view_alias, OutputType
 _NOT_VIEWS = (torch.ops.aten.detach.default, torch.ops.aten.alias.default)
 
 
+def engine_options(config: CompilerConfig, name: str, **fields: Any) -> Any:
+    """The C++ engine's options for one graph compiled with `config` (plus `fields`)."""
+    ro, dump = config.reduce_overhead, config.debug.graph_dump
+    return _C.EngineOptions(mode=config.mode, warmup_iters=ro.warmup_iters, capture_limit=ro.capture_limit,
+                            clone_outputs=ro.clone_outputs, name=name,
+                            dump_dir=os.path.abspath(dump.path) if dump.type in ("txt", "dot") else "",
+                            **fields)
+
+
 def _direct_call(aot_fn: Callable, engine: Any, ctx: Any, num_graph_inputs: int, producers: List[Any],
                  example_inputs: Sequence[Any]) -> Union[Any, str]:
     """The engine as a C++ callable for Dynamo (Note [The call path] in bindings/module.cc), or
@@ -90,8 +99,9 @@ def _dump(config: CompilerConfig, name: str, gm: torch.fx.GraphModule, graph: Op
     directory = config.debug.graph_dump.path
     os.makedirs(directory, exist_ok=True)
     if kind == "dot":
-        # The IR as text and as a DOT graph; the captured CUDA graphs follow at capture time
-        # (torchreplay_{name}.keyK.dot, written by the engine).
+        # The IR as text and as a DOT graph. With "txt" or "dot", each captured key follows at
+        # capture time (written by the engine): torchreplay_{name}.keyK.txt, the CPU tape's plan,
+        # or torchreplay_{name}.keyK.dot, the CUDA graph.
         with open(os.path.join(directory, f"torchreplay_{name}.txt"), "w") as f:
             f.write(str(graph) if graph is not None else str(gm.graph))
     path = os.path.join(directory, f"torchreplay_{name}.{kind}")
@@ -177,12 +187,9 @@ class Backend:
             self.eager_graphs[name] = str(e)
             return make_boxed_func(gm.forward)
         _dump(config, name, gm, graph)
-        ro = config.reduce_overhead
-        dot_dir = os.path.abspath(config.debug.graph_dump.path) if config.debug.graph_dump.type == "dot" else ""
         # Training graphs preserve outputs still alive at the next call (autograd keeps saved
         # activations and gradients); inference outputs kept across calls are invalidated.
-        engine = _C.Engine(graph, config.mode, ro.warmup_iters, ro.capture_limit, ro.clone_outputs, name,
-                           dot_dir, preserve_outputs=kind != "inference")
+        engine = _C.Engine(graph, engine_options(config, name, preserve_outputs=kind != "inference"))
         self.engines.append(engine)
         _all_engines.add(engine)
         logger.debug("torchreplay: compiled %s (%d nodes, static inputs %s) in mode %s",

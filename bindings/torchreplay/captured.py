@@ -23,7 +23,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from torch.utils import _pytree as pytree
 
 from . import _C
-from .backend import _all_engines, _dump
+from .backend import _all_engines, _dump, engine_options
 from .config import CompilerConfig
 from .lowering import lower
 from .passes import run_passes
@@ -248,9 +248,7 @@ def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Option
     with torch._subclasses.fake_tensor.unset_fake_temporarily():
         graph = lower(gm, example, list(range(len(bound))))
     _dump(config, name, gm, graph)
-    ro = config.reduce_overhead
-    engine = _C.Engine(graph, config.mode, ro.warmup_iters, ro.capture_limit, ro.clone_outputs, name, "",
-                       preserve_outputs=False, bound_inputs=len(bound))
+    engine = _C.Engine(graph, engine_options(config, name, bound_inputs=len(bound)))
     _all_engines.add(engine)
     captured = Captured(engine, bound, mutated, fixed, sizes, model if isinstance(model, torch.nn.Module) else None,
                         constants, in_spec, ep.call_spec.out_spec, num_outputs)

@@ -28,7 +28,7 @@ DEV = "cuda"
 
 def engine_for(fn, example_inputs, static=(), **opts):
     gm = make_fx(fn)(*example_inputs)
-    return _C.Engine(lower(gm, example_inputs, static), "reduce-overhead", **opts)
+    return _C.Engine(lower(gm, example_inputs, static), _C.EngineOptions(**opts))
 
 
 def run(engine, *inputs):
@@ -42,7 +42,7 @@ def test_random_graphs_on_cuda_bitwise_equal_to_eager(chunk):
     rows = [5, 5, 3, 5, 3, 3]
     for seed in range(chunk * 50, (chunk + 1) * 50):
         prog = make_program(seed, num_ops=6 + seed % 7, device=DEV)
-        engine = _C.Engine(prog.graph, "reduce-overhead", warmup_iters=seed % 2, name=f"cuda{seed}")
+        engine = _C.Engine(prog.graph, _C.EngineOptions(warmup_iters=seed % 2, name=f"cuda{seed}"))
         gen = torch.Generator().manual_seed(seed)
         w = torch.randn(C, C, generator=gen).to(DEV)
         w_ref = w.clone()
@@ -181,7 +181,7 @@ def test_capture_failure_falls_back_and_releases_the_pool():
     torch.cuda.empty_cache()
     before = torch.cuda.memory_reserved()
     for _ in range(3):
-        e = _C.Engine(lower(gm, [torch.randn(4, device=DEV)]), "reduce-overhead")
+        e = _C.Engine(lower(gm, [torch.randn(4, device=DEV)]))
         for _ in range(4):
             x = torch.randn(4, device=DEV)
             assert torch.equal(e.run([x])[0], (x * 2 + 1) * 3)
@@ -253,7 +253,7 @@ def test_scopes_make_parallel_branches_in_the_captured_graph(tmp_path):
     b.add_op("torchreplay::wait", [("l", [("v", r)])], {})
     out = b.add_op("aten::add.Tensor", [("v", a), ("v", m)], {})[0]
     b.set_outputs([("v", out)])
-    e = _C.Engine(b.build(), "reduce-overhead", name="scopes", dot_dir=str(tmp_path))
+    e = _C.Engine(b.build(), _C.EngineOptions(name="scopes", dump_dir=str(tmp_path)))
     for _ in range(4):
         xs, ys = torch.randn(256, 256, device=DEV), torch.randn(256, 256, device=DEV)
         assert torch.equal(e.run([xs, ys])[0], xs @ xs + ys @ ys)

@@ -22,7 +22,7 @@ def test_random_graphs_replay_bitwise_equal_to_eager(chunk):
     per_chunk = (NUM_GRAPHS + CHUNKS - 1) // CHUNKS
     for seed in range(chunk * per_chunk, min(NUM_GRAPHS, (chunk + 1) * per_chunk)):
         prog = make_program(seed, num_ops=6 + seed % 7)
-        engine = _C.Engine(prog.graph, "reduce-overhead", warmup_iters=seed % 2, name=f"fuzz{seed}")
+        engine = _C.Engine(prog.graph, _C.EngineOptions(warmup_iters=seed % 2, name=f"fuzz{seed}"))
         gen = torch.Generator().manual_seed(seed)
         w = torch.randn(C, C, generator=gen)
         w_ref = w.clone()

@@ -14,7 +14,7 @@ from torchreplay.lowering import lower
 def engine_for(fn, example_inputs, static=(), **opts):
     """Traces fn to an ATen graph (in-place ops kept) and wraps it in an engine."""
     gm = make_fx(fn)(*example_inputs)
-    return _C.Engine(lower(gm, example_inputs, static), "reduce-overhead", **opts)
+    return _C.Engine(lower(gm, example_inputs, static), _C.EngineOptions(**opts))
 
 
 def run(engine, *inputs):
@@ -254,7 +254,7 @@ def test_profiler_shows_replay_ranges():
     assert names.count("torchreplay::replay") == 4
 
 
-TYPED_CASES = [   # one op per typed-step signature (Note [Typed steps] in capture/kernel_tape.cc)
+TYPED_CASES = [   # one op per typed-step signature (Note [Typed steps] in capture/typed_call.h)
     ("TO", lambda x, y, z: torch.sin(x)),
     ("TTO", lambda x, y, z: x * y),
     ("TSO", lambda x, y, z: torch.nn.functional.leaky_relu(x, 0.1)),
@@ -496,7 +496,7 @@ def test_complex_python_scalars(mode):
 
 def test_an_int_beyond_64_bits_is_a_clear_overflow_error():
     gm = make_fx(lambda x, n: x * n)(torch.ones(2), 3)
-    e = _C.Engine(lower(gm, [torch.ones(2), 3]), "reduce-overhead")
+    e = _C.Engine(lower(gm, [torch.ones(2), 3]))
     with pytest.raises(OverflowError, match="does not fit in 64 bits"):
         run(e, torch.ones(2), 2 ** 70)
     assert torch.equal(run(e, torch.ones(2), 3)[0], torch.full((2,), 3.0))

@@ -239,7 +239,10 @@ def test_dot_dump_of_the_graph(tmp_path):
         compiled(torch.randn(3, 3))
     names = sorted(p.name for p in tmp_path.iterdir())
     stem = names[0].rsplit(".", 1)[0]                      # torchreplay_gN.inference
-    assert names == [stem + ".dot", stem + ".txt"]         # and no CUDA graph on the CPU
+    # The graph as DOT and as text, and the captured key's tape plan (no CUDA graph on the CPU).
+    assert names == [stem + ".dot", stem + ".key0.txt", stem + ".txt"]
+    plan = (tmp_path / (stem + ".key0.txt")).read_text()
+    assert "aten::mm: out= aten::mm.out" in plan and "arena: " in plan
     dot = (tmp_path / names[0]).read_text()
     assert dot.startswith(f'digraph "{stem}"')
     assert '"mm" -> "abs_1";' in dot and '"mm" -> "sub";' in dot
@@ -252,7 +255,7 @@ def test_scope_ops_keep_their_place_and_results_on_cpu(tmp_path, mode):
     for _ in range(4):
         x = torch.randn(3, 3)
         assert_same(compiled(x), model(x))
-    (dump,) = tmp_path.iterdir()
+    (dump,) = [p for p in tmp_path.iterdir() if ".key" not in p.name]  # not a captured key's plan
     ops = [line.split("= ")[1].split("(")[0] for line in dump.read_text().splitlines() if "= " in line]
     # Dead-code elimination kept them, in the order the pass put them.
     assert ops[:5] == ["torchreplay::scope_enter", "aten::mm", "aten::abs", "torchreplay::record",

@@ -1,4 +1,4 @@
-// The CUDA StreamGraph backend (see cuda_stream_graph.h).
+// The CUDA backend (see cuda_graph.h).
 //
 // Note [Why at::cuda::CUDAGraph]
 // Capture goes through ATen's CUDAGraph rather than the CUDA runtime directly: it enters the
@@ -8,14 +8,13 @@
 // half-way (an uncapturable op throws while the stream is capturing): that case is handled here,
 // in AbortCapture, so the stream leaves capture mode, the pool's use count is given back and the
 // RNG state leaves capture mode too.
-#include "capture/cuda_stream_graph.h"
+#include "capture/cuda_graph.h"
 
 #include "absl/strings/str_cat.h"
 
 #ifdef TORCHREPLAY_WITH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
-#include <ATen/EmptyTensor.h>
 #include <ATen/ops/_foreach_copy.h>
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -23,20 +22,18 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
-#include "capture/scopes.h"
+#include "capture/interpreter.h"
 #endif
 
 namespace torchreplay::capture {
 
 #ifndef TORCHREPLAY_WITH_CUDA
 
-absl::StatusOr<std::unique_ptr<StreamGraph>> CaptureCudaGraph(const Interpreter&, const Recording&,
-                                                              const std::vector<c10::IValue>&,
-                                                              CudaPool*, const CudaCaptureOptions&) {
+absl::StatusOr<std::unique_ptr<CapturedGraph>> CaptureCudaGraph(
+    std::shared_ptr<const Graph>, const Recording&, const std::vector<c10::IValue>&,
+    memory_pool::CudaPool*, const CaptureOptions&) {
   return absl::FailedPreconditionError("torchreplay was built without CUDA");
 }
-
-int64_t CudaReservedBytes(c10::Device) { return 0; }
 
 #else
 
@@ -44,13 +41,13 @@ namespace {
 
 using c10::cuda::CUDAStream;
 
-class CudaStreamGraph final : public StreamGraph {
+class CudaGraph final : public CapturedGraph {
  public:
   absl::Status Replay(const std::vector<c10::IValue>& inputs,
                       std::vector<c10::IValue>* outputs) override;
   const CaptureInfo& info() const override { return info_; }
   bool OutputInPool(size_t i) const override { return outputs_[i].kind == Out::kPool; }
-  absl::Status DumpDot(const std::string& path) const override;
+  absl::StatusOr<std::string> Dump(const std::string& path_stem) const override;
 
   struct Out {
     enum Kind { kPool, kInputView, kConstant } kind = kConstant;
@@ -71,7 +68,7 @@ class CudaStreamGraph final : public StreamGraph {
   std::vector<at::Tensor> dst_, src_;
 };
 
-absl::Status CudaStreamGraph::Replay(const std::vector<c10::IValue>& inputs,
+absl::Status CudaGraph::Replay(const std::vector<c10::IValue>& inputs,
                                      std::vector<c10::IValue>* outputs) {
   try {
     c10::cuda::CUDAGuard guard(device_);
@@ -110,16 +107,17 @@ absl::Status CudaStreamGraph::Replay(const std::vector<c10::IValue>& inputs,
   return absl::OkStatus();
 }
 
-absl::Status CudaStreamGraph::DumpDot(const std::string& path) const {
+absl::StatusOr<std::string> CudaGraph::Dump(const std::string& path_stem) const {
   if (!kept_graph_) {
     return absl::FailedPreconditionError("the graph was captured without keep_graph");
   }
+  const std::string path = path_stem + ".dot";
   const cudaError_t err = cudaGraphDebugDotPrint(graph_->raw_cuda_graph(), path.c_str(),
                                                  cudaGraphDebugDotFlagsVerbose);
   if (err != cudaSuccess) {
     return absl::InternalError(absl::StrCat("cudaGraphDebugDotPrint: ", cudaGetErrorString(err)));
   }
-  return absl::OkStatus();
+  return path;
 }
 
 // A capture failed while `stream` may still be capturing: leave capture mode, stop routing
@@ -156,18 +154,12 @@ void AbortCapture(CUDAStream stream, c10::DeviceIndex device, at::cuda::MempoolI
 
 }  // namespace
 
-int64_t CudaReservedBytes(c10::Device device) {
-  if (!device.is_cuda()) return 0;
-  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
-  return stats.reserved_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current;
-}
-
-absl::StatusOr<std::unique_ptr<StreamGraph>> CaptureCudaGraph(const Interpreter& interp,
-                                                              const Recording& rec,
-                                                              const std::vector<c10::IValue>& inputs,
-                                                              CudaPool* pool,
-                                                              const CudaCaptureOptions& options) {
-  const Graph& g = interp.graph();
+absl::StatusOr<std::unique_ptr<CapturedGraph>> CaptureCudaGraph(
+    std::shared_ptr<const Graph> graph, const Recording& rec,
+    const std::vector<c10::IValue>& inputs, memory_pool::CudaPool* pool,
+    const CaptureOptions& options) {
+  const Interpreter interp(graph);
+  const Graph& g = *graph;
   if (auto s = CheckReplayable(g, rec); !s.ok()) return s;
   // Work on CPU tensors would run once, at capture, and never again on replay.
   std::optional<c10::Device> device;
@@ -184,39 +176,28 @@ absl::StatusOr<std::unique_ptr<StreamGraph>> CaptureCudaGraph(const Interpreter&
   }
   if (!device.has_value()) return absl::FailedPreconditionError("the graph has no CUDA tensors");
 
-  auto out = std::make_unique<CudaStreamGraph>();
+  auto out = std::make_unique<CudaGraph>();
   out->device_ = *device;
   out->info_.nodes = static_cast<int>(g.nodes().size());
   const std::vector<bool> mutated = MutatedRoots(g, rec);
   try {
     c10::cuda::CUDAGuard device_guard(*device);
-    if (pool->id_first == 0 && pool->id_second == 0) {
-      const at::cuda::MempoolId_t id = at::cuda::graph_pool_handle();
-      pool->id_first = id.first;
-      pool->id_second = id.second;
-    }
-    const at::cuda::MempoolId_t pool_id{pool->id_first, pool->id_second};
+    const auto [id_first, id_second] = pool->id();
+    const at::cuda::MempoolId_t pool_id{id_first, id_second};
 
     // Placeholders: same sizes, strides and storage offset as the key's inputs.
     std::vector<c10::IValue> capture_inputs = inputs;
     std::vector<int> placeholder_of(inputs.size(), -1);
     for (size_t i = 0; i < inputs.size(); ++i) {
       if (!inputs[i].isTensor() || rec.baked(g, static_cast<int>(i))) continue;
-      const at::Tensor& t = inputs[i].toTensor();
-      // Elements up to the last one the view reaches (not the caller's whole storage).
-      const int64_t itemsize = std::max<int64_t>(1, t.element_size());
-      const int64_t span = t.storage_offset() +
-          static_cast<int64_t>(at::detail::computeStorageNbytes(t.sizes(), t.strides(), itemsize)) / itemsize;
-      at::Tensor base = at::empty({std::max<int64_t>(span, 1)}, t.options());
-      at::Tensor placeholder = base.as_strided(t.sizes(), t.strides(), t.storage_offset());
-      placeholder.copy_(t);
+      at::Tensor placeholder = memory_pool::CudaPool::Placeholder(inputs[i].toTensor());
       placeholder_of[i] = static_cast<int>(out->placeholders_.size());
       out->placeholders_.emplace_back(static_cast<int>(i), placeholder);
       capture_inputs[i] = placeholder;
       if (mutated[g.inputs()[i]]) out->copied_back_.push_back(out->placeholders_.size() - 1);
     }
 
-    const int64_t reserved_before = CudaReservedBytes(*device);
+    const int64_t reserved_before = memory_pool::CudaReservedBytes(*device);
     const CUDAStream caller = c10::cuda::getCurrentCUDAStream(device->index());
     const CUDAStream side = c10::cuda::getStreamFromPool(false, device->index());
     {
@@ -232,14 +213,11 @@ absl::StatusOr<std::unique_ptr<StreamGraph>> CaptureCudaGraph(const Interpreter&
       out->graph_->capture_begin(pool_id, cudaStreamCaptureModeThreadLocal);
       absl::Status run_status;
       try {
-        {
-          ScopeRun scopes(*device);
-          auto run = interp.Run(capture_inputs);
-          if (run.ok()) {
-            results = std::move(*run);
-          } else {
-            run_status = run.status();
-          }
+        auto run = interp.Run(capture_inputs);  // in a ScopeRun of its device
+        if (run.ok()) {
+          results = std::move(*run);
+        } else {
+          run_status = run.status();
         }
         if (run_status.ok()) out->graph_->capture_end();
       } catch (const c10::Error& e) {
@@ -258,13 +236,14 @@ absl::StatusOr<std::unique_ptr<StreamGraph>> CaptureCudaGraph(const Interpreter&
       done.record(side);
       done.block(caller);
     }
-    out->info_.arena_bytes = CudaReservedBytes(*device) - reserved_before;
+    out->info_.arena_bytes = memory_pool::CudaReservedBytes(*device) - reserved_before;
+    pool->AddCapturedBytes(out->info_.arena_bytes);
 
     // Outputs: views of non-static inputs are rebuilt on the caller's tensors every call;
     // anything else captured is either a static tensor (or a view of one) or pool memory.
     for (size_t k = 0; k < g.outputs().size(); ++k) {
       const Arg& a = g.outputs()[k];
-      CudaStreamGraph::Out o;
+      CudaGraph::Out o;
       if (a.kind != Arg::Kind::kValue) {
         o.value = a.constant;
         out->outputs_.push_back(std::move(o));
@@ -278,20 +257,20 @@ absl::StatusOr<std::unique_ptr<StreamGraph>> CaptureCudaGraph(const Interpreter&
       }
       o.value = results[k];
       if (r.is_tensor && input_pos >= 0 && placeholder_of[input_pos] >= 0) {
-        o.kind = CudaStreamGraph::Out::kInputView;
+        o.kind = CudaGraph::Out::kInputView;
         o.input = input_pos;
         o.sizes = r.sizes;
         o.strides = r.strides;
         o.storage_offset = r.storage_offset;
         o.value = c10::IValue();
       } else if (r.is_tensor && input_pos < 0) {
-        o.kind = CudaStreamGraph::Out::kPool;
+        o.kind = CudaGraph::Out::kPool;
       }
       out->outputs_.push_back(std::move(o));
     }
     out->info_.steps = out->info_.nodes;
     for (const auto& o : out->outputs_) {
-      if (o.kind == CudaStreamGraph::Out::kPool && o.value.isTensor()) {
+      if (o.kind == CudaGraph::Out::kPool && o.value.isTensor()) {
         out->info_.tensor_bytes += static_cast<int64_t>(o.value.toTensor().storage().nbytes());
       }
     }
@@ -299,7 +278,7 @@ absl::StatusOr<std::unique_ptr<StreamGraph>> CaptureCudaGraph(const Interpreter&
     return absl::FailedPreconditionError(
         absl::StrCat("CUDA capture: ", e.what_without_backtrace()));
   }
-  return std::unique_ptr<StreamGraph>(std::move(out));
+  return std::unique_ptr<CapturedGraph>(std::move(out));
 }
 
 #endif  // TORCHREPLAY_WITH_CUDA

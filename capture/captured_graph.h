@@ -1,0 +1,62 @@
+// capture/captured_graph.h: a graph captured under one guard key, replayed without dispatching
+// op by op; the interface both backends implement.
+//
+// Two backends, one shape: each is a factory taking (graph, recording of the last warm-up run,
+// that run's inputs, the pool it allocates from, CaptureOptions) and returning a CapturedGraph.
+//   - CPU: the kernel tape (kernel_tape.h), allocating from a memory_pool::Arena;
+//   - CUDA: a CUDA graph (cuda_graph.h), allocating from a memory_pool::CudaPool.
+// A CapturedGraph is replayed only with inputs of the key it was captured for.
+#pragma once
+
+#include <ATen/core/ivalue.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace torchreplay::capture {
+
+struct CaptureOptions {
+  // CPU: pointwise steps on a TensorIterator built once (Note [Prepared pointwise steps]).
+  bool prepared_steps = true;
+  // CUDA: keep the cudaGraph_t so that Dump can write it as DOT.
+  bool keep_graph = false;
+};
+
+struct CaptureInfo {
+  int nodes = 0;
+  int steps = 0;              // kernel calls per replay
+  int out_variant_steps = 0;  // ... of which write into planned arena buffers
+  int typed_steps = 0;        // ... of those, called unboxed (no IValue stack)
+  int prepared_steps = 0;     // ... of those, on a TensorIterator built once (CPU pointwise)
+  int functional_steps = 0;   // ... of which allocate their result (no out= variant, or dynamic)
+  int precomputed = 0;        // nodes decided once at capture (views of static tensors, sizes)
+  int64_t arena_bytes = 0;    // this key's plan
+  int64_t tensor_bytes = 0;   // what one buffer per planned tensor would have cost
+  std::vector<std::string> functional_ops;  // ops that ran functionally, for the report
+};
+
+class CapturedGraph {
+ public:
+  virtual ~CapturedGraph() = default;
+  // Replays on `inputs` (same guard key as captured) and writes the graph's outputs.
+  virtual absl::Status Replay(const std::vector<c10::IValue>& inputs,
+                              std::vector<c10::IValue>* outputs) = 0;
+  virtual const CaptureInfo& info() const = 0;
+  // True for outputs whose memory is the engine's pool (reused by the next replay).
+  virtual bool OutputInPool(size_t i) const = 0;
+  // For a pool output: the bytes of its storage that are its own buffer, {byte offset, bytes}
+  // (shared with any other output that is a view of the same buffer). nbytes < 0: the whole
+  // storage. The engine hands each buffer out as a storage of its own, as eager would.
+  struct Region {
+    int64_t offset = 0, nbytes = -1;
+  };
+  virtual Region OutputRegion(size_t i) const { return {}; }
+  // Writes what was captured to `path_stem` + an extension, and returns the file's path: the
+  // tape's plan as text (.txt) on the CPU, the CUDA graph as Graphviz DOT (.dot, keep_graph).
+  virtual absl::StatusOr<std::string> Dump(const std::string& path_stem) const = 0;
+};
+
+}  // namespace torchreplay::capture

@@ -1,0 +1,175 @@
+// The CPU kernel tape against the interpreter (the eager reference), in C++ alone: captured on one
+// input set, replayed on others at new addresses; a larger key growing the shared arena; prepared
+// pointwise steps actually taken (and the same results without them); the printed plan.
+#include "capture/kernel_tape.h"
+
+#include <ATen/ops/equal.h>
+#include <ATen/ops/randn.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "capture/interpreter.h"
+#include "capture/recording.h"
+#include "capture/tape_plan.h"
+#include "memory_pool/arena.h"
+
+namespace torchreplay::capture {
+namespace {
+
+using ::testing::HasSubstr;
+
+// w (static), x, acc: y = relu(x @ w.t() + 1) * 0.5 - sin(x @ w.t()); acc.add_(y) in place; the
+// graph returns y, acc and y's first half from a split (a getitem of a per-call list).
+std::shared_ptr<const Graph> Model() {
+  GraphBuilder b;
+  const ValueId w = b.AddInput("w", ValueType::kTensor);
+  const ValueId x = b.AddInput("x", ValueType::kTensor);
+  const ValueId acc = b.AddInput("acc", ValueType::kTensor);
+  auto op = [&](const std::string& name, std::vector<Arg> args) {
+    auto out = b.AddOp(name, std::move(args));
+    EXPECT_TRUE(out.ok()) << out.status();
+    return (*out)[0];
+  };
+  const ValueId wt = op("aten::t", {Arg::Ref(w)});
+  const ValueId mm = op("aten::mm", {Arg::Ref(x), Arg::Ref(wt)});
+  const ValueId h = op("aten::add.Tensor", {Arg::Ref(mm), Arg::Const(1.0)});
+  const ValueId r = op("aten::relu", {Arg::Ref(h)});
+  const ValueId s = op("aten::mul.Tensor", {Arg::Ref(r), Arg::Const(0.5)});
+  const ValueId sn = op("aten::sin", {Arg::Ref(mm)});
+  const ValueId y = op("aten::sub.Tensor", {Arg::Ref(s), Arg::Ref(sn)});
+  op("aten::add_.Tensor", {Arg::Ref(acc), Arg::Ref(y)});
+  const ValueId parts = op("aten::split.Tensor", {Arg::Ref(y), Arg::Const(int64_t{2})});
+  auto first = b.AddGetItem(parts, 0);
+  EXPECT_TRUE(first.ok());
+  EXPECT_TRUE(b.SetOutputs({Arg::Ref(y), Arg::Ref(acc), Arg::Ref(*first)}).ok());
+  EXPECT_TRUE(b.SetStaticInputs({0}).ok());
+  auto g = b.Build();
+  EXPECT_TRUE(g.ok()) << g.status();
+  return *g;
+}
+
+std::vector<c10::IValue> Inputs(const at::Tensor& w, int64_t rows) {
+  return {w, at::randn({rows, 8}), at::randn({rows, 16})};
+}
+
+std::vector<c10::IValue> Clone(const std::vector<c10::IValue>& in) {
+  std::vector<c10::IValue> out;
+  for (const auto& v : in) out.push_back(v.isTensor() ? c10::IValue(v.toTensor().clone()) : v);
+  return out;
+}
+
+std::unique_ptr<CapturedGraph> Capture(const std::shared_ptr<const Graph>& g,
+                                       const std::vector<c10::IValue>& inputs,
+                                       memory_pool::Arena* arena, CaptureOptions options = {}) {
+  Interpreter interp(g);
+  Recording rec;
+  auto warm = RunAndRecord(interp, Clone(inputs), &rec);
+  EXPECT_TRUE(warm.ok()) << warm.status();
+  auto tape = CaptureKernelTape(g, rec, inputs, arena, options);
+  EXPECT_TRUE(tape.ok()) << tape.status();
+  return std::move(*tape);
+}
+
+// Replays `tape` on `inputs` and checks outputs and the mutated input against the interpreter
+// run on copies of the same inputs, bitwise.
+void ExpectReplayEqualsEager(CapturedGraph& tape, const std::shared_ptr<const Graph>& g,
+                             const std::vector<c10::IValue>& inputs) {
+  std::vector<c10::IValue> eager_in = Clone(inputs);
+  auto want = Interpreter(g).Run(eager_in);
+  ASSERT_TRUE(want.ok()) << want.status();
+  std::vector<c10::IValue> got;
+  ASSERT_TRUE(tape.Replay(inputs, &got).ok());
+  ASSERT_EQ(got.size(), want->size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_TRUE(at::equal(got[i].toTensor(), (*want)[i].toTensor())) << "output " << i;
+  }
+  EXPECT_TRUE(at::equal(inputs[2].toTensor(), eager_in[2].toTensor())) << "acc.add_ in place";
+}
+
+TEST(KernelTapeTest, ReplaysOnNewInputsBitwiseAsTheInterpreter) {
+  const auto g = Model();
+  const at::Tensor w = at::randn({16, 8});
+  memory_pool::Arena arena;
+  auto tape = Capture(g, Inputs(w, 4), &arena);
+  for (int call = 0; call < 3; ++call) ExpectReplayEqualsEager(*tape, g, Inputs(w, 4));
+  const CaptureInfo& info = tape->info();
+  EXPECT_EQ(info.nodes, 10);
+  EXPECT_EQ(info.out_variant_steps, 6);  // mm, add, relu, mul, sin, sub write into the arena
+  EXPECT_EQ(info.precomputed, 3);        // w.t() of the static w; the split of y and its [0]
+  EXPECT_EQ(info.steps, 7);              // the six out= steps and acc.add_
+  EXPECT_GT(info.arena_bytes, 0);
+  EXPECT_LT(info.arena_bytes, info.tensor_bytes);  // liveness lets buffers share memory
+  EXPECT_TRUE(tape->OutputInPool(0));
+  EXPECT_FALSE(tape->OutputInPool(1));  // acc is the caller's tensor
+  EXPECT_TRUE(tape->OutputInPool(2));   // a view of y's buffer
+}
+
+TEST(KernelTapeTest, LargerKeyGrowsTheArenaAndTheFirstTapeStaysRight) {
+  const auto g = Model();
+  const at::Tensor w = at::randn({16, 8});
+  memory_pool::Arena arena;
+  auto small = Capture(g, Inputs(w, 2), &arena);
+  ExpectReplayEqualsEager(*small, g, Inputs(w, 2));
+  const int64_t before = arena.bytes();
+  auto large = Capture(g, Inputs(w, 64), &arena);
+  EXPECT_GT(arena.bytes(), before);
+  ExpectReplayEqualsEager(*large, g, Inputs(w, 64));
+  // The small key's buffers moved with the arena (and its prepared iterators are rebuilt).
+  ExpectReplayEqualsEager(*small, g, Inputs(w, 2));
+}
+
+TEST(KernelTapeTest, PreparedStepsRunAndMatchTheTypedCalls) {
+  const auto g = Model();
+  const at::Tensor w = at::randn({16, 8});
+  memory_pool::Arena with_arena, without_arena;
+  auto with = Capture(g, Inputs(w, 4), &with_arena);
+  CaptureOptions off;
+  off.prepared_steps = false;
+  auto without = Capture(g, Inputs(w, 4), &without_arena, off);
+#if defined(__x86_64__)
+  EXPECT_EQ(with->info().prepared_steps, 5);  // add, relu, mul, sin, sub (mm is typed only)
+#endif
+  EXPECT_EQ(without->info().prepared_steps, 0);
+  EXPECT_EQ(with->info().typed_steps, without->info().typed_steps);
+  const std::vector<c10::IValue> in = Inputs(w, 4);
+  std::vector<c10::IValue> a, b;
+  ASSERT_TRUE(with->Replay(Clone(in), &a).ok());
+  ASSERT_TRUE(without->Replay(Clone(in), &b).ok());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(at::equal(a[i].toTensor(), b[i].toTensor()));
+}
+
+TEST(KernelTapeTest, PlanSaysWhatEachNodeBecomes) {
+  const auto g = Model();
+  Interpreter interp(g);
+  Recording rec;
+  ASSERT_TRUE(RunAndRecord(interp, Inputs(at::randn({16, 8}), 4), &rec).ok());
+  auto plan = PlanTape(*g, rec);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const std::string text = plan->ToString(*g);
+  EXPECT_THAT(text, HasSubstr("aten::t: precomputed"));
+  EXPECT_THAT(text, HasSubstr("aten::mm: out= aten::mm.out [buffer 0"));
+  EXPECT_THAT(text, HasSubstr("aten::relu: out= aten::clamp_min.out"));
+  EXPECT_THAT(text, HasSubstr("aten::add_.Tensor: functional in place"));
+  EXPECT_THAT(text, HasSubstr("getitem[0]: getitem"));
+}
+
+TEST(KernelTapeTest, DataDependentShapesAreRefusedWithTheNode) {
+  GraphBuilder b;
+  const ValueId x = b.AddInput("x", ValueType::kTensor);
+  auto nz = b.AddOp("aten::nonzero", {Arg::Ref(x)}, {}, "nz");
+  ASSERT_TRUE(nz.ok());
+  ASSERT_TRUE(b.SetOutputs({Arg::Ref((*nz)[0])}).ok());
+  auto g = *b.Build();
+  Interpreter interp(g);
+  Recording rec;
+  std::vector<c10::IValue> in = {at::randn({5})};
+  ASSERT_TRUE(RunAndRecord(interp, in, &rec).ok());
+  memory_pool::Arena arena;
+  auto tape = CaptureKernelTape(g, rec, in, &arena, {});
+  ASSERT_FALSE(tape.ok());
+  EXPECT_EQ(tape.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(tape.status().message()), HasSubstr("node 'nz' (aten::nonzero)"));
+}
+
+}  // namespace
+}  // namespace torchreplay::capture

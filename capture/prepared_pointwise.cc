@@ -1,0 +1,236 @@
+// Prepared pointwise steps (Note [Prepared pointwise steps] in prepared_pointwise.h).
+//
+// Prepared pointwise steps call ATen's CPU kernel stubs. DispatchStub's inline code must be
+// compiled with the CPU capability set torch itself was built with: on x86-64 that is AVX2 and
+// AVX512 (the exported DispatchStubImpl::get_call_ptr takes those kernels). Elsewhere the
+// prepared path is compiled out and steps stay ordinary typed calls.
+#if defined(__x86_64__) && !defined(TORCHREPLAY_NO_PREPARED_STEPS)
+#define TORCHREPLAY_PREPARED_STEPS 1
+#ifndef HAVE_AVX512_CPU_DEFINITION
+#define HAVE_AVX512_CPU_DEFINITION
+#endif
+#ifndef HAVE_AVX2_CPU_DEFINITION
+#define HAVE_AVX2_CPU_DEFINITION
+#endif
+#include <ATen/TensorIterator.h>
+#include <ATen/native/Activation.h>
+#include <ATen/native/BinaryOps.h>
+#include <ATen/native/TensorCompare.h>
+#include <ATen/native/UnaryOps.h>
+#include <ATen/ops/empty_strided.h>
+#endif
+#include "capture/prepared_pointwise.h"
+
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "capture/graph.h"
+
+namespace torchreplay::capture {
+
+#ifdef TORCHREPLAY_PREPARED_STEPS
+namespace {
+
+enum class IterKind { kUnary, kUnaryFloat, kBinary, kBinaryFloat, kComparison };
+using StubCall = void (*)(at::TensorIteratorBase&, const c10::Scalar&);
+
+struct PreparedOp {
+  IterKind kind;
+  StubCall call;
+  bool has_scalar;     // add/sub alpha, clamp_min's min: the argument after the tensors
+  bool negate_scalar;  // sub: add_stub with -alpha
+};
+
+// The op's CPU kernel stub, called on the prepared iterator (with the op's scalar, if any).
+template <auto& Stub>
+void StubOnly(at::TensorIteratorBase& it, const c10::Scalar&) {
+  Stub(c10::kCPU, it);
+}
+template <auto& Stub>
+void StubWithScalar(at::TensorIteratorBase& it, const c10::Scalar& s) {
+  Stub(c10::kCPU, it, s);
+}
+
+const PreparedOp* FindPreparedOp(const std::string& name) {
+  using namespace at::native;  // NOLINT: the stubs
+  constexpr IterKind kUnary = IterKind::kUnary, kFloat = IterKind::kUnaryFloat;
+  constexpr IterKind kBinary = IterKind::kBinary, kCompare = IterKind::kComparison;
+  static const absl::flat_hash_map<std::string, PreparedOp> kOps = {
+      {"aten::sin.out", {kFloat, &StubOnly<sin_stub>, false, false}},
+      {"aten::cos.out", {kFloat, &StubOnly<cos_stub>, false, false}},
+      {"aten::exp.out", {kFloat, &StubOnly<exp_stub>, false, false}},
+      {"aten::log.out", {kFloat, &StubOnly<log_stub>, false, false}},
+      {"aten::tanh.out", {kFloat, &StubOnly<tanh_stub>, false, false}},
+      {"aten::sigmoid.out", {kFloat, &StubOnly<sigmoid_stub>, false, false}},
+      {"aten::sqrt.out", {kFloat, &StubOnly<sqrt_stub>, false, false}},
+      {"aten::rsqrt.out", {kFloat, &StubOnly<rsqrt_stub>, false, false}},
+      {"aten::reciprocal.out", {kFloat, &StubOnly<reciprocal_stub>, false, false}},
+      {"aten::erf.out", {kFloat, &StubOnly<erf_stub>, false, false}},
+      {"aten::neg.out", {kUnary, &StubOnly<neg_stub>, false, false}},
+      {"aten::silu.out", {kUnary, &StubOnly<silu_stub>, false, false}},
+      {"aten::clamp_min.out", {kUnary, &StubWithScalar<clamp_min_scalar_stub>, true, false}},
+      {"aten::add.out", {kBinary, &StubWithScalar<add_stub>, true, false}},
+      {"aten::sub.out", {kBinary, &StubWithScalar<add_stub>, true, true}},
+      {"aten::mul.out", {kBinary, &StubOnly<mul_stub>, false, false}},
+      {"aten::div.out", {IterKind::kBinaryFloat, &StubOnly<div_true_stub>, false, false}},
+      {"aten::lt.Tensor_out", {kCompare, &StubOnly<lt_stub>, false, false}},
+      {"aten::le.Tensor_out", {kCompare, &StubOnly<le_stub>, false, false}},
+      {"aten::gt.Tensor_out", {kCompare, &StubOnly<gt_stub>, false, false}},
+      {"aten::ge.Tensor_out", {kCompare, &StubOnly<ge_stub>, false, false}},
+      {"aten::eq.Tensor_out", {kCompare, &StubOnly<eq_stub>, false, false}},
+      {"aten::ne.Tensor_out", {kCompare, &StubOnly<ne_stub>, false, false}},
+  };
+  auto it = kOps.find(name);
+  return it == kOps.end() ? nullptr : &it->second;
+}
+
+class PreparedPointwise final : public TypedCall {
+ public:
+  // operands: out first, then the tensor inputs (TensorIterator's operand order). `typed` is the
+  // ordinary typed call, used if the iterator cannot be prepared.
+  PreparedPointwise(const PreparedOp& op, std::vector<TensorArg> operands, c10::Scalar scalar,
+                    std::unique_ptr<TypedCall> typed)
+      : op_(op), operands_(std::move(operands)), scalar_(std::move(scalar)), typed_(std::move(typed)) {}
+
+  void Run(c10::DispatchKeySet keys, const Slots& slots) const override {
+    if (state_ == State::kUnprepared) {
+      // First replay: every per-call operand has its value now.
+      state_ = Build(slots) ? State::kPrepared : State::kTyped;
+    }
+    if (state_ == State::kTyped) return typed_->Run(keys, slots);
+    for (size_t i = 0; i < operands_.size(); ++i) {
+      if (operands_[i].slot < 0 && operands_[i].value.data_ptr() != built_ptrs_[i]) {
+        // The arena moved (a larger key grew it): same geometry, rebuild once.
+        if (!Build(slots)) {
+          state_ = State::kTyped;
+          return typed_->Run(keys, slots);
+        }
+        break;
+      }
+    }
+    for (size_t i = 0; i < operands_.size(); ++i) {
+      if (operands_[i].slot >= 0) {
+        iter_->unsafe_replace_operand(static_cast<int64_t>(i),
+                                      slots[operands_[i].slot].toTensor().data_ptr());
+      }
+    }
+    op_.call(*iter_, scalar_);
+    if (iter_->ntensors() != static_cast<int>(operands_.size())) {
+      // Some kernels rewrite the iterator they are given (reduced-precision mul/div/add read a
+      // CPU scalar operand's value and remove it): this call was right, but the iterator can
+      // no longer be reused. Later calls take the typed call.
+      state_ = State::kTyped;
+      iter_.reset();
+      standins_.clear();
+    }
+  }
+
+ private:
+  // Builds the iterator the way the op's meta function does. False if an operand would need a
+  // dtype cast (the iterator would hold a copy made now) or the op's checks fail.
+  bool Build(const Slots& slots) const {
+    // The iterator borrows its operands. A per-call tensor is gone after the call, so it is built
+    // on a stand-in of the same geometry (its own small buffer), whose data pointer each call
+    // then replaces; constants are held by the step itself.
+    const at::Tensor& out = operands_[0].value;
+    if (out.numel() > kMaxPreparedNumel) return false;  // bounds the stand-ins' memory
+    std::vector<const at::Tensor*> ops(operands_.size());
+    standins_.assign(operands_.size(), at::Tensor());
+    for (size_t i = 0; i < operands_.size(); ++i) {
+      if (operands_[i].slot >= 0) {
+        const at::Tensor& t = slots[operands_[i].slot].toTensor();
+        standins_[i] = at::empty_strided(t.sizes(), t.strides(), t.options());
+        ops[i] = &standins_[i];
+      } else {
+        ops[i] = &operands_[i].value;
+      }
+    }
+    try {
+      iter_ = std::make_unique<at::TensorIterator>();
+      switch (op_.kind) {
+        case IterKind::kUnary:
+          iter_->build_borrowing_unary_op(out, *ops[1]);
+          break;
+        case IterKind::kUnaryFloat:
+          iter_->build_borrowing_unary_float_op(out, *ops[1]);
+          break;
+        case IterKind::kBinary:
+          iter_->build_borrowing_binary_op(out, *ops[1], *ops[2]);
+          break;
+        case IterKind::kBinaryFloat:
+          iter_->build_borrowing_binary_float_op(out, *ops[1], *ops[2]);
+          break;
+        case IterKind::kComparison:
+          iter_->build_borrowing_comparison_op(out, *ops[1], *ops[2]);
+          break;
+      }
+    } catch (const c10::Error&) {
+      return false;
+    }
+    built_ptrs_.clear();
+    for (size_t i = 0; i < operands_.size(); ++i) {
+      if (ops[i]->scalar_type() != iter_->dtype(static_cast<int64_t>(i))) return false;
+      built_ptrs_.push_back(operands_[i].slot < 0 ? ops[i]->data_ptr() : nullptr);
+    }
+    return true;
+  }
+
+  static constexpr int64_t kMaxPreparedNumel = 1 << 16;
+
+  enum class State { kUnprepared, kPrepared, kTyped };
+  const PreparedOp& op_;
+  std::vector<TensorArg> operands_;
+  c10::Scalar scalar_;
+  std::unique_ptr<TypedCall> typed_;
+  mutable State state_ = State::kUnprepared;
+  mutable std::unique_ptr<at::TensorIterator> iter_;
+  mutable std::vector<at::Tensor> standins_;
+  mutable std::vector<void*> built_ptrs_;
+};
+
+}  // namespace
+
+std::unique_ptr<TypedCall> MakePrepared(const c10::OperatorHandle& op, const Slots& args,
+                                        const std::vector<int>& slot_of,
+                                        std::unique_ptr<TypedCall> typed) {
+  if (typed == nullptr) return typed;
+  const PreparedOp* prepared = FindPreparedOp(OperatorName(op));
+  if (prepared == nullptr) return typed;
+  const size_t num_inputs = prepared->kind == IterKind::kBinary ||
+                                    prepared->kind == IterKind::kBinaryFloat ||
+                                    prepared->kind == IterKind::kComparison
+                                ? 2
+                                : 1;
+  if (args.size() != num_inputs + (prepared->has_scalar ? 1 : 0) + 1) return typed;
+  if (!args.back().isTensor() || slot_of.back() >= 0) return typed;
+  std::vector<TensorArg> operands(1);
+  operands[0].value = args.back().toTensor();
+  for (size_t i = 0; i < num_inputs; ++i) {
+    TensorArg a;
+    if (slot_of[i] >= 0) {
+      a.slot = slot_of[i];
+    } else if (args[i].isTensor() && args[i].toTensor().defined()) {
+      a.value = args[i].toTensor();
+    } else {
+      return typed;
+    }
+    operands.push_back(std::move(a));
+  }
+  c10::Scalar scalar;
+  if (prepared->has_scalar) {
+    if (!args[num_inputs].isScalar()) return typed;
+    scalar = args[num_inputs].toScalar();
+    if (scalar.isComplex() || scalar.toDouble() != scalar.toDouble()) return typed;  // NaN: fill_
+    if (prepared->negate_scalar) scalar = -scalar;
+  }
+  return std::make_unique<PreparedPointwise>(*prepared, std::move(operands), std::move(scalar),
+                                             std::move(typed));
+}
+#else
+std::unique_ptr<TypedCall> MakePrepared(const c10::OperatorHandle&, const Slots&,
+                                        const std::vector<int>&, std::unique_ptr<TypedCall> typed) {
+  return typed;
+}
+#endif  // TORCHREPLAY_PREPARED_STEPS
+
+}  // namespace torchreplay::capture

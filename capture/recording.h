@@ -1,0 +1,62 @@
+// capture/recording.h: what one eager (warm-up) run of a graph showed, and the analysis of it
+// that both capture backends share.
+//
+// A capture is built from a Recording of the last warm-up run under the guard key it serves: per
+// value, its tensor metadata and which storage it shares. From it, CheckReplayable refuses graphs
+// no captured graph can replay, and MutatedRoots says which storages mutable ops write into.
+#pragma once
+
+#include <ATen/core/ivalue.h>
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "capture/graph.h"
+#include "capture/interpreter.h"
+
+namespace torchreplay::capture {
+
+// What one eager run showed about each value: tensor metadata, and which value's storage it
+// shares (its "root": itself for a fresh tensor, or the input/value it is a view or in-place
+// result of). Non-tensor values (sizes, symbolic scalars) are kept: under one guard key they are
+// constants.
+struct ValueRecord {
+  bool is_tensor = false;
+  bool is_list = false;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  c10::Device device = c10::Device(c10::DeviceType::CPU);
+  std::vector<int64_t> sizes, strides;
+  int64_t storage_offset = 0;
+  ValueId root = -1;
+  c10::IValue scalar;  // non-tensor values
+
+  // The value whose storage this one shares (itself when it has no root).
+  ValueId root_or(ValueId self) const { return root >= 0 ? root : self; }
+};
+
+struct Recording {
+  std::vector<ValueRecord> values;
+  // Per graph input: its tensor is baked into the capture (a static input whose address the
+  // engine checks) rather than rebound per call. Empty: the graph's static inputs.
+  std::vector<bool> baked_inputs;
+  bool baked(const Graph& g, int i) const {
+    return baked_inputs.empty() ? g.is_static_input(i) : baked_inputs[i];
+  }
+};
+
+// Runs `interp` eagerly on `inputs` and records every value. Returns the run's outputs.
+absl::StatusOr<std::vector<c10::IValue>> RunAndRecord(const Interpreter& interp,
+                                                      std::vector<c10::IValue> inputs,
+                                                      Recording* recording);
+
+// Refuses graphs that no captured graph can replay: data-dependent output shapes (nonzero, ...)
+// and scalars read from tensor data on the host (item, ...). FailedPrecondition naming the node.
+absl::Status CheckReplayable(const Graph& graph, const Recording& recording);
+
+// Per value: whether a mutable op (in-place, out=, copy_) writes into its storage, by root.
+std::vector<bool> MutatedRoots(const Graph& graph, const Recording& recording);
+
+// Ops that return sizes and strides (fixed under one guard key), not data read on the host.
+bool IsSizeQuery(const std::string& op_name);
+
+}  // namespace torchreplay::capture

@@ -1,0 +1,71 @@
+// capture/tape_plan.h: everything the CPU kernel tape decides about a graph under one guard key,
+// decided once, before anything is built.
+//
+// Note [What is decided at capture]
+// Under one guard key every size, stride and symbolic scalar is fixed, so the plan classifies
+// each value of the graph as either
+//   - constant: non-tensor values, static inputs (parameters: their address is checked by the
+//     engine), planned arena buffers, and views of those (precomputed once); or
+//   - per call, in a slot: non-static inputs (rebound, never copied), and results of ops that
+//     must run functionally (no out= variant, or an argument that changes per call);
+// and each node by its Decision below. The arena requests (one buffer per out= result, with its
+// lifetime in node indices) come with it. The emitter (kernel_tape.cc) then plans the arena and
+// turns the plan into steps; it decides nothing the plan has not.
+//
+// Note [Why in-place ops keep their meaning]
+// Non-static inputs are bound by reference, so an in-place op on an input (copy_ into a KV cache,
+// a running-stats update) writes into the caller's tensor exactly as eager does; its result is the
+// same value as its argument, constant or per call alike.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "capture/graph.h"
+#include "capture/out_variants.h"
+#include "capture/recording.h"
+#include "memory_pool/arena.h"
+
+namespace torchreplay::capture {
+
+struct TapePlan {
+  enum class Decision : uint8_t {
+    kScalar,      // symbolic arithmetic or a size query: its recorded value, fixed per key
+    kPrecompute,  // a view of constant tensors, or made from fixed values only (arange, a cast
+                  // of a constant): computed once, at capture
+    kGetItem,     // an element of a list: taken once if the list is constant, else a step
+    kOutVariant,  // a step writing into planned arena buffers through the op's out= overload
+    kFunctional,  // a step running the op as it is (allocating its result, or in place)
+  };
+  struct NodePlan {
+    Decision decision = Decision::kFunctional;
+    std::optional<OutVariant> out;  // kOutVariant
+  };
+  struct ValuePlan {
+    bool constant = false;  // else per call, in `slot`
+    int slot = -1;
+    bool in_arena = false;  // its memory is the arena (a planned buffer or a view of one)
+    int buffer = -1;        // index into `requests`: the planned buffer this value is
+    ValueId same_as = -1;   // an in-place result: the argument it is
+  };
+
+  std::vector<NodePlan> nodes;
+  std::vector<ValuePlan> values;
+  std::vector<std::pair<int, int>> input_slots;  // (input position, slot)
+  int num_slots = 0;
+  std::vector<memory_pool::BufferRequest> requests;
+  std::vector<ValueId> request_values;  // per request: the value it holds
+
+  // One line per node: its decision and, for out= steps, the buffers it writes (at `arena`'s
+  // offsets, when given).
+  std::string ToString(const Graph& graph, const memory_pool::ArenaPlan* arena = nullptr) const;
+};
+
+// Plans the tape of `graph` from the recording of its last warm-up run. FailedPrecondition, with
+// the reason, for graphs that cannot be replayed (CheckReplayable).
+absl::StatusOr<TapePlan> PlanTape(const Graph& graph, const Recording& recording);
+
+}  // namespace torchreplay::capture

@@ -1,0 +1,42 @@
+// capture/typed_call.h: kernel tape steps called unboxed.
+//
+// Note [Typed steps]
+// Most steps of real graphs are out= calls with one of a handful of signatures: pointwise unary,
+// binary and scalar ops, clamp, softmax, mm/addmm. For those, capture builds a TypedCall holding
+// the typed operator handle and the arguments as C++ values, so replay calls the kernel unboxed:
+// no IValue stack, no boxing and unboxing around the kernel. Any other step stays boxed. A
+// prepared pointwise step (prepared_pointwise.h) is a TypedCall too.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+
+#include <memory>
+#include <vector>
+
+namespace torchreplay::capture {
+
+// A replay's per-call values (non-static inputs, results of functional steps), by slot.
+using Slots = std::vector<c10::IValue>;
+
+class TypedCall {
+ public:
+  virtual ~TypedCall() = default;
+  virtual void Run(c10::DispatchKeySet keys, const Slots& slots) const = 0;
+};
+
+// A tensor argument: a constant, or a per-call slot.
+struct TensorArg {
+  using type = const at::Tensor&;
+  at::Tensor value;
+  int slot = -1;
+  const at::Tensor& get(const Slots& s) const { return slot < 0 ? value : s[slot].toTensor(); }
+};
+
+// The typed call of an out= step, or nullptr if its signature is not one of those handled (the
+// step then stays boxed). `args` is the step's prebuilt stack (out= buffers last); `slot_of[i]`
+// the per-call slot of argument i, or -1.
+std::unique_ptr<TypedCall> MakeTypedCall(const c10::OperatorHandle& op, const Slots& args,
+                                         const std::vector<int>& slot_of);
+
+}  // namespace torchreplay::capture

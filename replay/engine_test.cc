@@ -1,0 +1,140 @@
+// The engine in C++ alone: one capture per guard key, the capture limit, a static input that
+// moves, outputs kept across calls (invalidated, or cloned), the dump of a captured key.
+#include "replay/engine.h"
+
+#include <ATen/ops/equal.h>
+#include <ATen/ops/randn.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+namespace torchreplay::replay {
+namespace {
+
+using ::testing::HasSubstr;
+
+// w (static), x: relu(x @ w) + 1.
+std::shared_ptr<const capture::Graph> Model() {
+  capture::GraphBuilder b;
+  const auto w = b.AddInput("w", capture::ValueType::kTensor);
+  const auto x = b.AddInput("x", capture::ValueType::kTensor);
+  auto mm = b.AddOp("aten::mm", {capture::Arg::Ref(x), capture::Arg::Ref(w)});
+  auto r = b.AddOp("aten::relu", {capture::Arg::Ref((*mm)[0])});
+  auto y = b.AddOp("aten::add.Tensor", {capture::Arg::Ref((*r)[0]), capture::Arg::Const(1.0)});
+  EXPECT_TRUE(b.SetOutputs({capture::Arg::Ref((*y)[0])}).ok());
+  EXPECT_TRUE(b.SetStaticInputs({0}).ok());
+  return *b.Build();
+}
+
+at::Tensor Eager(const at::Tensor& w, const at::Tensor& x) { return x.mm(w).relu().add(1.0); }
+
+at::Tensor RunOne(Engine& e, const at::Tensor& w, const at::Tensor& x) {
+  auto out = e.Run({w, x});
+  EXPECT_TRUE(out.ok()) << out.status();
+  return (*out)[0].toTensor();
+}
+
+EngineOptions Options() {
+  EngineOptions o = EngineOptions::Defaults();
+  o.name = "model";
+  return o;
+}
+
+TEST(EngineTest, OneCapturePerKeyThenReplays) {
+  Engine e(Model(), Options());
+  const at::Tensor w = at::randn({8, 8});
+  for (int64_t rows : {2, 2, 2, 5, 5, 2, 5}) {
+    const at::Tensor x = at::randn({rows, 8});
+    EXPECT_TRUE(at::equal(RunOne(e, w, x), Eager(w, x)));
+  }
+  const EngineStats s = e.stats();
+  EXPECT_EQ(s.calls, 7);
+  EXPECT_EQ(s.warmups, 2);   // one per key (warmup_iters = 1)
+  EXPECT_EQ(s.captures, 2);  // one per key
+  EXPECT_EQ(s.replays, 5);
+  ASSERT_EQ(s.capture_log.size(), 2u);
+  EXPECT_EQ(s.capture_log[0].reason, "no graph yet");
+  EXPECT_THAT(s.capture_log[1].reason, HasSubstr("input 1"));  // the key diff names x
+}
+
+TEST(EngineTest, KeysBeyondTheCaptureLimitRunEagerlyWithTheReason) {
+  EngineOptions o = Options();
+  o.capture_limit = 1;
+  Engine e(Model(), o);
+  const at::Tensor w = at::randn({8, 8});
+  for (int call = 0; call < 3; ++call) {
+    for (int64_t rows : {2, 3}) {
+      const at::Tensor x = at::randn({rows, 8});
+      EXPECT_TRUE(at::equal(RunOne(e, w, x), Eager(w, x)));
+    }
+  }
+  const EngineStats s = e.stats();
+  EXPECT_EQ(s.captures, 1);
+  EXPECT_EQ(s.eager_fallbacks, 3);
+  ASSERT_EQ(s.fallback_reasons.size(), 1u);  // logged once
+  EXPECT_THAT(s.fallback_reasons[0], HasSubstr("capture limit (1 keys) reached"));
+}
+
+TEST(EngineTest, StaticInputThatMovesIsRecapturedNeverReplayedStale) {
+  Engine e(Model(), Options());
+  const at::Tensor x = at::randn({2, 8});
+  at::Tensor w = at::randn({8, 8});
+  for (int call = 0; call < 3; ++call) EXPECT_TRUE(at::equal(RunOne(e, w, x), Eager(w, x)));
+  w = at::randn({8, 8});  // same key, new address and values
+  for (int call = 0; call < 3; ++call) EXPECT_TRUE(at::equal(RunOne(e, w, x), Eager(w, x)));
+  const EngineStats s = e.stats();
+  EXPECT_EQ(s.captures, 2);
+  EXPECT_THAT(s.capture_log.back().reason, HasSubstr("static input 0 (w) moved"));
+}
+
+TEST(EngineTest, KeptOutputIsInvalidatedByTheNextReplayUnlessCloned) {
+  const at::Tensor w = at::randn({8, 8});
+  const at::Tensor x1 = at::randn({2, 8}), x2 = at::randn({2, 8});
+  {
+    Engine e(Model(), Options());
+    RunOne(e, w, x1);  // warm-up
+    at::Tensor kept = RunOne(e, w, x1);
+    RunOne(e, w, x2);
+    try {
+      (void)kept.sum();
+      ADD_FAILURE() << "a stale output was readable";
+    } catch (const c10::Error& err) {
+      EXPECT_THAT(err.what(), HasSubstr("a later replay has reused its memory"));
+    }
+  }
+  EngineOptions o = Options();
+  o.clone_outputs = true;
+  Engine e(Model(), o);
+  RunOne(e, w, x1);
+  at::Tensor kept = RunOne(e, w, x1);
+  RunOne(e, w, x2);
+  EXPECT_TRUE(at::equal(kept, Eager(w, x1)));
+}
+
+TEST(EngineTest, DumpDirGetsEachCapturedKeysPlan) {
+  EngineOptions o = Options();
+  o.dump_dir = ::testing::TempDir();
+  Engine e(Model(), o);
+  const at::Tensor w = at::randn({8, 8});
+  for (int call = 0; call < 2; ++call) RunOne(e, w, at::randn({2, 8}));
+  std::ifstream f(o.dump_dir + "/torchreplay_model.key0.txt");
+  ASSERT_TRUE(f.good());
+  std::stringstream text;
+  text << f.rdbuf();
+  EXPECT_THAT(text.str(), HasSubstr("aten::mm: out= aten::mm.out"));
+  EXPECT_THAT(text.str(), HasSubstr("arena: "));
+}
+
+TEST(EngineTest, DefaultsTakeTheEnvironmentsSwitchesAndSetLogLevel) {
+  const LogLevel before = DefaultLogLevel();
+  SetLogLevel(LogLevel::kError);
+  EXPECT_EQ(EngineOptions::Defaults().log_level, LogLevel::kError);
+  SetLogLevel(before);
+  EXPECT_EQ(EngineOptions::Defaults().log_level, before);
+}
+
+}  // namespace
+}  // namespace torchreplay::replay
