@@ -73,6 +73,93 @@ def test_without_step_markers_each_compiled_call_is_a_step(tmp_path):
     assert [s.replays for s in t.steps] == [0, 1, 1, 1]
 
 
+def record_loop(fn, x, path, calls, with_stack=False, range_name=None):
+    """The ordinary way: a loop of calls under torch.profiler.profile(), no schedule, no prof.step()."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], with_stack=with_stack) as prof:
+        for _ in range(calls):
+            if range_name is None:
+                fn(x)
+            else:
+                with torch.profiler.record_function(range_name):
+                    fn(x)
+    prof.export_chrome_trace(str(path))
+    return str(path)
+
+
+def ratio_column(out):
+    """{row header: the B/A column} of compare's table."""
+    rows = {}
+    for line in out.splitlines():
+        parts = line.rsplit(None, 3)
+        if len(parts) == 4 and not line.startswith(("A:", "B:", "warning:", "median")):
+            rows[parts[0]] = parts[3]
+    return rows
+
+
+@pytest.mark.parametrize("how", ["with_stack", "record_function"])
+def test_ordinary_loops_compare_call_for_call(tmp_path, capsys, how):
+    # Eager and torchreplay each called 6 times in a plain loop: both traces are 6 steps of one
+    # call each, whether the calls are found from Python's call stack or from a range per call.
+    calls, x = 6, torch.randn(16)
+    compiled = reduce_overhead(ElementwiseChain(8))
+    kwargs = {"with_stack": True} if how == "with_stack" else {"range_name": "call"}
+    with torch.no_grad():
+        for _ in range(3):
+            compiled(x)
+        paths = (record_loop(ElementwiseChain(8), x, tmp_path / "eager.json", calls, **kwargs),
+                 record_loop(compiled, x, tmp_path / "compiled.json", calls, **kwargs))
+    eager, ro = trace.summarize(paths[0]), trace.summarize(paths[1])
+    if how == "with_stack":
+        assert eager.unit == "top-level calls (nn.Module: ElementwiseChain_0)"
+        assert ro.unit == "top-level calls (nn.Module: OptimizedModule_0)"
+    else:
+        assert eager.unit == ro.unit == "record_function 'call'"
+    assert len(eager.steps) == len(ro.steps) == calls and eager.per_call and ro.per_call
+    # Each eager step is one call: the chain's 8 ops, not the loop's 48.
+    assert [s.aten_ops for s in eager.steps] == [8] * calls
+    assert [s.replays for s in ro.steps] == [1] * calls
+    assert [s.aten_ops + s.captures + s.warmups for s in ro.steps] == [0] * calls
+    assert trace.compare_warnings(eager, ro) == []
+    assert trace.main(["compare", *paths]) == 0
+    out = capsys.readouterr().out
+    assert f"A: {paths[0]} ({calls} steps, {eager.unit})" in out
+    assert f"B: {paths[1]} ({calls} steps, {ro.unit})" in out
+    assert "warning" not in out
+    ratios = ratio_column(out)
+    assert ratios["host us"] == f"{ro.median('host_us') / eager.median('host_us'):.2f}x"
+    assert ratios["aten ops"] == "0.00x" and ratios["replays"] == "new"
+
+
+def test_compare_warns_when_units_differ_or_no_call_is_found(tmp_path, capsys):
+    x = torch.randn(16)
+    compiled = reduce_overhead(ElementwiseChain(8))
+    with torch.no_grad():
+        for _ in range(3):
+            compiled(x)
+        plain_eager = record_loop(ElementwiseChain(8), x, tmp_path / "eager.json", 4)
+        plain_compiled = record_loop(compiled, x, tmp_path / "compiled.json", 4)
+        stack_eager = record_loop(ElementwiseChain(8), x, tmp_path / "eager_stack.json", 4, with_stack=True)
+    # A plain eager loop shows no call: one step, the whole trace, and the summary says so.
+    t = trace.summarize(plain_eager)
+    assert (t.step_kind, len(t.steps), t.per_call) == ("whole trace", 1, False)
+    assert t.steps[0].aten_ops == 4 * 8
+    assert trace.main(["summarize", plain_eager]) == 0
+    out = capsys.readouterr().out
+    assert "1 step (whole trace)" in out and "warning:" in out and "no per-call unit found" in out
+    # Whole trace against compiled calls: both warnings, and no ratio at all.
+    assert trace.main(["compare", plain_eager, plain_compiled]) == 0
+    out = capsys.readouterr().out
+    assert f"A: {plain_eager} (1 step, whole trace)" in out
+    assert f"B: {plain_compiled} (4 steps, compiled calls)" in out
+    assert "no per-call unit found" in out
+    assert "the steps are different units (A: whole trace; B: compiled calls)" in out
+    assert set(ratio_column(out).values()) == {"?"}
+    # Calls against compiled regions (which leave Dynamo's guard check out): also unlike units.
+    warnings = trace.compare_warnings(trace.summarize(stack_eager), trace.summarize(plain_compiled))
+    assert len(warnings) == 1 and "different units" in warnings[0]
+    assert "top-level calls (nn.Module: ElementwiseChain_0)" in warnings[0]
+
+
 def test_gpu_activity_is_measured_from_correlated_launches():
     # A hand-made CUDA-shaped trace: two launches 10 us apart, kernels of 5 us each.
     events = [
