@@ -232,17 +232,38 @@ def named_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     return Backend(CompilerConfig.from_options(options))(gm, example_inputs)
 
 
-def precapture(fn: Callable, input_sets: Sequence[Sequence[Any]], warmup_iters: int = 1) -> None:
+def precapture(fn: Callable, input_sets: Sequence[Sequence[Any]]) -> None:
     """Warms up and captures a compiled model for shapes known ahead, largest first (by tensor
-    bytes), so that on CUDA the smaller shapes reuse the largest one's pool memory. Each input set
-    runs warmup_iters + 1 times, like that many real calls (in-place updates included). Compile
-    with dynamic=True (or mark dynamic dims) so that all shapes share one graph and one pool."""
+    bytes), so that on CUDA the smaller shapes reuse the largest one's pool memory.
+
+    How many runs make a capture is the engine's to decide (config.reduce_overhead.warmup_iters
+    warm-ups, then capture). A model from torchreplay.capture goes straight to its engine's
+    precapture. A torch.compile'd model's engines sit behind Dynamo's guards and AOTAutograd's
+    wrapper, which only a call of the model passes (and the first call compiles), so each input set
+    is called until a call runs no warm-up in any engine: warmup_iters + 1 calls for a new shape,
+    the last of them the capture (one more, a replay, when warmup_iters is 0), none past that for a
+    shape already captured. These are real calls: in-place updates (KV caches, BN statistics)
+    happen once per call. Compile with dynamic=True (or mark dynamic dims) so that all shapes share
+    one graph and one pool."""
+    from .captured import Captured
+
+    target = fn if isinstance(fn, Captured) else getattr(fn, "captured", None)
+    if isinstance(target, Captured):
+        target.precapture(input_sets)
+        return
+
     def nbytes(inputs: Sequence[Any]) -> int:
         return sum(t.numel() * t.element_size() for t in inputs if isinstance(t, torch.Tensor))
 
+    def warmups() -> Dict[int, int]:
+        return {id(e): e.stats()["warmups"] for e in list(_all_engines)}
+
     for inputs in sorted(input_sets, key=nbytes, reverse=True):
-        for _ in range(warmup_iters + 1):
+        while True:
+            before = warmups()
             fn(*inputs)
+            if all(n == before.get(k, 0) for k, n in warmups().items()):
+                break
 
 
 def stats() -> List[Dict[str, Any]]:

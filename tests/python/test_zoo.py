@@ -311,18 +311,42 @@ def test_llama_decode_step_with_static_cache():
     assert max(c["arena_bytes"] for s in stats for c in s["capture_log"]) < 64 * 1024
 
 
-def test_precapture_through_torch_compile_largest_first():
-    backend = backend_for("reduce-overhead")
+@pytest.mark.parametrize("warmup_iters", [0, 1, 2, 3])
+def test_precapture_through_torch_compile_largest_first(warmup_iters):
+    # However many warm-ups the config asks for, precapture leaves every shape captured: the
+    # calls after it are all replays.
+    backend = backend_for("reduce-overhead", warmup_iters=warmup_iters)
     model = MLP(d=16, hidden=32).eval()
     compiled = torch.compile(model, backend=backend, dynamic=True)
     with torch.no_grad():
         # (batch sizes other than 16: Dynamo would give a batch equal to the width one symbol)
         torchreplay.precapture(compiled, [(torch.randn(n, 16),) for n in (3, 24, 12)])
-        (engine_stats,) = backend.stats()
-        keys = [c["key"] for c in engine_stats["capture_log"]]
+        (before,) = backend.stats()
+        keys = [c["key"] for c in before["capture_log"]]
         assert len(keys) == 3 and "(24, 16)" in keys[0] and "(12, 16)" in keys[1] and "(3, 16)" in keys[2], keys
-        replays = engine_stats["replays"]
-        for n in (3, 12, 24):
+        assert before["captures"] == 3 and before["warmups"] == 3 * max(warmup_iters, 1)
+        # warmup_iters + 1 calls per shape (with no warm-up of its own, one more, a replay).
+        assert before["calls"] == 3 * (warmup_iters + 1 if warmup_iters else 2)
+        for n in (3, 12, 24, 3):
             x = torch.randn(n, 16)
             assert torch.equal(compiled(x), model(x))
-        assert backend.stats()[0]["replays"] == replays + 3 and backend.stats()[0]["captures"] == 3
+        (after,) = backend.stats()
+        assert after["replays"] == before["replays"] + 4
+        assert (after["captures"], after["warmups"], after["eager_fallbacks"]) == (3, before["warmups"], 0)
+        # Shapes already captured take one call each.
+        torchreplay.precapture(compiled, [(torch.randn(n, 16),) for n in (3, 24)])
+        assert backend.stats()[0]["calls"] == after["calls"] + 2
+
+
+def test_precapture_of_a_captured_model_is_its_engines():
+    config = torchreplay.CompilerConfig()
+    config.mode = "reduce-overhead"
+    config.reduce_overhead.warmup_iters = 2
+    model = CountingModel()
+    step = torchreplay.capture(model, (torch.randn(4),), config=config)
+    torchreplay.precapture(step, [(torch.randn(4),)])
+    s = step.stats()
+    assert (s["calls"], s["warmups"], s["captures"]) == (3, 2, 1)
+    assert torch.equal(model.count, torch.full((4,), 3.0))   # three real calls' updates
+    step(torch.randn(4))
+    assert step.stats()["replays"] == s["replays"] + 1 and step.stats()["warmups"] == 2
