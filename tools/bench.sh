@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job: the Google Benchmark program (the 64-op chain in C++: interpreter, replay, ATen
-# allocating, the hand-written out= floor), then eager vs torchreplay ("default",
+# allocating, ATen out= calls into preallocated outputs; the MLP: replay, its kernels by hand), then eager vs torchreplay ("default",
 # "reduce-overhead") vs the torch.compile peers on the built-in models (the tiny Llama decode step
 # included) through the Python harness, with Dynamo's floor and the bare engine as reference rows;
 # it prints a table and a per-model summary and writes JSON, CSV and a PNG plot to bench_out/ (or

@@ -34,7 +34,7 @@ MODES = {
     "torchreplay-capture": "torchreplay.capture (reduce-overhead): torch.export once, then each call "
                            "straight into C++, no Dynamo",
     "out-by-hand": "the model hand-written as out= ATen calls into preallocated buffers, from Python "
-                   "(mlp, demo only): the floor for compute-bound models",
+                   "(mlp, demo only): a dispatcher-path baseline, the same kernels through ATen's out= API",
     "engine": "torchreplay's engines (reduce-overhead) called directly from Python on recorded inputs "
               "(checked against each graph run eagerly)",
     "floor+engine": "dynamo-floor's compiled model then the engines, back to back (no torchreplay code "

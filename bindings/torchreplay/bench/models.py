@@ -163,8 +163,9 @@ def _llama_decode():
 
 
 def out_by_hand(model: nn.Module):
-    """The model written by hand as out= ATen calls into buffers allocated once (what a replay
-    does, called from Python): the floor for a compute-bound model. None for models without one."""
+    """The model written by hand as out= ATen calls into buffers allocated once, called from Python:
+    a dispatcher-path baseline (the same kernels through ATen's out= API and the dispatcher, which
+    replay's prepared steps skip), not a floor. None for models without one."""
     if isinstance(model, MLP):
         layers = [(l.weight.t(), l.bias) for l in model.layers]
         bufs = [torch.empty(1, w.shape[1]) for w, _ in layers]
