@@ -30,7 +30,8 @@ def set_log_level(level: int) -> None:
 
 
 def cuda_available() -> bool:
-    """True when this build has the CUDA backend and a CUDA device is present."""
+    """True when this build has the CUDA backend and a CUDA device is present. (The CUDA backend
+    has never run on a GPU: it is untested.)"""
     return bool(_C.built_with_cuda()) and _torch.cuda.is_available()
 
 

@@ -234,7 +234,7 @@ def named_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
 
 def precapture(fn: Callable, input_sets: Sequence[Sequence[Any]]) -> None:
     """Warms up and captures a compiled model for shapes known ahead, largest first (by tensor
-    bytes), so that on CUDA the smaller shapes reuse the largest one's pool memory.
+    bytes), so that on CUDA (untested) the smaller shapes reuse the largest one's pool memory.
 
     How many runs make a capture is the engine's to decide (config.reduce_overhead.warmup_iters
     warm-ups, then capture). A model from torchreplay.capture goes straight to its engine's
