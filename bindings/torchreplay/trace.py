@@ -12,8 +12,9 @@ A step is one call, so that two traces compare call for call. It is found, in th
 - ``ProfilerStep#N`` ranges ("profiler steps": a profiler schedule and ``prof.step()`` per call);
 - the outermost ``torch.profiler.record_function`` ranges of one name ("record_function 'NAME'");
 - with ``with_stack=True``, each call that the loop under the profiler makes ("top-level calls":
-  the Python calls made by the frame that entered the profiler, those that ran ATen ops or
-  torchreplay's ranges; the most expensive callee when there are several);
+  the Python calls made by the frame that entered the profiler, those with an operator event in
+  them: ATen ops, torchreplay's or Dynamo's ranges; the most expensive callee when there are
+  several);
 - each compiled call (``Torch-Compiled Region``; "compiled calls": one call of a compiled function
   is several regions when Dynamo broke its graph, and Dynamo's guard check is outside them);
 - else the whole trace is one step ("whole trace"), which is no per-call unit: the summary warns.
@@ -139,7 +140,7 @@ def _inside(outer: Dict[str, Any], events: Iterable[Dict[str, Any]]) -> List[Dic
 
 def _top_level_calls(events: Sequence[Dict[str, Any]]) -> Tuple[str, List[Dict[str, Any]]]:
     """With with_stack=True: the calls made by the frame that entered the profiler (the loop),
-    those that ran an ATen op or a torchreplay range, of the callee with the most time in them.
+    those with an operator event in them (cpu_op), of the callee with the most time in them.
     The label is the outermost nn.Module inside (e.g. "nn.Module: MLP_0"), else the callee."""
     python = [e for e in events if e.get("cat") == "python_function"]
     entered = [e for e in python if any(f in str(e["name"]) for f in _PROFILER_FRAMES)]
