@@ -5,14 +5,15 @@
 //   - replay equals eager; one captured graph per key, at most `capture_limit` keys, after which
 //     new keys run eagerly and that is logged once;
 //   - static inputs are baked in; if one moves, the key is recaptured, never replayed stale;
-//   - non-static inputs are rebound per call, so in-place ops on them reach the caller's tensors;
+//   - non-static inputs are rebound per call on the CPU (copied into placeholders on CUDA, and
+//     copied back when mutated), so in-place ops on them reach the caller's tensors;
 //   - outputs in the pool alias it; the next replay reuses that memory, so earlier outputs still
 //     alive are first copied out (when the call reads them, or with `preserve_outputs`) or else
 //     invalidated, raising a clear error when touched (or are clones, with `clone_outputs`);
 //     outputs that alias inputs are views of the caller's tensors (Note [Handed-out outputs]);
 //   - every key of the engine shares one pool, sized by the largest.
-// Captured state is per thread (like Static Runtime's per-thread runtimes): threads calling one
-// engine never see each other's pool reused under them.
+// Captured state, pools included, is per thread (like Static Runtime's per-thread runtimes):
+// threads calling one engine never see each other's pool reused under them.
 #pragma once
 
 #include <ATen/core/ivalue.h>
