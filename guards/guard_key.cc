@@ -11,12 +11,44 @@ bool SameFloat(double a, double b) { return std::memcmp(&a, &b, sizeof(double)) 
 
 namespace {
 
+// Functionality keys (no backend bits) of tensors that are not plain dense strided ones.
+constexpr c10::DispatchKeySet kNotPlainKeys({
+    c10::DispatchKey::Python, c10::DispatchKey::Conjugate, c10::DispatchKey::Negative,
+    c10::DispatchKey::ZeroTensor, c10::DispatchKey::NestedTensor, c10::DispatchKey::Sparse,
+    c10::DispatchKey::SparseCsr, c10::DispatchKey::MkldnnCPU, c10::DispatchKey::FuncTorchBatched,
+    c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::Functionalize});
+
+bool IsPlain(const at::Tensor& t) {
+  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  return !impl->key_set().has_any(kNotPlainKeys) && impl->has_storage();
+}
+
+}  // namespace
+
+const char* NotPlain(const at::Tensor& t) {
+  if (IsPlain(t)) return nullptr;
+  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  if (impl->is_python_dispatch()) return "a tensor subclass with __torch_dispatch__";
+  if (impl->is_nested()) return "a nested tensor";
+  if (impl->is_conj()) return "a lazy conjugate view (.conj())";
+  if (impl->is_neg()) return "a lazy negative view";
+  if (impl->layout() != c10::kStrided) return "not strided (sparse or mkldnn)";
+  if (impl->_is_zerotensor()) return "a zero tensor";
+  return "a wrapper tensor (functorch or functionalization) or a tensor without storage";
+}
+
+namespace {
+
 InputGuard GuardOf(const c10::IValue& v) {
   InputGuard g;
   if (v.isTensor()) {
     const at::Tensor& t = v.toTensor();
     g.kind = InputGuard::Kind::kTensor;
     if (!t.defined()) return g;
+    if (!IsPlain(t)) {  // one key for all of them (they run eagerly): their sizes or strides
+      g.kind = InputGuard::Kind::kNotPlainTensor;  // may not even be readable
+      return g;
+    }
     g.dtype = t.scalar_type();
     g.device = t.device();
     g.sizes.assign(t.sizes().begin(), t.sizes().end());
@@ -51,7 +83,7 @@ bool Matches(const InputGuard& g, const c10::IValue& v) {
       if (!v.isTensor()) return false;
       const at::Tensor& t = v.toTensor();
       if (!t.defined()) return g.dtype == c10::ScalarType::Undefined;
-      return t.scalar_type() == g.dtype && t.device() == g.device &&
+      return IsPlain(t) && t.scalar_type() == g.dtype && t.device() == g.device &&
              t.storage_offset() == g.storage_offset && SameDims(g.sizes, t.sizes()) &&
              SameDims(g.strides, t.strides());
     }
@@ -60,6 +92,8 @@ bool Matches(const InputGuard& g, const c10::IValue& v) {
     case InputGuard::Kind::kBool: return v.isBool() && v.toBool() == static_cast<bool>(g.int_value);
     case InputGuard::Kind::kNone: return v.isNone();
     case InputGuard::Kind::kOther: return !v.isTensor() && !v.isInt() && !v.isDouble() && !v.isBool() && !v.isNone();
+    case InputGuard::Kind::kNotPlainTensor:
+      return v.isTensor() && v.toTensor().defined() && !IsPlain(v.toTensor());
   }
   return false;
 }
@@ -76,6 +110,7 @@ std::string Describe(const InputGuard& g) {
     case InputGuard::Kind::kBool: return absl::StrCat("bool=", g.int_value ? "True" : "False");
     case InputGuard::Kind::kNone: return "None";
     case InputGuard::Kind::kOther: return "other";
+    case InputGuard::Kind::kNotPlainTensor: return "tensor (not plain)";
   }
   return "?";
 }

@@ -19,8 +19,15 @@ namespace torchreplay::guards {
 // is the same NaN (so a NaN scalar keeps its key instead of missing it every call).
 bool SameFloat(double a, double b);
 
+// Why a tensor cannot be guarded and replayed as a plain dense strided tensor, or nullptr when it
+// can: sparse, nested, mkldnn, a subclass with __torch_dispatch__ (or a functorch/functional
+// wrapper), a lazy conjugate or negative view (.conj(), ._neg_view()), a zero tensor. What such
+// tensors mean lives in dispatch keys that a captured kernel, called below them, would skip: the
+// engine runs calls with one eagerly. Their guard is kNotPlainTensor (sizes and strides unread).
+const char* NotPlain(const at::Tensor& t);
+
 struct InputGuard {
-  enum class Kind : uint8_t { kTensor, kInt, kFloat, kBool, kNone, kOther };
+  enum class Kind : uint8_t { kTensor, kInt, kFloat, kBool, kNone, kOther, kNotPlainTensor };
   Kind kind = Kind::kOther;
   c10::ScalarType dtype = c10::ScalarType::Undefined;
   c10::Device device = c10::Device(c10::DeviceType::CPU);
