@@ -14,6 +14,7 @@
 #include <c10/core/GradMode.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <string>
@@ -209,8 +210,15 @@ struct Call {
     int base;  // argument index (after `bound`) or output index
   };
   std::vector<Alias> aliases;
+  // torchreplay.capture: an argument the graph writes must not share memory with another
+  // argument (the trace assumed it does not).
+  bool check_overlap = false;
+  // Set (by torchreplay.capture's module hooks) when the model the graph was traced from has
+  // changed under it (a parameter, buffer or submodule replaced): every call raises this.
+  std::string stale;
 
   py::object operator()(py::args args, py::kwargs kwargs) const {
+    if (!stale.empty()) throw py::value_error(stale);
     if (kwargs.size() != 0) {
       throw py::type_error(absl::StrCat("torchreplay: graph '", engine->options().name,
                                         "' takes positional arguments only"));
@@ -229,6 +237,17 @@ struct Call {
       if (!e.matches(PyExc_OverflowError) || fallback.is_none()) throw;
       return fallback(*args);
     }
+    if (c10::GradMode::is_enabled()) {
+      for (size_t i = bound.size(); i < inputs.size(); ++i) {
+        if (inputs[i].isTensor() && inputs[i].toTensor().requires_grad()) {
+          throw py::value_error(absl::StrCat(
+              "torchreplay: argument ", i - bound.size(), " requires grad, but graph '",
+              engine->options().name, "' runs inference only (its outputs do not track gradients); "
+              "call it under torch.no_grad() or pass a detached tensor (torch.compile trains)"));
+        }
+      }
+    }
+    if (check_overlap) CheckOverlap(inputs);
     for (const auto& [i, want] : fixed) {
       const c10::IValue& got = inputs[bound.size() + i];
       const bool same = got.tagKind() == want.tagKind() &&
@@ -303,6 +322,35 @@ struct Call {
     if (returns == Returns::kOne && n == 1) return FromIValue((*out)[0]);
     if (returns == Returns::kTuple) return FromIValues<py::tuple>(*out, n);
     return FromIValues<py::list>(*out, n);
+  }
+
+  // Raises if an argument the graph writes shares memory with another argument.
+  void CheckOverlap(const std::vector<c10::IValue>& inputs) const {
+    auto span = [](const at::Tensor& t) {  // bytes of its storage the tensor can reach
+      int64_t hi = t.storage_offset();
+      for (int64_t d = 0; d < t.dim(); ++d) hi += (t.size(d) - 1) * std::abs(t.stride(d));
+      return std::make_pair(t.storage_offset() * t.itemsize(), (hi + 1) * t.itemsize());
+    };
+    for (int i : mutated) {
+      const c10::IValue& a = inputs[bound.size() + i];
+      if (!a.isTensor() || !a.toTensor().has_storage() || a.toTensor().numel() == 0) continue;
+      const at::Tensor& w = a.toTensor();
+      for (size_t j = bound.size(); j < inputs.size(); ++j) {
+        if (static_cast<int>(j - bound.size()) == i || !inputs[j].isTensor()) continue;
+        const at::Tensor& o = inputs[j].toTensor();
+        if (!o.defined() || !o.has_storage() || o.numel() == 0 ||
+            !o.storage().is_alias_of(w.storage())) {
+          continue;
+        }
+        const auto [wl, wh] = span(w);
+        const auto [ol, oh] = span(o);
+        if (wl < oh && ol < wh) {
+          throw py::value_error(absl::StrCat(
+              "torchreplay: argument ", i, " is written by the graph and shares memory with argument ",
+              j - bound.size(), "; the capture assumed separate tensors (pass a clone of one of them)"));
+        }
+      }
+    }
   }
 
   void RegenerateAliases(const absl::InlinedVector<c10::IValue, 2>& input_bases,
@@ -537,7 +585,7 @@ PYBIND11_MODULE(_C, m) {
                        int num_outputs, py::object fallback, py::dict fixed, const std::string& returns,
                        const std::vector<std::tuple<int, int, int>>& aliases,
                        const std::vector<std::tuple<int, int, int64_t, int64_t, int>>& sizes,
-                       py::object module) {
+                       py::object module, bool check_overlap) {
              Call c{std::move(engine), {}, std::move(mutated), num_outputs, std::move(fallback)};
              if (returns == "tuple") {
                c.returns = Call::Returns::kTuple;
@@ -553,6 +601,7 @@ PYBIND11_MODULE(_C, m) {
                c.sizes.push_back({arg, dim, lo, hi, group});
              }
              c.module = std::move(module);
+             c.check_overlap = check_overlap;
              if (!c.module.is_none()) c.training = c.module.attr("training").cast<bool>();
              for (const auto& [o, kind, base] : aliases) {
                if (kind < 0 || kind > 2) throw py::value_error("torchreplay: alias kind must be 0, 1 or 2");
@@ -572,8 +621,10 @@ PYBIND11_MODULE(_C, m) {
            py::arg("returns") = "list",
            py::arg("aliases") = std::vector<std::tuple<int, int, int>>(),
            py::arg("sizes") = std::vector<std::tuple<int, int, int64_t, int64_t, int>>(),
-           py::arg("module") = py::none())
+           py::arg("module") = py::none(), py::arg("check_overlap") = false)
       .def("__call__", &Call::operator())
+      .def("_set_stale", [](Call& c, const std::string& why) { c.stale = why; },
+           "Makes every later call raise ValueError(why) (the model changed under the capture).")
       .def_property_readonly("engine", [](const Call& c) { return c.engine; });
 
   m.def("built_with_cuda", &capture::BuiltWithCuda);

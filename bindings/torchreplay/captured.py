@@ -14,6 +14,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import logging
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
@@ -127,7 +128,7 @@ class Captured(_C.Call):
                  in_spec: Any, out_spec: Any, num_outputs: int) -> None:
         returns = "one" if out_spec.is_leaf() else "tuple"
         super().__init__(engine, bound=bound, mutated=mutated, num_outputs=num_outputs, fixed=fixed,
-                         returns=returns, sizes=sizes, module=module)
+                         returns=returns, sizes=sizes, module=module, check_overlap=True)
         self._bound, self._in_spec, self._out_spec = bound, in_spec, out_spec
         self._constants = constants
         self._kwarg_names = dict.fromkeys(in_spec.children()[1].context or [])
@@ -158,6 +159,37 @@ class Captured(_C.Call):
                 raise ValueError(f"torchreplay: argument {i} is {flat[i]!r}, but the graph was captured with "
                                  f"{want!r} there; capture again for another value")
         return [a for i, a in enumerate(flat) if i not in self._constants] if self._constants else flat
+
+
+# Modules whose parameters, buffers and submodules a Captured has bound: assigning a new one
+# (model.weight = nn.Parameter(...), model.buf = t, model.sub = ...) makes those Captureds raise
+# on every later call, as their graph still holds the old tensors. Conversions that go through
+# Module._apply (.to(), .half(), .double()) change parameters through .data, which the engine
+# sees (new memory, or a dtype it refuses), but replace buffers without a hook.
+_watched: "weakref.WeakKeyDictionary[torch.nn.Module, weakref.WeakSet]" = weakref.WeakKeyDictionary()
+_hooks: List[Any] = []
+
+
+def _on_registration(module: torch.nn.Module, name: str, value: Any) -> None:
+    captures = _watched.get(module)
+    if not captures:
+        return None
+    what = "submodule" if isinstance(value, torch.nn.Module) else "parameter" if isinstance(
+        value, torch.nn.Parameter) else "buffer"
+    for c in list(captures):
+        c._set_stale(f"torchreplay: {what} '{name}' of {type(module).__name__} was replaced after the model was "
+                     f"captured as {c.name!r} (its graph holds the old tensors); capture the model again")
+    return None
+
+
+def _watch(module: torch.nn.Module, captured: Captured) -> None:
+    if not _hooks:
+        from torch.nn.modules import module as nn_module
+        _hooks.extend([nn_module.register_module_parameter_registration_hook(_on_registration),
+                       nn_module.register_module_buffer_registration_hook(_on_registration),
+                       nn_module.register_module_module_registration_hook(_on_registration)])
+    for m in module.modules():
+        _watched.setdefault(m, weakref.WeakSet()).add(captured)
 
 
 def _nested_call(captured: Captured) -> Callable:
@@ -252,6 +284,8 @@ def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Option
     _all_engines.add(engine)
     captured = Captured(engine, bound, mutated, fixed, sizes, model if isinstance(model, torch.nn.Module) else None,
                         constants, in_spec, ep.call_spec.out_spec, num_outputs)
+    if isinstance(model, torch.nn.Module):
+        _watch(model, captured)
     flat_in = (all(c.is_leaf() for c in in_spec.children()[0].children()) and not in_spec.children()[1].children()
                and not constants)
     logger.debug("torchreplay: captured %s (%d nodes, %d bound inputs)", name, graph.num_nodes, len(bound))
