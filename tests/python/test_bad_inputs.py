@@ -431,11 +431,11 @@ def _build(entry: str, model: Any, example: tuple) -> Tuple[Callable, Optional[C
 
         state = _state(model)
         gm = make_fx(flat, tracing_mode="symbolic")(*state, *example)
-        engine = _C.Engine(lower(gm, [*state, *example], list(range(k))), "reduce-overhead")
+        engine = _C.Engine(lower(gm, [*state, *example], list(range(k))))
         return ((lambda *a, **kw: engine.run([*_state(model), *a], **kw)),
                 (lambda *a: gm(*_state(model), *a)))
     gm = make_fx(model, tracing_mode="symbolic")(*example)
-    engine = _C.Engine(lower(gm, list(example), []), "reduce-overhead")
+    engine = _C.Engine(lower(gm, list(example), []))
     return (lambda *a, **kw: engine.run(list(a), **kw)), gm
 
 
