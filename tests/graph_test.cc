@@ -78,6 +78,14 @@ TEST(GraphTest, ListOutputsGetItemCatAndSymArith) {
   ASSERT_TRUE(b.SetOutputs({Arg::Ref((*s)[0]), Arg::Ref(*half), Arg::Const(c10::IValue())}).ok());
   auto g = b.Build();
   ASSERT_TRUE(g.ok());
+  const std::string listing = (*g)->ToString();
+  EXPECT_THAT(listing, HasSubstr("%half = sym.floordiv(%n, 2)"));
+  EXPECT_THAT(listing, HasSubstr("getitem[1]("));
+  for (SymOp op : {SymOp::kAdd, SymOp::kTrueDiv, SymOp::kRShift, SymOp::kSqrt}) {
+    auto back = SymOpFromName(SymOpName(op));
+    ASSERT_TRUE(back.ok());
+    EXPECT_EQ(*back, op) << SymOpName(op);
+  }
   Interpreter interp(*g);
   at::Tensor X = at::randn({6, 3});
   auto out = interp.Run({X, int64_t{6}});
