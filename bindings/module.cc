@@ -472,12 +472,13 @@ PYBIND11_MODULE(_C, m) {
         return std::const_pointer_cast<capture::Graph>(Unwrap(b.Build()));
       });
 
-  py::class_<replay::EngineOptions>(
+  py::class_<replay::EngineOptions> options(
       m, "EngineOptions",
       "Every setting of an engine, by name: EngineOptions(mode='reduce-overhead', warmup_iters=1, "
       "capture_limit=64, clone_outputs=False, preserve_outputs=False, name='graph', bound_inputs=0, "
       "dump_dir='', prepared_steps=True, log_level=2). Unset fields take the defaults, with the "
-      "environment's switches (TORCHREPLAY_PREPARED_ITERATORS, TORCHREPLAY_LOG_LEVEL) applied.")
+      "environment's switches (TORCHREPLAY_PREPARED_ITERATORS, TORCHREPLAY_LOG_LEVEL) applied.");
+  options
       .def(py::init([](py::kwargs fields) {
         py::object o = py::cast(replay::EngineOptions::Defaults());
         for (auto [key, value] : fields) {
@@ -503,27 +504,9 @@ PYBIND11_MODULE(_C, m) {
               throw py::value_error("torchreplay: unknown mode '" + mode + "'");
             }
           })
-      .def_property(
-          "warmup_iters", [](const replay::EngineOptions& o) { return o.warmup_iters; },
-          [](replay::EngineOptions& o, int n) {
-            if (n < 0) throw py::value_error("torchreplay: warmup_iters must be >= 0");
-            o.warmup_iters = n;
-          })
-      .def_property(
-          "capture_limit", [](const replay::EngineOptions& o) { return o.capture_limit; },
-          [](replay::EngineOptions& o, int n) {
-            if (n < 0) throw py::value_error("torchreplay: capture_limit must be >= 0");
-            o.capture_limit = n;
-          })
       .def_readwrite("clone_outputs", &replay::EngineOptions::clone_outputs)
       .def_readwrite("preserve_outputs", &replay::EngineOptions::preserve_outputs)
       .def_readwrite("name", &replay::EngineOptions::name)
-      .def_property(
-          "bound_inputs", [](const replay::EngineOptions& o) { return o.bound_inputs; },
-          [](replay::EngineOptions& o, int n) {
-            if (n < 0) throw py::value_error("torchreplay: bound_inputs must be >= 0");
-            o.bound_inputs = n;
-          })
       .def_readwrite("dump_dir", &replay::EngineOptions::dump_dir)
       .def_readwrite("prepared_steps", &replay::EngineOptions::prepared_steps)
       .def_property(
@@ -538,6 +521,16 @@ PYBIND11_MODULE(_C, m) {
         }
         return absl::StrCat("EngineOptions(", absl::StrJoin(parts, ", "), ")");
       });
+  for (const auto& [name, field] : {std::pair{"warmup_iters", &replay::EngineOptions::warmup_iters},
+                                    std::pair{"capture_limit", &replay::EngineOptions::capture_limit},
+                                    std::pair{"bound_inputs", &replay::EngineOptions::bound_inputs}}) {
+    options.def_property(
+        name, [field = field](const replay::EngineOptions& o) { return o.*field; },
+        [name = std::string(name), field = field](replay::EngineOptions& o, int n) {
+          if (n < 0) throw py::value_error("torchreplay: " + name + " must be >= 0");
+          o.*field = n;
+        });
+  }
 
   py::class_<replay::Engine, std::shared_ptr<replay::Engine>>(m, "Engine")
       .def(py::init([](std::shared_ptr<capture::Graph> g, std::optional<replay::EngineOptions> o) {

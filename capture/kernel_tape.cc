@@ -163,7 +163,6 @@ class Emitter {
     for (size_t i = 0; i < g_.inputs().size(); ++i) {
       if (plan_.values[g_.inputs()[i]].constant) constants_[g_.inputs()[i]] = inputs[i];
     }
-    for (size_t k = 0; k < buffers_.size(); ++k) constants_[plan_.request_values[k]] = buffers_[k];
     for (int i = 0; i < static_cast<int>(g_.nodes().size()); ++i) {
       const Node& n = g_.nodes()[i];
       switch (plan_.nodes[i].decision) {
@@ -258,7 +257,10 @@ class Emitter {
     BuildArgs(n, &step);
     if (!out.extra_arg.isNone()) step.args.push_back(out.extra_arg);
     PrecastWrappedNumbers(rec_.values[n.outputs[0]].dtype, &step.args);
-    for (ValueId o : n.outputs) step.args.push_back(constants_[o]);
+    for (ValueId o : n.outputs) {
+      constants_[o] = buffers_[plan_.values[o].buffer];
+      step.args.push_back(constants_[o]);
+    }
     step.out_slots.assign(n.outputs.size(), -1);
     std::vector<int> slot_of(step.args.size(), -1);
     bool whole_args = true;
@@ -321,9 +323,11 @@ absl::StatusOr<std::unique_ptr<CapturedGraph>> CaptureKernelTape(
   if (!plan.ok()) return plan.status();
   const memory_pool::ArenaPlan arena_plan = memory_pool::PlanArena(plan->requests);
   arena->Reserve(arena_plan.arena_bytes);
-  std::vector<at::Tensor> buffers;
-  for (size_t k = 0; k < plan->requests.size(); ++k) {
-    buffers.push_back(ArenaView(*arena, rec.values[plan->request_values[k]], arena_plan.offsets[k]));
+  std::vector<at::Tensor> buffers(plan->requests.size());  // per request, a view of the arena
+  for (size_t v = 0; v < plan->values.size(); ++v) {
+    if (const int b = plan->values[v].buffer; b >= 0) {
+      buffers[b] = ArenaView(*arena, rec.values[v], arena_plan.offsets[b]);
+    }
   }
 
   auto tape = std::make_unique<KernelTape>();

@@ -170,7 +170,6 @@ absl::StatusOr<TapePlan> PlanTape(const Graph& g, const Recording& rec) {
         val[o].constant = val[o].in_arena = true;
         val[o].buffer = static_cast<int>(plan.requests.size());
         plan.requests.push_back(memory_pool::BufferRequest{nbytes, i, std::max(last_use[o], i)});
-        plan.request_values.push_back(o);
       }
       continue;
     }

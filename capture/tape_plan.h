@@ -56,8 +56,7 @@ struct TapePlan {
   std::vector<ValuePlan> values;
   std::vector<std::pair<int, int>> input_slots;  // (input position, slot)
   int num_slots = 0;
-  std::vector<memory_pool::BufferRequest> requests;
-  std::vector<ValueId> request_values;  // per request: the value it holds
+  std::vector<memory_pool::BufferRequest> requests;  // ValuePlan::buffer indexes these
 
   // One line per node: its decision and, for out= steps, the buffers it writes (at `arena`'s
   // offsets, when given).

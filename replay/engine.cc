@@ -179,12 +179,12 @@ absl::StatusOr<Engine::Entry*> Engine::Lookup(ThreadState& ts,
   // A tensor that is not plain dense strided memory (a lazy conjugate or negative view, sparse,
   // nested, a subclass or wrapper) means what its dispatch keys make of it, and a captured kernel
   // runs below them: calls with one run eagerly (the guard gives all of them one key per input).
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (!inputs[i].isTensor() || !inputs[i].toTensor().defined()) continue;
-    if (const char* why = guards::NotPlain(inputs[i].toTensor())) {
-      Fallback(*e, absl::StrCat("input ", i, " is ", why, "; calls with such inputs run eagerly"));
-      return e;
-    }
+  const std::vector<guards::InputGuard>& guards = e->key.inputs();
+  for (size_t i = 0; i < guards.size(); ++i) {
+    if (guards[i].kind != guards::InputGuard::Kind::kNotPlainTensor) continue;
+    Fallback(*e, absl::StrCat("input ", i, " is ", guards::NotPlain(inputs[i].toTensor()),
+                              "; calls with such inputs run eagerly"));
+    return e;
   }
   // Keys are admitted when first seen, not when captured: several new keys can be warming up
   // at once, and all of them together must stay within the limit.
