@@ -161,6 +161,14 @@ absl::StatusOr<std::unique_ptr<CapturedGraph>> CaptureCudaGraph(
   const Interpreter interp(graph);
   const Graph& g = *graph;
   if (auto s = CheckReplayable(g, rec); !s.ok()) return s;
+  for (size_t i = 0; i < g.inputs().size(); ++i) {
+    // A graph declared with CUDA inputs keys every scalar; one that was not may not be captured.
+    if (g.is_per_call_scalar(static_cast<int>(i))) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "scalar input ", i, " is bound per call, and a CUDA graph bakes scalars in (declare the "
+          "graph's tensor inputs as CUDA so that scalars are guarded)"));
+    }
+  }
   // Work on CPU tensors would run once, at capture, and never again on replay.
   std::optional<c10::Device> device;
   for (size_t v = 0; v < rec.values.size(); ++v) {

@@ -427,9 +427,54 @@ absl::Status GraphBuilder::SetStaticInputs(std::vector<int> positions) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// A schema argument type through which a scalar reaches a kernel as data (Note [Scalars bound
+// per call]): Scalar, float, or Tensor (a wrapped number), optional or not.
+bool TakesDataScalar(const c10::TypePtr& type) {
+  const c10::TypePtr& t = type->kind() == c10::TypeKind::OptionalType ? type->containedType(0) : type;
+  return t->kind() == c10::TypeKind::NumberType || t->kind() == c10::TypeKind::FloatType ||
+         t->kind() == c10::TypeKind::TensorType;
+}
+
+std::vector<bool> PerCallScalars(const Graph& g) {
+  const size_t n = g.inputs().size();
+  std::vector<bool> per_call(n, false);
+  std::vector<int> position(g.values().size(), -1);
+  for (size_t i = 0; i < n; ++i) {
+    const ValueInfo& info = g.values()[g.inputs()[i]];
+    if (info.spec.has_value() && info.spec->device != c10::DeviceType::CPU) return per_call;
+    const ValueType t = info.type;
+    if (t == ValueType::kInt || t == ValueType::kFloat || t == ValueType::kBool) {
+      position[g.inputs()[i]] = static_cast<int>(i);
+      per_call[i] = true;
+    }
+  }
+  auto keyed = [&](ValueId v) {
+    if (position[v] >= 0) per_call[position[v]] = false;
+  };
+  for (const Node& node : g.nodes()) {
+    const bool shapes_from_scalars = node.kind == NodeKind::kOp &&
+                                     (node.op->schema().name() == "aten::arange" ||
+                                      node.op->schema().name() == "aten::range");
+    for (size_t a = 0; a < node.args.size(); ++a) {
+      const Arg& arg = node.args[a];
+      if (arg.kind == Arg::Kind::kValue && node.kind == NodeKind::kOp && !shapes_from_scalars &&
+          TakesDataScalar(node.arg_types[a])) {
+        continue;
+      }
+      ForEachValueUse(arg, keyed);
+    }
+  }
+  return per_call;
+}
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<const Graph>> GraphBuilder::Build() {
   if (!outputs_set_) return absl::FailedPreconditionError("graph has no outputs set");
   graph_->static_mask_.resize(graph_->inputs_.size(), false);
+  graph_->per_call_scalars_ = PerCallScalars(*graph_);
   std::shared_ptr<const Graph> g(std::move(graph_));
   graph_ = std::make_unique<Graph>();
   outputs_set_ = false;

@@ -98,6 +98,10 @@ class Graph {
   // tensors marked static. Replay bakes their addresses in.
   const std::vector<int>& static_inputs() const { return static_inputs_; }
   bool is_static_input(int i) const { return i < static_mask_.size() && static_mask_[i]; }
+  // Scalar inputs that are data, not shape: bound per call, not in the guard key (Note [Scalars
+  // bound per call]). Per input position.
+  const std::vector<bool>& per_call_scalars() const { return per_call_scalars_; }
+  bool is_per_call_scalar(int i) const { return per_call_scalars_[i]; }
 
   // Human-readable listing: one line per input, node and output.
   std::string ToString() const;
@@ -110,7 +114,23 @@ class Graph {
   std::vector<Arg> outputs_;
   std::vector<int> static_inputs_;
   std::vector<bool> static_mask_;
+  std::vector<bool> per_call_scalars_;
 };
+
+// Note [Scalars bound per call]
+// A scalar input (int, float, bool: a SymInt or SymFloat under dynamic=True, a number Dynamo
+// passes in) that reaches kernels only as data (a Scalar or float argument, or a number where
+// a Tensor goes, which becomes a wrapped-number tensor) changes no size, stride or dtype when its
+// value changes: only its kind (int, float, bool) does. Such an input is bound per call:
+//   - the guard key holds its kind, not its value (guards::GuardKey), so a step counter or a
+//     sampling temperature passed every call does not make a new key per call;
+//   - the CPU tape gives it a slot: Scalar arguments read it per call (typed and prepared steps
+//     too), and a number where a Tensor goes is a wrapped-number tensor made once at capture that
+//     replay writes the value into before the steps run (kernel_tape.cc).
+// A scalar that reaches a size, dim or list argument, symbolic arithmetic, or arange/range
+// (whose Scalar arguments decide the length) stays in the key, its value fixed per captured
+// graph. Graphs with a CUDA tensor input keep every scalar in the key: a CUDA graph bakes host
+// scalars into its kernels' launches.
 
 // Builds a Graph node by node; every call validates and returns a clear status on bad input
 // (unknown operator, wrong arity or argument kind, a value used before it is defined).

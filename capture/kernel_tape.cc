@@ -50,6 +50,13 @@ class KernelTape final : public CapturedGraph {
   std::string listing_;  // the plan, printed
   std::vector<Step> steps_;
   std::vector<std::pair<int, int>> input_slots_;  // (input position, slot)
+  // Scalars bound per call that go where a Tensor goes: the wrapped-number tensor each such step
+  // holds, written with the slot's value before the steps run (Note [Scalars bound per call]).
+  struct ScalarWrite {
+    int slot = 0;
+    at::Tensor holder;  // 0-dim, CPU; double, float, int64 or bool
+  };
+  std::vector<ScalarWrite> scalar_writes_;
   struct Output {
     c10::IValue constant;  // when slot < 0
     int slot = -1;
@@ -62,9 +69,30 @@ class KernelTape final : public CapturedGraph {
   c10::DispatchKeySet keys_{c10::DispatchKey::CPU};
 };
 
+// The number `v` (int, float or bool), converted to T the way a cast of its wrapped-number
+// tensor converts it.
+template <class T>
+T NumberAs(const c10::IValue& v) {
+  if (v.isDouble()) return static_cast<T>(v.toDouble());
+  if (v.isInt()) return static_cast<T>(v.toInt());
+  return static_cast<T>(v.toBool());
+}
+
+void WriteNumber(const c10::IValue& v, at::Tensor* holder) {
+  void* p = holder->data_ptr();
+  switch (holder->scalar_type()) {
+    case c10::kDouble: *static_cast<double*>(p) = NumberAs<double>(v); break;
+    case c10::kFloat: *static_cast<float*>(p) = NumberAs<float>(v); break;
+    case c10::kLong: *static_cast<int64_t*>(p) = NumberAs<int64_t>(v); break;
+    case c10::kBool: *static_cast<bool*>(p) = NumberAs<bool>(v); break;
+    default: holder->fill_(v.toScalar());
+  }
+}
+
 absl::Status KernelTape::Replay(const std::vector<c10::IValue>& inputs,
                                 std::vector<c10::IValue>* outputs) {
   for (const auto& [pos, slot] : input_slots_) slots_[slot] = inputs[pos];
+  for (ScalarWrite& w : scalar_writes_) WriteNumber(slots_[w.slot], &w.holder);
   try {
     for (Step& s : steps_) {
       if (s.kind == Step::Kind::kGetItem) {
@@ -122,13 +150,14 @@ at::Tensor ArenaView(const memory_pool::Arena& arena, const ValueRecord& r, int6
 // A Python number in a tensor position (`x * 1.01`) is a 0-dim double "wrapped number"; the
 // TensorIterator casts it to the op's dtype on every call (a dispatch, an allocation, a copy).
 // When every other tensor argument already has the float/double dtype of the result, that cast is
-// fixed: do it once here. The kernels read the same value either way (for reduced-precision
-// dtypes some kernels read the uncast scalar, so those are left alone).
-void PrecastWrappedNumbers(c10::ScalarType out_dtype, Slots* args) {
-  if (out_dtype != c10::kFloat && out_dtype != c10::kDouble) return;
+// fixed: do it once, at capture. The kernels read the same value either way (for
+// reduced-precision dtypes some kernels read the uncast scalar, so those are left alone).
+// Returns the positions of the wrapped numbers to cast.
+std::vector<size_t> WrappedNumbersToPrecast(c10::ScalarType out_dtype, const Slots& args) {
   std::vector<size_t> wrapped;
-  for (size_t i = 0; i < args->size(); ++i) {
-    const c10::IValue& v = (*args)[i];
+  if (out_dtype != c10::kFloat && out_dtype != c10::kDouble) return wrapped;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const c10::IValue& v = args[i];
     if (!v.isTensor() || !v.toTensor().defined()) continue;
     const at::Tensor& t = v.toTensor();
     if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
@@ -137,14 +166,10 @@ void PrecastWrappedNumbers(c10::ScalarType out_dtype, Slots* args) {
         wrapped.push_back(i);
       }
     } else if (t.scalar_type() != out_dtype) {
-      return;
+      return {};
     }
   }
-  for (size_t i : wrapped) {
-    at::Tensor cast = (*args)[i].toTensor().to(out_dtype);
-    cast.unsafeGetTensorImpl()->set_wrapped_number(true);
-    (*args)[i] = cast;
-  }
+  return wrapped;
 }
 
 // Turns the plan into the tape's steps, with the arena planned. Constants are known here for the
@@ -200,6 +225,9 @@ class Emitter {
         if (v.constant) {
           const c10::IValue& c = constants_[arg.value];
           step->args.push_back(IsTensorType(type) ? WrapNumber(c) : c);
+        } else if (IsTensorType(type) && !rec_.values[arg.value].is_tensor) {
+          // A scalar bound per call where a Tensor goes: a wrapped number written per call.
+          step->args.push_back(Holder(v.slot, WrapNumber(rec_.values[arg.value].scalar).toTensor()));
         } else {
           step->args.emplace_back();
           step->patches.push_back(Patch{static_cast<int>(a), -1, v.slot});
@@ -220,6 +248,26 @@ class Emitter {
         step->args.push_back(MaterializeArg(resolved, type, {}));
       }
     }
+  }
+
+  // The wrapped-number tensor that holds slot's scalar per call with `like`'s dtype (and, until
+  // the first replay writes it, value): one per slot and dtype, shared by the steps.
+  at::Tensor Holder(int slot, const at::Tensor& like) const {
+    for (const auto& w : tape_->scalar_writes_) {
+      if (w.slot == slot && w.holder.scalar_type() == like.scalar_type()) return w.holder;
+    }
+    tape_->scalar_writes_.push_back({slot, like});
+    return like;
+  }
+
+  // A wrapped number cast to `dtype`; a holder's cast is the holder of that dtype.
+  at::Tensor Cast(const at::Tensor& wrapped, c10::ScalarType dtype) const {
+    at::Tensor cast = wrapped.to(dtype);
+    cast.unsafeGetTensorImpl()->set_wrapped_number(true);
+    for (const auto& w : tape_->scalar_writes_) {
+      if (w.holder.is_same(wrapped)) return Holder(w.slot, cast);
+    }
+    return cast;
   }
 
   absl::Status Precompute(const Node& n) {
@@ -256,7 +304,10 @@ class Emitter {
     step.op = out.op;
     BuildArgs(n, &step);
     if (!out.extra_arg.isNone()) step.args.push_back(out.extra_arg);
-    PrecastWrappedNumbers(rec_.values[n.outputs[0]].dtype, &step.args);
+    const c10::ScalarType dtype = rec_.values[n.outputs[0]].dtype;
+    for (size_t a : WrappedNumbersToPrecast(dtype, step.args)) {
+      step.args[a] = Cast(step.args[a].toTensor(), dtype);
+    }
     for (ValueId o : n.outputs) {
       constants_[o] = buffers_[plan_.values[o].buffer];
       step.args.push_back(constants_[o]);

@@ -8,9 +8,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <limits>
+#include <random>
+
 #include "capture/interpreter.h"
 #include "capture/recording.h"
 #include "capture/tape_plan.h"
+#include "guards/guard_key.h"
 #include "memory_pool/arena.h"
 
 namespace torchreplay::capture {
@@ -151,6 +155,102 @@ TEST(KernelTapeTest, PlanSaysWhatEachNodeBecomes) {
   EXPECT_THAT(text, HasSubstr("aten::relu: out= aten::clamp_min.out"));
   EXPECT_THAT(text, HasSubstr("aten::add_.Tensor: functional in place"));
   EXPECT_THAT(text, HasSubstr("getitem[0]: getitem"));
+}
+
+// x, s (float), k (int): s and k reach kernels only as data (a wrapped number where a Tensor
+// goes, add's alpha, clamp_min's min, lerp's weight, leaky_relu's slope, a boxed step's fill).
+std::shared_ptr<const Graph> ScalarModel() {
+  GraphBuilder b;
+  const ValueId x = b.AddInput("x", ValueType::kTensor);
+  const ValueId s = b.AddInput("s", ValueType::kFloat);
+  const ValueId k = b.AddInput("k", ValueType::kInt);
+  auto op = [&](const std::string& name, std::vector<Arg> args) {
+    auto out = b.AddOp(name, std::move(args));
+    EXPECT_TRUE(out.ok()) << out.status();
+    return (*out)[0];
+  };
+  const ValueId m = op("aten::mul.Tensor", {Arg::Ref(x), Arg::Ref(s)});
+  auto add = b.AddOp("aten::add.Tensor", {Arg::Ref(m), Arg::Ref(x)}, {{"alpha", Arg::Ref(s)}});
+  EXPECT_TRUE(add.ok()) << add.status();
+  const ValueId a = (*add)[0];
+  const ValueId c = op("aten::clamp_min", {Arg::Ref(a), Arg::Ref(s)});
+  const ValueId mk = op("aten::mul.Tensor", {Arg::Ref(c), Arg::Ref(k)});
+  const ValueId l = op("aten::lerp.Scalar", {Arg::Ref(mk), Arg::Ref(x), Arg::Ref(s)});
+  const ValueId r = op("aten::leaky_relu", {Arg::Ref(l), Arg::Ref(s)});
+  const ValueId f = op("aten::fill.Scalar", {Arg::Ref(x), Arg::Ref(k)});
+  EXPECT_TRUE(b.SetOutputs({Arg::Ref(r), Arg::Ref(f), Arg::Ref(s)}).ok());
+  auto g = b.Build();
+  EXPECT_TRUE(g.ok()) << g.status();
+  return *g;
+}
+
+bool SameBits(const at::Tensor& a, const at::Tensor& b) {
+  return a.sizes() == b.sizes() && a.dtype() == b.dtype() &&
+         at::equal(a.contiguous().view(at::kByte), b.contiguous().view(at::kByte));
+}
+
+TEST(KernelTapeTest, ScalarInputsAreReadPerCallBitwiseAsTheInterpreter) {
+  const auto g = ScalarModel();
+  EXPECT_TRUE(g->is_per_call_scalar(1));
+  EXPECT_TRUE(g->is_per_call_scalar(2));
+  for (const bool prepared : {true, false}) {
+    SCOPED_TRACE(prepared ? "prepared steps" : "typed steps only");
+    CaptureOptions options;
+    options.prepared_steps = prepared;
+    memory_pool::Arena arena;
+    auto tape = Capture(g, {at::randn({4, 8}), 0.5, int64_t{3}}, &arena, options);
+    const CaptureInfo& info = tape->info();
+    EXPECT_EQ(info.steps, 7);  // nothing folded: every step reads s or k
+#if defined(__x86_64__)
+    EXPECT_EQ(info.prepared_steps, prepared ? 4 : 0);  // mul, add (alpha s), clamp_min (s), mul
+#endif
+    EXPECT_GE(info.typed_steps, 5);
+    std::mt19937 gen(prepared ? 1 : 2);
+    std::uniform_real_distribution<double> real(-4.0, 4.0);
+    std::uniform_int_distribution<int64_t> integer(-1000, 1000);
+    for (int call = 0; call < 1000; ++call) {
+      double v = real(gen);
+      if (call % 97 == 0) v = std::numeric_limits<double>::quiet_NaN();  // clamp_min's NaN
+      if (call % 89 == 0) v = -0.0;
+      std::vector<c10::IValue> in = {at::randn({4, 8}), v, integer(gen)};
+      auto want = Interpreter(g).Run(Clone(in));
+      ASSERT_TRUE(want.ok()) << want.status();
+      std::vector<c10::IValue> got;
+      ASSERT_TRUE(tape->Replay(in, &got).ok());
+      for (int o = 0; o < 2; ++o) {
+        ASSERT_TRUE(SameBits(got[o].toTensor(), (*want)[o].toTensor()))
+            << "call " << call << " s=" << v << " output " << o;
+      }
+      EXPECT_TRUE(guards::SameFloat(got[2].toDouble(), v));  // a scalar returned as it came
+    }
+  }
+}
+
+TEST(KernelTapeTest, ScalarsThatDecideShapesStayInTheKey) {
+  GraphBuilder b;
+  const ValueId x = b.AddInput("x", ValueType::kTensor);
+  const ValueId n = b.AddInput("n", ValueType::kInt);
+  const ValueId e = b.AddInput("e", ValueType::kInt);
+  const ValueId s = b.AddInput("s", ValueType::kInt);
+  auto v = b.AddOp("aten::view", {Arg::Ref(x), Arg::List({Arg::Ref(n), Arg::Const(int64_t{-1})})});
+  ASSERT_TRUE(v.ok()) << v.status();
+  auto r = b.AddOp("aten::arange", {Arg::Ref(e)});
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto twice = b.AddSymArith(SymOp::kMul, {Arg::Ref(s), Arg::Const(int64_t{2})});
+  ASSERT_TRUE(twice.ok());
+  auto m = b.AddOp("aten::mul.Tensor", {Arg::Ref((*v)[0]), Arg::Ref(*twice)});
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_TRUE(b.SetOutputs({Arg::Ref((*m)[0]), Arg::Ref((*r)[0])}).ok());
+  auto g = *b.Build();
+  EXPECT_FALSE(g->is_per_call_scalar(1));  // a size in a list
+  EXPECT_FALSE(g->is_per_call_scalar(2));  // arange's end decides its length
+  EXPECT_FALSE(g->is_per_call_scalar(3));  // symbolic arithmetic
+  const std::vector<c10::IValue> in = {at::randn({4, 6}), int64_t{2}, int64_t{5}, int64_t{3}};
+  const guards::GuardKey key = guards::GuardKey::FromInputs(in, g->per_call_scalars());
+  EXPECT_FALSE(key.Matches({in[0], int64_t{3}, in[2], in[3]}));
+  EXPECT_FALSE(key.Matches({in[0], in[1], int64_t{6}, in[3]}));
+  EXPECT_FALSE(key.Matches({in[0], in[1], in[2], int64_t{4}}));
+  EXPECT_TRUE(key.Matches(in));
 }
 
 TEST(KernelTapeTest, DataDependentShapesAreRefusedWithTheNode) {

@@ -84,13 +84,20 @@ const PreparedOp* FindPreparedOp(const std::string& name) {
   return it == kOps.end() ? nullptr : &it->second;
 }
 
+// The op's own code handles complex and NaN scalars (clamp_min's NaN fills); the stub alone
+// does not.
+bool PreparableScalar(const c10::Scalar& s) {
+  return !s.isComplex() && s.toDouble() == s.toDouble();
+}
+
 class PreparedPointwise final : public TypedCall {
  public:
   // operands: out first, then the tensor inputs (TensorIterator's operand order). `typed` is the
   // ordinary typed call, used if the iterator cannot be prepared.
   PreparedPointwise(const PreparedOp& op, std::vector<TensorArg> operands, c10::Scalar scalar,
-                    std::unique_ptr<TypedCall> typed)
-      : op_(op), operands_(std::move(operands)), scalar_(std::move(scalar)), typed_(std::move(typed)) {}
+                    int scalar_slot, std::unique_ptr<TypedCall> typed)
+      : op_(op), operands_(std::move(operands)), scalar_(std::move(scalar)),
+        scalar_slot_(scalar_slot), typed_(std::move(typed)) {}
 
   void Run(c10::DispatchKeySet keys, const Slots& slots) const override {
     if (state_ == State::kUnprepared) {
@@ -98,6 +105,11 @@ class PreparedPointwise final : public TypedCall {
       state_ = Build(slots) ? State::kPrepared : State::kTyped;
     }
     if (state_ == State::kTyped) return typed_->Run(keys, slots);
+    if (scalar_slot_ >= 0) {  // a scalar input bound per call
+      scalar_ = slots[scalar_slot_].toScalar();
+      if (!PreparableScalar(scalar_)) return typed_->Run(keys, slots);
+      if (op_.negate_scalar) scalar_ = -scalar_;
+    }
     for (size_t i = 0; i < operands_.size(); ++i) {
       if (operands_[i].slot < 0 && operands_[i].value.data_ptr() != built_ptrs_[i]) {
         // The arena moved (a larger key grew it): same geometry, rebuild once.
@@ -180,7 +192,8 @@ class PreparedPointwise final : public TypedCall {
   enum class State { kUnprepared, kPrepared, kTyped };
   const PreparedOp& op_;
   std::vector<TensorArg> operands_;
-  c10::Scalar scalar_;
+  mutable c10::Scalar scalar_;
+  int scalar_slot_ = -1;
   std::unique_ptr<TypedCall> typed_;
   mutable State state_ = State::kUnprepared;
   mutable std::unique_ptr<at::TensorIterator> iter_;
@@ -217,14 +230,19 @@ std::unique_ptr<TypedCall> MakePrepared(const c10::OperatorHandle& op, const Slo
     operands.push_back(std::move(a));
   }
   c10::Scalar scalar;
+  int scalar_slot = -1;
   if (prepared->has_scalar) {
-    if (!args[num_inputs].isScalar()) return typed;
-    scalar = args[num_inputs].toScalar();
-    if (scalar.isComplex() || scalar.toDouble() != scalar.toDouble()) return typed;  // NaN: fill_
-    if (prepared->negate_scalar) scalar = -scalar;
+    if (slot_of[num_inputs] >= 0) {
+      scalar_slot = slot_of[num_inputs];
+    } else {
+      if (!args[num_inputs].isScalar()) return typed;
+      scalar = args[num_inputs].toScalar();
+      if (!PreparableScalar(scalar)) return typed;
+      if (prepared->negate_scalar) scalar = -scalar;
+    }
   }
   return std::make_unique<PreparedPointwise>(*prepared, std::move(operands), std::move(scalar),
-                                             std::move(typed));
+                                             scalar_slot, std::move(typed));
 }
 #else
 std::unique_ptr<TypedCall> MakePrepared(const c10::OperatorHandle&, const Slots&,

@@ -97,9 +97,12 @@ absl::StatusOr<TapePlan> PlanTape(const Graph& g, const Recording& rec) {
   };
 
   for (size_t i = 0; i < g.inputs().size(); ++i) {
-    // Static tensors and scalars are constants; other tensors are rebound per call.
+    // Static tensors and scalars are constants; other tensors, and scalars that are data (Note
+    // [Scalars bound per call]), are rebound per call.
     const ValueId v = g.inputs()[i];
-    if (rec.values[v].is_tensor && !rec.baked(g, static_cast<int>(i))) {
+    const bool per_call = rec.values[v].is_tensor ? !rec.baked(g, static_cast<int>(i))
+                                                  : g.is_per_call_scalar(static_cast<int>(i));
+    if (per_call) {
       new_slot(v);
       plan.input_slots.emplace_back(static_cast<int>(i), val[v].slot);
     } else {

@@ -6,8 +6,9 @@
 // each value of the graph as either
 //   - constant: non-tensor values, static inputs (parameters: their address is checked by the
 //     engine), planned arena buffers, and views of those (precomputed once); or
-//   - per call, in a slot: non-static inputs (rebound, never copied), and results of ops that
-//     must run functionally (no out= variant, or an argument that changes per call);
+//   - per call, in a slot: non-static inputs (rebound, never copied), scalar inputs that are
+//     data (Note [Scalars bound per call] in graph.h), and results of ops that must run
+//     functionally (no out= variant, or an argument that changes per call);
 // and each node by its Decision below. The arena requests (one buffer per out= result, with its
 // lifetime in node indices) come with it. The emitter (kernel_tape.cc) then plans the arena and
 // turns the plan into steps; it decides nothing the plan has not.

@@ -14,15 +14,25 @@ struct OutArg {  // Tensor(a!) out: always a planned arena buffer
   at::Tensor& get(const Slots&) const { return value; }
 };
 template <class T, class Ref = const T&>
-struct ConstArg {  // Scalar, Scalar?, int, bool: constants under one guard key
+struct ConstArg {  // int, bool: constants under one guard key
   using type = Ref;
   T value;
   Ref get(const Slots&) const { return value; }
 };
-using ScalarArg = ConstArg<c10::Scalar>;
-using OptScalarArg = ConstArg<std::optional<c10::Scalar>>;
 using IntArg = ConstArg<int64_t, int64_t>;
 using BoolArg = ConstArg<bool, bool>;
+template <class T>
+struct NumberArg {  // Scalar, Scalar?: a constant, or a scalar input bound per call
+  using type = const T&;
+  mutable T value;  // a tape runs on one thread
+  int slot = -1;
+  const T& get(const Slots& s) const {
+    if (slot >= 0) value = s[slot].toScalar();
+    return value;
+  }
+};
+using ScalarArg = NumberArg<c10::Scalar>;
+using OptScalarArg = NumberArg<std::optional<c10::Scalar>>;
 
 template <class... A>
 class TypedOpCall final : public TypedCall {
@@ -49,10 +59,12 @@ bool FillArg(const c10::IValue& v, bool per_call, int slot, A* a) {
     if (per_call || !v.isTensor()) return false;
     a->value = v.toTensor();
   } else if constexpr (std::is_same_v<A, ScalarArg>) {
-    if (per_call || !v.isScalar()) return false;
+    if (per_call) return (a->slot = slot), true;
+    if (!v.isScalar()) return false;
     a->value = v.toScalar();
   } else if constexpr (std::is_same_v<A, OptScalarArg>) {
-    if (per_call || !(v.isNone() || v.isScalar())) return false;
+    if (per_call) return (a->slot = slot), true;
+    if (!(v.isNone() || v.isScalar())) return false;
     a->value = v.isNone() ? std::nullopt : std::optional<c10::Scalar>(v.toScalar());
   } else if constexpr (std::is_same_v<A, IntArg>) {
     if (per_call || !v.isInt()) return false;

@@ -16,7 +16,8 @@
 
 namespace torchreplay::capture {
 
-// A replay's per-call values (non-static inputs, results of functional steps), by slot.
+// A replay's per-call values (non-static inputs, scalar inputs bound per call, results of
+// functional steps), by slot.
 using Slots = std::vector<c10::IValue>;
 
 class TypedCall {

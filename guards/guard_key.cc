@@ -87,9 +87,11 @@ bool Matches(const InputGuard& g, const c10::IValue& v) {
              t.storage_offset() == g.storage_offset && SameDims(g.sizes, t.sizes()) &&
              SameDims(g.strides, t.strides());
     }
-    case InputGuard::Kind::kInt: return v.isInt() && v.toInt() == g.int_value;
-    case InputGuard::Kind::kFloat: return v.isDouble() && SameFloat(v.toDouble(), g.float_value);
-    case InputGuard::Kind::kBool: return v.isBool() && v.toBool() == static_cast<bool>(g.int_value);
+    case InputGuard::Kind::kInt: return v.isInt() && (g.per_call || v.toInt() == g.int_value);
+    case InputGuard::Kind::kFloat:
+      return v.isDouble() && (g.per_call || SameFloat(v.toDouble(), g.float_value));
+    case InputGuard::Kind::kBool:
+      return v.isBool() && (g.per_call || v.toBool() == static_cast<bool>(g.int_value));
     case InputGuard::Kind::kNone: return v.isNone();
     case InputGuard::Kind::kOther: return !v.isTensor() && !v.isInt() && !v.isDouble() && !v.isBool() && !v.isNone();
     case InputGuard::Kind::kNotPlainTensor:
@@ -105,9 +107,11 @@ std::string Describe(const InputGuard& g) {
     case InputGuard::Kind::kTensor:
       return absl::StrCat(c10::toString(g.dtype), Dims(g.sizes), "/", Dims(g.strides), "+",
                           g.storage_offset, " ", g.device.str());
-    case InputGuard::Kind::kInt: return absl::StrCat("int=", g.int_value);
-    case InputGuard::Kind::kFloat: return absl::StrCat("float=", g.float_value);
-    case InputGuard::Kind::kBool: return absl::StrCat("bool=", g.int_value ? "True" : "False");
+    case InputGuard::Kind::kInt: return g.per_call ? "int=*" : absl::StrCat("int=", g.int_value);
+    case InputGuard::Kind::kFloat:
+      return g.per_call ? "float=*" : absl::StrCat("float=", g.float_value);
+    case InputGuard::Kind::kBool:
+      return g.per_call ? "bool=*" : absl::StrCat("bool=", g.int_value ? "True" : "False");
     case InputGuard::Kind::kNone: return "None";
     case InputGuard::Kind::kOther: return "other";
     case InputGuard::Kind::kNotPlainTensor: return "tensor (not plain)";
@@ -120,13 +124,24 @@ std::string Describe(const InputGuard& g) {
 bool InputGuard::operator==(const InputGuard& o) const {
   return kind == o.kind && dtype == o.dtype && device == o.device && sizes == o.sizes &&
          strides == o.strides && storage_offset == o.storage_offset && int_value == o.int_value &&
-         SameFloat(float_value, o.float_value);
+         SameFloat(float_value, o.float_value) && per_call == o.per_call;
 }
 
-GuardKey GuardKey::FromInputs(const std::vector<c10::IValue>& inputs) {
+GuardKey GuardKey::FromInputs(const std::vector<c10::IValue>& inputs,
+                              const std::vector<bool>& per_call) {
   GuardKey k;
   k.inputs_.reserve(inputs.size());
-  for (const auto& v : inputs) k.inputs_.push_back(GuardOf(v));
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    InputGuard g = GuardOf(inputs[i]);
+    const bool scalar = g.kind == InputGuard::Kind::kInt || g.kind == InputGuard::Kind::kFloat ||
+                        g.kind == InputGuard::Kind::kBool;
+    if (scalar && i < per_call.size() && per_call[i]) {
+      g.per_call = true;
+      g.int_value = 0;
+      g.float_value = 0.0;
+    }
+    k.inputs_.push_back(std::move(g));
+  }
   return k;
 }
 

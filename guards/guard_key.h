@@ -1,7 +1,8 @@
 // guards/guard_key.h: the shape-guard key of a call, and why two keys differ.
 //
 // A key covers every input: for a tensor its dtype, device, sizes, strides and storage offset; for
-// a symbolic scalar its value. One captured graph exists per key. The common case, a call with the
+// a symbolic scalar its value, or only its kind for a scalar bound per call (Note [Scalars bound
+// per call] in capture/graph.h). One captured graph exists per key. The common case, a call with the
 // same key as the previous one, is checked by Matches() without building a key or allocating.
 #pragma once
 
@@ -36,12 +37,13 @@ struct InputGuard {
   int64_t storage_offset = 0;
   int64_t int_value = 0;     // kInt, kBool
   double float_value = 0.0;  // kFloat
+  bool per_call = false;     // kInt, kFloat, kBool: the value is bound per call, not guarded
 
   bool operator==(const InputGuard& o) const;
   template <typename H>
   friend H AbslHashValue(H h, const InputGuard& g) {
     h = H::combine(std::move(h), g.kind, g.dtype, g.device.type(), g.device.index(),
-                   g.storage_offset, g.int_value);
+                   g.storage_offset, g.int_value, g.per_call);
     h = H::combine_contiguous(std::move(h), g.sizes.data(), g.sizes.size());
     return H::combine_contiguous(std::move(h), g.strides.data(), g.strides.size());
   }
@@ -50,13 +52,16 @@ struct InputGuard {
 class GuardKey {
  public:
   GuardKey() = default;
-  static GuardKey FromInputs(const std::vector<c10::IValue>& inputs);
+  // `per_call[i]` set: input i's value, if a scalar, is bound per call and only its kind is
+  // guarded (Graph::per_call_scalars). Empty: every value is guarded.
+  static GuardKey FromInputs(const std::vector<c10::IValue>& inputs,
+                             const std::vector<bool>& per_call = {});
 
-  // True iff FromInputs(inputs) == *this; allocation-free.
+  // True iff FromInputs(inputs, the same per_call) == *this; allocation-free.
   bool Matches(const std::vector<c10::IValue>& inputs) const;
 
   const std::vector<InputGuard>& inputs() const { return inputs_; }
-  std::string ToString() const;  // "(f32[100, 128]/[128, 1]+0 cpu, int=3)"
+  std::string ToString() const;  // "(f32[100, 128]/[128, 1]+0 cpu, int=3, float=*)"
 
   bool operator==(const GuardKey& o) const { return inputs_ == o.inputs_; }
   template <typename H>
