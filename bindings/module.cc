@@ -386,6 +386,10 @@ py::dict StatsToDict(const replay::EngineStats& s) {
   d["captures"] = s.captures;
   d["warmups"] = s.warmups;
   d["eager_fallbacks"] = s.eager_fallbacks;
+  d["misses"] = s.misses;
+  d["evictions"] = s.evictions;
+  d["cache_entries"] = s.cache_entries;
+  d["last_miss"] = s.last_miss;
   d["pool_bytes"] = s.pool_bytes;
   py::list log;
   for (const auto& c : s.capture_log) {
@@ -475,7 +479,7 @@ PYBIND11_MODULE(_C, m) {
   py::class_<replay::EngineOptions> options(
       m, "EngineOptions",
       "Every setting of an engine, by name: EngineOptions(mode='reduce-overhead', warmup_iters=1, "
-      "capture_limit=64, clone_outputs=False, preserve_outputs=False, name='graph', bound_inputs=0, "
+      "capture_limit=64, cache_limit=256, clone_outputs=False, preserve_outputs=False, name='graph', bound_inputs=0, "
       "dump_dir='', prepared_steps=True, log_level=2). Unset fields take the defaults, with the "
       "environment's switches (TORCHREPLAY_PREPARED_ITERATORS, TORCHREPLAY_LOG_LEVEL) applied.");
   options
@@ -514,20 +518,24 @@ PYBIND11_MODULE(_C, m) {
           [](replay::EngineOptions& o, int level) { o.log_level = ToLogLevel(level); })
       .def("__repr__", [](py::object o) {
         std::vector<std::string> parts;
-        for (const char* f : {"mode", "warmup_iters", "capture_limit", "clone_outputs",
+        for (const char* f : {"mode", "warmup_iters", "capture_limit", "cache_limit", "clone_outputs",
                               "preserve_outputs", "name", "bound_inputs", "dump_dir",
                               "prepared_steps", "log_level"}) {
           parts.push_back(absl::StrCat(f, "=", py::repr(o.attr(f)).cast<std::string>()));
         }
         return absl::StrCat("EngineOptions(", absl::StrJoin(parts, ", "), ")");
       });
-  for (const auto& [name, field] : {std::pair{"warmup_iters", &replay::EngineOptions::warmup_iters},
-                                    std::pair{"capture_limit", &replay::EngineOptions::capture_limit},
-                                    std::pair{"bound_inputs", &replay::EngineOptions::bound_inputs}}) {
+  for (const auto& [name, field, least] :
+       {std::tuple{"warmup_iters", &replay::EngineOptions::warmup_iters, 0},
+        std::tuple{"capture_limit", &replay::EngineOptions::capture_limit, 0},
+        std::tuple{"cache_limit", &replay::EngineOptions::cache_limit, 1},
+        std::tuple{"bound_inputs", &replay::EngineOptions::bound_inputs, 0}}) {
     options.def_property(
         name, [field = field](const replay::EngineOptions& o) { return o.*field; },
-        [name = std::string(name), field = field](replay::EngineOptions& o, int n) {
-          if (n < 0) throw py::value_error("torchreplay: " + name + " must be >= 0");
+        [name = std::string(name), field = field, least = least](replay::EngineOptions& o, int n) {
+          if (n < least) {
+            throw py::value_error(absl::StrCat("torchreplay: ", name, " must be >= ", least));
+          }
           o.*field = n;
         });
   }

@@ -51,7 +51,14 @@ Arena::Arena(c10::Device device) {
 }
 
 void Arena::Reserve(int64_t nbytes) {
-  if (nbytes <= bytes()) return;
+  if (nbytes > bytes()) Resize(nbytes);
+}
+
+void Arena::Shrink(int64_t nbytes) {
+  if (nbytes < bytes()) Resize(nbytes);
+}
+
+void Arena::Resize(int64_t nbytes) {  // a new block under the same StorageImpl: views follow
   c10::StorageImpl* impl = storage_.unsafeGetStorageImpl();
   impl->set_data_ptr_noswap(impl->allocator()->allocate(nbytes));
   impl->set_nbytes(nbytes);

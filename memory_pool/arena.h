@@ -41,6 +41,9 @@ class Arena {
   // Makes the arena at least `nbytes` large. Existing views stay valid (their contents do not:
   // callers only grow between runs, when nothing in the arena is live).
   void Reserve(int64_t nbytes);
+  // Makes the arena `nbytes` large if it is larger, freeing the rest. Views beyond `nbytes` must
+  // be gone, and nothing in the arena may be live (callers shrink between runs).
+  void Shrink(int64_t nbytes);
 
   const c10::Storage& storage() const { return storage_; }
   int64_t bytes() const { return static_cast<int64_t>(storage_.nbytes()); }
@@ -48,6 +51,7 @@ class Arena {
   bool Overlaps(const void* p, int64_t n) const;
 
  private:
+  void Resize(int64_t nbytes);
   c10::Storage storage_;
 };
 

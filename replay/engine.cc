@@ -18,6 +18,7 @@
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "capture/cuda_graph.h"
 #include "capture/kernel_tape.h"
 #include "capture/recording.h"
@@ -71,6 +72,8 @@ struct Engine::Entry {
   std::vector<bool> baked;                               // inputs baked in (static, not moving)
   std::vector<int> moves;                                // per input: times its address moved
   std::string fallback_reason;                           // set: this key runs eagerly
+  bool admitted = false;                                 // counts against capture_limit
+  uint64_t last_used = 0;                                // ThreadState::tick when last looked up
 };
 
 struct Engine::ThreadState {
@@ -80,8 +83,12 @@ struct Engine::ThreadState {
   guards::GuardKey last_key;
   Entry* last = nullptr;
   int captured = 0;                // captures done (recaptures of a key included)
-  int admitted = 0;                // keys allowed to capture: at most capture_limit
+  int admitted = 0;                // keys held that may capture: at most capture_limit
   bool limit_logged = false;
+  uint64_t tick = 0;               // lookups so far: the cache's recency clock
+  // Consecutive misses, and per input how many of them changed it (Note [A bounded cache]).
+  int miss_streak = 0;
+  std::vector<int> changed_in_streak;
   // Storages handed out by the last replay that alias the pool (Note [Handed-out outputs]).
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> handed_out;
 };
@@ -138,44 +145,130 @@ EngineStats Engine::stats() const {
   s.captures = captures_;
   s.warmups = warmups_;
   s.eager_fallbacks = eager_fallbacks_;
+  s.misses = misses_;
+  s.evictions = evictions_;
   absl::MutexLock lock(&mu_);
   for (const auto& [id, ts] : threads_) {
     s.pool_bytes = std::max(s.pool_bytes, ts->arena.bytes() + ts->cuda_pool.bytes());
+    s.cache_entries += static_cast<int64_t>(ts->cache.size());
   }
   s.capture_log = capture_log_;
   s.fallback_reasons = fallback_reasons_;
+  s.last_miss = last_miss_;
   return s;
 }
+
+namespace {
+template <class T>
+void AppendBounded(std::vector<T>* log, T item) {
+  if (log->size() >= EngineStats::kLogLength) log->erase(log->begin());
+  log->push_back(std::move(item));
+}
+}  // namespace
 
 void Engine::Fallback(Entry& e, std::string reason) {
   Log(LogLevel::kWarning, absl::StrCat("key ", e.key.ToString(), " runs eagerly: ", reason));
   e.fallback_reason = reason;
   e.recording.reset();
   absl::MutexLock lock(&mu_);
-  fallback_reasons_.push_back(std::move(reason));
+  AppendBounded(&fallback_reasons_, std::move(reason));
+}
+
+// Note [A bounded cache]
+// Every key a thread has seen would otherwise stay in its cache with its warm-up recording, so a
+// stream of new keys (a position or step counter that decides a shape, a new batch size each
+// call) would grow memory without bound. A thread holds at most cache_limit keys; a new key
+// beyond that evicts the least recently looked-up one (never the key being run). An evicted key
+// that comes back is a new key again: warmed up and captured anew, or run eagerly past the
+// capture limit. Evicting a captured key frees its captured graph, frees its admission under
+// capture_limit (so a later key may capture), and shrinks the CPU arena to the largest need of
+// the captured keys left (outputs still handed out from it are copied out first, as when the
+// engine goes). Misses are counted with their key diff; when 8 calls in a row miss, the inputs
+// that changed on each of them are logged once: such a graph never replays.
+
+std::string Engine::NoteMiss(ThreadState& ts, const guards::GuardKey& key) {
+  ++misses_;
+  std::string diff = ts.cache.empty() ? "no graph yet" : guards::Diff(ts.last_key, key);
+  {
+    absl::MutexLock lock(&mu_);
+    last_miss_ = diff;
+  }
+  const std::vector<guards::InputGuard>& now = key.inputs();
+  const std::vector<guards::InputGuard>& before = ts.last_key.inputs();  // empty at first
+  if (ts.miss_streak++ == 0) ts.changed_in_streak.assign(now.size(), 0);
+  for (size_t i = 0; i < now.size() && before.size() == now.size(); ++i) {
+    ts.changed_in_streak[i] += !(before[i] == now[i]);
+  }
+  constexpr int kChurn = 8;
+  if (ts.miss_streak < kChurn || churn_logged_.exchange(true)) return diff;
+  std::vector<std::string> changing;
+  for (size_t i = 0; i < now.size(); ++i) {
+    if (ts.changed_in_streak[i] < kChurn - 1) continue;  // the first call has nothing before it
+    const guards::InputGuard::Kind kind = now[i].kind;
+    const bool scalar = kind == guards::InputGuard::Kind::kInt ||
+                        kind == guards::InputGuard::Kind::kFloat ||
+                        kind == guards::InputGuard::Kind::kBool;
+    changing.push_back(absl::StrCat(scalar ? "scalar " : "", "input ", i, " (",
+                                    graph_->values()[graph_->inputs()[i]].name, ")"));
+  }
+  Log(LogLevel::kWarning,
+      absl::StrCat("the last ", kChurn, " calls each had a new guard key",
+                   changing.empty() ? "" : absl::StrCat(" (", absl::StrJoin(changing, ", "),
+                                                        " changed on each)"),
+                   ": every call runs eagerly, none replays. Latest change: ", diff,
+                   ". A scalar that decides a shape is guarded by its value."));
+  return diff;
+}
+
+void Engine::Evict(ThreadState& ts, const Entry* keep) {
+  auto victim = ts.cache.end();
+  for (auto it = ts.cache.begin(); it != ts.cache.end(); ++it) {
+    if (it->second.get() == keep) continue;
+    if (victim == ts.cache.end() || it->second->last_used < victim->second->last_used) victim = it;
+  }
+  if (victim == ts.cache.end()) return;
+  const Entry& e = *victim->second;
+  ts.admitted -= e.admitted;
+  if (ts.last == &e) ts.last = nullptr;
+  const bool captured = e.graph != nullptr;
+  ts.cache.erase(victim);
+  ++evictions_;
+  if (!captured) return;
+  int64_t need = 0;
+  for (const auto& [key, entry] : ts.cache) {
+    if (entry->graph != nullptr) need = std::max(need, entry->graph->info().arena_bytes);
+  }
+  if (need < ts.arena.bytes()) {
+    ReleaseOutputs(ts, {}, /*copy_all=*/true);  // handed-out outputs may live in what goes
+    ts.arena.Shrink(need);
+  }
 }
 
 absl::StatusOr<Engine::Entry*> Engine::Lookup(ThreadState& ts,
                                               const std::vector<c10::IValue>& inputs) {
-  guards::GuardKey key = guards::GuardKey::FromInputs(inputs);
+  guards::GuardKey key = guards::GuardKey::FromInputs(inputs, graph_->per_call_scalars());
   auto it = ts.cache.find(key);
   if (it != ts.cache.end()) {
     ts.last_key = key;
+    it->second->last_used = ++ts.tick;
+    ts.miss_streak = 0;
     return it->second.get();
   }
   if (auto s = capture::CheckInputs(*graph_, inputs, options_.bound_inputs); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("graph '", options_.name, "': ", s.message()));
   }
   auto entry = std::make_unique<Entry>();
+  entry->reason = NoteMiss(ts, key);
   entry->key = key;
+  entry->last_used = ++ts.tick;
   for (int i = 0; i < static_cast<int>(inputs.size()); ++i) {
     entry->baked.push_back(graph_->is_static_input(i));
   }
   entry->moves.assign(inputs.size(), 0);
-  entry->reason = ts.cache.empty() ? "no graph yet" : guards::Diff(ts.last_key, key);
   Entry* e = entry.get();
   ts.cache.emplace(key, std::move(entry));
   ts.last_key = std::move(key);
+  while (static_cast<int>(ts.cache.size()) > std::max(1, options_.cache_limit)) Evict(ts, e);
   // A tensor that is not plain dense strided memory (a lazy conjugate or negative view, sparse,
   // nested, a subclass or wrapper) means what its dispatch keys make of it, and a captured kernel
   // runs below them: calls with one run eagerly (the guard gives all of them one key per input).
@@ -190,6 +283,7 @@ absl::StatusOr<Engine::Entry*> Engine::Lookup(ThreadState& ts,
   // at once, and all of them together must stay within the limit.
   if (ts.admitted < options_.capture_limit) {
     ++ts.admitted;
+    e->admitted = true;
   } else {
     std::string reason = absl::StrCat("capture limit (", options_.capture_limit,
                                       " keys) reached; new key: ", e->reason);
@@ -311,7 +405,7 @@ absl::Status Engine::Capture(ThreadState& ts, Entry& e, const std::vector<c10::I
                       info.tensor_bytes, " B of tensors, pool ", ts.arena.bytes(), " B, ", ms,
                       " ms"));
   absl::MutexLock lock(&mu_);
-  capture_log_.push_back(std::move(rec));
+  AppendBounded(&capture_log_, std::move(rec));
   return absl::OkStatus();
 }
 
@@ -399,6 +493,7 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::Run(std::vector<c10::IValue> in
   Entry* e = nullptr;
   if (ts.last != nullptr && ts.last->key.Matches(inputs)) {
     e = ts.last;  // the common case: same key as the previous call, checked without allocating
+    ts.miss_streak = 0;
   } else {
     auto found = Lookup(ts, inputs);
     if (!found.ok()) return found.status();

@@ -4,6 +4,10 @@
 // for the key -> (hit) bind inputs, replay, hand out outputs. The semantics it keeps (DESIGN.md):
 //   - replay equals eager; one captured graph per key, at most `capture_limit` keys, after which
 //     new keys run eagerly and that is logged once;
+//   - memory is bounded under any stream of keys: at most `cache_limit` keys are held, the least
+//     recently used evicted (a captured one releases its share of the pool); calls whose key is
+//     new are counted with the latest key diff, and a graph whose key changes on every call is
+//     logged once (Note [A bounded cache]);
 //   - static inputs are baked in; if one moves, the key is recaptured, never replayed stale;
 //   - non-static inputs are rebound per call on the CPU (copied into placeholders on CUDA, and
 //     copied back when mutated), so in-place ops on them reach the caller's tensors;
@@ -31,6 +35,7 @@
 #include "capture/graph.h"
 #include "capture/interpreter.h"
 #include "capture/captured_graph.h"
+#include "guards/guard_key.h"
 
 namespace torchreplay::replay {
 
@@ -46,6 +51,9 @@ struct EngineOptions {
   int warmup_iters = 1;
   // Keys captured per engine and thread; calls with further new keys run eagerly.
   int capture_limit = 64;
+  // Keys held per engine and thread (captured, warming up or running eagerly), at least 1; the
+  // least recently used is evicted beyond it.
+  int cache_limit = 256;
   // Hand out copies of pool outputs instead of views (no invalidation; one copy per pool
   // buffer, so outputs that alias each other, y and y.t(), still do).
   bool clone_outputs = false;
@@ -80,9 +88,15 @@ struct CaptureRecord {
 
 struct EngineStats {
   int64_t calls = 0, replays = 0, captures = 0, warmups = 0, eager_fallbacks = 0;
+  int64_t misses = 0;     // calls whose key was not held (new, or evicted): each ran eagerly
+  int64_t evictions = 0;  // keys dropped by the cache_limit
+  int64_t cache_entries = 0;  // keys held now, all threads
   int64_t pool_bytes = 0;  // largest pool of any thread
+  std::string last_miss;   // why the latest miss had a new key: the key diff
+  // The latest captures and fallbacks (at most kLogLength each; the counts above are complete).
   std::vector<CaptureRecord> capture_log;
   std::vector<std::string> fallback_reasons;
+  static constexpr size_t kLogLength = 64;
 };
 
 class Engine {
@@ -120,6 +134,11 @@ class Engine {
   void ReleaseOutputs(ThreadState& ts, const std::vector<c10::IValue>& inputs,
                       bool copy_all = false);
   void Fallback(Entry& e, std::string reason);
+  // A call whose key is not held: counts it, logs once a graph whose key keeps changing, and
+  // returns why the key is new (the diff from the previous call's key).
+  std::string NoteMiss(ThreadState& ts, const guards::GuardKey& key);
+  // Drops the least recently used key other than `keep`, shrinking the pool to what is left.
+  void Evict(ThreadState& ts, const Entry* keep);
   void Log(LogLevel level, const std::string& message) const;
 
   const uint64_t id_;  // unique in the process (Note [Per-thread state lookup])
@@ -128,11 +147,14 @@ class Engine {
   capture::Interpreter interpreter_;
   std::string invalidated_msg_;
 
-  std::atomic<int64_t> calls_{0}, replays_{0}, captures_{0}, warmups_{0}, eager_fallbacks_{0};
+  std::atomic<int64_t> calls_{0}, replays_{0}, captures_{0}, warmups_{0}, eager_fallbacks_{0},
+      misses_{0}, evictions_{0};
+  std::atomic<bool> churn_logged_{false};
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::thread::id, std::unique_ptr<ThreadState>> threads_ ABSL_GUARDED_BY(mu_);
   std::vector<CaptureRecord> capture_log_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> fallback_reasons_ ABSL_GUARDED_BY(mu_);
+  std::string last_miss_ ABSL_GUARDED_BY(mu_);
 };
 
 // The log level engines made from now on get (EngineOptions::Defaults), and the current one.

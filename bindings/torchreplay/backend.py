@@ -48,7 +48,7 @@ def engine_options(config: CompilerConfig, name: str, **fields: Any) -> Any:
     """The C++ engine's options for one graph compiled with `config` (plus `fields`)."""
     ro, dump = config.reduce_overhead, config.debug.graph_dump
     return _C.EngineOptions(mode=config.mode, warmup_iters=ro.warmup_iters, capture_limit=ro.capture_limit,
-                            clone_outputs=ro.clone_outputs, name=name,
+                            cache_limit=ro.cache_limit, clone_outputs=ro.clone_outputs, name=name,
                             dump_dir=os.path.abspath(dump.path) if dump.type in ("txt", "dot") else "",
                             **fields)
 

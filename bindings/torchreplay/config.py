@@ -62,6 +62,7 @@ class ReduceOverheadConfig(_Section):
     _fields = {
         "warmup_iters": (1, _is_int_at_least(0), "eager runs of a new shape before it is captured"),
         "capture_limit": (64, _is_int_at_least(0), "shapes captured per graph; later new shapes run eagerly"),
+        "cache_limit": (256, _is_int_at_least(1), "shapes held per graph; the least recently used is evicted"),
         "clone_outputs": (False, _is_bool, "hand out copies instead of views of the static pool"),
     }
 
@@ -107,6 +108,7 @@ class CompilerConfig(_Section):
         "post_grad_custom_post_pass": ("post_grad_custom_post_pass",),
         "warmup_iters": ("reduce_overhead", "warmup_iters"),
         "capture_limit": ("reduce_overhead", "capture_limit"),
+        "cache_limit": ("reduce_overhead", "cache_limit"),
         "clone_outputs": ("reduce_overhead", "clone_outputs"),
         "run_eagerly": ("debug", "run_eagerly"),
         "graph_dump_type": ("debug", "graph_dump", "type"),
