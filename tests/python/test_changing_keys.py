@@ -1,0 +1,165 @@
+"""Scalars that change every call, and keys that never repeat: scalars that are data are bound per
+call (one capture, then replays, bitwise equal to eager); scalars that decide shapes stay in the
+guard key; the per-thread cache is bounded (LRU eviction, the pool shrunk, RSS flat) and says
+why calls miss (Note [Scalars bound per call] in capture/graph.h, Note [A bounded cache] in
+replay/engine.cc)."""
+import random
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from configs import backend
+from torchreplay import _C
+from torchreplay.lowering import lower
+
+
+def engine_for(fn, example_inputs, **opts):
+    gm = make_fx(fn)(*example_inputs)
+    return _C.Engine(lower(gm, example_inputs), _C.EngineOptions(**opts))
+
+
+def counts(stats):
+    return {k: stats[k] for k in ("calls", "replays", "captures", "warmups", "misses")}
+
+
+def sin_loop(x, s):
+    y = x
+    for _ in range(10):
+        y = torch.sin(y) * s + 1
+    return y
+
+
+@pytest.mark.parametrize("values", ["int", "float"])
+def test_a_scalar_that_changes_every_call_is_captured_once_and_replayed(values):
+    b = backend()
+    c = torch.compile(sin_loop, backend=b, dynamic=True)
+    x = torch.randn(64)
+    rng = random.Random(0)
+    for i in range(300):
+        s = i + 2 if values == "int" else rng.uniform(-3.0, 3.0)
+        assert torch.equal(c(x, s), sin_loop(x, s)), (i, s)
+    (stats,) = b.stats()
+    assert counts(stats) == {"calls": 300, "replays": 299, "captures": 1, "warmups": 1, "misses": 1}
+    assert "=*" in stats["capture_log"][0]["key"]  # the scalar's kind is guarded, not its value
+
+
+class DemoModel(nn.Module):
+    """Seed 001's model: a parameter, a buffer, a tensor input and a scalar input."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("running_mean", torch.randn(64))
+        self.linear1 = nn.Linear(128, 64)
+
+    def forward(self, x, scale_factor):
+        return (self.linear1(x) - self.running_mean) * scale_factor
+
+
+def test_the_demo_model_with_a_new_scale_factor_every_call_replays():
+    torch.manual_seed(0)
+    model = DemoModel()
+    b = backend()
+    c = torch.compile(model, dynamic=True, fullgraph=True, backend=b)
+    x = torch.randn(100, 128)
+    with torch.no_grad():
+        for i in range(100):
+            scale = 100 + 7 * i
+            assert torch.equal(c(x, scale), model(x, scale)), i
+    (stats,) = b.stats()
+    assert stats["captures"] == 1 and stats["replays"] == 99
+
+
+def test_a_scalar_that_decides_a_shape_stays_in_the_key():
+    def f(x, n):
+        return x[:n] * 2 + torch.arange(n)
+
+    b = backend()
+    c = torch.compile(f, backend=b, dynamic=True)
+    x = torch.randn(16)
+    for n in [3, 5, 3, 5, 3, 5, 3]:
+        assert torch.equal(c(x, n), f(x, n))
+    (stats,) = b.stats()
+    assert stats["captures"] == 2 and stats["replays"] == 5
+    assert "int=3" in stats["capture_log"][0]["key"]
+
+
+def test_a_float_scalar_of_a_half_graph_is_bitwise_eager():
+    # Reduced-precision kernels read the wrapped number's own (double) value: it is not cast.
+    f = lambda x, s: (x * s + s) / s
+    b = backend()
+    c = torch.compile(f, backend=b, dynamic=True)
+    x = torch.randn(32).half()
+    for s in [0.1, 1.7, -3.3, 1e-3, 65504.0, 2.5]:
+        assert torch.equal(c(x, s), f(x, s)), s
+    assert b.stats()[0]["replays"] >= 4
+
+
+def test_lru_eviction_order_and_misses_with_the_key_diff():
+    e = engine_for(lambda x: torch.relu(x) * 2, [torch.randn(4)], cache_limit=2, warmup_iters=0)
+    a, b_, c = torch.randn(4), torch.randn(5), torch.randn(6)
+    for x in [a, b_, a, c]:  # c evicts b (a was used after b)
+        assert torch.equal(e.run([x])[0], torch.relu(x) * 2)
+    s = e.stats()
+    assert (s["misses"], s["evictions"], s["cache_entries"]) == (3, 1, 2)
+    assert "sizes (4) -> (6)" in s["last_miss"]
+    e.run([a])  # still held
+    assert e.stats()["misses"] == 3
+    e.run([b_])  # evicted: a new key again, captured anew
+    s = e.stats()
+    assert (s["misses"], s["evictions"], s["captures"]) == (4, 2, 4)
+
+
+def test_evicting_the_largest_key_shrinks_the_pool_and_keeps_its_outputs():
+    e = engine_for(lambda x: torch.sin(x) + 1, [torch.randn(4)], cache_limit=1, warmup_iters=0)
+    big = torch.randn(100_000)
+    out_big = e.run([big])[0]
+    pool_big = e.stats()["pool_bytes"]
+    assert pool_big >= big.nbytes
+    small = torch.randn(10)
+    assert torch.equal(e.run([small])[0], torch.sin(small) + 1)
+    s = e.stats()
+    assert s["evictions"] == 1 and s["pool_bytes"] < 1024 < pool_big
+    assert torch.equal(out_big, torch.sin(big) + 1)  # copied out of the freed pool, not lost
+
+
+def test_an_evicted_key_frees_its_place_under_the_capture_limit():
+    e = engine_for(lambda x: x * 3, [torch.randn(4)], cache_limit=2, capture_limit=1, warmup_iters=0)
+    for n in [1, 2, 3, 3, 3]:  # 1 captured; 2 over the limit; 3 evicts 1, then may capture
+        x = torch.randn(n)
+        assert torch.equal(e.run([x])[0], x * 3)
+    s = e.stats()
+    assert s["captures"] == 2 and s["replays"] == 2 and s["eager_fallbacks"] == 1
+
+
+def test_a_graph_whose_key_changes_every_call_is_logged_once(capfd):
+    e = engine_for(lambda x: x + 1, [torch.randn(4)])
+    base = torch.randn(64)
+    for i in range(20):
+        e.run([base[i:i + 4]])
+    err = capfd.readouterr().err
+    assert err.count("each had a new guard key") == 1
+    assert "input 0 (" in err and "storage offset" in err
+    s = e.stats()
+    assert s["misses"] == 20 and s["replays"] == 0
+
+
+def rss_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def test_a_hundred_thousand_new_keys_keep_memory_flat():
+    e = engine_for(lambda x: torch.relu(x) * 2 + x, [torch.randn(8)], log_level=3)
+    base = torch.randn(100_008)
+    for i in range(2_000):  # allocator and interpreter warm
+        e.run([base[:8]])
+    before = rss_bytes()
+    for i in range(1, 100_001):
+        e.run([base[i:i + 8]])  # a new storage offset, a new key, every call
+    grown = rss_bytes() - before
+    s = e.stats()
+    assert s["misses"] == 100_001 and s["cache_entries"] == 256
+    assert s["evictions"] == 100_001 - 256 and s["replays"] == 1_999
+    assert grown < 5 * 2**20, f"RSS grew {grown / 2**20:.1f} MB"
