@@ -440,20 +440,25 @@ bool TakesDataScalar(const c10::TypePtr& type) {
 std::vector<bool> PerCallScalars(const Graph& g) {
   const size_t n = g.inputs().size();
   std::vector<bool> per_call(n, false);
-  std::vector<int> position(g.values().size(), -1);
-  for (size_t i = 0; i < n; ++i) {
-    const ValueInfo& info = g.values()[g.inputs()[i]];
+  for (ValueId v : g.inputs()) {
+    const ValueInfo& info = g.values()[v];
     if (info.spec.has_value() && info.spec->device != c10::DeviceType::CPU) return per_call;
-    const ValueType t = info.type;
-    if (t == ValueType::kInt || t == ValueType::kFloat || t == ValueType::kBool) {
-      position[g.inputs()[i]] = static_cast<int>(i);
-      per_call[i] = true;
-    }
   }
-  auto keyed = [&](ValueId v) {
-    if (position[v] >= 0) per_call[position[v]] = false;
-  };
-  for (const Node& node : g.nodes()) {
+  // Whether each value reaches kernels only as data, from its uses: nodes last to first, so a
+  // symbolic result is decided before its operands. pow, max and min are left out: the kind of
+  // their result (int or float) depends on the values.
+  std::vector<bool> data(g.values().size(), true);
+  auto keyed = [&](ValueId v) { data[v] = false; };
+  for (auto it = g.nodes().rbegin(); it != g.nodes().rend(); ++it) {
+    const Node& node = *it;
+    if (node.kind == NodeKind::kSymArith) {
+      const bool per_call_result = data[node.outputs[0]] && node.sym_op != SymOp::kPow &&
+                                   node.sym_op != SymOp::kMax && node.sym_op != SymOp::kMin;
+      if (!per_call_result) {
+        for (const Arg& arg : node.args) ForEachValueUse(arg, keyed);
+      }
+      continue;
+    }
     const bool shapes_from_scalars = node.kind == NodeKind::kOp &&
                                      (node.op->schema().name() == "aten::arange" ||
                                       node.op->schema().name() == "aten::range");
@@ -465,6 +470,11 @@ std::vector<bool> PerCallScalars(const Graph& g) {
       }
       ForEachValueUse(arg, keyed);
     }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const ValueId v = g.inputs()[i];
+    const ValueType t = g.values()[v].type;
+    per_call[i] = data[v] && (t == ValueType::kInt || t == ValueType::kFloat || t == ValueType::kBool);
   }
   return per_call;
 }

@@ -127,9 +127,10 @@ class Graph {
 //   - the CPU tape gives it a slot: Scalar arguments read it per call (typed and prepared steps
 //     too), and a number where a Tensor goes is a wrapped-number tensor made once at capture that
 //     replay writes the value into before the steps run (kernel_tape.cc).
-// A scalar that reaches a size, dim or list argument, symbolic arithmetic, or arange/range
-// (whose Scalar arguments decide the length) stays in the key, its value fixed per captured
-// graph. Graphs with a CUDA tensor input keep every scalar in the key: a CUDA graph bakes host
+// Symbolic arithmetic on such a scalar (s + 1, 1 / t) whose result is itself only data runs per
+// call too, as a tape step. A scalar that reaches a size, dim or list argument, arange/range
+// (whose Scalar arguments decide the length), or pow/max/min (whose result kind depends on the
+// values) stays in the key, its value fixed per captured graph. Graphs with a CUDA tensor input keep every scalar in the key: a CUDA graph bakes host
 // scalars into its kernels' launches.
 
 // Builds a Graph node by node; every call validates and returns a clear status on bad input

@@ -13,6 +13,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
+#include "capture/interpreter.h"
 #include "capture/prepared_pointwise.h"
 #include "capture/tape_plan.h"
 #include "capture/typed_call.h"
@@ -27,14 +28,17 @@ struct Patch {
 };
 
 struct Step {
-  enum class Kind : uint8_t { kCall, kGetItem };
+  enum class Kind : uint8_t { kCall, kGetItem, kSymArith };
   Kind kind = Kind::kCall;
   std::optional<c10::OperatorHandle> op;  // kCall
-  std::vector<c10::IValue> args;          // prebuilt stack
+  std::vector<c10::IValue> args;          // prebuilt stack (kSymArith: the operands)
   absl::InlinedVector<Patch, 4> patches;
   absl::InlinedVector<int, 2> out_slots;  // per return: slot to store it in, or -1
   int64_t index = 0;                      // kGetItem
+  SymOp sym_op = SymOp::kAdd;             // kSymArith
+  std::vector<at::Tensor> holders;        // kSymArith: wrapped numbers of its result (ScalarWrite)
   std::unique_ptr<TypedCall> typed;       // set for typed out= steps (Note [Typed steps])
+  std::string name;                       // kSymArith: the node, for errors
 };
 
 class KernelTape final : public CapturedGraph {
@@ -50,8 +54,9 @@ class KernelTape final : public CapturedGraph {
   std::string listing_;  // the plan, printed
   std::vector<Step> steps_;
   std::vector<std::pair<int, int>> input_slots_;  // (input position, slot)
-  // Scalars bound per call that go where a Tensor goes: the wrapped-number tensor each such step
-  // holds, written with the slot's value before the steps run (Note [Scalars bound per call]).
+  // Scalar inputs bound per call that go where a Tensor goes: the wrapped-number tensor the steps
+  // hold, written with the input's value before the steps run (Note [Scalars bound per call]).
+  // Results of kSymArith steps are written by the step (Step::holders).
   struct ScalarWrite {
     int slot = 0;
     at::Tensor holder;  // 0-dim, CPU; double, float, int64 or bool
@@ -97,6 +102,16 @@ absl::Status KernelTape::Replay(const std::vector<c10::IValue>& inputs,
     for (Step& s : steps_) {
       if (s.kind == Step::Kind::kGetItem) {
         slots_[s.out_slots[0]] = slots_[s.patches[0].slot].toList().get(s.index);
+        continue;
+      }
+      if (s.kind == Step::Kind::kSymArith) {
+        c10::IValue operands[2] = {s.args[0], s.args.size() > 1 ? s.args[1] : c10::IValue()};
+        for (const Patch& p : s.patches) operands[p.arg] = slots_[p.slot];
+        absl::StatusOr<c10::IValue> r = EvalSymArith(s.sym_op, operands[0], operands[1]);
+        TORCH_CHECK(r.ok(), "node '", s.name, "': ", r.status().message());
+        c10::IValue& out = slots_[s.out_slots[0]];
+        out = *std::move(r);
+        for (at::Tensor& h : s.holders) WriteNumber(out, &h);
         continue;
       }
       if (s.typed != nullptr) {
@@ -195,6 +210,9 @@ class Emitter {
           for (ValueId o : n.outputs) constants_[o] = rec_.values[o].scalar;
           ++tape_->info_.precomputed;
           break;
+        case TapePlan::Decision::kScalarStep:
+          ScalarStep(n);
+          break;
         case TapePlan::Decision::kPrecompute:
           if (auto s = Precompute(n); !s.ok()) return s;
           break;
@@ -214,7 +232,7 @@ class Emitter {
 
  private:
   // A step's prebuilt stack from the node's args; per-call values become patches.
-  void BuildArgs(const Node& n, Step* step) const {
+  void BuildArgs(const Node& n, Step* step) {
     for (size_t a = 0; a < n.args.size(); ++a) {
       const Arg& arg = n.args[a];
       const c10::TypePtr& type = n.arg_types[a];
@@ -251,23 +269,50 @@ class Emitter {
   }
 
   // The wrapped-number tensor that holds slot's scalar per call with `like`'s dtype (and, until
-  // the first replay writes it, value): one per slot and dtype, shared by the steps.
-  at::Tensor Holder(int slot, const at::Tensor& like) const {
-    for (const auto& w : tape_->scalar_writes_) {
-      if (w.slot == slot && w.holder.scalar_type() == like.scalar_type()) return w.holder;
+  // the first replay writes it, value): one per slot and dtype, shared by the steps, written by
+  // whatever gives the slot its value (the input binding, or a kSymArith step).
+  at::Tensor Holder(int slot, const at::Tensor& like) {
+    for (const auto& [s, h] : holders_) {
+      if (s == slot && h.scalar_type() == like.scalar_type()) return h;
     }
-    tape_->scalar_writes_.push_back({slot, like});
+    holders_.emplace_back(slot, like);
+    auto step = sym_step_of_slot_.find(slot);
+    if (step != sym_step_of_slot_.end()) {
+      tape_->steps_[step->second].holders.push_back(like);
+    } else {
+      tape_->scalar_writes_.push_back({slot, like});
+    }
     return like;
   }
 
   // A wrapped number cast to `dtype`; a holder's cast is the holder of that dtype.
-  at::Tensor Cast(const at::Tensor& wrapped, c10::ScalarType dtype) const {
+  at::Tensor Cast(const at::Tensor& wrapped, c10::ScalarType dtype) {
     at::Tensor cast = wrapped.to(dtype);
     cast.unsafeGetTensorImpl()->set_wrapped_number(true);
-    for (const auto& w : tape_->scalar_writes_) {
-      if (w.holder.is_same(wrapped)) return Holder(w.slot, cast);
+    for (const auto& [slot, h] : holders_) {
+      if (h.is_same(wrapped)) return Holder(slot, cast);
     }
     return cast;
+  }
+
+  void ScalarStep(const Node& n) {
+    Step step;
+    step.kind = Step::Kind::kSymArith;
+    step.sym_op = n.sym_op;
+    step.name = n.name;
+    for (size_t a = 0; a < n.args.size(); ++a) {
+      const Arg& arg = n.args[a];
+      if (arg.kind == Arg::Kind::kValue && !plan_.values[arg.value].constant) {
+        step.args.emplace_back();
+        step.patches.push_back(Patch{static_cast<int>(a), -1, plan_.values[arg.value].slot});
+      } else {
+        step.args.push_back(arg.kind == Arg::Kind::kValue ? constants_[arg.value] : arg.constant);
+      }
+    }
+    const int slot = plan_.values[n.outputs[0]].slot;
+    step.out_slots.push_back(slot);
+    sym_step_of_slot_[slot] = static_cast<int>(tape_->steps_.size());
+    tape_->steps_.push_back(std::move(step));
   }
 
   absl::Status Precompute(const Node& n) {
@@ -361,6 +406,8 @@ class Emitter {
   const CaptureOptions& options_;
   KernelTape* tape_;
   std::vector<c10::IValue> constants_;  // per value, once known
+  std::vector<std::pair<int, at::Tensor>> holders_;  // (slot, wrapped number): see Holder
+  absl::flat_hash_map<int, int> sym_step_of_slot_;   // slot -> the kSymArith step giving it
 };
 
 }  // namespace

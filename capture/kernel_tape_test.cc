@@ -158,7 +158,8 @@ TEST(KernelTapeTest, PlanSaysWhatEachNodeBecomes) {
 }
 
 // x, s (float), k (int): s and k reach kernels only as data (a wrapped number where a Tensor
-// goes, add's alpha, clamp_min's min, lerp's weight, leaky_relu's slope, a boxed step's fill).
+// goes, add's alpha, clamp_min's min, lerp's weight, leaky_relu's slope, a boxed step's fill),
+// also through symbolic arithmetic (k * 2, s + 1.5) computed per call.
 std::shared_ptr<const Graph> ScalarModel() {
   GraphBuilder b;
   const ValueId x = b.AddInput("x", ValueType::kTensor);
@@ -178,7 +179,12 @@ std::shared_ptr<const Graph> ScalarModel() {
   const ValueId l = op("aten::lerp.Scalar", {Arg::Ref(mk), Arg::Ref(x), Arg::Ref(s)});
   const ValueId r = op("aten::leaky_relu", {Arg::Ref(l), Arg::Ref(s)});
   const ValueId f = op("aten::fill.Scalar", {Arg::Ref(x), Arg::Ref(k)});
-  EXPECT_TRUE(b.SetOutputs({Arg::Ref(r), Arg::Ref(f), Arg::Ref(s)}).ok());
+  auto k2 = b.AddSymArith(SymOp::kMul, {Arg::Ref(k), Arg::Const(int64_t{2})});
+  auto s2 = b.AddSymArith(SymOp::kAdd, {Arg::Ref(s), Arg::Const(1.5)});
+  EXPECT_TRUE(k2.ok() && s2.ok());
+  const ValueId q = op("aten::mul.Tensor", {Arg::Ref(r), Arg::Ref(*k2)});
+  const ValueId z = op("aten::add.Tensor", {Arg::Ref(q), Arg::Ref(*s2)});
+  EXPECT_TRUE(b.SetOutputs({Arg::Ref(z), Arg::Ref(f), Arg::Ref(s)}).ok());
   auto g = b.Build();
   EXPECT_TRUE(g.ok()) << g.status();
   return *g;
@@ -200,11 +206,12 @@ TEST(KernelTapeTest, ScalarInputsAreReadPerCallBitwiseAsTheInterpreter) {
     memory_pool::Arena arena;
     auto tape = Capture(g, {at::randn({4, 8}), 0.5, int64_t{3}}, &arena, options);
     const CaptureInfo& info = tape->info();
-    EXPECT_EQ(info.steps, 7);  // nothing folded: every step reads s or k
+    EXPECT_EQ(info.steps, 11);  // nothing folded: every step reads s or k (two compute k*2, s+1.5)
 #if defined(__x86_64__)
-    EXPECT_EQ(info.prepared_steps, prepared ? 4 : 0);  // mul, add (alpha s), clamp_min (s), mul
+    // mul, add (alpha s), clamp_min (s), mul (k), mul (k*2), add (s+1.5)
+    EXPECT_EQ(info.prepared_steps, prepared ? 6 : 0);
 #endif
-    EXPECT_GE(info.typed_steps, 5);
+    EXPECT_GE(info.typed_steps, 7);
     std::mt19937 gen(prepared ? 1 : 2);
     std::uniform_real_distribution<double> real(-4.0, 4.0);
     std::uniform_int_distribution<int64_t> integer(-1000, 1000);
@@ -232,24 +239,32 @@ TEST(KernelTapeTest, ScalarsThatDecideShapesStayInTheKey) {
   const ValueId n = b.AddInput("n", ValueType::kInt);
   const ValueId e = b.AddInput("e", ValueType::kInt);
   const ValueId s = b.AddInput("s", ValueType::kInt);
-  auto v = b.AddOp("aten::view", {Arg::Ref(x), Arg::List({Arg::Ref(n), Arg::Const(int64_t{-1})})});
+  const ValueId p = b.AddInput("p", ValueType::kInt);
+  auto p1 = b.AddSymArith(SymOp::kAdd, {Arg::Ref(p), Arg::Const(int64_t{1})});
+  ASSERT_TRUE(p1.ok());
+  auto v = b.AddOp("aten::view",
+                   {Arg::Ref(x), Arg::List({Arg::Ref(n), Arg::Ref(*p1), Arg::Const(int64_t{-1})})});
   ASSERT_TRUE(v.ok()) << v.status();
   auto r = b.AddOp("aten::arange", {Arg::Ref(e)});
   ASSERT_TRUE(r.ok()) << r.status();
-  auto twice = b.AddSymArith(SymOp::kMul, {Arg::Ref(s), Arg::Const(int64_t{2})});
-  ASSERT_TRUE(twice.ok());
-  auto m = b.AddOp("aten::mul.Tensor", {Arg::Ref((*v)[0]), Arg::Ref(*twice)});
+  auto squared = b.AddSymArith(SymOp::kPow, {Arg::Ref(s), Arg::Const(int64_t{2})});
+  ASSERT_TRUE(squared.ok());
+  auto m = b.AddOp("aten::mul.Tensor", {Arg::Ref((*v)[0]), Arg::Ref(*squared)});
   ASSERT_TRUE(m.ok()) << m.status();
   ASSERT_TRUE(b.SetOutputs({Arg::Ref((*m)[0]), Arg::Ref((*r)[0])}).ok());
   auto g = *b.Build();
   EXPECT_FALSE(g->is_per_call_scalar(1));  // a size in a list
   EXPECT_FALSE(g->is_per_call_scalar(2));  // arange's end decides its length
-  EXPECT_FALSE(g->is_per_call_scalar(3));  // symbolic arithmetic
-  const std::vector<c10::IValue> in = {at::randn({4, 6}), int64_t{2}, int64_t{5}, int64_t{3}};
+  EXPECT_FALSE(g->is_per_call_scalar(3));  // pow: an int or a float, by the values
+  EXPECT_FALSE(g->is_per_call_scalar(4));  // arithmetic that ends in a size
+  const std::vector<c10::IValue> in = {at::randn({4, 6}), int64_t{2}, int64_t{5}, int64_t{3},
+                                       int64_t{1}};
   const guards::GuardKey key = guards::GuardKey::FromInputs(in, g->per_call_scalars());
-  EXPECT_FALSE(key.Matches({in[0], int64_t{3}, in[2], in[3]}));
-  EXPECT_FALSE(key.Matches({in[0], in[1], int64_t{6}, in[3]}));
-  EXPECT_FALSE(key.Matches({in[0], in[1], in[2], int64_t{4}}));
+  for (size_t i = 1; i < in.size(); ++i) {
+    std::vector<c10::IValue> changed = in;
+    changed[i] = in[i].toInt() + 1;
+    EXPECT_FALSE(key.Matches(changed)) << "input " << i;
+  }
   EXPECT_TRUE(key.Matches(in));
 }
 

@@ -37,6 +37,7 @@ bool Deterministic(const c10::OperatorHandle& op) {
 const char* DecisionName(TapePlan::Decision d) {
   switch (d) {
     case TapePlan::Decision::kScalar: return "scalar";
+    case TapePlan::Decision::kScalarStep: return "scalar per call";
     case TapePlan::Decision::kPrecompute: return "precomputed";
     case TapePlan::Decision::kGetItem: return "getitem";
     case TapePlan::Decision::kOutVariant: return "out=";
@@ -114,8 +115,13 @@ absl::StatusOr<TapePlan> PlanTape(const Graph& g, const Recording& rec) {
     const Node& n = g.nodes()[i];
     TapePlan::NodePlan& np = plan.nodes[i];
     if (n.kind == NodeKind::kSymArith) {
-      np.decision = TapePlan::Decision::kScalar;
-      val[n.outputs[0]].constant = fixed[n.outputs[0]] = true;
+      if (all_fixed(n)) {
+        np.decision = TapePlan::Decision::kScalar;
+        val[n.outputs[0]].constant = fixed[n.outputs[0]] = true;
+      } else {
+        np.decision = TapePlan::Decision::kScalarStep;
+        new_slot(n.outputs[0]);
+      }
       continue;
     }
     if (n.kind == NodeKind::kGetItem) {

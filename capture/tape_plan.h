@@ -35,6 +35,7 @@ namespace torchreplay::capture {
 struct TapePlan {
   enum class Decision : uint8_t {
     kScalar,      // symbolic arithmetic or a size query: its recorded value, fixed per key
+    kScalarStep,  // symbolic arithmetic on scalars bound per call: a step computing it per call
     kPrecompute,  // a view of constant tensors, or made from fixed values only (arange, a cast
                   // of a constant): computed once, at capture
     kGetItem,     // an element of a list: taken once if the list is constant, else a step

@@ -45,6 +45,21 @@ def test_a_scalar_that_changes_every_call_is_captured_once_and_replayed(values):
     assert "=*" in stats["capture_log"][0]["key"]  # the scalar's kind is guarded, not its value
 
 
+def test_arithmetic_on_a_changing_scalar_runs_per_call():
+    def f(x, pos, temperature):
+        return torch.softmax(x * (pos + 1) / temperature, dim=-1) - pos // 3
+
+    b = backend()
+    c = torch.compile(f, backend=b, dynamic=True)
+    x = torch.randn(4, 16)
+    rng = random.Random(1)
+    for pos in range(2, 200):
+        t = rng.uniform(0.1, 2.0)
+        assert torch.equal(c(x, pos, t), f(x, pos, t)), (pos, t)
+    (stats,) = b.stats()
+    assert stats["captures"] == 1 and stats["replays"] == 197
+
+
 class DemoModel(nn.Module):
     """Seed 001's model: a parameter, a buffer, a tensor input and a scalar input."""
 
