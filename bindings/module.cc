@@ -13,6 +13,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -480,7 +481,8 @@ PYBIND11_MODULE(_C, m) {
       m, "EngineOptions",
       "Every setting of an engine, by name: EngineOptions(mode='reduce-overhead', warmup_iters=1, "
       "capture_limit=64, cache_limit=256, clone_outputs=False, preserve_outputs=False, name='graph', bound_inputs=0, "
-      "dump_dir='', prepared_steps=True, log_level=2). Unset fields take the defaults, with the "
+      "dump_dir='', prepared_steps=True, log_level=2, capture_sizes=[], batch_inputs=[], "
+      "batch_size_inputs=[], batch_outputs=[]). Unset fields take the defaults, with the "
       "environment's switches (TORCHREPLAY_PREPARED_ITERATORS, TORCHREPLAY_LOG_LEVEL) applied.");
   options
       .def(py::init([](py::kwargs fields) {
@@ -514,13 +516,27 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("dump_dir", &replay::EngineOptions::dump_dir)
       .def_readwrite("prepared_steps", &replay::EngineOptions::prepared_steps)
       .def_property(
+          "capture_sizes", [](const replay::EngineOptions& o) { return o.capture_sizes; },
+          [](replay::EngineOptions& o, std::vector<int64_t> sizes) {
+            for (int64_t n : sizes) {
+              if (n < 1) throw py::value_error("torchreplay: capture_sizes must be >= 1");
+            }
+            std::sort(sizes.begin(), sizes.end());
+            sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+            o.capture_sizes = std::move(sizes);
+          })
+      .def_readwrite("batch_inputs", &replay::EngineOptions::batch_inputs)
+      .def_readwrite("batch_size_inputs", &replay::EngineOptions::batch_size_inputs)
+      .def_readwrite("batch_outputs", &replay::EngineOptions::batch_outputs)
+      .def_property(
           "log_level", [](const replay::EngineOptions& o) { return static_cast<int>(o.log_level); },
           [](replay::EngineOptions& o, int level) { o.log_level = ToLogLevel(level); })
       .def("__repr__", [](py::object o) {
         std::vector<std::string> parts;
         for (const char* f : {"mode", "warmup_iters", "capture_limit", "cache_limit", "clone_outputs",
                               "preserve_outputs", "name", "bound_inputs", "dump_dir",
-                              "prepared_steps", "log_level"}) {
+                              "prepared_steps", "log_level", "capture_sizes", "batch_inputs",
+                              "batch_size_inputs", "batch_outputs"}) {
           parts.push_back(absl::StrCat(f, "=", py::repr(o.attr(f)).cast<std::string>()));
         }
         return absl::StrCat("EngineOptions(", absl::StrJoin(parts, ", "), ")");

@@ -91,6 +91,8 @@ struct Engine::ThreadState {
   std::vector<int> changed_in_streak;
   // Storages handed out by the last replay that alias the pool (Note [Handed-out outputs]).
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> handed_out;
+  // Per capture size: the padded batch inputs (Note [Capture sizes]).
+  absl::flat_hash_map<int64_t, std::vector<at::Tensor>> staging;
 };
 
 // Note [Per-thread state lookup]
@@ -111,6 +113,9 @@ thread_local unsigned state_cache_next = 0;
 Engine::Engine(std::shared_ptr<const capture::Graph> graph, EngineOptions options)
     : id_(next_engine_id++), graph_(std::move(graph)), options_(std::move(options)),
       interpreter_(graph_) {
+  for (const capture::Node& n : graph_->nodes()) {
+    mutates_ = mutates_ || (n.op.has_value() && n.op->schema().is_mutable());
+  }
   invalidated_msg_ = absl::StrCat(
       "torchreplay: this tensor is an output of the replayed graph '", options_.name,
       "', and a later replay has reused its memory. Clone outputs you keep across calls "
@@ -204,19 +209,16 @@ std::string Engine::NoteMiss(ThreadState& ts, const guards::GuardKey& key) {
   std::vector<std::string> changing;
   for (size_t i = 0; i < now.size(); ++i) {
     if (ts.changed_in_streak[i] < kChurn - 1) continue;  // the first call has nothing before it
-    const guards::InputGuard::Kind kind = now[i].kind;
-    const bool scalar = kind == guards::InputGuard::Kind::kInt ||
-                        kind == guards::InputGuard::Kind::kFloat ||
-                        kind == guards::InputGuard::Kind::kBool;
-    changing.push_back(absl::StrCat(scalar ? "scalar " : "", "input ", i, " (",
+    changing.push_back(absl::StrCat(now[i].is_scalar() ? "scalar " : "", "input ", i, " (",
                                     graph_->values()[graph_->inputs()[i]].name, ")"));
   }
   Log(LogLevel::kWarning,
       absl::StrCat("the last ", kChurn, " calls each had a new guard key",
                    changing.empty() ? "" : absl::StrCat(" (", absl::StrJoin(changing, ", "),
                                                         " changed on each)"),
-                   ": every call runs eagerly, none replays. Latest change: ", diff,
-                   ". A scalar that decides a shape is guarded by its value."));
+                   ", so each ran eagerly; a graph whose key changes on every call never "
+                   "replays. Latest change: ", diff, ". A scalar that decides a shape is guarded by "
+                   "its value; config.reduce_overhead.capture_sizes pads batch sizes to a few."));
   return diff;
 }
 
@@ -471,6 +473,15 @@ absl::Status Engine::Precapture(std::vector<std::vector<c10::IValue>> input_sets
     }
     return n;
   };
+  if (!options_.capture_sizes.empty()) {
+    std::vector<std::vector<c10::IValue>> sized;
+    for (const auto& inputs : input_sets) {
+      const int64_t n = BatchSize(inputs);
+      if (n < 0) return absl::InvalidArgumentError("precapture: an input set has no batch input");
+      for (int64_t size : options_.capture_sizes) sized.push_back(Resized(inputs, n, size, nullptr));
+    }
+    input_sets = std::move(sized);
+  }
   std::stable_sort(input_sets.begin(), input_sets.end(),
                    [&](const auto& a, const auto& b) { return bytes(a) > bytes(b); });
   for (auto& inputs : input_sets) {
@@ -481,6 +492,101 @@ absl::Status Engine::Precapture(std::vector<std::vector<c10::IValue>> input_sets
   return absl::OkStatus();
 }
 
+// Note [Capture sizes]
+// Serving loops see a new batch size on most steps; capturing each one costs a capture per size
+// and a key per size in the cache. With capture_sizes (vLLM's name; torchair's "gears"), only
+// those batch sizes are captured: a call with n rows, n not a capture size, is padded up to the
+// next one b (its batch inputs copied into per-thread staging tensors of b rows, rows n.. set to
+// zero; its batch-size inputs set to b), replayed under b's key, and its batch outputs narrowed
+// back to n rows (views of the pool, as any output). A batch output that aliases a staging
+// tensor is cloned (the staging is reused by the next call); batch inputs of a graph with
+// mutable ops are copied back (rows 0..n), so writes reach the caller's tensor. Rows must be
+// independent (each output row a function of the same input row): that is the caller's promise
+// in turning this on. A batch above the largest capture size runs eagerly, with that reason.
+// All sizes share one pool, sized by the largest (PlanArena per key, one arena per thread).
+
+int64_t Engine::BatchSize(const std::vector<c10::IValue>& inputs) const {
+  for (int i : options_.batch_inputs) {
+    if (i < static_cast<int>(inputs.size()) && inputs[i].isTensor() &&
+        inputs[i].toTensor().defined() && inputs[i].toTensor().dim() > 0) {
+      return inputs[i].toTensor().size(0);
+    }
+  }
+  return -1;
+}
+
+std::vector<c10::IValue> Engine::Resized(const std::vector<c10::IValue>& inputs, int64_t n,
+                                         int64_t size, std::vector<at::Tensor>* staging) const {
+  std::vector<c10::IValue> out = inputs;
+  const size_t num = options_.batch_inputs.size();
+  if (staging != nullptr) staging->resize(num);
+  for (size_t k = 0; k < num; ++k) {
+    const int i = options_.batch_inputs[k];
+    if (i >= static_cast<int>(inputs.size()) || !inputs[i].isTensor()) continue;
+    const at::Tensor& t = inputs[i].toTensor();
+    if (!t.defined() || t.dim() == 0 || t.size(0) != n) continue;  // CheckInputs or the key says
+    std::vector<int64_t> sizes = t.sizes().vec();
+    sizes[0] = size;
+    at::Tensor fresh;
+    at::Tensor& s = staging != nullptr ? (*staging)[k] : fresh;
+    if (!s.defined() || s.sizes() != c10::IntArrayRef(sizes) || s.dtype() != t.dtype() ||
+        s.device() != t.device()) {
+      s = at::empty(sizes, t.options());
+    }
+    const int64_t rows = std::min(n, size);
+    s.narrow(0, 0, rows).copy_(t.narrow(0, 0, rows));
+    if (size > rows) s.narrow(0, rows, size - rows).zero_();
+    out[i] = s;
+  }
+  for (int i : options_.batch_size_inputs) {
+    if (i < static_cast<int>(out.size()) && out[i].isInt() && out[i].toInt() == n) out[i] = size;
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<c10::IValue>> Engine::RunPadded(std::vector<c10::IValue> inputs,
+                                                           int64_t n) {
+  const auto& sizes = options_.capture_sizes;
+  const auto bucket = std::lower_bound(sizes.begin(), sizes.end(), n);
+  if (bucket == sizes.end()) {
+    RECORD_FUNCTION("torchreplay::eager_fallback", std::vector<c10::IValue>());
+    if (!oversize_logged_.exchange(true)) {
+      std::string reason = absl::StrCat("batch size ", n, " is above the largest capture size (",
+                                        sizes.back(), "); such calls run eagerly");
+      Log(LogLevel::kWarning, reason);
+      absl::MutexLock lock(&mu_);
+      AppendBounded(&fallback_reasons_, std::move(reason));
+    }
+    ++eager_fallbacks_;
+    if (auto s = capture::CheckInputs(*graph_, inputs, options_.bound_inputs); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("graph '", options_.name, "': ", s.message()));
+    }
+    return RunEager(inputs);
+  }
+  ThreadState& ts = StateForThisThread();
+  std::vector<at::Tensor>& staging = ts.staging[*bucket];
+  absl::StatusOr<std::vector<c10::IValue>> out =
+      RunKeyed(Resized(inputs, n, *bucket, &staging));
+  if (!out.ok()) return out;
+  if (mutates_) {
+    for (size_t k = 0; k < staging.size(); ++k) {
+      const c10::IValue& v = inputs[options_.batch_inputs[k]];
+      if (staging[k].defined() && v.isTensor()) v.toTensor().copy_(staging[k].narrow(0, 0, n));
+    }
+  }
+  for (int o : options_.batch_outputs) {
+    if (o >= static_cast<int>(out->size()) || !(*out)[o].isTensor()) continue;
+    const at::Tensor& t = (*out)[o].toTensor();
+    if (!t.defined() || t.dim() == 0 || t.size(0) != *bucket) continue;
+    at::Tensor rows = t.narrow(0, 0, n);
+    for (const at::Tensor& s : staging) {
+      if (s.defined() && t.is_alias_of(s)) rows = rows.clone();
+    }
+    (*out)[o] = std::move(rows);
+  }
+  return out;
+}
+
 absl::StatusOr<std::vector<c10::IValue>> Engine::Run(std::vector<c10::IValue> inputs) {
   ++calls_;
   if (options_.mode == Mode::kDefault) {
@@ -489,6 +595,17 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::Run(std::vector<c10::IValue> in
     }
     return RunEager(inputs);
   }
+  if (!options_.capture_sizes.empty()) {
+    const int64_t n = BatchSize(inputs);
+    if (n >= 0 && !std::binary_search(options_.capture_sizes.begin(),
+                                      options_.capture_sizes.end(), n)) {
+      return RunPadded(std::move(inputs), n);
+    }
+  }
+  return RunKeyed(std::move(inputs));
+}
+
+absl::StatusOr<std::vector<c10::IValue>> Engine::RunKeyed(std::vector<c10::IValue> inputs) {
   ThreadState& ts = StateForThisThread();
   Entry* e = nullptr;
   if (ts.last != nullptr && ts.last->key.Matches(inputs)) {

@@ -72,6 +72,13 @@ struct EngineOptions {
   bool prepared_steps = true;
   // Messages below this level are not logged.
   LogLevel log_level = LogLevel::kWarning;
+  // Batch-size buckets (Note [Capture sizes]): the batch sizes captured, ascending. A call whose
+  // batch is not one of them is padded up to the next, replayed, and its batch outputs sliced
+  // back; one above the largest runs eagerly. Empty: off.
+  std::vector<int64_t> capture_sizes;
+  std::vector<int> batch_inputs;       // tensor inputs whose dim 0 is the batch
+  std::vector<int> batch_size_inputs;  // int inputs holding the batch size
+  std::vector<int> batch_outputs;      // outputs whose dim 0 is the batch
 
   // The defaults with the environment's switches applied, read once per process:
   // TORCHREPLAY_PREPARED_ITERATORS=0 turns prepared steps off; TORCHREPLAY_LOG_LEVEL=0..3 sets
@@ -111,8 +118,9 @@ class Engine {
 
   // Warms up and captures the keys of `input_sets` ahead of time, largest first (by tensor
   // bytes), so that on CUDA the smaller keys reuse the largest one's pool memory. Each set runs
-  // warmup_iters + 1 times, like that many real calls (mutations included). The one
-  // implementation of precapture: torchreplay.precapture comes here too.
+  // warmup_iters + 1 times, like that many real calls (mutations included). With capture_sizes,
+  // each set is first resized to every capture size (its batch rows cut or zero-padded). The
+  // one implementation of precapture: torchreplay.precapture comes here too.
   absl::Status Precapture(std::vector<std::vector<c10::IValue>> input_sets);
 
   EngineStats stats() const;
@@ -124,6 +132,16 @@ class Engine {
   struct ThreadState;
 
   ThreadState& StateForThisThread();
+  // Run after the mode and capture-size decisions: one key, warm-up / capture / replay.
+  absl::StatusOr<std::vector<c10::IValue>> RunKeyed(std::vector<c10::IValue> inputs);
+  // The batch size of a call (dim 0 of the first batch input), or -1 if it has none.
+  int64_t BatchSize(const std::vector<c10::IValue>& inputs) const;
+  // `inputs` with their batch (n rows) resized to `size`: cut, or padded with zeros into
+  // `staging` (per batch input, reused) when given, else into new tensors.
+  std::vector<c10::IValue> Resized(const std::vector<c10::IValue>& inputs, int64_t n, int64_t size,
+                                   std::vector<at::Tensor>* staging) const;
+  // A call whose batch size n is not a capture size: padded, replayed, sliced back.
+  absl::StatusOr<std::vector<c10::IValue>> RunPadded(std::vector<c10::IValue> inputs, int64_t n);
   absl::StatusOr<Entry*> Lookup(ThreadState& ts, const std::vector<c10::IValue>& inputs);
   absl::StatusOr<std::vector<c10::IValue>> RunEager(const std::vector<c10::IValue>& inputs);
   absl::Status Capture(ThreadState& ts, Entry& e, const std::vector<c10::IValue>& inputs);
@@ -149,7 +167,8 @@ class Engine {
 
   std::atomic<int64_t> calls_{0}, replays_{0}, captures_{0}, warmups_{0}, eager_fallbacks_{0},
       misses_{0}, evictions_{0};
-  std::atomic<bool> churn_logged_{false};
+  std::atomic<bool> churn_logged_{false}, oversize_logged_{false};
+  bool mutates_ = false;  // the graph has mutable ops: padded batch inputs are copied back
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::thread::id, std::unique_ptr<ThreadState>> threads_ ABSL_GUARDED_BY(mu_);
   std::vector<CaptureRecord> capture_log_ ABSL_GUARDED_BY(mu_);

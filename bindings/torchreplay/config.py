@@ -54,6 +54,12 @@ def _is_bool(v: Any) -> Optional[str]:
     return None if isinstance(v, bool) else "want True or False"
 
 
+def _is_sizes(v: Any) -> Optional[str]:
+    ok = v is None or (isinstance(v, (list, tuple)) and len(v) > 0 and
+                       all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in v))
+    return None if ok else "want None or a non-empty list of ints >= 1"
+
+
 def _is_pass(v: Any) -> Optional[str]:
     return None if v is None or callable(v) else "want a callable fn(gm, example_inputs, config) or None"
 
@@ -63,6 +69,7 @@ class ReduceOverheadConfig(_Section):
         "warmup_iters": (1, _is_int_at_least(0), "eager runs of a new shape before it is captured"),
         "capture_limit": (64, _is_int_at_least(0), "shapes captured per graph; later new shapes run eagerly"),
         "cache_limit": (256, _is_int_at_least(1), "shapes held per graph; the least recently used is evicted"),
+        "capture_sizes": (None, _is_sizes, "batch sizes captured; other batches padded up to the next"),
         "clone_outputs": (False, _is_bool, "hand out copies instead of views of the static pool"),
     }
 
@@ -109,6 +116,7 @@ class CompilerConfig(_Section):
         "warmup_iters": ("reduce_overhead", "warmup_iters"),
         "capture_limit": ("reduce_overhead", "capture_limit"),
         "cache_limit": ("reduce_overhead", "cache_limit"),
+        "capture_sizes": ("reduce_overhead", "capture_sizes"),
         "clone_outputs": ("reduce_overhead", "clone_outputs"),
         "run_eagerly": ("debug", "run_eagerly"),
         "graph_dump_type": ("debug", "graph_dump", "type"),

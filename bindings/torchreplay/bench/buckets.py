@@ -1,0 +1,128 @@
+"""Batch-size buckets (config.reduce_overhead.capture_sizes) in a decode-style loop.
+
+An MLP (64 -> 128 -> 32) is called with batch sizes 1..32 in a random order, compiled with
+dynamic=True, by:
+  eager                     the model itself
+  torchreplay per-size      reduce-overhead without buckets: one capture per distinct size
+  torchreplay buckets       capture_sizes = [1, 2, 4, 8, 16, 32]: other sizes padded up
+  inductor                  torch.compile(dynamic=True) (on CUDA, mode="reduce-overhead" too,
+                            which captures one CUDA graph per distinct size)
+Per mode: mean time per call over the loop, captures, replays and pool bytes. Then, per capture
+size b: a padded call (n = b // 2 + 1 rows, padded to b) against a call of exactly b rows.
+
+    python -m torchreplay.bench.buckets [--rounds N] [--out DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+import torch.nn as nn
+
+import torchreplay
+
+SIZES = [1, 2, 4, 8, 16, 32]
+
+
+def model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 32)).eval()
+
+
+def backend(capture_sizes: Optional[List[int]] = None) -> Any:
+    config = torchreplay.CompilerConfig()
+    config.mode = "reduce-overhead"
+    config.reduce_overhead.capture_sizes = capture_sizes
+    return torchreplay.get_backend(compiler_config=config)
+
+
+def per_call_us(fn: Callable, inputs: List[torch.Tensor], repeats: int) -> float:
+    """Best of `repeats` passes over `inputs`, in us per call."""
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for x in inputs:
+            fn(x)
+        best = min(best, (time.perf_counter() - t0) / len(inputs) * 1e6)
+    return best
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m torchreplay.bench.buckets", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=20, help="passes over sizes 1..32 per timing")
+    p.add_argument("--no-inductor", action="store_true")
+    p.add_argument("--out", default="bench_out")
+    args = p.parse_args(argv)
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    m = model()
+    rng = random.Random(0)
+    order = list(range(1, 33))
+    loop: List[torch.Tensor] = []
+    for _ in range(args.rounds):
+        rng.shuffle(order)
+        loop += [torch.randn(n, 64) for n in order]
+    warm = [torch.randn(n, 64) for n in range(1, 33)] * 2
+
+    modes: Dict[str, Callable[[], Any]] = {
+        "eager": lambda: (m, None),
+        "torchreplay per-size": lambda: (lambda b: (torch.compile(m, backend=b, dynamic=True), b))(backend()),
+        "torchreplay buckets": lambda: (lambda b: (torch.compile(m, backend=b, dynamic=True), b))(backend(SIZES)),
+    }
+    if not args.no_inductor:
+        modes["inductor"] = lambda: (torch.compile(m, dynamic=True), None)
+    rows = []
+    with torch.no_grad():
+        for name, make in modes.items():
+            torch._dynamo.reset()
+            fn, b = make()
+            for x in warm:
+                torch.testing.assert_close(fn(x), m(x), rtol=1e-5, atol=1e-6)
+            us = per_call_us(fn, loop, 3)
+            row: Dict[str, Any] = {"mode": name, "us_per_call": us}
+            if b is not None:
+                stats = b.stats()
+                row.update(captures=sum(s["captures"] for s in stats),
+                           replays=sum(s["replays"] for s in stats), calls=sum(s["calls"] for s in stats),
+                           pool_bytes=max(s["pool_bytes"] for s in stats))
+            rows.append(row)
+
+        # Padded against exact, per capture size, on the bucketed model.
+        torch._dynamo.reset()
+        b = backend(SIZES)
+        fn = torch.compile(m, backend=b, dynamic=True)
+        padded_rows = []
+        for size in SIZES[1:]:
+            n = size // 2 + 1
+            exact = [torch.randn(size, 64) for _ in range(200)]
+            padded = [torch.randn(n, 64) for _ in range(200)]
+            for x in exact[:3] + padded[:3]:
+                fn(x)
+            t_exact, t_padded = per_call_us(fn, exact, 5), per_call_us(fn, padded, 5)
+            padded_rows.append({"size": size, "rows": n, "exact_us": t_exact, "padded_us": t_padded,
+                                "ratio": t_padded / t_exact})
+
+    eager = rows[0]["us_per_call"]
+    print(f"batch sizes 1..32 in random order, {len(loop)} calls per pass, MLP 64-128-32, CPU")
+    print(f"{'mode':<22}{'us/call':>9}{'vs eager':>10}{'captures':>10}{'replays':>9}{'calls':>8}{'pool KiB':>10}")
+    for r in rows:
+        print(f"{r['mode']:<22}{r['us_per_call']:>9.1f}{eager / r['us_per_call']:>9.2f}x"
+              f"{r.get('captures', '-'):>10}{r.get('replays', '-'):>9}{r.get('calls', '-'):>8}"
+              f"{(r['pool_bytes'] / 1024 if 'pool_bytes' in r else '-'):>10}")
+    print(f"\n{'capture size':>12}{'rows':>6}{'exact us':>10}{'padded us':>11}{'padded/exact':>14}")
+    for r in padded_rows:
+        print(f"{r['size']:>12}{r['rows']:>6}{r['exact_us']:>10.1f}{r['padded_us']:>11.1f}{r['ratio']:>13.2f}x")
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "buckets.json"), "w") as f:
+        json.dump({"modes": rows, "padded": padded_rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

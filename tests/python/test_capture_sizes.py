@@ -1,0 +1,146 @@
+"""Batch-size buckets (Note [Capture sizes] in replay/engine.cc): with
+config.reduce_overhead.capture_sizes, a batch that is not a capture size is padded up to the next
+one, replayed, and sliced back; one above the largest runs eagerly."""
+import random
+
+import pytest
+import torch
+import torch.nn as nn
+
+import torchreplay
+from configs import backend
+
+SIZES = [1, 2, 4, 8, 16, 32]
+
+
+def mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 32)).eval()
+
+
+def total(b, key):
+    return sum(s[key] for s in b.stats())
+
+
+@torch.no_grad()
+def test_a_decode_loop_over_batch_sizes_1_to_32_captures_six_and_then_only_replays():
+    model = mlp()
+    b = backend(capture_sizes=SIZES)
+    c = torch.compile(model, backend=b, dynamic=True)
+    rng = random.Random(0)
+    order = list(range(1, 33))
+    rng.shuffle(order)
+    seen = set()
+    for step, n in enumerate(order * 3):
+        x = torch.randn(n, 64)
+        y = c(x)
+        assert y.shape == (n, 32)
+        # Row-independent, but a GEMM over more rows may block its sums differently.
+        torch.testing.assert_close(y, model(x), rtol=1e-5, atol=1e-6)
+        seen.add(next(s for s in SIZES if s >= n))
+        if len(seen) == len(SIZES) and "after" not in locals():
+            after = (step, total(b, "replays"), total(b, "calls"))
+    assert total(b, "captures") == 6  # n == 1 is its own graph (Dynamo specializes 0 and 1)
+    step, replays, calls = after
+    assert total(b, "replays") - replays == total(b, "calls") - calls  # every later call replays
+    assert total(b, "eager_fallbacks") == 0
+
+
+@torch.no_grad()
+def test_pool_is_the_largest_size_alone():
+    model = mlp()
+    alone = backend()
+    c = torch.compile(model, backend=alone, dynamic=True)
+    for _ in range(3):
+        c(torch.randn(32, 64))
+    torch._dynamo.reset()
+    b = backend(capture_sizes=SIZES)
+    c = torch.compile(model, backend=b, dynamic=True)
+    for n in range(2, 33):
+        c(torch.randn(n, 64))
+        c(torch.randn(n, 64))
+    assert max(s["pool_bytes"] for s in b.stats()) <= 1.1 * alone.stats()[0]["pool_bytes"]
+
+
+def test_pointwise_rows_are_bitwise_and_padding_is_zero():
+    seen = []
+
+    def f(x, y):
+        return torch.sin(x) * 2 + y, x.sum(1)
+
+    b = backend(capture_sizes=[4, 8])
+    c = torch.compile(f, backend=b, dynamic=True)
+    for n in [3, 5, 3, 7, 8, 2, 6]:
+        x, y = torch.randn(n, 16), torch.randn(n, 16)
+        got = c(x, y)
+        want = f(x, y)
+        assert all(torch.equal(g, w) for g, w in zip(got, want)), n
+    s = b.stats()[0]
+    assert s["captures"] == 2 and s["eager_fallbacks"] == 0
+
+
+def test_a_batch_above_the_largest_size_runs_eagerly_with_the_reason():
+    f = lambda x: torch.relu(x) + 1
+    b = backend(capture_sizes=[2, 4])
+    c = torch.compile(f, backend=b, dynamic=True)
+    for n in [3, 3, 3, 9, 9]:
+        x = torch.randn(n, 4)
+        assert torch.equal(c(x), f(x))
+    s = b.stats()[0]
+    assert s["eager_fallbacks"] == 2
+    assert any("above the largest capture size (4)" in r for r in s["fallback_reasons"])
+
+
+def test_capture_sizes_within_the_capture_limit():
+    f = lambda x: x * 3
+    b = backend(capture_sizes=[4, 8, 16], capture_limit=2)
+    c = torch.compile(f, backend=b, dynamic=True)
+    for n in [3, 3, 7, 7, 12, 12, 12]:
+        x = torch.randn(n, 4)
+        assert torch.equal(c(x), f(x))
+    s = b.stats()[0]
+    assert s["captures"] == 2 and s["eager_fallbacks"] == 3  # 16 is over the limit
+    assert any("capture limit" in r for r in s["fallback_reasons"])
+
+
+def test_a_write_into_a_padded_batch_input_reaches_the_callers_tensor():
+    def f(x):
+        x.mul_(2)
+        return x + 1
+
+    b = backend(capture_sizes=[4, 8])
+    c = torch.compile(f, backend=b, dynamic=True)
+    for n in [3, 3, 5, 5, 6]:
+        x = torch.randn(n, 4)
+        ref = x.clone()
+        out = c(x)
+        want = f(ref)
+        assert torch.equal(out, want) and torch.equal(x, ref), n
+    assert b.stats()[0]["replays"] >= 2
+
+
+def test_engine_precapture_captures_every_size_largest_first():
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torchreplay import _C
+    from torchreplay.lowering import lower
+
+    x = torch.randn(5, 8)
+    gm = make_fx(lambda x: torch.tanh(x) * 2, tracing_mode="symbolic")(x)
+    options = _C.EngineOptions(capture_sizes=[8, 2, 4], batch_inputs=[0], batch_outputs=[0])
+    e = _C.Engine(lower(gm, [x]), options)
+    e.precapture([[x]])
+    s = e.stats()
+    assert s["captures"] == 3
+    assert [r["key"].split("(")[2].split(",")[0] for r in s["capture_log"]] == ["8", "4", "2"]
+    for n in [1, 3, 5, 7]:
+        x = torch.randn(n, 8)
+        assert torch.equal(e.run([x])[0], torch.tanh(x) * 2)
+    assert e.stats()["captures"] == 3
+
+
+def test_bad_capture_sizes_are_a_clear_error():
+    cfg = torchreplay.CompilerConfig()
+    with pytest.raises(ValueError, match="capture_sizes"):
+        cfg.reduce_overhead.capture_sizes = [0, 4]
+    with pytest.raises(ValueError, match="capture_sizes"):
+        torchreplay._C.EngineOptions(capture_sizes=[-1])
