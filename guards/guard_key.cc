@@ -133,9 +133,7 @@ GuardKey GuardKey::FromInputs(const std::vector<c10::IValue>& inputs,
   k.inputs_.reserve(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
     InputGuard g = GuardOf(inputs[i]);
-    const bool scalar = g.kind == InputGuard::Kind::kInt || g.kind == InputGuard::Kind::kFloat ||
-                        g.kind == InputGuard::Kind::kBool;
-    if (scalar && i < per_call.size() && per_call[i]) {
+    if (g.is_scalar() && i < per_call.size() && per_call[i]) {
       g.per_call = true;
       g.int_value = 0;
       g.float_value = 0.0;

@@ -39,6 +39,7 @@ struct InputGuard {
   double float_value = 0.0;  // kFloat
   bool per_call = false;     // kInt, kFloat, kBool: the value is bound per call, not guarded
 
+  bool is_scalar() const { return kind == Kind::kInt || kind == Kind::kFloat || kind == Kind::kBool; }
   bool operator==(const InputGuard& o) const;
   template <typename H>
   friend H AbslHashValue(H h, const InputGuard& g) {
