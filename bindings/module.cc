@@ -22,6 +22,7 @@
 #include <tuple>
 
 #include "absl/container/inlined_vector.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "capture/graph.h"
@@ -34,7 +35,17 @@ namespace py = pybind11;
 namespace torchreplay {
 namespace {
 
+// A graph int that left int64 (where Python's would not): the call may be run by Python instead.
+bool IsIntOverflow(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kOutOfRange &&
+         absl::StrContains(s.message(), capture::kIntOverflow);
+}
+
 [[noreturn]] void Throw(const absl::Status& s) {
+  if (IsIntOverflow(s)) {
+    PyErr_SetString(PyExc_OverflowError, std::string(s.message()).c_str());
+    throw py::error_already_set();
+  }
   if (s.code() == absl::StatusCode::kInvalidArgument || s.code() == absl::StatusCode::kNotFound ||
       s.code() == absl::StatusCode::kOutOfRange) {
     throw py::value_error(std::string(s.message()));
@@ -317,6 +328,9 @@ struct Call {
         out = engine->Run(std::move(inputs));
       }
       if (out.ok() && !aliases.empty()) RegenerateAliases(alias_bases, *out);
+    }
+    if (!out.ok() && IsIntOverflow(out.status()) && !fallback.is_none() && mutated.empty()) {
+      return fallback(*args);  // Python's ints have no bound: the graph run by Python gives eager's
     }
     if (!out.ok()) Throw(out.status());
     const size_t n = num_outputs < 0 ? out->size() : std::min<size_t>(num_outputs, out->size());

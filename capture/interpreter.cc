@@ -55,6 +55,32 @@ std::pair<double, double> DivModFloat(double a, double b) {
   return {floordiv, mod};
 }
 int64_t AsInt(const c10::IValue& v) { return v.isBool() ? v.toBool() : v.toInt(); }
+
+int BitLength(unsigned __int128 x) {
+  const uint64_t hi = static_cast<uint64_t>(x >> 64), lo = static_cast<uint64_t>(x);
+  if (hi != 0) return 128 - __builtin_clzll(hi);
+  return lo == 0 ? 0 : 64 - __builtin_clzll(lo);
+}
+
+// int / int as Python computes it: the exact quotient rounded once to the nearest double (a
+// double division of the operands rounds them first when they are beyond 2**53). The quotient
+// is taken with at least 55 bits and a sticky bit for any remainder, so that converting it to
+// double rounds as the exact value would (CPython's long_true_divide does the same).
+double TrueDivInt(int64_t a, int64_t b) {
+  constexpr int64_t kExact = int64_t{1} << 53;
+  if (a >= -kExact && a <= kExact && b >= -kExact && b <= kExact) {
+    return static_cast<double>(a) / static_cast<double>(b);
+  }
+  const bool negative = (a < 0) != (b < 0);
+  const unsigned __int128 ua = a < 0 ? -static_cast<unsigned __int128>(a) : a;
+  const unsigned __int128 ub = b < 0 ? -static_cast<unsigned __int128>(b) : b;
+  const int shift = std::max(0, 55 + BitLength(ub) - BitLength(ua));
+  const unsigned __int128 num = ua << shift;
+  uint64_t q = static_cast<uint64_t>(num / ub);
+  if (num % ub != 0) q |= 1;
+  const double r = std::ldexp(static_cast<double>(q), -shift);
+  return negative ? -r : r;
+}
 double AsDouble(const c10::IValue& v) { return v.isDouble() ? v.toDouble() : AsInt(v); }
 
 }  // namespace
@@ -73,7 +99,7 @@ absl::StatusOr<c10::IValue> EvalSymArith(SymOp op, const c10::IValue& a, const c
   int64_t r = 0;
   // Reads r after `overflow` is computed (the call's arguments have no order between them).
   auto Checked = [&r](bool overflow) -> absl::StatusOr<c10::IValue> {
-    if (overflow) return absl::OutOfRangeError("integer overflow: the result does not fit in 64 bits");
+    if (overflow) return absl::OutOfRangeError(kIntOverflow);
     return c10::IValue(r);
   };
   switch (op) {
@@ -86,13 +112,16 @@ absl::StatusOr<c10::IValue> EvalSymArith(SymOp op, const c10::IValue& a, const c
     case SymOp::kMul:
       if (is_float) return AsDouble(a) * AsDouble(b);
       return Checked(__builtin_mul_overflow(AsInt(a), AsInt(b), &r));
-    case SymOp::kTrueDiv: return AsDouble(a) / AsDouble(b);
+    case SymOp::kTrueDiv:
+      return is_float ? AsDouble(a) / AsDouble(b) : TrueDivInt(AsInt(a), AsInt(b));
     case SymOp::kFloorDiv:
-      return is_float ? c10::IValue(DivModFloat(AsDouble(a), AsDouble(b)).first)
-                      : c10::IValue(FloorDivInt(AsInt(a), AsInt(b)));
+      if (is_float) return DivModFloat(AsDouble(a), AsDouble(b)).first;
+      if (AsInt(b) == -1) return Checked(__builtin_sub_overflow(int64_t{0}, AsInt(a), &r));
+      return FloorDivInt(AsInt(a), AsInt(b));
     case SymOp::kMod:
-      return is_float ? c10::IValue(DivModFloat(AsDouble(a), AsDouble(b)).second)
-                      : c10::IValue(ModInt(AsInt(a), AsInt(b)));
+      if (is_float) return DivModFloat(AsDouble(a), AsDouble(b)).second;
+      if (AsInt(b) == -1) return int64_t{0};  // (INT64_MIN % -1 traps in C++)
+      return ModInt(AsInt(a), AsInt(b));
     case SymOp::kPow: {
       if (is_float || AsInt(b) < 0) return std::pow(AsDouble(a), AsDouble(b));
       // Python ints have no bound; graph ints are int64, so an overflow is an error, not a wrap.
@@ -131,9 +160,14 @@ absl::StatusOr<c10::IValue> EvalSymArith(SymOp op, const c10::IValue& a, const c
       if (x == 0) return int64_t{0};
       return Checked(n >= 63 || __builtin_mul_overflow(x, int64_t{1} << n, &r));
     }
-    case SymOp::kNeg: return is_float ? c10::IValue(-AsDouble(a)) : c10::IValue(-AsInt(a));
+    case SymOp::kNeg:
+      if (is_float) return -AsDouble(a);
+      return Checked(__builtin_sub_overflow(int64_t{0}, AsInt(a), &r));
     case SymOp::kPos: return is_float ? c10::IValue(AsDouble(a)) : c10::IValue(AsInt(a));
-    case SymOp::kAbs: return is_float ? c10::IValue(std::fabs(AsDouble(a))) : c10::IValue(std::abs(AsInt(a)));
+    case SymOp::kAbs:
+      if (is_float) return std::fabs(AsDouble(a));
+      if (AsInt(a) >= 0) return AsInt(a);
+      return Checked(__builtin_sub_overflow(int64_t{0}, AsInt(a), &r));
     case SymOp::kNot: return AsDouble(a) == 0;
     case SymOp::kFloat: return AsDouble(a);
     case SymOp::kTrunc: return is_float ? static_cast<int64_t>(std::trunc(AsDouble(a))) : AsInt(a);
@@ -293,7 +327,7 @@ absl::StatusOr<std::vector<c10::IValue>> Interpreter::Run(std::vector<c10::IValu
           };
           auto r = EvalSymArith(n.sym_op, operand(0), operand(1));
           if (!r.ok()) {
-            return absl::InvalidArgumentError(absl::StrCat("node '", n.name, "': ", r.status().message()));
+            return absl::Status(r.status().code(), absl::StrCat("node '", n.name, "': ", r.status().message()));
           }
           env[n.outputs[0]] = *std::move(r);
           break;

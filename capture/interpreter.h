@@ -27,7 +27,9 @@ c10::IValue MaterializeArg(const Arg& arg, const c10::TypePtr& type,
                            const std::vector<c10::IValue>& env);
 
 // Evaluates symbolic arithmetic with Python's semantics (`b` is ignored by one-operand ops).
-// InvalidArgument for division by zero and for operands that are not int, float or bool.
+// InvalidArgument for division by zero and for operands that are not int, float or bool;
+// OutOfRange with kIntOverflow when an int result leaves int64 (Python's ints have no bound).
+inline constexpr char kIntOverflow[] = "integer overflow: the result does not fit in 64 bits";
 absl::StatusOr<c10::IValue> EvalSymArith(SymOp op, const c10::IValue& a, const c10::IValue& b = {});
 
 class Interpreter {

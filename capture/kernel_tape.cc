@@ -98,6 +98,7 @@ absl::Status KernelTape::Replay(const std::vector<c10::IValue>& inputs,
                                 std::vector<c10::IValue>* outputs) {
   for (const auto& [pos, slot] : input_slots_) slots_[slot] = inputs[pos];
   for (ScalarWrite& w : scalar_writes_) WriteNumber(slots_[w.slot], &w.holder);
+  absl::Status status;
   try {
     for (Step& s : steps_) {
       if (s.kind == Step::Kind::kGetItem) {
@@ -108,7 +109,11 @@ absl::Status KernelTape::Replay(const std::vector<c10::IValue>& inputs,
         c10::IValue operands[2] = {s.args[0], s.args.size() > 1 ? s.args[1] : c10::IValue()};
         for (const Patch& p : s.patches) operands[p.arg] = slots_[p.slot];
         absl::StatusOr<c10::IValue> r = EvalSymArith(s.sym_op, operands[0], operands[1]);
-        TORCH_CHECK(r.ok(), "node '", s.name, "': ", r.status().message());
+        if (!r.ok()) {  // an int overflow or a division by zero, as the interpreter reports it
+          status = absl::Status(r.status().code(),
+                                absl::StrCat("node '", s.name, "': ", r.status().message()));
+          break;
+        }
         c10::IValue& out = slots_[s.out_slots[0]];
         out = *std::move(r);
         for (at::Tensor& h : s.holders) WriteNumber(out, &h);
@@ -137,13 +142,15 @@ absl::Status KernelTape::Replay(const std::vector<c10::IValue>& inputs,
       }
     }
   } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("replay failed: ", e.what_without_backtrace()));
+    status = absl::InternalError(absl::StrCat("replay failed: ", e.what_without_backtrace()));
   }
-  outputs->clear();
-  for (const Output& o : outputs_) outputs->push_back(o.slot < 0 ? o.constant : slots_[o.slot]);
-  for (auto& v : slots_) v = c10::IValue();
+  if (status.ok()) {
+    outputs->clear();
+    for (const Output& o : outputs_) outputs->push_back(o.slot < 0 ? o.constant : slots_[o.slot]);
+  }
+  for (auto& v : slots_) v = c10::IValue();  // the call's tensors go, whether or not it failed
   stack_.clear();
-  return absl::OkStatus();
+  return status;
 }
 
 absl::StatusOr<std::string> KernelTape::Dump(const std::string& path_stem) const {

@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import operator
 import os
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
@@ -236,16 +237,28 @@ class Backend:
             built[kind] = (engine, torch._guards.TracingContext.try_get(), len(example_inputs), producers)
         run = engine.run
         forward = gm.forward
+        # Int arithmetic inside the graph can leave int64 where Python's ints would not: such a
+        # call is run by Python instead (Note [Scalars bound per call] in capture/graph.h), on a
+        # copy of its arguments, since the engine consumes them; not for graphs that write into
+        # their inputs (the run may have written some already).
+        mutable = any(isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable
+                      for n in gm.graph.nodes)
+        rerun = not mutable and any(n.op == "call_function" and not isinstance(n.target, torch._ops.OpOverload)
+                                    and n.target is not operator.getitem for n in gm.graph.nodes)
 
         def call(args: List[Any]) -> List[Any]:
+            saved = list(args) if rerun else None
             try:
                 return run(args)
-            except OverflowError as e:  # a Python int beyond int64, before anything ran
+            except OverflowError as e:
+                if args:  # a Python int beyond int64: nothing ran
+                    saved = args
+                elif saved is None:
+                    raise
                 if name not in self.eager_graphs:
-                    logger.warning("torchreplay: %s runs eagerly when given an int beyond 64 bits: %s",
-                                   name, e)
+                    logger.warning("torchreplay: %s runs eagerly when its ints leave 64 bits: %s", name, e)
                     self.eager_graphs[name] = str(e)
-                return forward(*args)
+                return forward(*saved)
 
         call._boxed_call = True  # type: ignore[attr-defined]
         call.engine = engine  # type: ignore[attr-defined]

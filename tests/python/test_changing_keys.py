@@ -60,6 +60,27 @@ def test_arithmetic_on_a_changing_scalar_runs_per_call():
     assert stats["captures"] == 1 and stats["replays"] == 197
 
 
+@pytest.mark.parametrize("f, edge", [
+    pytest.param(lambda x, s: x * (s // -1), -2**63, id="floordiv_min_by_minus_one"),
+    pytest.param(lambda x, s: x * (s % -1), -2**63, id="mod_min_by_minus_one"),
+    pytest.param(lambda x, s: x * (-s), -2**63, id="neg_min"),
+    pytest.param(lambda x, s: x * abs(s), -2**63, id="abs_min"),
+    pytest.param(lambda x, s: x * (s / 3), 2**54 + 3, id="truediv_beyond_2_53"),
+    pytest.param(lambda x, s: x * (s / -7), -(2**62) - 1, id="truediv_negative"),
+    pytest.param(lambda x, s: x * (s * s), 3037000500, id="mul_beyond_int64"),
+    pytest.param(lambda x, s: x * (s + s), 2**62, id="add_beyond_int64"),
+])
+def test_int_arithmetic_at_the_edges_of_int64_is_python_s(f, edge):
+    # Python's ints have no bound and int / int rounds once: a result beyond int64 runs the
+    # graph in Python (as eager), one within it replays, exactly.
+    b = backend()
+    c = torch.compile(f, backend=b, dynamic=True)
+    x = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
+    for s in [3, 5, 7, edge, 11, edge]:
+        assert torch.equal(c(x, s), f(x, s)), s
+    assert b.stats()[0]["replays"] >= 2
+
+
 class DemoModel(nn.Module):
     """Seed 001's model: a parameter, a buffer, a tensor input and a scalar input."""
 
