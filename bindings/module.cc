@@ -26,8 +26,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "capture/graph.h"
+#include "capture/interpreter.h"
 #include "capture/scopes.h"
 #include "guards/guard_key.h"
+#include "memory_pool/arena.h"
 #include "replay/engine.h"
 
 namespace py = pybind11;
@@ -406,6 +408,9 @@ py::dict StatsToDict(const replay::EngineStats& s) {
   d["cache_entries"] = s.cache_entries;
   d["last_miss"] = s.last_miss;
   d["pool_bytes"] = s.pool_bytes;
+  d["handed_out"] = s.handed_out;
+  d["errors"] = s.errors;
+  d["last_error"] = s.last_error;
   py::list log;
   for (const auto& c : s.capture_log) {
     py::dict r;
@@ -659,6 +664,8 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("engine", [](const Call& c) { return c.engine; });
 
   m.def("built_with_cuda", &capture::BuiltWithCuda);
+  m.def("_testing_fail_allocations", &memory_pool::FailAllocationsForTesting, py::arg("n"),
+        "Test-only: the next n arena growths raise torch.OutOfMemoryError (0: off).");
   m.def("set_log_level", [](int level) { replay::SetLogLevel(ToLogLevel(level)); });
   m.def("log_level", [] { return static_cast<int>(replay::DefaultLogLevel()); });
 }

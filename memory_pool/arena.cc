@@ -3,10 +3,19 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/StorageImpl.h>
 
+#include <c10/util/Exception.h>
+
 #include <algorithm>
+#include <atomic>
 #include <numeric>
 
 namespace torchreplay::memory_pool {
+
+namespace {
+std::atomic<int> g_fail_allocations{0};  // FailAllocationsForTesting
+}  // namespace
+
+void FailAllocationsForTesting(int n) { g_fail_allocations = std::max(n, 0); }
 
 ArenaPlan PlanArena(const std::vector<BufferRequest>& requests, int64_t alignment) {
   ArenaPlan plan;
@@ -51,7 +60,12 @@ Arena::Arena(c10::Device device) {
 }
 
 void Arena::Reserve(int64_t nbytes) {
-  if (nbytes > bytes()) Resize(nbytes);
+  if (nbytes <= bytes()) return;
+  if (g_fail_allocations.load(std::memory_order_relaxed) > 0 && g_fail_allocations.fetch_sub(1) > 0) {
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "torchreplay: allocation of ", nbytes,
+                     " bytes failed (simulated by _testing_fail_allocations)");
+  }
+  Resize(nbytes);
 }
 
 void Arena::Shrink(int64_t nbytes) {

@@ -55,4 +55,9 @@ class Arena {
   c10::Storage storage_;
 };
 
+// Test-only: the next `n` arena growths fail as the allocator would when out of memory (they
+// throw c10::OutOfMemoryError), so that tests can fail a capture half-way. n = 0 turns it off.
+// Python: torchreplay._C._testing_fail_allocations(n). Never set outside tests.
+void FailAllocationsForTesting(int n);
+
 }  // namespace torchreplay::memory_pool

@@ -93,6 +93,8 @@ struct Engine::ThreadState {
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> handed_out;
   // Per capture size: the padded batch inputs (Note [Capture sizes]).
   absl::flat_hash_map<int64_t, std::vector<at::Tensor>> staging;
+  // cache.size() and handed_out.size(), written by this thread, read by stats() from any.
+  std::atomic<int64_t> cache_size{0}, handed_out_size{0};
 };
 
 // Note [Per-thread state lookup]
@@ -155,8 +157,11 @@ EngineStats Engine::stats() const {
   absl::MutexLock lock(&mu_);
   for (const auto& [id, ts] : threads_) {
     s.pool_bytes = std::max(s.pool_bytes, ts->arena.bytes() + ts->cuda_pool.bytes());
-    s.cache_entries += static_cast<int64_t>(ts->cache.size());
+    s.cache_entries += ts->cache_size.load(std::memory_order_relaxed);
+    s.handed_out += ts->handed_out_size.load(std::memory_order_relaxed);
   }
+  s.errors = errors_;
+  s.last_error = last_error_;
   s.capture_log = capture_log_;
   s.fallback_reasons = fallback_reasons_;
   s.last_miss = last_miss_;
@@ -234,6 +239,7 @@ void Engine::Evict(ThreadState& ts, const Entry* keep) {
   if (ts.last == &e) ts.last = nullptr;
   const bool captured = e.graph != nullptr;
   ts.cache.erase(victim);
+  ts.cache_size.store(static_cast<int64_t>(ts.cache.size()), std::memory_order_relaxed);
   ++evictions_;
   if (!captured) return;
   int64_t need = 0;
@@ -269,6 +275,7 @@ absl::StatusOr<Engine::Entry*> Engine::Lookup(ThreadState& ts,
   entry->moves.assign(inputs.size(), 0);
   Entry* e = entry.get();
   ts.cache.emplace(key, std::move(entry));
+  ts.cache_size.store(static_cast<int64_t>(ts.cache.size()), std::memory_order_relaxed);
   ts.last_key = std::move(key);
   while (static_cast<int>(ts.cache.size()) > std::max(1, options_.cache_limit)) Evict(ts, e);
   // A tensor that is not plain dense strided memory (a lazy conjugate or negative view, sparse,
@@ -361,6 +368,7 @@ void Engine::ReleaseOutputs(ThreadState& ts, const std::vector<c10::IValue>& inp
     }
   }
   ts.handed_out.clear();
+  ts.handed_out_size.store(0, std::memory_order_relaxed);
 }
 
 // CAPTURE: build the CapturedGraph for this key from the recording of its last warm-up run.
@@ -372,9 +380,13 @@ absl::Status Engine::Capture(ThreadState& ts, Entry& e, const std::vector<c10::I
   capture::CaptureOptions options;
   options.prepared_steps = options_.prepared_steps;
   options.keep_graph = !options_.dump_dir.empty();
-  absl::StatusOr<std::unique_ptr<capture::CapturedGraph>> graph =
-      cuda ? capture::CaptureCudaGraph(graph_, *e.recording, inputs, &ts.cuda_pool, options)
-           : capture::CaptureKernelTape(graph_, *e.recording, inputs, &ts.arena, options);
+  absl::StatusOr<std::unique_ptr<capture::CapturedGraph>> graph;
+  try {  // an allocation that fails half-way (out of memory) fails the capture, not the call
+    graph = cuda ? capture::CaptureCudaGraph(graph_, *e.recording, inputs, &ts.cuda_pool, options)
+                 : capture::CaptureKernelTape(graph_, *e.recording, inputs, &ts.arena, options);
+  } catch (const c10::Error& err) {
+    graph = absl::InternalError(absl::StrCat("capture failed: ", err.what_without_backtrace()));
+  }
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   e.recording.reset();
@@ -453,6 +465,7 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::Replay(ThreadState& ts, Entry& 
         CopyOut(*storage);  // a copy per buffer: outputs that alias each other still do
       } else {
         ts.handed_out.emplace_back(storage);
+        ts.handed_out_size.store(static_cast<int64_t>(ts.handed_out.size()), std::memory_order_relaxed);
       }
       made.emplace_back(base, std::move(storage));
       same = made.end() - 1;
@@ -588,6 +601,24 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::RunPadded(std::vector<c10::IVal
 }
 
 absl::StatusOr<std::vector<c10::IValue>> Engine::Run(std::vector<c10::IValue> inputs) {
+  absl::StatusOr<std::vector<c10::IValue>> out;
+  try {
+    out = RunOnce(inputs);
+  } catch (const c10::Error& e) {  // not from a kernel (those are caught where they run): e.g. an
+    out = absl::InternalError(       // allocation for an output copied out of the pool
+        absl::StrCat("graph '", options_.name, "': ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    out = absl::InternalError(absl::StrCat("graph '", options_.name, "': ", e.what()));
+  }
+  if (!out.ok()) {
+    ++errors_;
+    absl::MutexLock lock(&mu_);
+    last_error_ = std::string(out.status().message());
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<c10::IValue>> Engine::RunOnce(std::vector<c10::IValue>& inputs) {
   ++calls_;
   if (options_.mode == Mode::kDefault) {
     if (auto s = capture::CheckInputs(*graph_, inputs, options_.bound_inputs); !s.ok()) {

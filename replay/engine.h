@@ -99,6 +99,9 @@ struct EngineStats {
   int64_t evictions = 0;  // keys dropped by the cache_limit
   int64_t cache_entries = 0;  // keys held now, all threads
   int64_t pool_bytes = 0;  // largest pool of any thread
+  int64_t handed_out = 0;     // pool storages handed out by the latest replays and still tracked
+  int64_t errors = 0;         // calls that raised (bad inputs, a kernel that failed)
+  std::string last_error;     // the latest of them
   std::string last_miss;   // why the latest miss had a new key: the key diff
   // The latest captures and fallbacks (at most kLogLength each; the counts above are complete).
   std::vector<CaptureRecord> capture_log;
@@ -132,6 +135,8 @@ class Engine {
   struct ThreadState;
 
   ThreadState& StateForThisThread();
+  // Run, with errors as statuses: mode, capture sizes, then RunKeyed.
+  absl::StatusOr<std::vector<c10::IValue>> RunOnce(std::vector<c10::IValue>& inputs);
   // Run after the mode and capture-size decisions: one key, warm-up / capture / replay.
   absl::StatusOr<std::vector<c10::IValue>> RunKeyed(std::vector<c10::IValue> inputs);
   // The batch size of a call (dim 0 of the first batch input), or -1 if it has none.
@@ -174,6 +179,8 @@ class Engine {
   std::vector<CaptureRecord> capture_log_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> fallback_reasons_ ABSL_GUARDED_BY(mu_);
   std::string last_miss_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int64_t> errors_{0};
+  std::string last_error_ ABSL_GUARDED_BY(mu_);
 };
 
 // The log level engines made from now on get (EngineOptions::Defaults), and the current one.

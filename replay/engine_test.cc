@@ -1,7 +1,9 @@
 // The engine in C++ alone: one capture per guard key, the capture limit, a static input that
-// moves, outputs kept across calls (invalidated, or cloned), the dump of a captured key.
+// moves, outputs kept across calls (invalidated, or cloned), the dump of a captured key, a kernel
+// that fails in a replay, an allocation that fails in a capture.
 #include "replay/engine.h"
 
+#include <ATen/ops/empty.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/randn.h>
 #include <gmock/gmock.h>
@@ -10,6 +12,8 @@
 #include <cstdio>
 #include <fstream>
 #include <sstream>
+
+#include "memory_pool/arena.h"
 
 namespace torchreplay::replay {
 namespace {
@@ -112,6 +116,73 @@ TEST(EngineTest, KeptOutputIsInvalidatedByTheNextReplayUnlessCloned) {
   at::Tensor kept = RunOne(e, w, x1);
   RunOne(e, w, x2);
   EXPECT_TRUE(at::equal(kept, Eager(w, x1)));
+}
+
+// x, idx: index_select(x, 0, idx) * 2, or with `list` x[idx] (aten::index, the index in a list
+// argument) * 2. The kernel raises for an index out of range.
+std::shared_ptr<const capture::Graph> Gather(bool list) {
+  capture::GraphBuilder b;
+  const auto x = b.AddInput("x", capture::ValueType::kTensor);
+  const auto idx = b.AddInput("idx", capture::ValueType::kTensor);
+  auto g = list ? b.AddOp("aten::index.Tensor",
+                          {capture::Arg::Ref(x), capture::Arg::List({capture::Arg::Ref(idx)})})
+                : b.AddOp("aten::index_select", {capture::Arg::Ref(x), capture::Arg::Const(int64_t{0}),
+                                                 capture::Arg::Ref(idx)});
+  EXPECT_TRUE(g.ok()) << g.status();
+  auto y = b.AddOp("aten::mul.Tensor", {capture::Arg::Ref((*g)[0]), capture::Arg::Const(2.0)});
+  EXPECT_TRUE(b.SetOutputs({capture::Arg::Ref((*y)[0])}).ok());
+  return *b.Build();
+}
+
+at::Tensor Index(int64_t a, int64_t b) {
+  at::Tensor t = at::empty({2}, at::kLong);
+  t.data_ptr<int64_t>()[0] = a;
+  t.data_ptr<int64_t>()[1] = b;
+  return t;
+}
+
+TEST(EngineTest, KernelFailureDuringReplayIsAnErrorAndTheNextCallReplays) {
+  Engine e(Gather(/*list=*/false), Options());
+  const at::Tensor x = at::randn({5, 3});
+  auto check = [&](const at::Tensor& idx) {
+    auto out = e.Run({x, idx});
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_TRUE(at::equal((*out)[0].toTensor(), x.index_select(0, idx).mul(2.0)));
+  };
+  for (int64_t i = 0; i < 3; ++i) check(Index(i, 4));
+  for (int64_t k = 0; k < 2; ++k) {
+    auto bad = e.Run({x, Index(1, 9 + k)});  // same key: the replay's kernel raises
+    ASSERT_FALSE(bad.ok());
+    EXPECT_THAT(bad.status().message(), HasSubstr("index out of range"));
+    check(Index(k, 3));
+  }
+  const EngineStats s = e.stats();
+  EXPECT_EQ(s.errors, 2);
+  EXPECT_THAT(s.last_error, HasSubstr("index out of range"));
+  EXPECT_EQ(s.captures, 1);
+  EXPECT_EQ(s.replays, 4);  // the two failed replays are not counted
+  EXPECT_EQ(s.eager_fallbacks, 0);
+  EXPECT_EQ(s.cache_entries, 1);
+  EXPECT_EQ(s.handed_out, 1);  // the latest replay's output
+}
+
+TEST(EngineTest, AllocationFailureDuringCaptureRunsTheKeyEagerlyWithTheReason) {
+  Engine e(Model(), Options());
+  const at::Tensor w = at::randn({8, 8});
+  memory_pool::FailAllocationsForTesting(1);  // the first capture's arena growth fails
+  for (int call = 0; call < 4; ++call) {
+    const at::Tensor x = at::randn({3, 8});
+    EXPECT_TRUE(at::equal(RunOne(e, w, x), Eager(w, x)));
+  }
+  memory_pool::FailAllocationsForTesting(0);
+  const EngineStats s = e.stats();
+  EXPECT_EQ(s.captures, 0);
+  EXPECT_EQ(s.eager_fallbacks, 3);  // the call that tried to capture, and the two after it
+  EXPECT_EQ(s.errors, 0);
+  EXPECT_EQ(s.pool_bytes, 0);
+  ASSERT_EQ(s.fallback_reasons.size(), 1u);
+  EXPECT_THAT(s.fallback_reasons[0], HasSubstr("capture failed"));
+  EXPECT_THAT(s.fallback_reasons[0], HasSubstr("simulated by _testing_fail_allocations"));
 }
 
 TEST(EngineTest, DumpDirGetsEachCapturedKeysPlan) {
