@@ -49,6 +49,9 @@ class KernelTape final : public CapturedGraph {
   bool OutputInPool(size_t i) const override { return output_in_pool_[i]; }
   Region OutputRegion(size_t i) const override { return output_region_[i]; }
   absl::StatusOr<std::string> Dump(const std::string& path_stem) const override;
+  // Drops this call's tensors from the slots and the stack, and from the list arguments of
+  // `failed`, a step that raised before it could drop them itself.
+  void DropCallValues(Step* failed = nullptr);
 
   CaptureInfo info_;
   std::string listing_;  // the plan, printed
@@ -99,8 +102,10 @@ absl::Status KernelTape::Replay(const std::vector<c10::IValue>& inputs,
   for (const auto& [pos, slot] : input_slots_) slots_[slot] = inputs[pos];
   for (ScalarWrite& w : scalar_writes_) WriteNumber(slots_[w.slot], &w.holder);
   absl::Status status;
+  Step* current = nullptr;
   try {
     for (Step& s : steps_) {
+      current = &s;
       if (s.kind == Step::Kind::kGetItem) {
         slots_[s.out_slots[0]] = slots_[s.patches[0].slot].toList().get(s.index);
         continue;
@@ -143,14 +148,29 @@ absl::Status KernelTape::Replay(const std::vector<c10::IValue>& inputs,
     }
   } catch (const c10::Error& e) {
     status = absl::InternalError(absl::StrCat("replay failed: ", e.what_without_backtrace()));
+  } catch (...) {
+    DropCallValues(current);
+    throw;
   }
   if (status.ok()) {
     outputs->clear();
     for (const Output& o : outputs_) outputs->push_back(o.slot < 0 ? o.constant : slots_[o.slot]);
+    current = nullptr;
   }
-  for (auto& v : slots_) v = c10::IValue();  // the call's tensors go, whether or not it failed
-  stack_.clear();
+  // A failed call drops its tensors (inputs, intermediates, list arguments) as a successful one
+  // does, instead of keeping them alive until the next call.
+  DropCallValues(current);
   return status;
+}
+
+void KernelTape::DropCallValues(Step* failed) {
+  if (failed != nullptr) {
+    for (const Patch& p : failed->patches) {
+      if (p.elem >= 0) failed->args[p.arg].toList().set(p.elem, c10::IValue(at::Tensor()));
+    }
+  }
+  for (auto& v : slots_) v = c10::IValue();
+  stack_.clear();
 }
 
 absl::StatusOr<std::string> KernelTape::Dump(const std::string& path_stem) const {

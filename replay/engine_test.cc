@@ -1,6 +1,6 @@
 // The engine in C++ alone: one capture per guard key, the capture limit, a static input that
 // moves, outputs kept across calls (invalidated, or cloned), the dump of a captured key, a kernel
-// that fails in a replay, an allocation that fails in a capture.
+// that fails in a replay (the call's tensors dropped), an allocation that fails in a capture.
 #include "replay/engine.h"
 
 #include <ATen/ops/empty.h>
@@ -183,6 +183,22 @@ TEST(EngineTest, AllocationFailureDuringCaptureRunsTheKeyEagerlyWithTheReason) {
   ASSERT_EQ(s.fallback_reasons.size(), 1u);
   EXPECT_THAT(s.fallback_reasons[0], HasSubstr("capture failed"));
   EXPECT_THAT(s.fallback_reasons[0], HasSubstr("simulated by _testing_fail_allocations"));
+}
+
+TEST(EngineTest, FailedReplayKeepsNoneOfTheCallsTensorsAlive) {
+  for (bool list : {false, true}) {  // with list: the failing step's own list argument holds idx
+    Engine e(Gather(list), Options());
+    const at::Tensor x = at::randn({5, 3});
+    for (int64_t i = 0; i < 3; ++i) ASSERT_TRUE(e.Run({x, Index(i, 1)}).ok());
+    const at::Tensor bad_x = at::randn({5, 3});
+    const at::Tensor bad_idx = Index(7, 1);
+    ASSERT_FALSE(e.Run({bad_x, bad_idx}).ok());
+    EXPECT_EQ(bad_x.use_count(), 1) << "list " << list;
+    EXPECT_EQ(bad_idx.use_count(), 1) << "list " << list;
+    auto out = e.Run({x, Index(3, 4)});
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_TRUE(at::equal((*out)[0].toTensor(), x.index_select(0, Index(3, 4)).mul(2.0)));
+  }
 }
 
 TEST(EngineTest, DumpDirGetsEachCapturedKeysPlan) {

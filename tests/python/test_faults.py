@@ -97,6 +97,26 @@ def test_kernel_failure_during_replay_raises_and_next_call_works(entry, op):
     assert after["handed_out"] <= 1
 
 
+@pytest.mark.parametrize("where", ["before_list", "in_list"])
+def test_failed_replay_keeps_none_of_the_callers_tensors_alive(where):
+    x = torch.randn(5, 3)
+    if where == "before_list":   # the failing step runs before a step with a list argument
+        fn = lambda x, idx: torch.cat([x.index_select(0, idx), x[:2]]) * 2  # noqa: E731
+    else:                        # the failing step's own list argument holds the index
+        fn = lambda x, idx: torch.ops.aten.index.Tensor(x, [idx]) * 2  # noqa: E731
+    call, engine = build("engine", fn, (x, torch.tensor([0, 1])))
+    for i in range(3):
+        call(x, torch.tensor([i, 1]))
+    bad_x, bad_idx = torch.randn(5, 3), torch.tensor([7, 1])
+    refs = [weakref.ref(bad_x), weakref.ref(bad_idx)]
+    with pytest.raises(RuntimeError, match="index out of range|out of bounds"):
+        call(bad_x, bad_idx)
+    del bad_x, bad_idx
+    gc.collect()
+    assert [r() for r in refs] == [None, None], "a failed replay kept an input alive"
+    assert torch.equal(call(x, torch.tensor([3, 4])), fn(x, torch.tensor([3, 4])))
+
+
 @pytest.mark.parametrize("entry", ENTRIES)
 def test_allocation_failure_during_capture_falls_back_eagerly_with_the_reason(entry):
     fn = lambda x, y: torch.tanh(x @ y) + x.sum()  # noqa: E731
