@@ -98,7 +98,7 @@ def _emit_random_op(g: _Gen) -> None:
     rng = g.rng
     a, b = g.pick(), g.pick()
     R = _Ref
-    choice = rng.randrange(30)
+    choice = rng.randrange(36)
     if choice == 0:
         g.add(g.op(rng.choice(["aten::relu", "aten::sigmoid", "aten::tanh", "aten::neg", "aten::abs"]), a))
     elif choice == 1:
@@ -185,6 +185,32 @@ def _emit_random_op(g: _Gen) -> None:
     elif choice == 28:   # select a row and broadcast it back
         row = g.op("aten::select.int", a, 0, 0)
         g.add(g.op("aten::add.Tensor", b, R(row)))
+    elif choice == 30:   # a view of a value, next to the value: outputs may alias each other
+        v = g.op("aten::view", a, [R(g.r), C]) if a.id not in (g.x, g.y) else g.op("aten::alias", a)
+        g.add(v)
+    elif choice == 31:   # in-place through a view of an intermediate
+        c = g.op("aten::clone", a)
+        tr = g.op("aten::transpose.int", R(c), 0, 1)
+        g.op(rng.choice(["aten::mul_.Tensor", "aten::sub_.Tensor"]), R(tr), 0.5 if rng.random() < 0.5 else 2)
+        g.add(c)
+    elif choice == 32:   # mixed dtypes: an int32 copy promoted back against a float
+        i = g.op("aten::_to_copy", a, dtype=rng.choice([torch.int32, torch.int64]))
+        g.add(g.op(rng.choice(["aten::mul.Tensor", "aten::add.Tensor"]), b, R(i)))
+    elif choice == 33:   # a Python scalar computed from the symbolic size
+        g.add(g.op(rng.choice(["aten::mul.Tensor", "aten::add.Tensor"]), a, R(g.sym_mul(R(g.r), 1))))
+    elif choice == 34:   # float64 and float16 intermediates
+        d = g.op("aten::_to_copy", a, dtype=rng.choice([torch.float64, torch.float16]))
+        e = g.op(rng.choice(["aten::sin", "aten::relu", "aten::neg"]), R(d))
+        g.add(g.op("aten::_to_copy", R(e), dtype=torch.float32))
+    elif choice == 35:   # in-place on a slice of an input (a view of the caller's tensor)
+        if not g.mutated_input:
+            g.mutated_input = True
+            h = rng.randrange(1, C)
+            part = g.op("aten::slice.Tensor", R(g.y), 1, 0, h)
+            g.op("aten::mul_.Tensor", R(part), 0.5)
+            g.add(g.op("aten::slice_scatter", R(g.y), R(part), 1, 0, h) if rng.random() < 0.5 else g.y)
+        else:
+            g.add(g.op("aten::sigmoid", a))
     else:                 # mutate an input in place (the caller must see it)
         if not g.mutated_input:
             g.mutated_input = True
