@@ -13,6 +13,7 @@
 #include <array>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <optional>
 
@@ -547,8 +548,14 @@ std::vector<c10::IValue> Engine::Resized(const std::vector<c10::IValue>& inputs,
       s = at::empty(sizes, t.options());
     }
     const int64_t rows = std::min(n, size);
-    s.narrow(0, 0, rows).copy_(t.narrow(0, 0, rows));
-    if (size > rows) s.narrow(0, rows, size - rows).zero_();
+    if (s.is_cpu() && t.is_contiguous() && s.is_contiguous()) {  // no dispatch on the fast path
+      const size_t row_bytes = s.numel() == 0 ? 0 : s.nbytes() / size;
+      std::memcpy(s.data_ptr(), t.const_data_ptr(), rows * row_bytes);
+      std::memset(static_cast<char*>(s.data_ptr()) + rows * row_bytes, 0, (size - rows) * row_bytes);
+    } else {
+      s.narrow(0, 0, rows).copy_(t.narrow(0, 0, rows));
+      if (size > rows) s.narrow(0, rows, size - rows).zero_();
+    }
     out[i] = s;
   }
   for (int i : options_.batch_size_inputs) {
@@ -591,11 +598,16 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::RunPadded(std::vector<c10::IVal
     if (o >= static_cast<int>(out->size()) || !(*out)[o].isTensor()) continue;
     const at::Tensor& t = (*out)[o].toTensor();
     if (!t.defined() || t.dim() == 0 || t.size(0) != *bucket) continue;
-    at::Tensor rows = t.narrow(0, 0, n);
+    // Its first n rows, as a tensor of its own over the same memory (no dispatch).
+    auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(t.storage()), t.key_set(), t.dtype());
+    std::vector<int64_t> rows = t.sizes().vec();
+    rows[0] = n;
+    impl->set_sizes_and_strides(rows, t.strides(), t.storage_offset());
+    at::Tensor narrowed(std::move(impl));
     for (const at::Tensor& s : staging) {
-      if (s.defined() && t.is_alias_of(s)) rows = rows.clone();
+      if (s.defined() && t.is_alias_of(s)) narrowed = narrowed.clone();
     }
-    (*out)[o] = std::move(rows);
+    (*out)[o] = std::move(narrowed);
   }
   return out;
 }
