@@ -171,6 +171,11 @@ _hooks: List[Any] = []
 
 
 def _on_registration(module: torch.nn.Module, name: str, value: Any) -> None:
+    if torch.compiler.is_compiling():
+        # Dynamo traces global hooks into the frames it compiles: reading _watched there would
+        # make it guard on the weak dictionary's keys, which garbage collection changes under it
+        # (a guard that fails to build). The modules it traces are not torchreplay.capture's.
+        return None
     captures = _watched.get(module)
     if not captures:
         return None
