@@ -2,11 +2,21 @@
 # Runs every test: the C++ suites (bazel test //...), the Python suites (pytest) on the Bazel
 # build, and the CMake/pip build with its own pytest run (tools/cmake_check.sh); then prints one
 # summary line "N passed, M failed, K skipped". Extra arguments go to the main pytest run.
+# First, unless TORCHREPLAY_SANITIZERS=0: the C++ suites under ASan+LSan and UBSan, and a Python
+# slice against an ASan build of the extension (tools/asan_python.sh); about 12 min from scratch.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh || exit 1
 mkdir -p bazel-out-reports
 rm -f bazel-out-reports/pytest*.xml
+sanitizers_rc=0
+if [ "${TORCHREPLAY_SANITIZERS:-1}" != 0 ]; then
+  for config in asan ubsan; do
+    bazel test --config=$config --noshow_progress //... 2>&1 | grep -vE "^(Loading|Analyzing|INFO: (Analyzed|Found|From))"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "tools/test.sh: the C++ suites fail under $config"; sanitizers_rc=1; }
+  done
+  tools/asan_python.sh || sanitizers_rc=1
+fi
 bazel test --noshow_progress //... 2>&1 | grep -vE "^(Loading|Analyzing|INFO: (Analyzed|Found|From))"
 bazel_rc=${PIPESTATUS[0]}
 .venv/bin/python -m pytest -q tests/python --junitxml=bazel-out-reports/pytest.xml "$@"
@@ -16,4 +26,5 @@ cmake_rc=$?
 .venv/bin/python tools/summarize_tests.py bazel-testlogs bazel-out-reports/pytest.xml \
   bazel-out-reports/pytest-cmake.xml
 summary_rc=$?
-[ $bazel_rc -eq 0 ] && [ $pytest_rc -eq 0 ] && [ $cmake_rc -eq 0 ] && [ $summary_rc -eq 0 ]
+[ $bazel_rc -eq 0 ] && [ $pytest_rc -eq 0 ] && [ $cmake_rc -eq 0 ] && [ $summary_rc -eq 0 ] && \
+  [ $sanitizers_rc -eq 0 ]
