@@ -44,6 +44,9 @@ bool IsIntOverflow(const absl::Status& s) {
 }
 
 [[noreturn]] void Throw(const absl::Status& s) {
+  // An op that went to Python code (a Python kernel or decomposition) and raised there leaves
+  // that error set: it is the call's error, with the type and message eager gives.
+  if (PyErr_Occurred() != nullptr) throw py::error_already_set();
   if (IsIntOverflow(s)) {
     PyErr_SetString(PyExc_OverflowError, std::string(s.message()).c_str());
     throw py::error_already_set();

@@ -95,14 +95,14 @@ struct CaptureRecord {
 
 struct EngineStats {
   int64_t calls = 0, replays = 0, captures = 0, warmups = 0, eager_fallbacks = 0;
-  int64_t misses = 0;     // calls whose key was not held (new, or evicted): each ran eagerly
-  int64_t evictions = 0;  // keys dropped by the cache_limit
-  int64_t cache_entries = 0;  // keys held now, all threads
-  int64_t pool_bytes = 0;  // largest pool of any thread
-  int64_t handed_out = 0;     // pool storages handed out by the latest replays and still tracked
-  int64_t errors = 0;         // calls that raised (bad inputs, a kernel that failed)
-  std::string last_error;     // the latest of them
+  int64_t misses = 0;      // calls whose key was not held (new, or evicted): each ran eagerly
   std::string last_miss;   // why the latest miss had a new key: the key diff
+  int64_t evictions = 0;   // keys dropped by the cache_limit
+  int64_t errors = 0;      // calls that raised (bad inputs, a kernel that failed)
+  std::string last_error;  // the latest of them
+  // What the engine holds now, all threads together: keys, pool storages handed out by the
+  // latest replays (tracked until the next), and the largest pool of any thread.
+  int64_t cache_entries = 0, handed_out = 0, pool_bytes = 0;
   // The latest captures and fallbacks (at most kLogLength each; the counts above are complete).
   std::vector<CaptureRecord> capture_log;
   std::vector<std::string> fallback_reasons;

@@ -224,3 +224,16 @@ def test_many_failing_calls_leak_nothing(entry):
     assert s1["handed_out"] <= 1
     # 10,000 failed calls: a leak of 100 bytes each would be 1 MB.
     assert rss1 - rss0 < 1 << 20, f"RSS grew by {(rss1 - rss0) / 1e6:.2f} MB"
+
+
+def test_an_error_raised_in_python_code_an_op_went_to_keeps_its_type_and_message():
+    f = lambda x, s: x & s  # bitwise_and has no Half kernel: raised where the op's Python path runs
+    x = torch.randn(4).half()
+    with pytest.raises(NotImplementedError) as eager:
+        f(x, 1)
+    c = torch.compile(f, backend=backend(), dynamic=True)
+    with pytest.raises(NotImplementedError) as ours:
+        c(x, 1)
+    assert str(eager.value) in str(ours.value)
+    y = torch.arange(4)
+    assert torch.equal(c(y, 6), f(y, 6))  # usable after
