@@ -4,17 +4,29 @@
 # "reduce-overhead") vs the torch.compile peers on the built-in models (the tiny Llama decode step
 # included) through the Python harness, with Dynamo's floor and the bare engine as reference rows;
 # it prints a table and a per-model summary and writes JSON, CSV and a PNG plot to bench_out/ (or
-# --out DIR).
+# --out DIR). Last, batch-size buckets in a decode-style loop (python -m torchreplay.bench.buckets:
+# capture_sizes against one capture per size, eager and Inductor).
 # Arguments go to `python -m torchreplay.bench` (try --help).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
 min_time=1
-for a in "$@"; do [ "$a" = "--quick" ] && min_time=0.2; done
+buckets=()
+prev= help=
+for a in "$@"; do
+  case "$a" in -h|--help) help=1 ;; esac
+  [ "$a" = "--quick" ] && min_time=0.2 && buckets+=(--rounds 5 --no-inductor)
+  [ "$prev" = "--out" ] && buckets+=(--out "$a")
+  prev=$a
+done
 bazel build --noshow_progress --ui_event_filters=-info,-stdout //bench:chain_bench 2>&1 \
   | grep -vE "^(Loading|Analyzing|INFO|Target|  bazel-bin)" >&2 || true
 echo "== Google Benchmark: bench/chain_bench.cc (64 elementwise ops on 16 floats, one thread)"
 bazel-bin/bench/chain_bench --benchmark_min_time="$min_time" 2>/dev/null
 echo
 echo "== Python harness: python -m torchreplay.bench $*"
-exec .venv/bin/python -m torchreplay.bench "$@"
+.venv/bin/python -m torchreplay.bench "$@"
+[ -z "$help" ] || exit 0
+echo
+echo "== Batch-size buckets: python -m torchreplay.bench.buckets ${buckets[*]}"
+.venv/bin/python -m torchreplay.bench.buckets "${buckets[@]}"
