@@ -239,11 +239,12 @@ class Backend:
         forward = gm.forward
         # Int arithmetic inside the graph can leave int64 where Python's ints would not: such a
         # call is run by Python instead (Note [Scalars bound per call] in capture/graph.h), on a
-        # copy of its arguments, since the engine consumes them; not for graphs that write into
-        # their inputs (the run may have written some already).
+        # copy of its arguments, since the engine consumes them. Inference graphs only (training
+        # graphs free their saved tensors as the run goes), and not when the graph writes into its
+        # inputs (the run may have written some already): those raise the OverflowError.
         mutable = any(isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable
                       for n in gm.graph.nodes)
-        rerun = not mutable and any(n.op == "call_function" and not isinstance(n.target, torch._ops.OpOverload)
+        rerun = kind == "inference" and not mutable and any(n.op == "call_function" and not isinstance(n.target, torch._ops.OpOverload)
                                     and n.target is not operator.getitem for n in gm.graph.nodes)
 
         def call(args: List[Any]) -> List[Any]:
