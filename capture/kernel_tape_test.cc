@@ -22,6 +22,14 @@ namespace {
 
 using ::testing::HasSubstr;
 
+// The first output of a new `name` node; a failure fails the test.
+ValueId Op(GraphBuilder& b, const std::string& name, std::vector<Arg> args,
+           std::vector<std::pair<std::string, Arg>> kwargs = {}) {
+  auto out = b.AddOp(name, std::move(args), std::move(kwargs));
+  EXPECT_TRUE(out.ok()) << out.status();
+  return out.ok() ? (*out)[0] : -1;
+}
+
 // w (static), x, acc: y = relu(x @ w.t() + 1) * 0.5 - sin(x @ w.t()); acc.add_(y) in place; the
 // graph returns y, acc and y's first half from a split (a getitem of a per-call list).
 std::shared_ptr<const Graph> Model() {
@@ -29,20 +37,15 @@ std::shared_ptr<const Graph> Model() {
   const ValueId w = b.AddInput("w", ValueType::kTensor);
   const ValueId x = b.AddInput("x", ValueType::kTensor);
   const ValueId acc = b.AddInput("acc", ValueType::kTensor);
-  auto op = [&](const std::string& name, std::vector<Arg> args) {
-    auto out = b.AddOp(name, std::move(args));
-    EXPECT_TRUE(out.ok()) << out.status();
-    return (*out)[0];
-  };
-  const ValueId wt = op("aten::t", {Arg::Ref(w)});
-  const ValueId mm = op("aten::mm", {Arg::Ref(x), Arg::Ref(wt)});
-  const ValueId h = op("aten::add.Tensor", {Arg::Ref(mm), Arg::Const(1.0)});
-  const ValueId r = op("aten::relu", {Arg::Ref(h)});
-  const ValueId s = op("aten::mul.Tensor", {Arg::Ref(r), Arg::Const(0.5)});
-  const ValueId sn = op("aten::sin", {Arg::Ref(mm)});
-  const ValueId y = op("aten::sub.Tensor", {Arg::Ref(s), Arg::Ref(sn)});
-  op("aten::add_.Tensor", {Arg::Ref(acc), Arg::Ref(y)});
-  const ValueId parts = op("aten::split.Tensor", {Arg::Ref(y), Arg::Const(int64_t{2})});
+  const ValueId wt = Op(b, "aten::t", {Arg::Ref(w)});
+  const ValueId mm = Op(b, "aten::mm", {Arg::Ref(x), Arg::Ref(wt)});
+  const ValueId h = Op(b, "aten::add.Tensor", {Arg::Ref(mm), Arg::Const(1.0)});
+  const ValueId r = Op(b, "aten::relu", {Arg::Ref(h)});
+  const ValueId s = Op(b, "aten::mul.Tensor", {Arg::Ref(r), Arg::Const(0.5)});
+  const ValueId sn = Op(b, "aten::sin", {Arg::Ref(mm)});
+  const ValueId y = Op(b, "aten::sub.Tensor", {Arg::Ref(s), Arg::Ref(sn)});
+  Op(b, "aten::add_.Tensor", {Arg::Ref(acc), Arg::Ref(y)});
+  const ValueId parts = Op(b, "aten::split.Tensor", {Arg::Ref(y), Arg::Const(int64_t{2})});
   auto first = b.AddGetItem(parts, 0);
   EXPECT_TRUE(first.ok());
   EXPECT_TRUE(b.SetOutputs({Arg::Ref(y), Arg::Ref(acc), Arg::Ref(*first)}).ok());
@@ -165,25 +168,18 @@ std::shared_ptr<const Graph> ScalarModel() {
   const ValueId x = b.AddInput("x", ValueType::kTensor);
   const ValueId s = b.AddInput("s", ValueType::kFloat);
   const ValueId k = b.AddInput("k", ValueType::kInt);
-  auto op = [&](const std::string& name, std::vector<Arg> args) {
-    auto out = b.AddOp(name, std::move(args));
-    EXPECT_TRUE(out.ok()) << out.status();
-    return (*out)[0];
-  };
-  const ValueId m = op("aten::mul.Tensor", {Arg::Ref(x), Arg::Ref(s)});
-  auto add = b.AddOp("aten::add.Tensor", {Arg::Ref(m), Arg::Ref(x)}, {{"alpha", Arg::Ref(s)}});
-  EXPECT_TRUE(add.ok()) << add.status();
-  const ValueId a = (*add)[0];
-  const ValueId c = op("aten::clamp_min", {Arg::Ref(a), Arg::Ref(s)});
-  const ValueId mk = op("aten::mul.Tensor", {Arg::Ref(c), Arg::Ref(k)});
-  const ValueId l = op("aten::lerp.Scalar", {Arg::Ref(mk), Arg::Ref(x), Arg::Ref(s)});
-  const ValueId r = op("aten::leaky_relu", {Arg::Ref(l), Arg::Ref(s)});
-  const ValueId f = op("aten::fill.Scalar", {Arg::Ref(x), Arg::Ref(k)});
+  const ValueId m = Op(b, "aten::mul.Tensor", {Arg::Ref(x), Arg::Ref(s)});
+  const ValueId a = Op(b, "aten::add.Tensor", {Arg::Ref(m), Arg::Ref(x)}, {{"alpha", Arg::Ref(s)}});
+  const ValueId c = Op(b, "aten::clamp_min", {Arg::Ref(a), Arg::Ref(s)});
+  const ValueId mk = Op(b, "aten::mul.Tensor", {Arg::Ref(c), Arg::Ref(k)});
+  const ValueId l = Op(b, "aten::lerp.Scalar", {Arg::Ref(mk), Arg::Ref(x), Arg::Ref(s)});
+  const ValueId r = Op(b, "aten::leaky_relu", {Arg::Ref(l), Arg::Ref(s)});
+  const ValueId f = Op(b, "aten::fill.Scalar", {Arg::Ref(x), Arg::Ref(k)});
   auto k2 = b.AddSymArith(SymOp::kMul, {Arg::Ref(k), Arg::Const(int64_t{2})});
   auto s2 = b.AddSymArith(SymOp::kAdd, {Arg::Ref(s), Arg::Const(1.5)});
   EXPECT_TRUE(k2.ok() && s2.ok());
-  const ValueId q = op("aten::mul.Tensor", {Arg::Ref(r), Arg::Ref(*k2)});
-  const ValueId z = op("aten::add.Tensor", {Arg::Ref(q), Arg::Ref(*s2)});
+  const ValueId q = Op(b, "aten::mul.Tensor", {Arg::Ref(r), Arg::Ref(*k2)});
+  const ValueId z = Op(b, "aten::add.Tensor", {Arg::Ref(q), Arg::Ref(*s2)});
   EXPECT_TRUE(b.SetOutputs({Arg::Ref(z), Arg::Ref(f), Arg::Ref(s)}).ok());
   auto g = b.Build();
   EXPECT_TRUE(g.ok()) << g.status();

@@ -263,9 +263,7 @@ absl::StatusOr<Engine::Entry*> Engine::Lookup(ThreadState& ts,
     ts.miss_streak = 0;
     return it->second.get();
   }
-  if (auto s = capture::CheckInputs(*graph_, inputs, options_.bound_inputs); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("graph '", options_.name, "': ", s.message()));
-  }
+  if (auto s = CheckInputs(inputs); !s.ok()) return s;
   auto entry = std::make_unique<Entry>();
   entry->reason = NoteMiss(ts, key);
   entry->key = key;
@@ -305,6 +303,12 @@ absl::StatusOr<Engine::Entry*> Engine::Lookup(ThreadState& ts,
     }
   }
   return e;
+}
+
+absl::Status Engine::CheckInputs(const std::vector<c10::IValue>& inputs) const {
+  absl::Status s = capture::CheckInputs(*graph_, inputs, options_.bound_inputs);
+  if (s.ok()) return s;
+  return absl::InvalidArgumentError(absl::StrCat("graph '", options_.name, "': ", s.message()));
 }
 
 absl::StatusOr<std::vector<c10::IValue>> Engine::RunEager(const std::vector<c10::IValue>& inputs) {
@@ -578,9 +582,7 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::RunPadded(std::vector<c10::IVal
       AppendBounded(&fallback_reasons_, std::move(reason));
     }
     ++eager_fallbacks_;
-    if (auto s = capture::CheckInputs(*graph_, inputs, options_.bound_inputs); !s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("graph '", options_.name, "': ", s.message()));
-    }
+    if (auto s = CheckInputs(inputs); !s.ok()) return s;
     return RunEager(inputs);
   }
   ThreadState& ts = StateForThisThread();
@@ -633,9 +635,7 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::Run(std::vector<c10::IValue> in
 absl::StatusOr<std::vector<c10::IValue>> Engine::RunOnce(std::vector<c10::IValue>& inputs) {
   ++calls_;
   if (options_.mode == Mode::kDefault) {
-    if (auto s = capture::CheckInputs(*graph_, inputs, options_.bound_inputs); !s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("graph '", options_.name, "': ", s.message()));
-    }
+    if (auto s = CheckInputs(inputs); !s.ok()) return s;
     return RunEager(inputs);
   }
   if (!options_.capture_sizes.empty()) {

@@ -148,6 +148,9 @@ class Engine {
   // A call whose batch size n is not a capture size: padded, replayed, sliced back.
   absl::StatusOr<std::vector<c10::IValue>> RunPadded(std::vector<c10::IValue> inputs, int64_t n);
   absl::StatusOr<Entry*> Lookup(ThreadState& ts, const std::vector<c10::IValue>& inputs);
+  // Arity, kinds, dtypes, devices and ranks, checked when a call's key is new: InvalidArgument
+  // naming the graph and the input.
+  absl::Status CheckInputs(const std::vector<c10::IValue>& inputs) const;
   absl::StatusOr<std::vector<c10::IValue>> RunEager(const std::vector<c10::IValue>& inputs);
   absl::Status Capture(ThreadState& ts, Entry& e, const std::vector<c10::IValue>& inputs);
   absl::StatusOr<std::vector<c10::IValue>> Replay(ThreadState& ts, Entry& e,
