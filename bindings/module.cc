@@ -175,8 +175,8 @@ capture::ValueType ValueTypeFromName(const std::string& s) {
 // arguments as they are (no boxed list, no Python frame of ours). backend.py builds one only when
 // that wrapper would do nothing beyond what a Call does: bump the version counters of the inputs
 // the graph mutates, run with grad mode off, give outputs aliasing an input back as the input or
-// an autograd view of it, and drop the graph's extra outputs (intermediate bases of aliased
-// outputs). torchreplay.capture uses it too, with the model's parameters and buffers bound once
+// an autograd view of it, drop the graph's extra outputs (intermediate bases of aliased outputs),
+// and mark outputs' dynamic dims for later compiles (dynamic=True graphs). torchreplay.capture uses it too, with the model's parameters and buffers bound once
 // ahead of the call's arguments.
 std::string Describe(const c10::IValue& v) {
   if (v.isInt()) return absl::StrCat(v.toInt());
@@ -227,6 +227,10 @@ struct Call {
     int base;  // argument index (after `bound`) or output index
   };
   std::vector<Alias> aliases;
+  // Outputs whose dims Dynamo should treat as dynamic when they are fed to a later compile:
+  // (output, set of dims), added to the tensor's `_dynamo_weak_dynamic_indices` as AOTAutograd's
+  // runtime wrapper does (maybe_mark_dynamic_helper).
+  std::vector<std::pair<int, py::object>> dynamic_dims;
   // torchreplay.capture: an argument the graph writes must not share memory with another
   // argument (the trace assumed it does not).
   bool check_overlap = false;
@@ -339,9 +343,30 @@ struct Call {
     }
     if (!out.ok()) Throw(out.status());
     const size_t n = num_outputs < 0 ? out->size() : std::min<size_t>(num_outputs, out->size());
-    if (returns == Returns::kOne && n == 1) return FromIValue((*out)[0]);
-    if (returns == Returns::kTuple) return FromIValues<py::tuple>(*out, n);
-    return FromIValues<py::list>(*out, n);
+    py::list result = FromIValues<py::list>(*out, n);
+    for (const auto& [i, dims] : dynamic_dims) {
+      if (static_cast<size_t>(i) < n) MarkDynamic(result[i], dims);
+    }
+    if (returns == Returns::kOne && n == 1) return result[0];
+    if (returns == Returns::kTuple) return py::tuple(result);
+    return result;
+  }
+
+  // t._dynamo_weak_dynamic_indices |= dims, or a copy of dims when t has none yet.
+  static void MarkDynamic(py::handle t, const py::object& dims) {
+    static PyObject* const kIndices = PyUnicode_InternFromString("_dynamo_weak_dynamic_indices");
+    if (!THPVariable_Check(t.ptr())) return;
+    PyObject* held = nullptr;
+#if PY_VERSION_HEX >= 0x030D0000
+    const int found = PyObject_GetOptionalAttr(t.ptr(), kIndices, &held);
+#else
+    const int found = _PyObject_LookupAttr(t.ptr(), kIndices, &held);
+#endif
+    if (found < 0) throw py::error_already_set();
+    py::object merged = py::reinterpret_steal<py::object>(
+        found ? PyNumber_InPlaceOr(held, dims.ptr()) : PySet_New(dims.ptr()));
+    Py_XDECREF(held);
+    if (!merged || PyObject_SetAttr(t.ptr(), kIndices, merged.ptr()) < 0) throw py::error_already_set();
   }
 
   // Raises if an argument the graph writes shares memory with another argument.
@@ -624,7 +649,8 @@ PYBIND11_MODULE(_C, m) {
                        int num_outputs, py::object fallback, py::dict fixed, const std::string& returns,
                        const std::vector<std::tuple<int, int, int>>& aliases,
                        const std::vector<std::tuple<int, int, int64_t, int64_t, int>>& sizes,
-                       py::object module, bool check_overlap) {
+                       py::object module, bool check_overlap,
+                       const std::vector<std::pair<int, py::object>>& dynamic_dims) {
              Call c{std::move(engine), {}, std::move(mutated), num_outputs, std::move(fallback)};
              if (returns == "tuple") {
                c.returns = Call::Returns::kTuple;
@@ -641,6 +667,11 @@ PYBIND11_MODULE(_C, m) {
              }
              c.module = std::move(module);
              c.check_overlap = check_overlap;
+             for (const auto& [o, dims] : dynamic_dims) {
+               if (o < 0) throw py::value_error("torchreplay: dynamic_dims output out of range");
+               c.dynamic_dims.emplace_back(o, py::reinterpret_steal<py::object>(PyFrozenSet_New(dims.ptr())));
+               if (!c.dynamic_dims.back().second) throw py::error_already_set();
+             }
              if (!c.module.is_none()) c.training = c.module.attr("training").cast<bool>();
              for (const auto& [o, kind, base] : aliases) {
                if (kind < 0 || kind > 2) throw py::value_error("torchreplay: alias kind must be 0, 1 or 2");
@@ -660,7 +691,8 @@ PYBIND11_MODULE(_C, m) {
            py::arg("returns") = "list",
            py::arg("aliases") = std::vector<std::tuple<int, int, int>>(),
            py::arg("sizes") = std::vector<std::tuple<int, int, int64_t, int64_t, int>>(),
-           py::arg("module") = py::none(), py::arg("check_overlap") = false)
+           py::arg("module") = py::none(), py::arg("check_overlap") = false,
+           py::arg("dynamic_dims") = std::vector<std::pair<int, py::object>>())
       .def("__call__", &Call::operator())
       .def("_set_stale", [](Call& c, const std::string& why) { c.stale = why; },
            "Makes every later call raise ValueError(why) (the model changed under the capture).")

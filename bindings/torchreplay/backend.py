@@ -104,8 +104,6 @@ def _direct_call(aot_fn: Callable, engine: Any, ctx: Any, num_graph_inputs: int,
         return "input mutations applied outside the graph"
     if meta.tokens or torch._functorch.config.functionalize_rng_ops:
         return "effect tokens or functionalized RNG"
-    if meta.dynamic_outputs:
-        return "outputs to mark dynamic for later compiles"
     if meta.grad_enabled_mutation is not None:
         return "a grad-mode change to restore"
     # Outputs that alias an input or another output: the Call regenerates them as AOT's wrapper
@@ -125,7 +123,10 @@ def _direct_call(aot_fn: Callable, engine: Any, ctx: Any, num_graph_inputs: int,
         else:  # alias_of_intermediate(_save_as_output): the base is an extra output at the end
             aliases.append((i, 2, meta.num_outputs + o.base_idx))
     mutated = list(meta.mutated_graph_handled_indices_seen_by_autograd)
-    return _C.Call(engine, mutated=mutated, num_outputs=meta.num_outputs, fallback=aot_fn, aliases=aliases)
+    # Outputs with dynamic dims get them in `_dynamo_weak_dynamic_indices`, as the wrapper does.
+    dynamic_dims = [(i, o.dynamic_dims) for i, o in enumerate(meta.output_info) if o.dynamic_dims]
+    return _C.Call(engine, mutated=mutated, num_outputs=meta.num_outputs, fallback=aot_fn, aliases=aliases,
+                   dynamic_dims=dynamic_dims)
 
 
 def _dump(config: CompilerConfig, name: str, gm: torch.fx.GraphModule, graph: Optional[Any]) -> None:

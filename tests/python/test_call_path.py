@@ -117,6 +117,35 @@ def test_detached_outputs_keep_the_aot_wrapper():
     assert "detach" in next(iter(b.call_paths.values()))
 
 
+def test_dynamic_graphs_are_called_directly_and_mark_outputs_dynamic_as_aot_does():
+    """A dynamic=True graph goes straight to C++ too. Its outputs carry the dims Dynamo should
+    treat as dynamic when they reach a later compile (`_dynamo_weak_dynamic_indices`), added to
+    what an output that is an input already held, exactly as AOTAutograd's wrapper sets them."""
+    def f(x, s):
+        y = torch.sin(x) * s
+        return y, x, y.sum(0), s * 2
+
+    def run(backend_):
+        torch._dynamo.reset()
+        compiled = torch.compile(f, backend=backend_, dynamic=True)
+        got = []
+        with torch.no_grad():
+            for i in range(4):
+                x = torch.randn(3, 2)
+                x._dynamo_weak_dynamic_indices = {1}
+                outs = compiled(x, i + 2)
+                got.append(([getattr(o, "_dynamo_weak_dynamic_indices", None) for o in outs[:3]],
+                            outs[1] is x, outs[3]))
+                assert torch.equal(outs[0], torch.sin(x) * (i + 2))
+        return got
+
+    b = backend()
+    ours = run(b)
+    assert list(b.call_paths.values()) == ["direct"] and b.stats()[0]["replays"] >= 1
+    theirs = run("aot_eager")
+    assert ours == theirs and ours[0][0] == [{0, 1}, {1}, {0}], ours
+
+
 def test_call_object_checks_its_arguments():
     torch._dynamo.reset()
     b = backend()
