@@ -51,6 +51,27 @@ bool IsIntOverflow(const absl::Status& s) {
     PyErr_SetString(PyExc_OverflowError, std::string(s.message()).c_str());
     throw py::error_already_set();
   }
+  // A kernel's error, as eager raises it (Note [Kernel errors keep their type]).
+  if (const auto type = s.GetPayload(capture::kErrorType)) {
+    static const std::pair<const char*, PyObject*> kBuiltins[] = {
+        {"IndexError", PyExc_IndexError},   {"ValueError", PyExc_ValueError},
+        {"TypeError", PyExc_TypeError},     {"NotImplementedError", PyExc_NotImplementedError},
+        {"BufferError", PyExc_BufferError},
+    };
+    py::object exc;
+    for (const auto& [name, builtin] : kBuiltins) {
+      if (*type == name) exc = py::reinterpret_borrow<py::object>(builtin);
+    }
+    if (!exc) {  // torch's own: torch.OutOfMemoryError, torch.AcceleratorError, torch.linalg.LinAlgError
+      py::object torch = py::module_::import("torch");
+      exc = *type == "LinAlgError" ? torch.attr("linalg").attr("LinAlgError")
+                                   : py::getattr(torch, std::string(*type).c_str(), py::none());
+    }
+    if (!exc.is_none()) {
+      PyErr_SetString(exc.ptr(), std::string(s.message()).c_str());
+      throw py::error_already_set();
+    }
+  }
   if (s.code() == absl::StatusCode::kInvalidArgument || s.code() == absl::StatusCode::kNotFound ||
       s.code() == absl::StatusCode::kOutOfRange) {
     throw py::value_error(std::string(s.message()));

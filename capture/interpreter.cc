@@ -23,6 +23,29 @@ c10::TypePtr ListElementType(const c10::TypePtr& type) {
 
 }  // namespace
 
+absl::Status KernelError(const c10::Error& e, absl::string_view context) {
+  // The classes torch's HANDLE_TH_ERRORS maps to a Python exception other than RuntimeError,
+  // subclasses first; the binding turns the name back into the exception.
+  const char* type = dynamic_cast<const c10::IndexError*>(&e)            ? "IndexError"
+                     : dynamic_cast<const c10::ValueError*>(&e)          ? "ValueError"
+                     : dynamic_cast<const c10::TypeError*>(&e)           ? "TypeError"
+                     : dynamic_cast<const c10::NotImplementedError*>(&e) ? "NotImplementedError"
+                     : dynamic_cast<const c10::BufferError*>(&e)         ? "BufferError"
+                     : dynamic_cast<const c10::LinAlgError*>(&e)         ? "LinAlgError"
+                     : dynamic_cast<const c10::OutOfMemoryError*>(&e)    ? "OutOfMemoryError"
+                     : dynamic_cast<const c10::AcceleratorError*>(&e)    ? "AcceleratorError"
+                                                                         : nullptr;
+  absl::Status s = absl::InternalError(absl::StrCat(context, e.what_without_backtrace()));
+  if (type != nullptr) s.SetPayload(kErrorType, absl::Cord(type));
+  return s;
+}
+
+absl::Status WithContext(const absl::Status& s, absl::string_view prefix) {
+  absl::Status out(s.code(), absl::StrCat(prefix, s.message()));
+  s.ForEachPayload([&](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
+  return out;
+}
+
 namespace {
 
 int64_t FloorDivInt(int64_t a, int64_t b) {  // Python: rounds toward negative infinity
@@ -327,15 +350,14 @@ absl::StatusOr<std::vector<c10::IValue>> Interpreter::Run(std::vector<c10::IValu
           };
           auto r = EvalSymArith(n.sym_op, operand(0), operand(1));
           if (!r.ok()) {
-            return absl::Status(r.status().code(), absl::StrCat("node '", n.name, "': ", r.status().message()));
+            return WithContext(r.status(), absl::StrCat("node '", n.name, "': "));
           }
           env[n.outputs[0]] = *std::move(r);
           break;
         }
       }
     } catch (const c10::Error& e) {
-      return absl::InternalError(
-          absl::StrCat("node '", n.name, "' failed: ", e.what_without_backtrace()));
+      return KernelError(e, absl::StrCat("node '", n.name, "' failed: "));
     } catch (const std::exception& e) {
       return absl::InternalError(absl::StrCat("node '", n.name, "' failed: ", e.what()));
     }

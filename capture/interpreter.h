@@ -32,6 +32,16 @@ c10::IValue MaterializeArg(const Arg& arg, const c10::TypePtr& type,
 inline constexpr char kIntOverflow[] = "integer overflow: the result does not fit in 64 bits";
 absl::StatusOr<c10::IValue> EvalSymArith(SymOp op, const c10::IValue& a, const c10::IValue& b = {});
 
+// Note [Kernel errors keep their type]
+// Eager raises a kernel's c10 error as the Python exception torch maps its class to
+// (c10::IndexError: IndexError, c10::NotImplementedError: NotImplementedError, ...). A c10 error
+// caught while a graph runs becomes an Internal status that keeps that name in the payload
+// kErrorType, and WithContext prefixes a status's message keeping its payloads, so the binding
+// raises what eager raises (bindings/module.cc, Throw).
+inline constexpr char kErrorType[] = "torchreplay/python-error-type";
+absl::Status KernelError(const c10::Error& e, absl::string_view context);
+absl::Status WithContext(const absl::Status& s, absl::string_view prefix);
+
 class Interpreter {
  public:
   // Called after each node with the node's index and the environment (values by id).

@@ -115,8 +115,7 @@ absl::Status KernelTape::Replay(const std::vector<c10::IValue>& inputs,
         for (const Patch& p : s.patches) operands[p.arg] = slots_[p.slot];
         absl::StatusOr<c10::IValue> r = EvalSymArith(s.sym_op, operands[0], operands[1]);
         if (!r.ok()) {  // an int overflow or a division by zero, as the interpreter reports it
-          status = absl::Status(r.status().code(),
-                                absl::StrCat("node '", s.name, "': ", r.status().message()));
+          status = WithContext(r.status(), absl::StrCat("node '", s.name, "': "));
           break;
         }
         c10::IValue& out = slots_[s.out_slots[0]];
@@ -147,7 +146,7 @@ absl::Status KernelTape::Replay(const std::vector<c10::IValue>& inputs,
       }
     }
   } catch (const c10::Error& e) {
-    status = absl::InternalError(absl::StrCat("replay failed: ", e.what_without_backtrace()));
+    status = KernelError(e, "replay failed: ");
   } catch (...) {
     DropCallValues(current);
     throw;
@@ -348,8 +347,7 @@ class Emitter {
     try {
       n.op->callBoxed(&probe.args);
     } catch (const c10::Error& e) {
-      return absl::InternalError(absl::StrCat("node '", n.name, "' failed at capture: ",
-                                              e.what_without_backtrace()));
+      return KernelError(e, absl::StrCat("node '", n.name, "' failed at capture: "));
     }
     for (size_t o = 0; o < n.outputs.size(); ++o) constants_[n.outputs[o]] = probe.args[o];
     ++tape_->info_.precomputed;

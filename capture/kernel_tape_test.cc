@@ -3,6 +3,7 @@
 // pointwise steps actually taken (and the same results without them); the printed plan.
 #include "capture/kernel_tape.h"
 
+#include <ATen/ops/arange.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/randn.h>
 #include <gmock/gmock.h>
@@ -280,6 +281,29 @@ TEST(KernelTapeTest, DataDependentShapesAreRefusedWithTheNode) {
   ASSERT_FALSE(tape.ok());
   EXPECT_EQ(tape.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(tape.status().message()), HasSubstr("node 'nz' (aten::nonzero)"));
+}
+
+TEST(KernelTapeTest, AKernelErrorKeepsItsTypeThroughReplayAndContext) {
+  GraphBuilder b;
+  const ValueId x = b.AddInput("x", ValueType::kTensor);
+  const ValueId idx = b.AddInput("idx", ValueType::kTensor);
+  const ValueId sel = Op(b, "aten::index_select", {Arg::Ref(x), Arg::Const(int64_t{0}), Arg::Ref(idx)});
+  ASSERT_TRUE(b.SetOutputs({Arg::Ref(sel)}).ok());
+  auto g = *b.Build();
+  const at::Tensor good = at::arange(2), bad = at::arange(7, 9);
+  memory_pool::Arena arena;
+  auto tape = Capture(g, {at::randn({5, 3}), good}, &arena);
+  std::vector<c10::IValue> out;
+  const absl::Status replayed = tape->Replay({at::randn({5, 3}), bad}, &out);
+  auto interpreted = Interpreter(g).Run({at::randn({5, 3}), bad});
+  for (const absl::Status& s :
+       std::vector<absl::Status>{replayed, interpreted.status(), WithContext(replayed, "graph 'g': ")}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+    EXPECT_THAT(std::string(s.message()), HasSubstr("index out of range in self"));
+    EXPECT_EQ(s.GetPayload(kErrorType).value_or(absl::Cord("none")), "IndexError") << s;
+  }
+  // A plain c10::Error (RuntimeError in Python) carries no type.
+  EXPECT_FALSE(KernelError(c10::Error(std::string("boom")), "").GetPayload(kErrorType).has_value());
 }
 
 }  // namespace

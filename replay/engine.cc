@@ -314,8 +314,7 @@ absl::Status Engine::CheckInputs(const std::vector<c10::IValue>& inputs) const {
 absl::StatusOr<std::vector<c10::IValue>> Engine::RunEager(const std::vector<c10::IValue>& inputs) {
   auto out = interpreter_.Run(inputs);
   if (!out.ok()) {
-    return absl::Status(out.status().code(),
-                        absl::StrCat("graph '", options_.name, "': ", out.status().message()));
+    return capture::WithContext(out.status(), absl::StrCat("graph '", options_.name, "': "));
   }
   return out;
 }
@@ -448,7 +447,7 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::Replay(ThreadState& ts, Entry& 
   std::vector<c10::IValue> outs;
   auto s = e.graph->Replay(inputs, &outs);
   if (!s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("graph '", options_.name, "': ", s.message()));
+    return capture::WithContext(s, absl::StrCat("graph '", options_.name, "': "));
   }
   ++replays_;
   // Pool outputs are handed out through storages of their own, one per pool buffer (Note
@@ -619,8 +618,8 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::Run(std::vector<c10::IValue> in
   try {
     out = RunOnce(inputs);
   } catch (const c10::Error& e) {  // not from a kernel (those are caught where they run): e.g. an
-    out = absl::InternalError(       // allocation for an output copied out of the pool
-        absl::StrCat("graph '", options_.name, "': ", e.what_without_backtrace()));
+    // allocation for an output copied out of the pool
+    out = capture::KernelError(e, absl::StrCat("graph '", options_.name, "': "));
   } catch (const std::exception& e) {
     out = absl::InternalError(absl::StrCat("graph '", options_.name, "': ", e.what()));
   }
@@ -694,8 +693,7 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::RunKeyed(std::vector<c10::IValu
           capture::RunAndRecord(interpreter_, inputs, &*e->recording);
       if (!out.ok()) {
         e->recording.reset();
-        return absl::Status(out.status().code(),
-                            absl::StrCat("graph '", options_.name, "': ", out.status().message()));
+        return capture::WithContext(out.status(), absl::StrCat("graph '", options_.name, "': "));
       }
       ++e->eager_runs;
       if (options_.warmup_iters <= 0) {

@@ -391,9 +391,9 @@ def kinds() -> List[Kind]:
            "capture": R(ValueError, "argument 0 requires grad, but graph")}),
         K("index_out_of_range", lambda: f_index, lambda i: (t(10 + i, 5, 3), torch.tensor([i % 5, 1])),
           lambda c, m: c(t(1, 5, 3), torch.tensor([1, 9])),
-          {"compile": R(RuntimeError, "index out of range in self"),
-           "engine": R((IndexError, RuntimeError), "out of range"),
-           "capture": R((IndexError, RuntimeError), "out of range")}),
+          {"compile": R(IndexError, "index out of range in self"),
+           "engine": R(IndexError, "out of range"),
+           "capture": R(IndexError, "out of range")}),
         K("called_after_dynamo_reset_and_gc", lambda: f_xy, xy, after_dynamo_reset, all_eager),
     ]
 
