@@ -38,7 +38,7 @@ struct Step {
   SymOp sym_op = SymOp::kAdd;             // kSymArith
   std::vector<at::Tensor> holders;        // kSymArith: wrapped numbers of its result (ScalarWrite)
   std::unique_ptr<TypedCall> typed;       // set for typed out= steps (Note [Typed steps])
-  std::string name;                       // kSymArith: the node, for errors
+  std::string name;                       // the node, for errors
 };
 
 class KernelTape final : public CapturedGraph {
@@ -146,7 +146,7 @@ absl::Status KernelTape::Replay(const std::vector<c10::IValue>& inputs,
       }
     }
   } catch (const c10::Error& e) {
-    status = KernelError(e, "replay failed: ");
+    status = KernelError(e, absl::StrCat("node '", current->name, "' failed in replay: "));
   } catch (...) {
     DropCallValues(current);
     throw;
@@ -259,6 +259,7 @@ class Emitter {
  private:
   // A step's prebuilt stack from the node's args; per-call values become patches.
   void BuildArgs(const Node& n, Step* step) {
+    step->name = n.name;
     for (size_t a = 0; a < n.args.size(); ++a) {
       const Arg& arg = n.args[a];
       const c10::TypePtr& type = n.arg_types[a];
@@ -363,6 +364,7 @@ class Emitter {
     }
     Step step;
     step.kind = Step::Kind::kGetItem;
+    step.name = n.name;
     step.index = n.index;
     step.patches.push_back(Patch{0, -1, plan_.values[list].slot});
     step.out_slots.push_back(plan_.values[n.outputs[0]].slot);

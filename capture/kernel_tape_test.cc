@@ -300,6 +300,7 @@ TEST(KernelTapeTest, AKernelErrorKeepsItsTypeThroughReplayAndContext) {
        std::vector<absl::Status>{replayed, interpreted.status(), WithContext(replayed, "graph 'g': ")}) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
     EXPECT_THAT(std::string(s.message()), HasSubstr("index out of range in self"));
+    EXPECT_THAT(std::string(s.message()), HasSubstr("node 'aten::index_select' failed"));
     EXPECT_EQ(s.GetPayload(kErrorType).value_or(absl::Cord("none")), "IndexError") << s;
   }
   // A plain c10::Error (RuntimeError in Python) carries no type.
