@@ -2,7 +2,9 @@
 // marked where they happen (WARM-UP, CAPTURE, REPLAY), plus the eager fallback.
 #include "replay/engine.h"
 
+#include <ATen/ExpandUtils.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/record_function.h>
 #include <c10/core/StorageImpl.h>
@@ -116,8 +118,23 @@ thread_local unsigned state_cache_next = 0;
 Engine::Engine(std::shared_ptr<const capture::Graph> graph, EngineOptions options)
     : id_(next_engine_id++), graph_(std::move(graph)), options_(std::move(options)),
       interpreter_(graph_) {
+  // The inputs a padded call copies back: those an op writes directly, or every input when an
+  // op writes something else (which may be a view of one).
+  const auto& ins = graph_->inputs();
+  written_.assign(ins.size(), false);
   for (const capture::Node& n : graph_->nodes()) {
-    mutates_ = mutates_ || (n.op.has_value() && n.op->schema().is_mutable());
+    if (!n.op.has_value()) continue;
+    const auto& args = n.op->schema().arguments();
+    for (size_t a = 0; a < args.size() && a < n.args.size(); ++a) {
+      if (args[a].alias_info() == nullptr || !args[a].alias_info()->isWrite()) continue;
+      const auto in = n.args[a].kind == capture::Arg::Kind::kValue
+                          ? std::find(ins.begin(), ins.end(), n.args[a].value) : ins.end();
+      if (in != ins.end()) {
+        written_[in - ins.begin()] = true;
+      } else {
+        written_.assign(ins.size(), true);
+      }
+    }
   }
   invalidated_msg_ = absl::StrCat(
       "torchreplay: this tensor is an output of the replayed graph '", options_.name,
@@ -513,13 +530,16 @@ absl::Status Engine::Precapture(std::vector<std::vector<c10::IValue>> input_sets
 // Serving loops see a new batch size on most steps; capturing each one costs a capture per size
 // and a key per size in the cache. With capture_sizes (vLLM's name; torchair's "gears"), only
 // those batch sizes are captured: a call with n rows, n not a capture size, is padded up to the
-// next one b (its batch inputs copied into per-thread staging tensors of b rows, rows n.. set to
-// zero; its batch-size inputs set to b), replayed under b's key, and its batch outputs narrowed
-// back to n rows (views of the pool, as any output). A batch output that aliases a staging
-// tensor is cloned (the staging is reused by the next call); batch inputs of a graph with
-// mutable ops are copied back (rows 0..n), so writes reach the caller's tensor. Rows must be
-// independent (each output row a function of the same input row): that is the caller's promise
-// in turning this on. A batch above the largest capture size runs eagerly, with that reason.
+// next one b (its batch inputs copied into per-thread staging tensors of b rows in the caller's
+// dim order, rows n.. copies of row n - 1, so padding raises nothing a real row does not (an
+// integer division by a zero row would); its batch-size inputs set to b), replayed under b's
+// key, and its batch outputs narrowed back to n rows (views of the pool, as any output). A batch
+// output that aliases a staging tensor is cloned (the staging is reused by the next call); batch
+// inputs an op writes are copied back (rows 0..n), so writes reach the caller's tensor. Rows must
+// be independent (each output row a function of the same input row): torch.compile's backend
+// checks that on the graph before it sets the batch fields (bindings/torchreplay/capture_sizes.py);
+// for an engine built by hand it is the caller's promise. A batch above the largest capture size
+// runs eagerly, with that reason.
 // All sizes share one pool, sized by the largest (PlanArena per key, one arena per thread).
 
 int64_t Engine::BatchSize(const std::vector<c10::IValue>& inputs) const {
@@ -546,18 +566,28 @@ std::vector<c10::IValue> Engine::Resized(const std::vector<c10::IValue>& inputs,
     sizes[0] = size;
     at::Tensor fresh;
     at::Tensor& s = staging != nullptr ? (*staging)[k] : fresh;
-    if (!s.defined() || s.sizes() != c10::IntArrayRef(sizes) || s.dtype() != t.dtype() ||
-        s.device() != t.device()) {
-      s = at::empty(sizes, t.options());
+    // Dense, in the caller's dim order (a channels-last batch stays channels-last).
+    const std::vector<int64_t> strides = at::infer_dense_strides(sizes, t.strides());
+    if (!s.defined() || s.sizes() != c10::IntArrayRef(sizes) || s.strides() != c10::IntArrayRef(strides) ||
+        s.dtype() != t.dtype() || s.device() != t.device()) {
+      s = at::empty_strided(sizes, strides, t.options());
     }
     const int64_t rows = std::min(n, size);
     if (s.is_cpu() && t.is_contiguous() && s.is_contiguous()) {  // no dispatch on the fast path
       const size_t row_bytes = s.numel() == 0 ? 0 : s.nbytes() / size;
-      std::memcpy(s.data_ptr(), t.const_data_ptr(), rows * row_bytes);
-      std::memset(static_cast<char*>(s.data_ptr()) + rows * row_bytes, 0, (size - rows) * row_bytes);
+      char* dst = static_cast<char*>(s.data_ptr());
+      std::memcpy(dst, t.const_data_ptr(), rows * row_bytes);
+      for (int64_t r = rows; r < size; ++r) {
+        if (rows > 0) std::memcpy(dst + r * row_bytes, dst + (rows - 1) * row_bytes, row_bytes);
+        else std::memset(dst + r * row_bytes, 0, row_bytes);
+      }
     } else {
       s.narrow(0, 0, rows).copy_(t.narrow(0, 0, rows));
-      if (size > rows) s.narrow(0, rows, size - rows).zero_();
+      if (size > rows && rows > 0) {
+        s.narrow(0, rows, size - rows).copy_(t.narrow(0, rows - 1, 1).expand_as(s.narrow(0, rows, size - rows)));
+      } else if (size > rows) {
+        s.narrow(0, rows, size - rows).zero_();
+      }
     }
     out[i] = s;
   }
@@ -589,10 +619,10 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::RunPadded(std::vector<c10::IVal
   absl::StatusOr<std::vector<c10::IValue>> out =
       RunKeyed(Resized(inputs, n, *bucket, &staging));
   if (!out.ok()) return out;
-  if (mutates_) {
-    for (size_t k = 0; k < staging.size(); ++k) {
-      const c10::IValue& v = inputs[options_.batch_inputs[k]];
-      if (staging[k].defined() && v.isTensor()) v.toTensor().copy_(staging[k].narrow(0, 0, n));
+  for (size_t k = 0; k < staging.size(); ++k) {
+    const int i = options_.batch_inputs[k];
+    if (staging[k].defined() && written_[i] && inputs[i].isTensor()) {
+      inputs[i].toTensor().copy_(staging[k].narrow(0, 0, n));
     }
   }
   for (int o : options_.batch_outputs) {

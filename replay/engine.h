@@ -176,7 +176,7 @@ class Engine {
   std::atomic<int64_t> calls_{0}, replays_{0}, captures_{0}, warmups_{0}, eager_fallbacks_{0},
       misses_{0}, evictions_{0};
   std::atomic<bool> churn_logged_{false}, oversize_logged_{false};
-  bool mutates_ = false;  // the graph has mutable ops: padded batch inputs are copied back
+  std::vector<bool> written_;  // per input: an op may write it (padded batch inputs are copied back)
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::thread::id, std::unique_ptr<ThreadState>> threads_ ABSL_GUARDED_BY(mu_);
   std::vector<CaptureRecord> capture_log_ ABSL_GUARDED_BY(mu_);

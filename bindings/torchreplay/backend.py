@@ -18,6 +18,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from . import _C
+from .capture_sizes import batch_fields
 from .config import CompilerConfig
 from .lowering import LoweringError, lower
 from .passes import run_passes
@@ -52,41 +53,6 @@ def engine_options(config: CompilerConfig, name: str, **fields: Any) -> Any:
                             cache_limit=ro.cache_limit, clone_outputs=ro.clone_outputs, name=name,
                             dump_dir=os.path.abspath(dump.path) if dump.type in ("txt", "dot") else "",
                             **fields)
-
-
-def batch_fields(gm: torch.fx.GraphModule, config: CompilerConfig, name: str) -> Dict[str, Any]:
-    """The engine's capture-size fields (Note [Capture sizes] in replay/engine.cc) for an inference
-    graph when config.reduce_overhead.capture_sizes is set: the batch is the symbol of the first
-    dynamic leading dimension among the inputs; batch inputs and outputs are those whose dim 0 is
-    it, batch-size inputs the ints that are it. None apply when it appears anywhere else."""
-    sizes = config.reduce_overhead.capture_sizes
-    if not sizes:
-        return {}
-
-    def lead(v: Any) -> Any:
-        if isinstance(v, torch.Tensor) and v.dim() > 0 and isinstance(v.shape[0], torch.SymInt):
-            expr = v.shape[0].node.expr
-            return expr if expr.is_Symbol else None
-        return None
-
-    def elsewhere(v: Any, symbol: Any) -> bool:
-        dims = list(v.shape[1:]) + list(v.stride()) if isinstance(v, torch.Tensor) else []
-        return any(isinstance(d, torch.SymInt) and symbol in d.node.expr.free_symbols for d in dims)
-
-    ins = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
-    outputs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
-    outs = [o.meta.get("val") if isinstance(o, torch.fx.Node) else None for o in outputs]
-    symbol = next((lead(v) for v in ins if lead(v) is not None), None)
-    if symbol is None or any(elsewhere(v, symbol) for v in ins + outs):
-        logger.info("torchreplay: %s: capture_sizes do not apply (%s)", name,
-                    "no dynamic leading dimension" if symbol is None else
-                    f"the batch {symbol} is also in a trailing size or a stride")
-        return {}
-    return dict(capture_sizes=list(sizes),
-                batch_inputs=[i for i, v in enumerate(ins) if lead(v) == symbol],
-                batch_size_inputs=[i for i, v in enumerate(ins)
-                                   if isinstance(v, torch.SymInt) and v.node.expr == symbol],
-                batch_outputs=[i for i, v in enumerate(outs) if lead(v) == symbol])
 
 
 def _direct_call(aot_fn: Callable, engine: Any, ctx: Any, num_graph_inputs: int, producers: List[Any],

@@ -1,11 +1,14 @@
 """Batch-size buckets (Note [Capture sizes] in replay/engine.cc): with
 config.reduce_overhead.capture_sizes, a batch that is not a capture size is padded up to the next
-one, replayed, and sliced back; one above the largest runs eagerly."""
+one, replayed, and sliced back; one above the largest runs eagerly. Graphs whose rows are not
+independent are captured per size (bindings/torchreplay/capture_sizes.py)."""
+import logging
 import random
 
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import torchreplay
 from configs import backend
@@ -62,7 +65,7 @@ def test_pool_is_the_largest_size_alone():
     assert max(s["pool_bytes"] for s in b.stats()) <= 1.1 * alone.stats()[0]["pool_bytes"]
 
 
-def test_pointwise_rows_are_bitwise_and_padding_is_zero():
+def test_pointwise_rows_are_bitwise():
     seen = []
 
     def f(x, y):
@@ -144,3 +147,91 @@ def test_bad_capture_sizes_are_a_clear_error():
         cfg.reduce_overhead.capture_sizes = [0, 4]
     with pytest.raises(ValueError, match="capture_sizes"):
         torchreplay._C.EngineOptions(capture_sizes=[-1])
+
+
+def calls_of(f, make, sizes, **cfg):
+    """Runs compiled f on make(n) for each n, each result bitwise eager's; the stats."""
+    torch._dynamo.reset()
+    b = backend(capture_sizes=[4, 8], **cfg)
+    c = torch.compile(f, backend=b, dynamic=True)
+    with torch.no_grad():
+        for n in sizes:
+            args = make(n)
+            ours = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+            got, want = c(*ours), f(*args)
+            got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+            for g, w in zip(got, want):
+                assert type(g) is type(w) and (g == w if not isinstance(g, torch.Tensor)
+                                               else g.shape == w.shape and torch.equal(g, w)), (n, g, w)
+            for o, a in zip(ours, args):  # writes into the arguments, as eager's
+                assert not isinstance(a, torch.Tensor) or torch.equal(o, a), n
+    return b.stats()
+
+
+# Each output row must come from the same input row alone; these break that, or use the batch
+# size as a number, or write rows into a tensor that is no batch input.
+MIXING = {
+    "mean over the batch": lambda x: x.mean(0),
+    "softmax over the batch": lambda x: torch.softmax(x, 0),
+    "flip of the batch": lambda x: x.flip(0) * 2,
+    "sum of everything": lambda x: x.exp().sum(),
+    "batch size as a number": lambda x: x * x.shape[0],
+    "batch size as an output": lambda x: (x * 2, x.shape[0] * 3),
+    "batch size as a fill value": lambda x: (x + 1, torch.full((2,), x.shape[0])),
+    "batch size plus one": lambda x: (x + 1, x.new_zeros(x.shape[0] + 1)),
+    "flatten": lambda x: (x * 2).flatten(),
+    "cat along the batch": lambda x: torch.cat([x, x]) * 2,
+    "slice of the batch": lambda x: x[1:] - x[:-1],
+    "matmul across the batch": lambda x: x.t() @ x,
+}
+
+
+@pytest.mark.parametrize("name", list(MIXING))
+def test_a_graph_whose_rows_mix_is_captured_per_size_and_right(name, caplog):
+    with caplog.at_level(logging.WARNING, logger="torchreplay"):
+        s = calls_of(MIXING[name], lambda n: (torch.randn(n, 4),), [3, 3, 3, 2, 2, 2])
+    assert sum(e["captures"] for e in s) == 2, s    # sizes 3 and 2 each their own key, not 4
+    assert "capture_sizes do not apply" in caplog.text
+
+
+def test_a_cache_written_at_batch_indices_is_not_padded():
+    def step(slots, kv, cache):
+        cache.index_copy_(0, slots, kv)   # padded rows would write cache rows
+        return kv * 2
+
+    cache = torch.full((10, 4), 7.0)
+    s = calls_of(step, lambda n: (torch.arange(5, 5 + n), torch.randn(n, 4), cache), [3, 3, 3, 2, 2, 2])
+    assert sum(e["captures"] for e in s) == 2 and torch.equal(cache[0], torch.full((4,), 7.0))
+
+
+ROW_WISE = {  # (f, make(n)): kept bucketed, results bitwise eager's
+    "softmax and sums along rows": (lambda x: torch.softmax(x, -1) + x.sum(1, keepdim=True),
+                                    lambda n: (torch.randn(n, 8),)),
+    "views keeping the batch first": (lambda x: x.view(x.shape[0], 2, 4).permute(0, 2, 1).reshape(x.shape[0], -1) * 2,
+                                      lambda n: (torch.randn(n, 8),)),
+    "layer norm": (lambda x: F.layer_norm(x, (8,)), lambda n: (torch.randn(n, 8),)),
+    "embedding": (lambda i, w: F.embedding(i, w) * 2, lambda n: (torch.randint(0, 10, (n, 9)), torch.randn(10, 4))),
+    "integer division by a batch input": (lambda x, y: (x // y, x % y),
+                                          lambda n: (torch.randint(-50, 50, (n, 4)), torch.randint(1, 9, (n, 4)))),
+    "a written batch input beside an expanded one": (
+        lambda x, y: (y.add_(1), x * 2)[1], lambda n: (torch.randn(1, 4).expand(n, 4), torch.randn(n, 4))),
+}
+
+
+@pytest.mark.parametrize("name", list(ROW_WISE))
+def test_a_graph_whose_rows_are_independent_is_padded_and_bitwise(name):
+    f, make = ROW_WISE[name]
+    s = calls_of(f, make, [3, 3, 3, 2, 2, 5, 6, 7])
+    assert sum(e["captures"] for e in s) == 2 and sum(e["eager_fallbacks"] for e in s) == 0, s
+
+
+def test_a_channels_last_batch_stays_channels_last_when_padded():
+    f = lambda x: x * 2  # noqa: E731
+    make = lambda n: (torch.randn(n, 3, 5, 5).to(memory_format=torch.channels_last),)  # noqa: E731
+    calls_of(f, make, [5, 5, 6])
+    b = backend(capture_sizes=[4, 8])
+    c = torch.compile(f, backend=b, dynamic=True)
+    for n in [5, 5, 6]:
+        (x,) = make(n)
+        assert c(x).stride() == f(x).stride() == (75, 1, 15, 3)
+    assert b.stats()[0]["replays"] >= 1

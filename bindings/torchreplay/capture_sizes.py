@@ -1,0 +1,251 @@
+"""Which graphs batch-size buckets apply to (config.reduce_overhead.capture_sizes; Note [Capture
+sizes] in replay/engine.cc), decided once per graph when it is compiled.
+
+A padded call is right only if every output row is computed from the same input row alone: rows
+must be independent. That is checked here on the ATen graph, op by op, instead of taken on
+trust: the batch is a symbol s that is the leading size of some inputs; a value is *batched* when
+its leading size is exactly s and s is in none of its other sizes or strides. Every op that reads
+a batched value, or s itself, must be one of:
+
+- a pointwise op (torch.Tag.pointwise) whose batched operands have the result's rank;
+- an op along named dims (softmax, reductions, cat, index_select, slice, ...) none of which is 0;
+- a view or copy that keeps dim 0 where it is (view, reshape, expand, permute, clone, ...);
+- a matrix product whose batched operand is the left one (mm, addmm);
+- an op batched in dim 0 by definition, on its batched operands (bmm, embedding's indices,
+  convolution's input, layer norm, eval-mode batch norm, pooling, attention);
+- `copy_` of a batched value into a batched input (an input update);
+
+and give only batched results. s may be used only as the leading size of a new shape. Anything
+else (a reduction over the batch, the batch size used as a number, a write into a tensor that is
+not a batch input, an output sized 2*s) refuses buckets for the graph, with the node in the log:
+its calls are captured per size instead, as without capture_sizes.
+"""
+from __future__ import annotations
+
+import logging
+import operator
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.fx
+
+from .config import CompilerConfig
+
+logger = logging.getLogger("torchreplay")
+aten = torch.ops.aten
+
+_ALONG_DIMS = {  # ops whose `dim`/`dims` argument says which dims they mix
+    aten._softmax.default, aten._log_softmax.default, aten.softmax.int, aten.log_softmax.int,
+    aten.sum.dim_IntList, aten.mean.dim, aten.amax.default, aten.amin.default, aten.max.dim,
+    aten.min.dim, aten.argmax.default, aten.argmin.default, aten.var.correction, aten.std.correction,
+    aten.var_mean.correction, aten.prod.dim_int, aten.logsumexp.default, aten.any.dim, aten.any.dims,
+    aten.all.dim, aten.cumsum.default, aten.cumprod.default, aten.linalg_vector_norm.default,
+    aten.index_select.default, aten.gather.default, aten.cat.default, aten.stack.default,
+    aten.slice.Tensor, aten.select.int, aten.narrow.default, aten.split.Tensor,
+    aten.split_with_sizes.default, aten.unbind.int, aten.unsqueeze.default, aten.squeeze.dim,
+    aten.squeeze.dims, aten.flip.default, aten.roll.default, aten.sort.default, aten.topk.default,
+    aten.transpose.int,
+}
+_KEEP_DIM_0 = {  # views and copies: fine when the result's dim 0 is the batch (checked after)
+    aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.expand.default,
+    aten.clone.default, aten._to_copy.default, aten.alias.default, aten.detach.default,
+    aten.lift_fresh_copy.default, aten.permute.default, aten.squeeze.default,
+}
+_POINTWISE = {aten.floor_divide.default, aten.leaky_relu.default, aten.hardswish.default,
+              aten.copy.default}  # elementwise, without torch.Tag.pointwise
+_LEFT_OPERAND = {aten.mm.default: 0, aten.addmm.default: 1}  # rows of this operand give rows
+_BATCHED_AT = {  # ops batched in dim 0 by definition: the operands that may be batched
+    aten.bmm.default: (0, 1), aten.baddbmm.default: (0, 1, 2), aten.embedding.default: (1,),
+    aten.convolution.default: (0,), aten.native_layer_norm.default: (0,),
+    aten._native_batch_norm_legit_no_training.default: (0,), aten.avg_pool2d.default: (0,),
+    aten.max_pool2d_with_indices.default: (0,), aten._adaptive_avg_pool2d.default: (0,),
+    aten._scaled_dot_product_flash_attention_for_cpu.default: (0, 1, 2, 5),
+    aten._scaled_dot_product_efficient_attention.default: (0, 1, 2, 3),
+    aten._scaled_dot_product_flash_attention.default: (0, 1, 2),
+}
+_FACTORIES = {aten.empty.memory_format, aten.zeros.default, aten.ones.default, aten.full.default,
+              aten.new_empty.default, aten.new_zeros.default, aten.new_ones.default,
+              aten.new_full.default}
+_SIZE_ARGS = ("size", "shape")
+_SIZE_QUERIES = {aten.sym_size.int, aten.sym_stride.int, aten.sym_numel.default,
+                 aten.sym_storage_offset.default}
+
+
+def batch_fields(gm: torch.fx.GraphModule, config: CompilerConfig, name: str) -> Dict[str, Any]:
+    """The engine's capture-size fields for an inference graph when capture_sizes is set: batch
+    inputs and outputs (leading size s) and batch-size inputs (ints equal to s). Empty (buckets off, logged why) when no symbol passes the row check above."""
+    sizes = config.reduce_overhead.capture_sizes
+    if not sizes:
+        return {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    candidates = []
+    for p in placeholders:
+        s = _leading_symbol(p.meta.get("val"))
+        if s is not None and s not in candidates:
+            candidates.append(s)
+    why = "no input has a dynamic leading dimension"
+    for symbol in candidates:
+        try:
+            fields_or_why = _check(gm, symbol)
+        except Exception as e:  # a graph this check does not understand: no buckets, not a failure
+            fields_or_why = f"the row check failed: {type(e).__name__}: {e}"
+        if isinstance(fields_or_why, dict):
+            return dict(capture_sizes=list(sizes), **fields_or_why)
+        if symbol is candidates[0]:
+            why = fields_or_why
+    logger.warning("torchreplay: capture_sizes do not apply to %s (%s); its batch sizes are "
+                   "captured one by one", name, why)
+    return {}
+
+
+def _leading_symbol(v: Any) -> Any:
+    if isinstance(v, torch.Tensor) and v.dim() > 0 and isinstance(v.shape[0], torch.SymInt):
+        expr = v.shape[0].node.expr
+        return expr if expr.is_Symbol else None
+    return None
+
+
+def _has(v: Any, symbol: Any) -> bool:
+    return isinstance(v, torch.SymInt) and symbol in v.node.expr.free_symbols
+
+
+def _check(gm: torch.fx.GraphModule, symbol: Any) -> Any:
+    """The fields for batch symbol `symbol`, or why its rows are not independent."""
+    batched: Dict[torch.fx.Node, bool] = {}   # node -> its value is batched
+    uses_symbol: Dict[torch.fx.Node, bool] = {}  # node -> an int holding s (or made from it)
+
+    def kind(v: Any) -> Optional[str]:
+        """'batched', 'free' (does not involve s) or None (involves s some other way)."""
+        if isinstance(v, (list, tuple)):
+            kinds = {kind(e) for e in v}
+            return None if None in kinds else ("batched" if "batched" in kinds else "free")
+        if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return None if symbol in v.node.expr.free_symbols else "free"
+        if not isinstance(v, torch.Tensor):
+            return "free"
+        rest = list(v.shape[1:]) + (list(v.stride()) if v.layout == torch.strided else [])
+        if any(_has(d, symbol) for d in rest):
+            return None
+        if v.dim() == 0 or not _has(v.shape[0], symbol):
+            return "free"
+        return "batched" if v.shape[0].node.expr == symbol else None
+
+    index = {p: i for i, p in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+    for n in gm.graph.nodes:
+        val = n.meta.get("val")
+        if n.op == "placeholder":
+            k = kind(val)
+            if k is None and isinstance(val, torch.Tensor):
+                return f"input {n.name} has the batch {symbol} in a trailing size or stride"
+            batched[n], uses_symbol[n] = k == "batched", k is None
+            continue
+        if n.op == "output":
+            for o in n.args[0]:
+                if isinstance(o, torch.fx.Node) and uses_symbol.get(o):
+                    return f"output {o.name} is computed from the batch size"
+            continue
+        reads_batch = any(batched.get(a) for a in n.all_input_nodes)
+        reads_symbol = [a for a in n.all_input_nodes if uses_symbol.get(a)]
+        target = n.target
+        scalar = not isinstance(val, (torch.Tensor, list, tuple))
+        if target is operator.getitem or (scalar and (target in _SIZE_QUERIES or target is aten._assert_scalar.default
+                                                      or not isinstance(target, torch._ops.OpOverload))):
+            # A result taken apart; sizes, Python arithmetic on them (s * 4, s >= 2) and runtime
+            # asserts on them: tracked here, checked where they are used.
+            k = kind(val)
+            if not scalar and k is None:
+                return f"node {n.name} has the batch {symbol} in a trailing size or stride"
+            batched[n] = k == "batched"
+            uses_symbol[n] = scalar and (k is None or bool(reads_symbol))
+            continue
+        if not isinstance(target, torch._ops.OpOverload):
+            if reads_batch or reads_symbol:
+                return f"node {n.name} ({target}) is not known to keep rows independent"
+            batched[n], uses_symbol[n] = False, False
+            continue
+        if not reads_batch and not reads_symbol:
+            batched[n], uses_symbol[n] = False, False
+            if kind(val) != "free":
+                return f"node {n.name} makes a value sized by the batch {symbol} from nothing batched"
+            continue
+        why = _row_wise(n, _named_args(n), batched, uses_symbol, symbol)
+        if why:
+            return f"node {n.name} ({target}) {why}"
+        outs = val if isinstance(val, (list, tuple)) else [val]
+        if any(isinstance(o, torch.Tensor) and kind(o) != "batched" for o in outs):
+            return f"node {n.name} ({target}) gives a result whose dim 0 is not the batch"
+        batched[n], uses_symbol[n] = True, False
+
+    ins = [p.meta.get("val") for p in index]
+    outputs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    return dict(batch_inputs=[i for i, p in enumerate(index) if batched[p]],
+                batch_size_inputs=[i for i, v in enumerate(ins)
+                                   if isinstance(v, torch.SymInt) and v.node.expr == symbol],
+                batch_outputs=[i for i, o in enumerate(outputs)
+                               if isinstance(o, torch.fx.Node) and batched.get(o)])
+
+
+def _named_args(n: torch.fx.Node) -> List[Tuple[str, Any]]:
+    """(name, value) per schema argument of an op node, defaults filled in."""
+    schema = n.target._schema.arguments
+    named = [(schema[i].name, a) for i, a in enumerate(n.args)]
+    for arg in schema[len(n.args):]:
+        if arg.name in n.kwargs:
+            named.append((arg.name, n.kwargs[arg.name]))
+        elif arg.has_default_value():
+            named.append((arg.name, arg.default_value))
+    return named
+
+
+def _row_wise(n: torch.fx.Node, args: List[Tuple[str, Any]], batched: Dict[torch.fx.Node, bool],
+              uses_symbol: Dict[torch.fx.Node, bool], symbol: Any) -> Optional[str]:
+    """None when node n keeps rows independent, else why not."""
+    target = n.target
+    out = n.meta.get("val")
+    out0 = out[0] if isinstance(out, (list, tuple)) else out
+    rank = out0.dim() if isinstance(out0, torch.Tensor) else 0
+
+    def is_batched(a: Any) -> bool:
+        return isinstance(a, torch.fx.Node) and batched.get(a, False)
+
+    # The batch size may only be the leading size of a new shape.
+    for name, a in args:
+        elems = a if isinstance(a, (list, tuple)) else [a]
+        for k, e in enumerate(elems):
+            if isinstance(e, torch.fx.Node) and uses_symbol.get(e):
+                exact = getattr(e.meta.get("val"), "node", None) is not None and e.meta["val"].node.expr == symbol
+                if not (name in _SIZE_ARGS and k == 0 and exact and isinstance(a, (list, tuple))):
+                    return "uses the batch size as a number"
+    if target is aten.copy_.default:
+        return None if all(is_batched(a) for _, a in args[:2]) else "writes into a tensor that is not batched"
+    if target._schema.is_mutable:
+        return "writes into a tensor in place"
+    if torch.Tag.pointwise in target.tags or target in _POINTWISE:
+        for _, a in args:
+            if is_batched(a) and a.meta["val"].dim() != rank:
+                return "broadcasts the batch into another dim"
+        return None
+    if target in _ALONG_DIMS:
+        first = next((a for _, a in args if isinstance(a, torch.fx.Node) or isinstance(a, (list, tuple))), None)
+        first = first[0] if isinstance(first, (list, tuple)) else first
+        in_rank = first.meta["val"].dim() if isinstance(first, torch.fx.Node) else rank
+        dims = [a for name, a in args if name in ("dim", "dims", "dim0", "dim1")]
+        if not dims or any(d is None or d == [] for d in dims):
+            return "reduces over every dim, the batch's too"
+        flat = [d for a in dims for d in (a if isinstance(a, (list, tuple)) else [a])]
+        norm_rank = rank if target is aten.unsqueeze.default else in_rank
+        if any(isinstance(d, int) and d % max(norm_rank, 1) == 0 for d in flat):
+            return "works along dim 0, the batch"
+        return None
+    if target in _KEEP_DIM_0:
+        if target is aten.permute.default and args[1][1][0] % rank != 0:
+            return "moves the batch off dim 0"
+        return None
+    if target in _LEFT_OPERAND or target in _BATCHED_AT:
+        allowed = (_LEFT_OPERAND[target],) if target in _LEFT_OPERAND else _BATCHED_AT[target]
+        if any(is_batched(a) and i not in allowed for i, (_, a) in enumerate(args)):
+            return "mixes rows of a batched operand"
+        return None
+    if target in _FACTORIES:
+        return None
+    return "is not known to keep rows independent"
