@@ -73,7 +73,8 @@ _SIZE_QUERIES = {aten.sym_size.int, aten.sym_stride.int, aten.sym_numel.default,
 
 def batch_fields(gm: torch.fx.GraphModule, config: CompilerConfig, name: str) -> Dict[str, Any]:
     """The engine's capture-size fields for an inference graph when capture_sizes is set: batch
-    inputs and outputs (leading size s) and batch-size inputs (ints equal to s). Empty (buckets off, logged why) when no symbol passes the row check above."""
+    inputs and outputs (leading size s) and batch-size inputs (ints equal to s). Empty (buckets
+    off, logged with why) when no leading symbol of the inputs passes the row check above."""
     sizes = config.reduce_overhead.capture_sizes
     if not sizes:
         return {}
@@ -234,8 +235,8 @@ def _row_wise(n: torch.fx.Node, args: List[Tuple[str, Any]], batched: Dict[torch
             return "reduces over every dim, the batch's too"
         flat = [d for a in dims for d in (a if isinstance(a, (list, tuple)) else [a])]
         norm_rank = rank if target is aten.unsqueeze.default else in_rank
-        if any(isinstance(d, int) and d % max(norm_rank, 1) == 0 for d in flat):
-            return "works along dim 0, the batch"
+        if any(not isinstance(d, int) or d % max(norm_rank, 1) == 0 for d in flat):
+            return "works along dim 0, the batch (or a dim only known at run time)"
         return None
     if target in _KEEP_DIM_0:
         if target is aten.permute.default and args[1][1][0] % rank != 0:
