@@ -8,7 +8,9 @@ its leading size is exactly s and s is in none of its other sizes or strides. Ev
 a batched value, or s itself, must be one of:
 
 - a pointwise op (torch.Tag.pointwise) whose batched operands have the result's rank;
-- an op along named dims (softmax, reductions, cat, index_select, slice, ...) none of which is 0;
+- an op along named dims (softmax, reductions, cat, index_select, slice, index_copy, scatter,
+  ...) none of which is 0 (a slice of all of dim 0 is fine), also in place into a batched value;
+  `x[:, i] = v` (index_put with no index on dim 0);
 - a view or copy that keeps dim 0 where it is (view, reshape, expand, permute, clone, ...);
 - a matrix product whose batched operand is the left one (mm, addmm);
 - an op batched in dim 0 by definition, on its batched operands (bmm, embedding's indices,
@@ -44,8 +46,12 @@ _ALONG_DIMS = {  # ops whose `dim`/`dims` argument says which dims they mix
     aten.slice.Tensor, aten.select.int, aten.narrow.default, aten.split.Tensor,
     aten.split_with_sizes.default, aten.unbind.int, aten.unsqueeze.default, aten.squeeze.dim,
     aten.squeeze.dims, aten.flip.default, aten.roll.default, aten.sort.default, aten.topk.default,
-    aten.transpose.int,
+    aten.transpose.int, aten.index_copy.default, aten.index_copy_.default, aten.scatter.src,
+    aten.scatter.value, aten.scatter_add.default, aten.scatter_.src, aten.scatter_.value,
+    aten.slice_scatter.default, aten.select_scatter.default,
 }
+_WHOLE_SLICE = {aten.slice.Tensor, aten.slice_scatter.default}  # dim 0 from its start, step 1: all of it
+_INDEX_PUT = {aten.index_put.default, aten.index_put_.default}
 _KEEP_DIM_0 = {  # views and copies: fine when the result's dim 0 is the batch (checked after)
     aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.expand.default,
     aten.clone.default, aten._to_copy.default, aten.alias.default, aten.detach.default,
@@ -219,8 +225,14 @@ def _row_wise(n: torch.fx.Node, args: List[Tuple[str, Any]], batched: Dict[torch
                     return "uses the batch size as a number"
     if target is aten.copy_.default:
         return None if all(is_batched(a) for _, a in args[:2]) else "writes into a tensor that is not batched"
-    if target._schema.is_mutable:
-        return "writes into a tensor in place"
+    if target._schema.is_mutable and (target not in _ALONG_DIMS and target not in _INDEX_PUT
+                                      or not is_batched(args[0][1])):
+        return "writes in place into something other than a batched value along its other dims"
+    if target in _INDEX_PUT:  # x[:, i] = v: no index on dim 0, index tensors not batched
+        indices = args[1][1]
+        if not indices or indices[0] is not None or any(is_batched(i) for i in indices):
+            return "indexes the batch dim"
+        return None
     if torch.Tag.pointwise in target.tags or target in _POINTWISE:
         for _, a in args:
             if is_batched(a) and a.meta["val"].dim() != rank:
@@ -235,6 +247,9 @@ def _row_wise(n: torch.fx.Node, args: List[Tuple[str, Any]], batched: Dict[torch
             return "reduces over every dim, the batch's too"
         flat = [d for a in dims for d in (a if isinstance(a, (list, tuple)) else [a])]
         norm_rank = rank if target is aten.unsqueeze.default else in_rank
+        named = dict(args)
+        if target in _WHOLE_SLICE and named.get("start") in (0, None) and named.get("step") == 1:
+            flat = [d for d in flat if d != 0]  # all of dim 0 (the result's dim 0 is checked to be s)
         if any(not isinstance(d, int) or d % max(norm_rank, 1) == 0 for d in flat):
             return "works along dim 0, the batch (or a dim only known at run time)"
         return None

@@ -213,6 +213,12 @@ ROW_WISE = {  # (f, make(n)): kept bucketed, results bitwise eager's
     "embedding": (lambda i, w: F.embedding(i, w) * 2, lambda n: (torch.randint(0, 10, (n, 9)), torch.randn(10, 4))),
     "integer division by a batch input": (lambda x, y: (x // y, x % y),
                                           lambda n: (torch.randint(-50, 50, (n, 4)), torch.randint(1, 9, (n, 4)))),
+    "a per-row cache written at a position": (
+        lambda x, pos, cache: (cache.__setitem__((slice(None), pos), x.unsqueeze(1)), cache.sum(1))[1],
+        lambda n: (torch.randn(n, 4), torch.tensor([2]), torch.randn(n, 6, 4))),
+    "a per-row cache written by index_copy_": (
+        lambda x, pos, cache: (cache.index_copy_(1, pos, x.unsqueeze(1)), cache * 2)[1],
+        lambda n: (torch.randn(n, 4), torch.tensor([4]), torch.randn(n, 6, 4))),
     "a written batch input beside an expanded one": (
         lambda x, y: (y.add_(1), x * 2)[1], lambda n: (torch.randn(1, 4).expand(n, 4), torch.randn(n, 4))),
 }
