@@ -5,7 +5,8 @@
 # included) through the Python harness, with Dynamo's floor and the bare engine as reference rows;
 # it prints a table and a per-model summary and writes JSON, CSV and a PNG plot to bench_out/ (or
 # --out DIR). Last, batch-size buckets in a decode-style loop (python -m torchreplay.bench.buckets:
-# capture_sizes against one capture per size, eager and Inductor).
+# capture_sizes against one capture per size, eager and Inductor; then a Python int changing
+# every call, eager against torchreplay).
 # Arguments go to `python -m torchreplay.bench` (try --help).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -199,3 +199,10 @@ def test_a_hundred_thousand_new_keys_keep_memory_flat():
     assert s["misses"] == 100_001 and s["cache_entries"] == 256
     assert s["evictions"] == 100_001 - 256 and s["replays"] == 1_999
     assert grown < 5 * 2**20, f"RSS grew {grown / 2**20:.1f} MB"
+
+
+def test_the_benchmark_s_scalar_loop_replays_every_timed_call():
+    from torchreplay.bench.buckets import scalar_loop
+
+    eager, ours = scalar_loop(50)   # outputs checked bitwise inside
+    assert ours["captures"] == 1 and ours["replays"] >= 7 * 50

@@ -8,7 +8,9 @@ dynamic=True, by:
   inductor                  torch.compile(dynamic=True) (on CUDA, mode="reduce-overhead" too,
                             which captures one CUDA graph per distinct size)
 Per mode: mean time per call over the loop, captures, replays and pool bytes. Then, per capture
-size b: a padded call (n = b // 2 + 1 rows, padded to b) against a call of exactly b rows.
+size b: a padded call (n = b // 2 + 1 rows, padded to b) against a call of exactly b rows. Last,
+a Python int that changes on every call (`y = sin(y) * s + 1` ten times on 64 floats, s = i + 2,
+dynamic=True): eager against torchreplay, whose key does not hold s (it is bound per call).
 
     python -m torchreplay.bench.buckets [--rounds N] [--out DIR]
 """
@@ -51,6 +53,35 @@ def per_call_us(fn: Callable, inputs: List[torch.Tensor], repeats: int) -> float
             fn(x)
         best = min(best, (time.perf_counter() - t0) / len(inputs) * 1e6)
     return best
+
+
+def sin_loop(x: torch.Tensor, s: int) -> torch.Tensor:
+    y = x
+    for _ in range(10):
+        y = torch.sin(y) * s + 1
+    return y
+
+
+def scalar_loop(calls: int) -> List[Dict[str, Any]]:
+    """Eager against torchreplay on sin_loop with s new on every call; outputs checked bitwise."""
+    x = torch.randn(64)
+    torch._dynamo.reset()
+    b = backend()
+    compiled = torch.compile(sin_loop, backend=b, dynamic=True)
+    rows = []
+    for name, fn in [("eager", sin_loop), ("torchreplay", compiled)]:
+        for i in range(3):
+            assert torch.equal(fn(x, i + 2), sin_loop(x, i + 2))
+        best = float("inf")
+        for _ in range(7):
+            t0 = time.perf_counter()
+            for i in range(calls):
+                fn(x, i + 5)
+            best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+        rows.append({"mode": name, "us_per_call": best, "calls": calls})
+    (stats,) = b.stats()
+    rows[1].update(captures=stats["captures"], replays=stats["replays"])
+    return rows
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -111,6 +142,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             padded_rows.append({"size": size, "rows": n, "exact_us": t_exact, "padded_us": t_padded,
                                 "ratio": t_padded / t_exact})
 
+        scalar_rows = scalar_loop(args.rounds * 160)
+
     eager = rows[0]["us_per_call"]
     print(f"batch sizes 1..32 in random order, {len(loop)} calls per pass, MLP 64-128-32, CPU")
     print(f"{'mode':<22}{'us/call':>9}{'vs eager':>10}{'captures':>10}{'replays':>9}{'calls':>8}{'pool KiB':>10}")
@@ -121,9 +154,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"\n{'capture size':>12}{'rows':>6}{'exact us':>10}{'padded us':>11}{'padded/exact':>14}")
     for r in padded_rows:
         print(f"{r['size']:>12}{r['rows']:>6}{r['exact_us']:>10.1f}{r['padded_us']:>11.1f}{r['ratio']:>13.2f}x")
+    print(f"\na Python int changing every call, {scalar_rows[0]['calls']} calls")
+    for r in scalar_rows:
+        print(f"{r['mode']:<22}{r['us_per_call']:>9.1f}{scalar_rows[0]['us_per_call'] / r['us_per_call']:>9.2f}x"
+              f"{r.get('captures', '-'):>10}{r.get('replays', '-'):>9}")
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "buckets.json"), "w") as f:
-        json.dump({"modes": rows, "padded": padded_rows}, f, indent=1)
+        json.dump({"modes": rows, "padded": padded_rows, "scalar": scalar_rows}, f, indent=1)
     return 0
 
 
