@@ -51,6 +51,10 @@ _ALONG_DIMS = {  # ops whose `dim`/`dims` argument says which dims they mix
     aten.slice_scatter.default, aten.select_scatter.default,
 }
 _WHOLE_SLICE = {aten.slice.Tensor, aten.slice_scatter.default}  # dim 0 from its start, step 1: all of it
+# Ops whose index may be shorter than the tensor it indexes in every dim, dim 0 too: padding the
+# index's rows but not the tensor's would break that, so every tensor operand must be batched.
+_ALL_BATCHED = {aten.gather.default, aten.scatter.src, aten.scatter.value, aten.scatter_add.default,
+                aten.scatter_.src, aten.scatter_.value}
 _INDEX_PUT = {aten.index_put.default, aten.index_put_.default}
 _KEEP_DIM_0 = {  # views and copies: fine when the result's dim 0 is the batch (checked after)
     aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.expand.default,
@@ -150,6 +154,9 @@ def _check(gm: torch.fx.GraphModule, symbol: Any) -> Any:
             for o in n.args[0]:
                 if isinstance(o, torch.fx.Node) and uses_symbol.get(o):
                     return f"output {o.name} is computed from the batch size"
+                if isinstance(o, torch.fx.Node) and _view_of_batch_input(o, batched):
+                    # handed back as a view of the caller's tensor, in the padded input's geometry
+                    return f"output {o.name} is a view of a batch input"
             continue
         reads_batch = any(batched.get(a) for a in n.all_input_nodes)
         reads_symbol = [a for a in n.all_input_nodes if uses_symbol.get(a)]
@@ -190,6 +197,19 @@ def _check(gm: torch.fx.GraphModule, symbol: Any) -> Any:
                                    if isinstance(v, torch.SymInt) and v.node.expr == symbol],
                 batch_outputs=[i for i, o in enumerate(outputs)
                                if isinstance(o, torch.fx.Node) and batched.get(o)])
+
+
+def _view_of_batch_input(node: torch.fx.Node, batched: Dict[torch.fx.Node, bool]) -> bool:
+    """node is a view (not the tensor itself) of a batched graph input."""
+    view = False
+    while node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+        returns = node.target._schema.returns
+        alias = returns[0].alias_info if returns else None
+        if alias is None or not node.args or not isinstance(node.args[0], torch.fx.Node):
+            return False
+        view = view or not alias.is_write   # x.mul_(2) is x itself; x[:, 1:] is a view of it
+        node = node.args[0]
+    return view and node.op == "placeholder" and batched.get(node, False)
 
 
 def _named_args(n: torch.fx.Node) -> List[Tuple[str, Any]]:
@@ -247,8 +267,12 @@ def _row_wise(n: torch.fx.Node, args: List[Tuple[str, Any]], batched: Dict[torch
             return "reduces over every dim, the batch's too"
         flat = [d for a in dims for d in (a if isinstance(a, (list, tuple)) else [a])]
         norm_rank = rank if target is aten.unsqueeze.default else in_rank
+        if target in _ALL_BATCHED and any(isinstance(a, torch.fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)
+                                          and not is_batched(a) for _, a in args):
+            return "indexes a tensor that is not batched with a batched index, or the other way"
         named = dict(args)
-        if target in _WHOLE_SLICE and named.get("start") in (0, None) and named.get("step") == 1:
+        if target in _WHOLE_SLICE and named.get("start") in (0, None) and named.get("step") == 1 \
+                and (named.get("end") is None or isinstance(named.get("end"), int) and named["end"] >= 2**62):
             flat = [d for d in flat if d != 0]  # all of dim 0 (the result's dim 0 is checked to be s)
         if any(not isinstance(d, int) or d % max(norm_rank, 1) == 0 for d in flat):
             return "works along dim 0, the batch (or a dim only known at run time)"

@@ -183,13 +183,23 @@ MIXING = {
     "cat along the batch": lambda x: torch.cat([x, x]) * 2,
     "slice of the batch": lambda x: x[1:] - x[:-1],
     "matmul across the batch": lambda x: x.t() @ x,
+    "an output that is a view of a batch input": lambda x: x[:, 1:],
+    # Another size bounds the batch rows: padding would break what the graph assumed of it.
+    "a slice of the batch up to another size": (lambda x, y: x[:y.shape[0]] * 2,
+                                                lambda n: (torch.randn(n, 4), torch.randn(n + 3, 2))),
+    "gather from a tensor that is not batched": (lambda t, i: torch.gather(t, 1, i),
+                                                 lambda n: (torch.randn(n + 2, 10), torch.randint(0, 10, (n, 2)))),
+    "scatter from a tensor that is not batched": (lambda x, i, src: x.scatter(1, i, src),
+                                                  lambda n: (torch.randn(n, 10), torch.randint(0, 10, (n, 2)),
+                                                             torch.randn(n + 2, 2))),
 }
 
 
 @pytest.mark.parametrize("name", list(MIXING))
 def test_a_graph_whose_rows_mix_is_captured_per_size_and_right(name, caplog):
     with caplog.at_level(logging.WARNING, logger="torchreplay"):
-        s = calls_of(MIXING[name], lambda n: (torch.randn(n, 4),), [3, 3, 3, 2, 2, 2])
+        f, make = MIXING[name] if isinstance(MIXING[name], tuple) else (MIXING[name], lambda n: (torch.randn(n, 4),))
+        s = calls_of(f, make, [3, 3, 3, 2, 2, 2])
     assert sum(e["captures"] for e in s) == 2, s    # sizes 3 and 2 each their own key, not 4
     assert "capture_sizes do not apply" in caplog.text
 
