@@ -197,8 +197,8 @@ capture::ValueType ValueTypeFromName(const std::string& s) {
 // that wrapper would do nothing beyond what a Call does: bump the version counters of the inputs
 // the graph mutates, run with grad mode off, give outputs aliasing an input back as the input or
 // an autograd view of it, drop the graph's extra outputs (intermediate bases of aliased outputs),
-// and mark outputs' dynamic dims for later compiles (dynamic=True graphs). torchreplay.capture uses it too, with the model's parameters and buffers bound once
-// ahead of the call's arguments.
+// and mark outputs' dynamic dims for later compiles (dynamic=True graphs). torchreplay.capture
+// uses it too, with the model's parameters and buffers bound once ahead of the call's arguments.
 std::string Describe(const c10::IValue& v) {
   if (v.isInt()) return absl::StrCat(v.toInt());
   if (v.isDouble()) {  // as Python prints it: 2.0, -0.0, 0.5

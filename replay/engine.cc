@@ -583,10 +583,9 @@ std::vector<c10::IValue> Engine::Resized(const std::vector<c10::IValue>& inputs,
       }
     } else {
       s.narrow(0, 0, rows).copy_(t.narrow(0, 0, rows));
-      if (size > rows && rows > 0) {
-        s.narrow(0, rows, size - rows).copy_(t.narrow(0, rows - 1, 1).expand_as(s.narrow(0, rows, size - rows)));
-      } else if (size > rows) {
-        s.narrow(0, rows, size - rows).zero_();
+      if (size > rows) {
+        at::Tensor pad = s.narrow(0, rows, size - rows);
+        rows > 0 ? pad.copy_(t.narrow(0, rows - 1, 1).expand_as(pad)) : pad.zero_();
       }
     }
     out[i] = s;
