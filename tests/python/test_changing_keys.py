@@ -93,7 +93,8 @@ class DemoModel(nn.Module):
         return (self.linear1(x) - self.running_mean) * scale_factor
 
 
-def test_the_demo_model_with_a_new_scale_factor_every_call_replays():
+@pytest.mark.parametrize("scale_of", [lambda i: 100 + 7 * i, lambda i: 0.5 + 0.37 * i], ids=["int", "float"])
+def test_the_demo_model_with_a_new_scale_factor_every_call_replays(scale_of):
     torch.manual_seed(0)
     model = DemoModel()
     b = backend()
@@ -101,7 +102,7 @@ def test_the_demo_model_with_a_new_scale_factor_every_call_replays():
     x = torch.randn(100, 128)
     with torch.no_grad():
         for i in range(100):
-            scale = 100 + 7 * i
+            scale = scale_of(i)
             assert torch.equal(c(x, scale), model(x, scale)), i
     (stats,) = b.stats()
     assert stats["captures"] == 1 and stats["replays"] == 99
