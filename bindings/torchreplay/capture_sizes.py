@@ -186,6 +186,8 @@ def _check(gm: torch.fx.GraphModule, symbol: Any) -> Any:
         if why:
             return f"node {n.name} ({target}) {why}"
         outs = val if isinstance(val, (list, tuple)) else [val]
+        if target in _BATCHED_AT:  # their side results (batch norm's saved stats, seeds) may be free
+            outs = [o for k, o in enumerate(outs) if k == 0 or kind(o) != "free"]
         if any(isinstance(o, torch.Tensor) and kind(o) != "batched" for o in outs):
             return f"node {n.name} ({target}) gives a result whose dim 0 is not the batch"
         batched[n], uses_symbol[n] = True, False

@@ -214,7 +214,21 @@ def test_a_cache_written_at_batch_indices_is_not_padded():
     assert sum(e["captures"] for e in s) == 2 and torch.equal(cache[0], torch.full((4,), 7.0))
 
 
+class ConvNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.c1, self.bn = nn.Conv2d(4, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.c2, self.fc, self.ln = nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.Linear(16, 10), nn.LayerNorm(10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.bn(self.c1(x))), 2)
+        x = F.adaptive_avg_pool2d(F.gelu(self.c2(x)), 1).flatten(1)
+        return torch.softmax(self.ln(self.fc(x)), -1)
+
+
 ROW_WISE = {  # (f, make(n)): kept bucketed, results bitwise eager's
+    "a conv net (batch norm, pooling, flatten, layer norm)": (ConvNet().eval(), lambda n: (torch.randn(n, 4, 16, 16),)),
     "softmax and sums along rows": (lambda x: torch.softmax(x, -1) + x.sum(1, keepdim=True),
                                     lambda n: (torch.randn(n, 8),)),
     "views keeping the batch first": (lambda x: x.view(x.shape[0], 2, 4).permute(0, 2, 1).reshape(x.shape[0], -1) * 2,
