@@ -4,8 +4,9 @@ sizes] in replay/engine.cc), decided once per graph when it is compiled.
 A padded call is right only if every output row is computed from the same input row alone: rows
 must be independent. That is checked here on the ATen graph, op by op, instead of taken on
 trust: the batch is a symbol s that is the leading size of some inputs; a value is *batched* when
-its leading size is exactly s and s is in none of its other sizes or strides. Every op that reads
-a batched value, or s itself, must be one of:
+its leading size is c * s (c rows per batch element, one after another, c a number or another
+size: a linear over (n, L, d) runs on a (n * L, d) view) and s is in none of its other sizes or strides. Every op that reads a
+batched value, or s itself, must be one of:
 
 - a pointwise op (torch.Tag.pointwise) whose batched operands have the result's rank;
 - an op along named dims (softmax, reductions, cat, index_select, slice, index_copy, scatter,
@@ -17,7 +18,9 @@ a batched value, or s itself, must be one of:
   convolution's input, layer norm, eval-mode batch norm, pooling, attention);
 - `copy_` of a batched value into a batched input (an input update);
 
-and give only batched results. s may be used only as the leading size of a new shape. Anything
+and give only batched results, with as many rows per element as its batched operands (views and
+reshapes may regroup them). s may be used only as the leading size (c * s) of a new shape; graph
+inputs and outputs are padded and sliced only where their dim 0 is s itself. Anything
 else (a reduction over the batch, the batch size used as a number, a write into a tensor that is
 not a batch input, an output sized 2*s) refuses buckets for the graph, with the node in the log:
 its calls are captured per size instead, as without capture_sizes.
@@ -56,6 +59,7 @@ _WHOLE_SLICE = {aten.slice.Tensor, aten.slice_scatter.default}  # dim 0 from its
 _ALL_BATCHED = {aten.gather.default, aten.scatter.src, aten.scatter.value, aten.scatter_add.default,
                 aten.scatter_.src, aten.scatter_.value}
 _INDEX_PUT = {aten.index_put.default, aten.index_put_.default}
+_RESHAPES = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}  # may regroup rows
 _KEEP_DIM_0 = {  # views and copies: fine when the result's dim 0 is the batch (checked after)
     aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.expand.default,
     aten.clone.default, aten._to_copy.default, aten.alias.default, aten.detach.default,
@@ -120,45 +124,60 @@ def _has(v: Any, symbol: Any) -> bool:
     return isinstance(v, torch.SymInt) and symbol in v.node.expr.free_symbols
 
 
+_OTHER = object()  # a value that involves the batch symbol other than as rows of dim 0
+
+
+def _rows_per_element(expr: Any, symbol: Any) -> Any:
+    """c when expr is c * symbol with c free of it (a number or another size), else _OTHER."""
+    c, rest = expr.as_independent(symbol, as_Add=False)
+    return c if rest == symbol and c.is_positive is not False else _OTHER
+
+
 def _check(gm: torch.fx.GraphModule, symbol: Any) -> Any:
     """The fields for batch symbol `symbol`, or why its rows are not independent."""
-    batched: Dict[torch.fx.Node, bool] = {}   # node -> its value is batched
+    # node -> rows of its dim 0 per batch element (c when its dim 0 is c * s: a linear over
+    # (n, L, d) runs on (n * L, d), each element owning L rows in a row), None when it does not
+    # involve s
+    batched: Dict[torch.fx.Node, Any] = {}
     uses_symbol: Dict[torch.fx.Node, bool] = {}  # node -> an int holding s (or made from it)
 
-    def kind(v: Any) -> Optional[str]:
-        """'batched', 'free' (does not involve s) or None (involves s some other way)."""
+    def rows(v: Any) -> Any:
+        """As `batched` for a value; _OTHER when it involves s another way."""
         if isinstance(v, (list, tuple)):
-            kinds = {kind(e) for e in v}
-            return None if None in kinds else ("batched" if "batched" in kinds else "free")
+            each = [rows(e) for e in v]
+            factors = {r for r in each if r is not None}
+            return _OTHER if _OTHER in factors or len(factors) > 1 else (factors.pop() if factors else None)
         if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-            return None if symbol in v.node.expr.free_symbols else "free"
+            return _OTHER if symbol in v.node.expr.free_symbols else None
         if not isinstance(v, torch.Tensor):
-            return "free"
+            return None
         rest = list(v.shape[1:]) + (list(v.stride()) if v.layout == torch.strided else [])
         if any(_has(d, symbol) for d in rest):
-            return None
+            return _OTHER
         if v.dim() == 0 or not _has(v.shape[0], symbol):
-            return "free"
-        return "batched" if v.shape[0].node.expr == symbol else None
+            return None
+        return _rows_per_element(v.shape[0].node.expr, symbol)
 
     index = {p: i for i, p in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
     for n in gm.graph.nodes:
         val = n.meta.get("val")
+        r = rows(val)
         if n.op == "placeholder":
-            k = kind(val)
-            if k is None and isinstance(val, torch.Tensor):
-                return f"input {n.name} has the batch {symbol} in a trailing size or stride"
-            batched[n], uses_symbol[n] = k == "batched", k is None
+            if isinstance(val, torch.Tensor) and not (r is None or r == 1):
+                return f"input {n.name} has the batch {symbol} in a size or stride other than dim 0"
+            batched[n], uses_symbol[n] = (None, True) if r is _OTHER else (r, False)
             continue
         if n.op == "output":
             for o in n.args[0]:
                 if isinstance(o, torch.fx.Node) and uses_symbol.get(o):
                     return f"output {o.name} is computed from the batch size"
+                if isinstance(o, torch.fx.Node) and batched.get(o) is not None and batched[o] != 1:
+                    return f"output {o.name} has {batched[o]} rows per batch element"
                 if isinstance(o, torch.fx.Node) and _view_of_batch_input(o, batched):
                     # handed back as a view of the caller's tensor, in the padded input's geometry
                     return f"output {o.name} is a view of a batch input"
             continue
-        reads_batch = any(batched.get(a) for a in n.all_input_nodes)
+        reads_batch = any(batched.get(a) is not None for a in n.all_input_nodes)
         reads_symbol = [a for a in n.all_input_nodes if uses_symbol.get(a)]
         target = n.target
         scalar = not isinstance(val, (torch.Tensor, list, tuple))
@@ -166,20 +185,19 @@ def _check(gm: torch.fx.GraphModule, symbol: Any) -> Any:
                                                       or not isinstance(target, torch._ops.OpOverload))):
             # A result taken apart; sizes, Python arithmetic on them (s * 4, s >= 2) and runtime
             # asserts on them: tracked here, checked where they are used.
-            k = kind(val)
-            if not scalar and k is None:
-                return f"node {n.name} has the batch {symbol} in a trailing size or stride"
-            batched[n] = k == "batched"
-            uses_symbol[n] = scalar and (k is None or bool(reads_symbol))
+            if not scalar and r is _OTHER:
+                return f"node {n.name} has the batch {symbol} in a size or stride other than dim 0"
+            batched[n] = None if scalar else r
+            uses_symbol[n] = scalar and (r is _OTHER or bool(reads_symbol))
             continue
         if not isinstance(target, torch._ops.OpOverload):
             if reads_batch or reads_symbol:
                 return f"node {n.name} ({target}) is not known to keep rows independent"
-            batched[n], uses_symbol[n] = False, False
+            batched[n], uses_symbol[n] = None, False
             continue
         if not reads_batch and not reads_symbol:
-            batched[n], uses_symbol[n] = False, False
-            if kind(val) != "free":
+            batched[n], uses_symbol[n] = None, False
+            if r is not None:
                 return f"node {n.name} makes a value sized by the batch {symbol} from nothing batched"
             continue
         why = _row_wise(n, _named_args(n), batched, uses_symbol, symbol)
@@ -187,21 +205,25 @@ def _check(gm: torch.fx.GraphModule, symbol: Any) -> Any:
             return f"node {n.name} ({target}) {why}"
         outs = val if isinstance(val, (list, tuple)) else [val]
         if target in _BATCHED_AT:  # their side results (batch norm's saved stats, seeds) may be free
-            outs = [o for k, o in enumerate(outs) if k == 0 or kind(o) != "free"]
-        if any(isinstance(o, torch.Tensor) and kind(o) != "batched" for o in outs):
+            outs = [o for k, o in enumerate(outs) if k == 0 or rows(o) is not None]
+        out_rows = {rows(o) for o in outs if isinstance(o, torch.Tensor)}
+        if len(out_rows) != 1 or None in out_rows or _OTHER in out_rows:
             return f"node {n.name} ({target}) gives a result whose dim 0 is not the batch"
-        batched[n], uses_symbol[n] = True, False
+        in_rows = {batched[a] for a in n.all_input_nodes if batched.get(a) is not None}
+        if target not in _RESHAPES and not in_rows <= out_rows:
+            return f"node {n.name} ({target}) regroups the rows of batch elements"
+        batched[n], uses_symbol[n] = out_rows.pop(), False
 
     ins = [p.meta.get("val") for p in index]
     outputs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
-    return dict(batch_inputs=[i for i, p in enumerate(index) if batched[p]],
+    return dict(batch_inputs=[i for i, p in enumerate(index) if batched[p] is not None],
                 batch_size_inputs=[i for i, v in enumerate(ins)
                                    if isinstance(v, torch.SymInt) and v.node.expr == symbol],
                 batch_outputs=[i for i, o in enumerate(outputs)
-                               if isinstance(o, torch.fx.Node) and batched.get(o)])
+                               if isinstance(o, torch.fx.Node) and batched.get(o) is not None])
 
 
-def _view_of_batch_input(node: torch.fx.Node, batched: Dict[torch.fx.Node, bool]) -> bool:
+def _view_of_batch_input(node: torch.fx.Node, batched: Dict[torch.fx.Node, Any]) -> bool:
     """node is a view (not the tensor itself) of a batched graph input."""
     view = False
     while node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
@@ -211,7 +233,7 @@ def _view_of_batch_input(node: torch.fx.Node, batched: Dict[torch.fx.Node, bool]
             return False
         view = view or not alias.is_write   # x.mul_(2) is x itself; x[:, 1:] is a view of it
         node = node.args[0]
-    return view and node.op == "placeholder" and batched.get(node, False)
+    return view and node.op == "placeholder" and batched.get(node) is not None
 
 
 def _named_args(n: torch.fx.Node) -> List[Tuple[str, Any]]:
@@ -226,7 +248,7 @@ def _named_args(n: torch.fx.Node) -> List[Tuple[str, Any]]:
     return named
 
 
-def _row_wise(n: torch.fx.Node, args: List[Tuple[str, Any]], batched: Dict[torch.fx.Node, bool],
+def _row_wise(n: torch.fx.Node, args: List[Tuple[str, Any]], batched: Dict[torch.fx.Node, Any],
               uses_symbol: Dict[torch.fx.Node, bool], symbol: Any) -> Optional[str]:
     """None when node n keeps rows independent, else why not."""
     target = n.target
@@ -235,15 +257,16 @@ def _row_wise(n: torch.fx.Node, args: List[Tuple[str, Any]], batched: Dict[torch
     rank = out0.dim() if isinstance(out0, torch.Tensor) else 0
 
     def is_batched(a: Any) -> bool:
-        return isinstance(a, torch.fx.Node) and batched.get(a, False)
+        return isinstance(a, torch.fx.Node) and batched.get(a) is not None
 
     # The batch size may only be the leading size of a new shape.
     for name, a in args:
         elems = a if isinstance(a, (list, tuple)) else [a]
         for k, e in enumerate(elems):
             if isinstance(e, torch.fx.Node) and uses_symbol.get(e):
-                exact = getattr(e.meta.get("val"), "node", None) is not None and e.meta["val"].node.expr == symbol
-                if not (name in _SIZE_ARGS and k == 0 and exact and isinstance(a, (list, tuple))):
+                v = e.meta.get("val")
+                whole = isinstance(v, torch.SymInt) and _rows_per_element(v.node.expr, symbol) is not _OTHER
+                if not (name in _SIZE_ARGS and k == 0 and whole and isinstance(a, (list, tuple))):
                     return "uses the batch size as a number"
     if target is aten.copy_.default:
         return None if all(is_batched(a) for _, a in args[:2]) else "writes into a tensor that is not batched"
