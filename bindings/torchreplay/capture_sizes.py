@@ -165,6 +165,8 @@ def _check(gm: torch.fx.GraphModule, symbol: Any) -> Any:
         if n.op == "placeholder":
             if isinstance(val, torch.Tensor) and not (r is None or r == 1):
                 return f"input {n.name} has the batch {symbol} in a size or stride other than dim 0"
+            if isinstance(val, torch.SymInt) and r is _OTHER and val.node.expr != symbol:
+                return f"input {n.name} is {val.node.expr}, computed from the batch size"  # set as it is
             batched[n], uses_symbol[n] = (None, True) if r is _OTHER else (r, False)
             continue
         if n.op == "output":
