@@ -614,6 +614,9 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::RunPadded(std::vector<c10::IVal
     return RunEager(inputs);
   }
   ThreadState& ts = StateForThisThread();
+  // The replay sees the staging tensors, not the caller's: outputs of earlier calls fed back in
+  // are recognised here, before the pool is reused.
+  ReleaseOutputs(ts, inputs);
   std::vector<at::Tensor>& staging = ts.staging[*bucket];
   absl::StatusOr<std::vector<c10::IValue>> out =
       RunKeyed(Resized(inputs, n, *bucket, &staging));

@@ -11,7 +11,7 @@ batched value, or s itself, must be one of:
 - a pointwise op (torch.Tag.pointwise) whose batched operands have the result's rank;
 - an op along named dims (softmax, reductions, cat, index_select, slice, index_copy, scatter,
   ...) none of which is 0 (a slice of all of dim 0 is fine), also in place into a batched value;
-  `x[:, i] = v` (index_put with no index on dim 0);
+  `x[:, i] = v` (index_put with one 1-d index, not on dim 0, and v of x's rank);
 - a view or copy that keeps dim 0 where it is (view, reshape, expand, permute, clone, ...);
 - a matrix product whose batched operand is the left one (mm, addmm);
 - an op batched in dim 0 by definition, on its batched operands (bmm, embedding's indices,
@@ -275,10 +275,15 @@ def _row_wise(n: torch.fx.Node, args: List[Tuple[str, Any]], batched: Dict[torch
     if target._schema.is_mutable and (target not in _ALONG_DIMS and target not in _INDEX_PUT
                                       or not is_batched(args[0][1])):
         return "writes in place into something other than a batched value along its other dims"
-    if target in _INDEX_PUT:  # x[:, i] = v: no index on dim 0, index tensors not batched
+    if target in _INDEX_PUT:  # x[:, i] = v: one 1-d index, not on dim 0 and not batched
         indices = args[1][1]
-        if not indices or indices[0] is not None or any(is_batched(i) for i in indices):
-            return "indexes the batch dim"
+        given = [i for i in indices if i is not None]
+        if not indices or indices[0] is not None or len(given) != 1 or is_batched(given[0]) or \
+                given[0].meta["val"].dim() != 1:
+            return "indexes the batch dim, or more than one dim"
+        values = dict(args)["values"]
+        if is_batched(values) and values.meta["val"].dim() != args[0][1].meta["val"].dim():
+            return "broadcasts the batch into another dim"
         return None
     if torch.Tag.pointwise in target.tags or target in _POINTWISE:
         for _, a in args:

@@ -288,3 +288,36 @@ def test_a_channels_last_batch_stays_channels_last_when_padded():
         (x,) = make(n)
         assert c(x).stride() == f(x).stride() == (75, 1, 15, 3)
     assert b.stats()[0]["replays"] >= 1
+
+
+def test_a_row_broadcast_across_columns_by_index_put_is_not_padded(caplog):
+    def f(x, v):
+        x = x.clone()
+        x[:, torch.tensor([0, 2])] = v  # v[j] goes to column j of every row: v's n is not rows
+        return x
+
+    with caplog.at_level(logging.WARNING, logger="torchreplay"):
+        calls_of(f, lambda n: (torch.zeros(n, 3), torch.arange(n, dtype=torch.float32) + 1), [2, 2, 2])
+    assert "capture_sizes do not apply" in caplog.text
+
+
+@torch.no_grad()
+def test_outputs_fed_back_into_a_padded_call_stay_readable():
+    def step(x, h):
+        return torch.tanh(x + h)
+
+    def bump(y):
+        y.add_(1)
+        return y * 2
+
+    b = backend(capture_sizes=[4, 8])
+    c, c_bump = torch.compile(step, backend=b, dynamic=True), torch.compile(bump, backend=b, dynamic=True)
+    x = torch.randn(3, 4)
+    h, h_ref = torch.zeros(3, 4), torch.zeros(3, 4)
+    y, y_ref = torch.ones(3, 2), torch.ones(3, 2)
+    for _ in range(4):
+        prev, h, h_ref = h, c(x, h), step(x, h_ref)
+        assert torch.equal(h, h_ref) and torch.isfinite(prev).all()  # prev: this call's input, still valid
+        y, y_ref = c_bump(y), bump(y_ref)
+        assert torch.equal(y, y_ref)
+    assert sum(s["replays"] for s in b.stats()) >= 4
