@@ -45,15 +45,10 @@ class CapturedGraph {
   virtual absl::Status Replay(const std::vector<c10::IValue>& inputs,
                               std::vector<c10::IValue>* outputs) = 0;
   virtual const CaptureInfo& info() const = 0;
-  // True for outputs whose memory is the engine's pool (reused by the next replay).
+  // True for outputs whose memory is the engine's pool (reused by the next replay). Their
+  // storage is their pool buffer alone (Note [One storage per buffer] in memory_pool/arena.h;
+  // a CUDA pool block on CUDA), shared with any other output that is a view of the same buffer.
   virtual bool OutputInPool(size_t i) const = 0;
-  // For a pool output: the bytes of its storage that are its own buffer, {byte offset, bytes}
-  // (shared with any other output that is a view of the same buffer). nbytes < 0: the whole
-  // storage. The engine hands each buffer out as a storage of its own, as eager would.
-  struct Region {
-    int64_t offset = 0, nbytes = -1;
-  };
-  virtual Region OutputRegion(size_t i) const { return {}; }
   // Writes what was captured to `path_stem` + an extension, and returns the file's path: the
   // tape's plan as text (.txt) on the CPU, the CUDA graph as Graphviz DOT (.dot, keep_graph).
   virtual absl::StatusOr<std::string> Dump(const std::string& path_stem) const = 0;

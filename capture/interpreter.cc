@@ -319,6 +319,7 @@ absl::StatusOr<std::vector<c10::IValue>> Interpreter::Run(std::vector<c10::IValu
   const auto& nodes = g.nodes();
   for (int i = 0; i < static_cast<int>(nodes.size()); ++i) {
     const Node& n = nodes[i];
+    if (observer != nullptr && observer->before) observer->before(i, env);
     try {
       switch (n.kind) {
         case NodeKind::kOp: {
@@ -362,7 +363,7 @@ absl::StatusOr<std::vector<c10::IValue>> Interpreter::Run(std::vector<c10::IValu
       return absl::InternalError(absl::StrCat("node '", n.name, "' failed: ", e.what()));
     }
     if (observer != nullptr) {
-      (*observer)(i, env);
+      if (observer->after) observer->after(i, env);
     } else {
       for (ValueId v : free_after_[i]) env[v] = c10::IValue();
     }

@@ -44,8 +44,11 @@ absl::Status WithContext(const absl::Status& s, absl::string_view prefix);
 
 class Interpreter {
  public:
-  // Called after each node with the node's index and the environment (values by id).
-  using Observer = std::function<void(int node, const std::vector<c10::IValue>& env)>;
+  // Called before and after each node (either may be empty) with the node's index and the
+  // environment (values by id).
+  struct Observer {
+    std::function<void(int node, const std::vector<c10::IValue>& env)> before, after;
+  };
 
   explicit Interpreter(std::shared_ptr<const Graph> graph);
 

@@ -47,7 +47,6 @@ class KernelTape final : public CapturedGraph {
                       std::vector<c10::IValue>* outputs) override;
   const CaptureInfo& info() const override { return info_; }
   bool OutputInPool(size_t i) const override { return output_in_pool_[i]; }
-  Region OutputRegion(size_t i) const override { return output_region_[i]; }
   absl::StatusOr<std::string> Dump(const std::string& path_stem) const override;
   // Drops this call's tensors from the slots and the stack, and from the list arguments of
   // `failed`, a step that raised before it could drop them itself.
@@ -71,7 +70,6 @@ class KernelTape final : public CapturedGraph {
   };
   std::vector<Output> outputs_;
   std::vector<bool> output_in_pool_;
-  std::vector<Region> output_region_;  // pool outputs: their root buffer in the arena
   std::vector<c10::IValue> slots_;
   torch::jit::Stack stack_;
   c10::DispatchKeySet keys_{c10::DispatchKey::CPU};
@@ -180,11 +178,15 @@ absl::StatusOr<std::string> KernelTape::Dump(const std::string& path_stem) const
   return path;
 }
 
-at::Tensor ArenaView(const memory_pool::Arena& arena, const ValueRecord& r, int64_t byte_offset) {
+// A planned buffer: a tensor of the recorded geometry on a storage of its own over its bytes of
+// the arena (Note [One storage per buffer]).
+at::Tensor ArenaBuffer(memory_pool::Arena& arena, const ValueRecord& r, int64_t byte_offset) {
+  const int64_t nbytes = static_cast<int64_t>(
+      at::detail::computeStorageNbytes(r.sizes, r.strides, c10::elementSize(r.dtype)));
   auto impl = c10::make_intrusive<c10::TensorImpl>(
-      c10::Storage(arena.storage()), c10::DispatchKeySet(c10::DispatchKey::CPU),
+      arena.Buffer(byte_offset, nbytes), c10::DispatchKeySet(c10::DispatchKey::CPU),
       c10::scalarTypeToTypeMeta(r.dtype));
-  impl->set_sizes_and_strides(r.sizes, r.strides, byte_offset / c10::elementSize(r.dtype));
+  impl->set_sizes_and_strides(r.sizes, r.strides, 0);
   return at::Tensor(std::move(impl));
 }
 
@@ -448,10 +450,10 @@ absl::StatusOr<std::unique_ptr<CapturedGraph>> CaptureKernelTape(
   if (!plan.ok()) return plan.status();
   const memory_pool::ArenaPlan arena_plan = memory_pool::PlanArena(plan->requests);
   arena->Reserve(arena_plan.arena_bytes);
-  std::vector<at::Tensor> buffers(plan->requests.size());  // per request, a view of the arena
+  std::vector<at::Tensor> buffers(plan->requests.size());  // per request, in the arena
   for (size_t v = 0; v < plan->values.size(); ++v) {
     if (const int b = plan->values[v].buffer; b >= 0) {
-      buffers[b] = ArenaView(*arena, rec.values[v], arena_plan.offsets[b]);
+      buffers[b] = ArenaBuffer(*arena, rec.values[v], arena_plan.offsets[b]);
     }
   }
 
@@ -467,7 +469,6 @@ absl::StatusOr<std::unique_ptr<CapturedGraph>> CaptureKernelTape(
   for (const auto& a : g.outputs()) {
     KernelTape::Output out;
     bool pool = false;
-    CapturedGraph::Region region;
     if (a.kind == Arg::Kind::kValue) {
       const TapePlan::ValuePlan& v = plan->values[a.value];
       if (v.constant) {
@@ -476,20 +477,11 @@ absl::StatusOr<std::unique_ptr<CapturedGraph>> CaptureKernelTape(
         out.slot = v.slot;
       }
       pool = v.in_arena;
-      const ValueId root = rec.values[a.value].root;
-      const int buffer = root >= 0 ? plan->values[root].buffer : -1;
-      if (pool && buffer >= 0) {
-        const at::Tensor& buf = buffers[buffer];
-        region.offset = buf.storage_offset() * static_cast<int64_t>(buf.itemsize());
-        region.nbytes = static_cast<int64_t>(at::detail::computeStorageNbytes(
-            buf.sizes(), buf.strides(), buf.itemsize()));
-      }
     } else {
       out.constant = a.constant;
     }
     tape->outputs_.push_back(std::move(out));
     tape->output_in_pool_.push_back(pool);
-    tape->output_region_.push_back(region);
   }
   tape->listing_ = plan->ToString(g, &arena_plan);
   return std::unique_ptr<CapturedGraph>(std::move(tape));

@@ -5,6 +5,7 @@
 
 #include <ATen/ops/arange.h>
 #include <ATen/ops/equal.h>
+#include <ATen/ops/rand.h>
 #include <ATen/ops/randn.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -110,6 +111,51 @@ TEST(KernelTapeTest, ReplaysOnNewInputsBitwiseAsTheInterpreter) {
   EXPECT_TRUE(tape->OutputInPool(0));
   EXPECT_FALSE(tape->OutputInPool(1));  // acc is the caller's tensor
   EXPECT_TRUE(tape->OutputInPool(2));   // a view of y's buffer
+}
+
+// Note [Checked out= kernels] and Note [One storage per buffer]: binary_cross_entropy.out writes
+// the unreduced loss into its 0-dim `out` before reducing (in the arena it wrote over its
+// neighbours), so it runs functionally; linalg_qr.out picks its path by whether R shares Q's
+// storage (in one arena storage it wrote Q from R, or asserted), so it keeps its out= step on
+// buffers that are storages of their own. Both bitwise as the interpreter, on several inputs.
+TEST(KernelTapeTest, OutKernelsThatMisuseTheirOutputsRunAsEagerDoes) {
+  GraphBuilder b;
+  const ValueId x = b.AddInput("x", ValueType::kTensor);
+  const ValueId t = b.AddInput("t", ValueType::kTensor);
+  const ValueId a = b.AddInput("a", ValueType::kTensor);
+  const ValueId p = Op(b, "aten::sigmoid", {Arg::Ref(x)});
+  const ValueId loss = Op(b, "aten::binary_cross_entropy", {Arg::Ref(p), Arg::Ref(t)});
+  auto qr = b.AddOp("aten::linalg_qr", {Arg::Ref(a)});
+  ASSERT_TRUE(qr.ok()) << qr.status();
+  const ValueId q2 = Op(b, "aten::mul.Tensor", {Arg::Ref((*qr)[0]), Arg::Const(2.0)});
+  ASSERT_TRUE(b.SetOutputs({Arg::Ref(loss), Arg::Ref(q2), Arg::Ref((*qr)[1])}).ok());
+  auto g = b.Build();
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto inputs = [] {
+    return std::vector<c10::IValue>{at::randn({5}), at::rand({5}), at::randn({5, 2})};
+  };
+  memory_pool::Arena arena;
+  Interpreter interp(*g);
+  Recording rec;
+  ASSERT_TRUE(RunAndRecord(interp, inputs(), &rec).ok());
+  auto plan = PlanTape(**g, rec);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const std::string text = plan->ToString(**g);
+  EXPECT_THAT(text, HasSubstr("aten::binary_cross_entropy: functional (aten::binary_cross_entropy.out "
+                              "refused: it raised: Trying to resize storage that is not resizable"));
+  EXPECT_THAT(text, HasSubstr("aten::linalg_qr: out= aten::linalg_qr.out"));
+  auto tape = CaptureKernelTape(*g, rec, inputs(), &arena, {});
+  ASSERT_TRUE(tape.ok()) << tape.status();
+  for (int call = 0; call < 3; ++call) {
+    const std::vector<c10::IValue> in = inputs();
+    auto want = interp.Run(in);
+    ASSERT_TRUE(want.ok()) << want.status();
+    std::vector<c10::IValue> got;
+    ASSERT_TRUE((*tape)->Replay(in, &got).ok());
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_TRUE(at::equal(got[i].toTensor(), (*want)[i].toTensor())) << "output " << i;
+    }
+  }
 }
 
 TEST(KernelTapeTest, LargerKeyGrowsTheArenaAndTheFirstTapeStaysRight) {

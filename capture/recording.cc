@@ -1,6 +1,13 @@
 // The recording of a warm-up run and the analysis both backends share (see recording.h).
 #include "capture/recording.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ops/empty_strided.h>
+#include <ATen/ops/view_as_real.h>
+#include <c10/util/Exception.h>
+
+#include <mutex>
+
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -24,6 +31,84 @@ bool HasDataDependentShape(const std::string& name) {
       "aten::unique_dim", "aten::unique_consecutive", "aten::unique_dim_consecutive",
       "aten::repeat_interleave", "aten::bincount", "aten::argwhere", "aten::nonzero_numpy"};
   return kOps.contains(name);
+}
+
+// The same tensor's elements as integers of the same width, so that equal() compares bits (NaN
+// payloads and -0.0 included). Undefined for element types it cannot view.
+at::Tensor BitsOf(const at::Tensor& t) {
+  switch (t.element_size()) {
+    case 1: return t.view(c10::kByte);
+    case 2: return t.view(c10::kShort);
+    case 4: return t.view(c10::kInt);
+    case 8: return t.view(c10::kLong);
+    case 16: return t.is_complex() ? at::view_as_real(t).view(c10::kLong) : at::Tensor();
+    default: return at::Tensor();
+  }
+}
+
+// Counts the warnings raised while it is installed, and swallows them.
+class CountingWarningHandler : public c10::WarningHandler {
+ public:
+  void process(const c10::Warning&) override { ++count; }
+  int count = 0;
+};
+
+// Note [Checked out= kernels]: runs `out`, the out= overload of node `n`, on the node's arguments
+// into buffers of the recorded geometry. Empty when it may be used, else why not.
+std::string CheckOutVariant(const Node& n, const OutVariant& out, const std::vector<c10::IValue>& env,
+                            const std::vector<ValueRecord>& values,
+                            const std::optional<at::Tensor>& rng_before) {
+  torch::jit::Stack stack;
+  for (size_t a = 0; a < n.args.size(); ++a) {
+    stack.push_back(MaterializeArg(n.args[a], n.arg_types[a], env));
+    if (stack.back().isGenerator()) return "it takes a generator of its own";
+  }
+  if (!out.extra_arg.isNone()) stack.push_back(out.extra_arg);
+  std::vector<at::Tensor> buffers;
+  std::vector<const c10::StorageImpl*> storages;
+  for (ValueId o : n.outputs) {
+    const ValueRecord& r = values[o];
+    at::Tensor b = at::empty_strided(r.sizes, r.strides, at::TensorOptions().dtype(r.dtype));
+    b.storage().unsafeGetStorageImpl()->set_resizable(false);
+    storages.push_back(b.storage().unsafeGetStorageImpl());
+    buffers.push_back(b);
+    stack.push_back(std::move(b));
+  }
+  std::string why;
+  {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    at::Tensor rng_after;
+    if (rng_before.has_value()) {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      rng_after = gen.get_state();
+      gen.set_state(*rng_before);
+    }
+    CountingWarningHandler warnings;
+    try {
+      c10::WarningUtils::WarningHandlerGuard guard(&warnings);
+      out.op.callBoxed(&stack);
+    } catch (const c10::Error& e) {
+      why = absl::StrCat("it raised: ", e.what_without_backtrace());
+    }
+    if (rng_before.has_value()) {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(rng_after);
+    }
+    if (why.empty() && warnings.count > 0) why = "it warned";
+  }
+  if (!why.empty()) return why;
+  for (size_t k = 0; k < buffers.size(); ++k) {
+    const at::Tensor& b = buffers[k];
+    const ValueRecord& r = values[n.outputs[k]];
+    if (b.sizes() != c10::IntArrayRef(r.sizes) || b.strides() != c10::IntArrayRef(r.strides) ||
+        b.storage_offset() != 0 || b.storage().unsafeGetStorageImpl() != storages[k]) {
+      return "it resized, restrided or replaced its output";
+    }
+    const at::Tensor mine = BitsOf(b), eager = BitsOf(env[n.outputs[k]].toTensor());
+    if (!mine.defined() || !eager.defined()) return "its result's bits cannot be compared";
+    if (!mine.equal(eager)) return "it wrote other bits than the functional op";
+  }
+  return "";
 }
 
 }  // namespace
@@ -74,8 +159,40 @@ absl::StatusOr<std::vector<c10::IValue>> RunAndRecord(const Interpreter& interp,
     }
   };
   for (size_t i = 0; i < g.inputs().size() && i < inputs.size(); ++i) record(g.inputs()[i], inputs[i]);
-  Interpreter::Observer observer = [&](int node, const std::vector<c10::IValue>& env) {
-    for (ValueId v : g.nodes()[node].outputs) record(v, env[v]);
+  recording->out_variants.assign(g.nodes().size(), std::nullopt);
+  recording->out_refusals.assign(g.nodes().size(), "");
+  std::optional<OutVariant> candidate;   // the running node's out= overload, if it has one
+  std::optional<at::Tensor> rng_before;  // for a random node: the CPU generator's state before it
+  Interpreter::Observer observer;
+  observer.before = [&](int node, const std::vector<c10::IValue>&) {
+    const Node& n = g.nodes()[node];
+    candidate.reset();
+    rng_before.reset();
+    if (n.kind != NodeKind::kOp || n.op->schema().is_mutable()) return;
+    candidate = FindOutVariant(*n.op);
+    if (candidate.has_value() && n.op->hasTag(at::Tag::nondeterministic_seeded)) {
+      at::Generator gen = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      rng_before = gen.get_state();
+    }
+  };
+  observer.after = [&](int node, const std::vector<c10::IValue>& env) {
+    const Node& n = g.nodes()[node];
+    for (ValueId v : n.outputs) record(v, env[v]);
+    if (!candidate.has_value()) return;
+    for (ValueId o : n.outputs) {  // fresh CPU tensors at offset 0: what an arena buffer can be
+      const ValueRecord& r = recording->values[o];
+      if (!r.is_tensor || r.root != o || !env[o].toTensor().defined() || !r.device.is_cpu() ||
+          r.storage_offset != 0) {
+        return;
+      }
+    }
+    std::string why = CheckOutVariant(n, *candidate, env, recording->values, rng_before);
+    if (why.empty()) {
+      recording->out_variants[node] = std::move(candidate);
+    } else {
+      recording->out_refusals[node] = absl::StrCat(OperatorName(candidate->op), " refused: ", why);
+    }
   };
   return interp.Run(std::move(inputs), &observer);
 }

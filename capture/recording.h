@@ -8,11 +8,14 @@
 
 #include <ATen/core/ivalue.h>
 
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "capture/graph.h"
 #include "capture/interpreter.h"
+#include "capture/out_variants.h"
 
 namespace torchreplay::capture {
 
@@ -34,8 +37,26 @@ struct ValueRecord {
   ValueId root_or(ValueId self) const { return root >= 0 ? root : self; }
 };
 
+// Note [Checked out= kernels]
+// An op's out= overload is meant to write its result into `out`, but some CPU kernels use `out`
+// as scratch space of another size first (binary_cross_entropy's writes the unreduced loss into
+// it, then resizes it back to the reduced shape), restride or replace it, or compute other bits
+// than the functional op. In the kernel tape's arena such a kernel writes over its neighbours'
+// buffers. So the recording run checks every out= overload the tape could use: for each node
+// whose results are fresh CPU tensors at storage offset 0, it runs the overload once more on the
+// same arguments into buffers of exactly the recorded sizes and strides whose storage cannot grow
+// (a resize beyond them raises), and accepts it only if the kernel raised nothing, warned of
+// nothing, left every buffer's sizes, strides and storage as they were, and wrote exactly the
+// bits the functional op returned. A random op is checked from the CPU generator's state the node
+// started from, which is then put back where the node left it. A node whose overload fails any of
+// this runs functionally, the reason in the tape's dump.
 struct Recording {
   std::vector<ValueRecord> values;
+  // Per node: the out= overload the CPU tape may write its results through, checked on this run
+  // (Note [Checked out= kernels]); nullopt with the reason in out_refusals when the check failed,
+  // nullopt with an empty reason when there was nothing to check.
+  std::vector<std::optional<OutVariant>> out_variants;
+  std::vector<std::string> out_refusals;
   // Per graph input: its tensor is baked into the capture (a static input whose address the
   // engine checks) rather than rebound per call. Empty: the graph's static inputs.
   std::vector<bool> baked_inputs;

@@ -165,12 +165,10 @@ absl::StatusOr<TapePlan> PlanTape(const Graph& g, const Recording& rec) {
       continue;
     }
 
-    if (!mutable_op && all_fresh) np.out = FindOutVariant(*n.op);
-    bool plannable = np.out.has_value();
-    for (ValueId o : n.outputs) {
-      plannable = plannable && rec.values[o].storage_offset == 0 && rec.values[o].device.is_cpu();
-    }
-    if (plannable) {
+    // An out= overload the recording checked (Note [Checked out= kernels]): its results are
+    // fresh CPU tensors at storage offset 0, written exactly as the functional op writes them.
+    if (!mutable_op && all_fresh) np.out = rec.out_variants[i];
+    if (np.out.has_value()) {
       np.decision = TapePlan::Decision::kOutVariant;
       for (ValueId o : n.outputs) {
         const ValueRecord& r = rec.values[o];
@@ -196,6 +194,7 @@ absl::StatusOr<TapePlan> PlanTape(const Graph& g, const Recording& rec) {
 
     // Runs as it is, every call.
     np.decision = TapePlan::Decision::kFunctional;
+    np.why = rec.out_refusals[i];
     for (ValueId out : n.outputs) {
       const ValueRecord& r = rec.values[out];
       // An in-place op's result is its argument: same binding, no new slot.
@@ -247,6 +246,8 @@ std::string TapePlan::ToString(const Graph& g, const memory_pool::ArenaPlan* are
       }
     } else if (!n.outputs.empty() && values[n.outputs[0]].same_as >= 0) {
       os << " in place";
+    } else if (!nodes[i].why.empty()) {
+      os << " (" << nodes[i].why << ")";
     }
     os << "\n";
   }

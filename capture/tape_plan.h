@@ -45,6 +45,7 @@ struct TapePlan {
   struct NodePlan {
     Decision decision = Decision::kFunctional;
     std::optional<OutVariant> out;  // kOutVariant
+    std::string why;                // kFunctional: why an out= overload was refused, if one was
   };
   struct ValuePlan {
     bool constant = false;  // else per call, in `slot`

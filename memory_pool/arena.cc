@@ -72,10 +72,32 @@ void Arena::Shrink(int64_t nbytes) {
   if (nbytes < bytes()) Resize(nbytes);
 }
 
-void Arena::Resize(int64_t nbytes) {  // a new block under the same StorageImpl: views follow
+c10::Storage Arena::Buffer(int64_t offset, int64_t nbytes) {
+  TORCH_CHECK(offset >= 0 && nbytes >= 0 && offset + nbytes <= bytes(), "torchreplay: buffer [",
+              offset, ", ", offset + nbytes, ") outside an arena of ", bytes(), " bytes");
+  buffers_.erase(std::remove_if(buffers_.begin(), buffers_.end(),
+                                [](const Piece& p) { return p.storage.expired(); }),
+                 buffers_.end());
+  auto impl = c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), nbytes,
+      c10::DataPtr(static_cast<char*>(storage_.mutable_data()) + offset, storage_.device()),
+      /*allocator=*/nullptr, /*resizable=*/false);
+  buffers_.push_back(Piece{c10::weak_intrusive_ptr<c10::StorageImpl>(impl), offset});
+  return c10::Storage(std::move(impl));
+}
+
+void Arena::Resize(int64_t nbytes) {  // a new block under the same StorageImpl; buffers repointed
   c10::StorageImpl* impl = storage_.unsafeGetStorageImpl();
   impl->set_data_ptr_noswap(impl->allocator()->allocate(nbytes));
   impl->set_nbytes(nbytes);
+  char* base = static_cast<char*>(impl->mutable_data());
+  auto gone = [&](const Piece& p) {
+    c10::intrusive_ptr<c10::StorageImpl> piece = p.storage.lock();
+    if (!piece) return true;
+    piece->set_data_ptr_noswap(c10::DataPtr(base + p.offset, impl->device()));
+    return false;
+  };
+  buffers_.erase(std::remove_if(buffers_.begin(), buffers_.end(), gone), buffers_.end());
 }
 
 bool Arena::Overlaps(const void* p, int64_t n) const {

@@ -5,12 +5,22 @@
 // first, each at the lowest aligned offset that overlaps no already-placed buffer alive at the
 // same time (the approach of Static Runtime's planner and TFLite's arena planner).
 //
-// An Arena is one c10::Storage. Every planned tensor of every key is a view of that storage, so
-// when a new key needs more bytes the arena swaps in a larger block under the same StorageImpl and
-// all existing views follow: N keys cost the largest key's bytes, not the sum.
+// An Arena is one block of memory that every planned buffer of every key lives in, so when a new
+// key needs more bytes the arena swaps in a larger block and repoints every buffer: N keys cost
+// the largest key's bytes, not the sum.
+//
+// Note [One storage per buffer]
+// In eager every op result has a storage of its own, and kernels rely on it: is_alias_of (the
+// same storage) decides paths (linalg_qr.out writes Q from its R argument when R aliases its
+// workspace), and a resize beyond a storage's bytes reallocates it. Were all buffers views of one
+// storage, a kernel would see its output alias its inputs and its other outputs, and a resize
+// beyond one buffer would write over its neighbours. So each buffer is a StorageImpl of its own
+// over its bytes of the arena (Arena::Buffer): not resizable (a resize beyond it raises), owned
+// by the tensors that view it, and repointed by the arena when its block moves.
 #pragma once
 
 #include <c10/core/Storage.h>
+#include <c10/util/intrusive_ptr.h>
 
 #include <cstdint>
 #include <vector>
@@ -45,14 +55,24 @@ class Arena {
   // be gone, and nothing in the arena may be live (callers shrink between runs).
   void Shrink(int64_t nbytes);
 
+  // A storage of its own for the arena's bytes [offset, offset + nbytes) (Note [One storage per
+  // buffer]): not resizable, kept alive by its tensors, repointed whenever the arena's block moves.
+  // The range must lie within bytes().
+  c10::Storage Buffer(int64_t offset, int64_t nbytes);
+
   const c10::Storage& storage() const { return storage_; }
   int64_t bytes() const { return static_cast<int64_t>(storage_.nbytes()); }
   // True if [p, p + n) overlaps the arena's current block.
   bool Overlaps(const void* p, int64_t n) const;
 
  private:
+  struct Piece {
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+    int64_t offset;
+  };
   void Resize(int64_t nbytes);
   c10::Storage storage_;
+  std::vector<Piece> buffers_;  // every Buffer() handed out, to repoint when the block moves
 };
 
 // Test-only: the next `n` arena growths fail as the allocator would when out of memory (they

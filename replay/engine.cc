@@ -337,8 +337,8 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::RunEager(const std::vector<c10:
 }
 
 // Note [Handed-out outputs]
-// A replay hands its pool outputs out through storages of their own, one per pool buffer
-// (CapturedGraph::OutputRegion), aliasing the pool: the caller sees what eager would give (a
+// A replay hands its pool outputs out through storages of their own, one per pool buffer (each
+// a new StorageImpl over the buffer's bytes, Note [One storage per buffer]), aliasing the pool: the caller sees what eager would give (a
 // tensor at offset 0 of its own storage, views of one buffer sharing it), so an output fed back
 // as the next input has the same guard key as a fresh tensor. Before the pool is reused (the
 // next capture or replay of any key on this thread), every handed-out storage still alive is
@@ -474,13 +474,11 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::Replay(ThreadState& ts, Entry& 
     if (!e.graph->OutputInPool(i) || !outs[i].isTensor() || !outs[i].toTensor().defined()) continue;
     const at::Tensor& t = outs[i].toTensor();
     const c10::StorageImpl* pool = t.storage().unsafeGetStorageImpl();
-    capture::CapturedGraph::Region region = e.graph->OutputRegion(i);
-    if (region.nbytes < 0) region = {0, static_cast<int64_t>(pool->nbytes())};
-    const char* base = static_cast<const char*>(pool->data()) + region.offset;
+    const char* base = static_cast<const char*>(pool->data());
     auto same = std::find_if(made.begin(), made.end(), [&](const auto& m) { return m.first == base; });
     if (same == made.end()) {
       auto storage = c10::make_intrusive<c10::StorageImpl>(
-          c10::StorageImpl::use_byte_size_t(), region.nbytes,
+          c10::StorageImpl::use_byte_size_t(), pool->nbytes(),
           c10::DataPtr(const_cast<char*>(base), t.device()), nullptr, /*resizable=*/false);
       if (options_.clone_outputs) {
         CopyOut(*storage);  // a copy per buffer: outputs that alias each other still do
@@ -492,8 +490,7 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::Replay(ThreadState& ts, Entry& 
       same = made.end() - 1;
     }
     auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(same->second), t.key_set(), t.dtype());
-    impl->set_sizes_and_strides(t.sizes(), t.strides(),
-                                t.storage_offset() - region.offset / static_cast<int64_t>(t.itemsize()));
+    impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
     outs[i] = at::Tensor(std::move(impl));
   }
   return outs;

@@ -1,5 +1,6 @@
 // Guard keys (match without rebuilding, readable diffs) and the arena planner (no two buffers
 // alive at the same time overlap; reuse makes the arena smaller than the sum).
+#include <ATen/ops/empty.h>
 #include <ATen/ops/randn.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -96,6 +97,27 @@ TEST(ArenaTest, GrowingKeepsViewsOnTheSameStorage) {
   EXPECT_TRUE(arena.Overlaps(static_cast<const char*>(arena.storage().data()) + 100, 8));
   int outside = 0;
   EXPECT_FALSE(arena.Overlaps(&outside, sizeof(outside)));
+}
+
+TEST(ArenaTest, EachBufferIsAStorageOfItsOwnThatFollowsTheArenaAndCannotGrow) {
+  memory_pool::Arena arena;
+  arena.Reserve(256);
+  c10::Storage a = arena.Buffer(0, 64);
+  c10::Storage b = arena.Buffer(64, 128);
+  EXPECT_FALSE(a.is_alias_of(b));
+  EXPECT_FALSE(a.resizable());
+  EXPECT_EQ(b.nbytes(), 128u);
+  EXPECT_EQ(static_cast<const char*>(b.data()), static_cast<const char*>(arena.storage().data()) + 64);
+  {
+    c10::Storage dropped = arena.Buffer(128, 64);  // gone before the arena moves
+  }
+  arena.Reserve(1 << 20);  // a new block: both buffers repointed into it
+  EXPECT_EQ(static_cast<const char*>(a.data()), static_cast<const char*>(arena.storage().data()));
+  EXPECT_EQ(static_cast<const char*>(b.data()), static_cast<const char*>(arena.storage().data()) + 64);
+  // A resize beyond a buffer raises instead of writing over its neighbour.
+  at::Tensor t = at::empty({0}, at::kFloat).set_(a, 0, {16}, {1});
+  EXPECT_THROW(t.resize_({17}), c10::Error);
+  EXPECT_THROW(arena.Buffer(200 << 20, 8), c10::Error);
 }
 
 }  // namespace
