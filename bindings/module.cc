@@ -258,8 +258,44 @@ struct Call {
   // Set (by torchreplay.capture's module hooks) when the model the graph was traced from has
   // changed under it (a parameter, buffer or submodule replaced): every call raises this.
   std::string stale;
+  // torchreplay.capture: the graph runs inference only, so with grad mode on a bound tensor
+  // (parameter, buffer) that requires grad is refused: eager's output would track it.
+  bool bound_without_grad = false;
+  std::vector<std::string> bound_names;  // for errors: what each bound tensor is in the model
+  // torchreplay.capture: takes the calls this one cannot (keywords, nested arguments or outputs,
+  // another argument count, a size check that fails) in Python: it flattens the arguments, checks
+  // what was specialized, picks the trace for these sizes and calls `Fast` (captured.py). None:
+  // such calls raise here.
+  py::object slow_path;
+  bool always_slow = false;  // nested arguments or outputs: every call takes the slow path
 
   py::object operator()(py::args args, py::kwargs kwargs) const {
+    if (!slow_path.is_none() && (always_slow || kwargs.size() != 0)) return slow_path(*args, **kwargs);
+    std::vector<c10::IValue> inputs;
+    try {
+      if (std::optional<py::object> done = CheckedInputs(args, kwargs, &inputs)) return *done;
+    } catch (const py::value_error&) {  // another trace may hold for these sizes: Python decides
+      if (slow_path.is_none()) throw;
+      return slow_path(*args, **kwargs);
+    } catch (const py::type_error&) {
+      if (slow_path.is_none()) throw;
+      return slow_path(*args, **kwargs);
+    }
+    return RunChecked(std::move(inputs), args);
+  }
+
+  // The call with the graph's own flat arguments, every check done here.
+  py::object Fast(py::args args, py::kwargs kwargs) const {
+    std::vector<c10::IValue> inputs;
+    if (std::optional<py::object> done = CheckedInputs(args, kwargs, &inputs)) return *done;
+    return RunChecked(std::move(inputs), args);
+  }
+
+  // The graph's inputs for a call, after every check (which raise ValueError or TypeError and
+  // run nothing); or the call's result, when the fallback took it (an int beyond 64 bits).
+  std::optional<py::object> CheckedInputs(const py::args& args, const py::kwargs& kwargs,
+                                          std::vector<c10::IValue>* out) const {
+    std::vector<c10::IValue>& inputs = *out;
     if (!stale.empty()) throw py::value_error(stale);
     if (kwargs.size() != 0) {
       throw py::type_error(absl::StrCat("torchreplay: graph '", engine->options().name,
@@ -270,7 +306,6 @@ struct Call {
       throw py::type_error(absl::StrCat("torchreplay: graph '", engine->options().name, "' takes ",
                                         n_args, " arguments, got ", args.size()));
     }
-    std::vector<c10::IValue> inputs;
     inputs.reserve(bound.size() + args.size());
     inputs.insert(inputs.end(), bound.begin(), bound.end());
     try {
@@ -280,6 +315,16 @@ struct Call {
       return fallback(*args);
     }
     if (c10::GradMode::is_enabled()) {
+      for (size_t i = 0; bound_without_grad && i < bound.size(); ++i) {
+        if (inputs[i].isTensor() && inputs[i].toTensor().requires_grad()) {
+          throw py::value_error(absl::StrCat(
+              "torchreplay: ", i < bound_names.size() ? bound_names[i] : absl::StrCat("bound input ", i),
+              " of the captured model requires grad and grad mode is on, but graph '",
+              engine->options().name, "' runs inference only (its outputs would not track gradients "
+              "as eager's do); call it under torch.no_grad() or torch.inference_mode(), or freeze "
+              "the parameters (requires_grad_(False)); torch.compile trains"));
+        }
+      }
       for (size_t i = bound.size(); i < inputs.size(); ++i) {
         if (inputs[i].isTensor() && inputs[i].toTensor().requires_grad()) {
           throw py::value_error(absl::StrCat(
@@ -342,6 +387,10 @@ struct Call {
           "torchreplay: the model was captured in ", training ? "train" : "eval", " mode and is now in ",
           training ? "eval" : "train", " mode (.train()/.eval() change what it computes); capture again"));
     }
+    return std::nullopt;
+  }
+
+  py::object RunChecked(std::vector<c10::IValue> inputs, const py::args& args) const {
     for (int i : mutated) {
       const c10::IValue& v = inputs[bound.size() + i];
       if (v.isTensor()) v.toTensor().unsafeGetTensorImpl()->bump_version();
@@ -671,7 +720,9 @@ PYBIND11_MODULE(_C, m) {
                        const std::vector<std::tuple<int, int, int>>& aliases,
                        const std::vector<std::tuple<int, int, int64_t, int64_t, int>>& sizes,
                        py::object module, bool check_overlap,
-                       const std::vector<std::pair<int, py::object>>& dynamic_dims) {
+                       const std::vector<std::pair<int, py::object>>& dynamic_dims,
+                       bool bound_without_grad, std::vector<std::string> bound_names,
+                       py::object slow_path, bool always_slow) {
              Call c{std::move(engine), {}, std::move(mutated), num_outputs, std::move(fallback)};
              if (returns == "tuple") {
                c.returns = Call::Returns::kTuple;
@@ -688,6 +739,10 @@ PYBIND11_MODULE(_C, m) {
              }
              c.module = std::move(module);
              c.check_overlap = check_overlap;
+             c.bound_without_grad = bound_without_grad;
+             c.bound_names = std::move(bound_names);
+             c.slow_path = std::move(slow_path);
+             c.always_slow = always_slow && !c.slow_path.is_none();
              for (const auto& [o, dims] : dynamic_dims) {
                if (o < 0) throw py::value_error("torchreplay: dynamic_dims output out of range");
                c.dynamic_dims.emplace_back(o, py::reinterpret_steal<py::object>(PyFrozenSet_New(dims.ptr())));
@@ -713,8 +768,12 @@ PYBIND11_MODULE(_C, m) {
            py::arg("aliases") = std::vector<std::tuple<int, int, int>>(),
            py::arg("sizes") = std::vector<std::tuple<int, int, int64_t, int64_t, int>>(),
            py::arg("module") = py::none(), py::arg("check_overlap") = false,
-           py::arg("dynamic_dims") = std::vector<std::pair<int, py::object>>())
+           py::arg("dynamic_dims") = std::vector<std::pair<int, py::object>>(),
+           py::arg("bound_without_grad") = false, py::arg("bound_names") = std::vector<std::string>(),
+           py::arg("slow_path") = py::none(),
+           py::arg("always_slow") = false)
       .def("__call__", &Call::operator())
+      .def("_fast", &Call::Fast, "The call on the graph's flat arguments, with no slow path.")
       .def("_set_stale", [](Call& c, const std::string& why) { c.stale = why; },
            "Makes every later call raise ValueError(why) (the model changed under the capture).")
       .def_property_readonly("engine", [](const Call& c) { return c.engine; });

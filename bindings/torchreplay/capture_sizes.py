@@ -80,6 +80,88 @@ _BATCHED_AT = {  # ops batched in dim 0 by definition: the operands that may be 
 _FACTORIES = {aten.empty.memory_format, aten.zeros.default, aten.ones.default, aten.full.default,
               aten.new_empty.default, aten.new_zeros.default, aten.new_ones.default,
               aten.new_full.default}
+# Note [Rows that stay bitwise]
+# Padding changes how many rows each kernel is given, and some kernels give a row other bits
+# for another row count: a GEMM blocks its sums by the number of rows, and elementwise kernels
+# with separate vector and scalar code (sigmoid, silu, gelu, pow, ...) send an element through
+# one or the other depending on where the flattened length ends, and the two round differently.
+# The ops below give each row the same bits whatever the row count (n >= 2: size 1 is always a
+# graph of its own), each for one of these reasons: the arithmetic is one IEEE operation per
+# element on every path (add and sub with alpha 1, mul, div, sqrt, comparisons, min/max, ...);
+# the kernel runs every element, the tail included, through its vector code (ATen's vml kernels:
+# exp, log, sin, tanh, erf, ...); its result is an integer or bool (exact on every path); it moves data (views, cat, index, embedding); or it works row
+# by row along other dims (softmax, sums, layer norm, pooling, eval batch norm). Each is checked
+# by tests/python/test_capture_sizes.py (test_ops_listed_as_bitwise_give_rows_that_ignore_the_row_count)
+# in float32, float64, float16 and bfloat16 against padded calls of many sizes. Any other op
+# reached by a batched value makes the graph's padded rows close, not bitwise: its buckets are
+# refused unless config.reduce_overhead.capture_sizes_bitwise is False.
+_ROWS_BITWISE = {
+    # one IEEE operation (or none) per element on every path
+    aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar, aten.true_divide.Tensor,
+    aten.neg.default, aten.abs.default, aten.sign.default, aten.sgn.default, aten.signbit.default,
+    aten.ceil.default, aten.floor.default, aten.trunc.default, aten.round.default, aten.frac.default,
+    aten.sqrt.default, aten.reciprocal.default, aten.square.default, aten.copysign.Tensor, aten.copysign.Scalar,
+    aten.fmod.Tensor, aten.fmod.Scalar, aten.relu.default, aten.clamp.default, aten.clamp.Tensor,
+    aten.clamp_min.default, aten.clamp_min.Tensor, aten.clamp_max.default, aten.clamp_max.Tensor,
+    aten.hardtanh.default, aten.threshold.default, aten.maximum.default, aten.minimum.default,
+    aten.fmax.default, aten.fmin.default, aten.where.self, aten.masked_fill.Scalar, aten.masked_fill.Tensor,
+    aten.eq.Tensor, aten.eq.Scalar, aten.ne.Tensor, aten.ne.Scalar, aten.lt.Tensor, aten.lt.Scalar,
+    aten.le.Tensor, aten.le.Scalar, aten.gt.Tensor, aten.gt.Scalar, aten.ge.Tensor, aten.ge.Scalar,
+    aten.logical_and.default, aten.logical_or.default, aten.logical_xor.default, aten.logical_not.default,
+    aten.bitwise_and.Tensor, aten.bitwise_and.Scalar, aten.bitwise_or.Tensor, aten.bitwise_or.Scalar,
+    aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar, aten.bitwise_not.default, aten.isnan.default,
+    aten.isinf.default, aten.isfinite.default, aten.floor_divide.default, aten.leaky_relu.default,
+    aten.hardswish.default, aten.hardsigmoid.default,
+    # every element through the vector code (ATen's vml kernels)
+    aten.exp.default, aten.expm1.default, aten.log.default, aten.log2.default, aten.log10.default,
+    aten.log1p.default, aten.sin.default, aten.cos.default, aten.tan.default, aten.asin.default,
+    aten.acos.default, aten.atan.default, aten.tanh.default, aten.erf.default, aten.erfc.default,
+    aten.erfinv.default,
+    # data movement
+    aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.expand.default,
+    aten.clone.default, aten._to_copy.default, aten.alias.default, aten.detach.default,
+    aten.lift_fresh_copy.default, aten.permute.default, aten.squeeze.default, aten.squeeze.dim,
+    aten.squeeze.dims, aten.unsqueeze.default, aten.transpose.int, aten.t.default, aten.copy.default,
+    aten.copy_.default, aten.cat.default, aten.stack.default, aten.slice.Tensor, aten.select.int,
+    aten.narrow.default, aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int,
+    aten.index_select.default, aten.gather.default, aten.scatter.src, aten.scatter.value,
+    aten.scatter_.src, aten.scatter_.value, aten.index_copy.default, aten.index_copy_.default,
+    aten.index_put.default, aten.index_put_.default, aten.slice_scatter.default,
+    aten.select_scatter.default, aten.embedding.default, aten.flip.default, aten.roll.default,
+    aten.constant_pad_nd.default, operator.getitem,
+    # row by row along other dims
+    aten._softmax.default, aten._log_softmax.default, aten.softmax.int, aten.log_softmax.int,
+    aten.sum.dim_IntList, aten.mean.dim, aten.amax.default, aten.amin.default, aten.max.dim,
+    aten.min.dim, aten.argmax.default, aten.argmin.default, aten.var.correction, aten.std.correction,
+    aten.var_mean.correction, aten.any.dim, aten.any.dims, aten.all.dim, aten.cumsum.default,
+    aten.sort.default, aten.topk.default, aten.native_layer_norm.default,
+    aten._native_batch_norm_legit_no_training.default, aten.avg_pool2d.default,
+    aten.max_pool2d_with_indices.default, aten._adaptive_avg_pool2d.default,
+} | _FACTORIES
+_ROWS_BITWISE_WITH_ALPHA_1 = {aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar}
+_ROWS_BITWISE_IN_FLOAT = {aten.rsqrt.default}  # float32 and float64 (not float16, bfloat16)
+_BITWISE_EXPONENTS = {0, 1, 2, 3, 0.5, -1, -2}  # pow(x, e): each a special case on both paths
+
+
+def _rows_bitwise(n: torch.fx.Node, args: List[Tuple[str, Any]]) -> bool:
+    """Note [Rows that stay bitwise]: node n gives each row the same bits whatever the row count."""
+    target = n.target
+    if target in _ROWS_BITWISE:
+        return True
+    named = dict(args)
+    out = n.meta.get("val")
+    if torch.Tag.pointwise in getattr(target, "tags", ()) and isinstance(out, torch.Tensor) and \
+            not out.is_floating_point() and not out.is_complex():
+        return True  # integer and bool arithmetic is exact on every path
+    if target in _ROWS_BITWISE_WITH_ALPHA_1:
+        return named.get("alpha", 1) == 1
+    if target in _ROWS_BITWISE_IN_FLOAT:
+        return isinstance(out, torch.Tensor) and out.dtype in (torch.float32, torch.float64)
+    if target is aten.pow.Tensor_Scalar:
+        return named.get("exponent") in _BITWISE_EXPONENTS
+    return False
+
+
 _SIZE_ARGS = ("size", "shape")
 _SIZE_QUERIES = {aten.sym_size.int, aten.sym_stride.int, aten.sym_numel.default,
                  aten.sym_storage_offset.default}
@@ -101,13 +183,24 @@ def batch_fields(gm: torch.fx.GraphModule, config: CompilerConfig, name: str) ->
     why = "no input has a dynamic leading dimension"
     for symbol in candidates:
         try:
-            fields_or_why = _check(gm, symbol)
+            found = _check(gm, symbol)
         except Exception as e:  # a graph this check does not understand: no buckets, not a failure
-            fields_or_why = f"the row check failed: {type(e).__name__}: {e}"
-        if isinstance(fields_or_why, dict):
-            return dict(capture_sizes=list(sizes), **fields_or_why)
+            found = f"the row check failed: {type(e).__name__}: {e}"
+        if isinstance(found, tuple):
+            fields, close = found
+            if not close:
+                return dict(capture_sizes=list(sizes), **fields)
+            ops = ", ".join(close)
+            if not config.reduce_overhead.capture_sizes_bitwise:
+                logger.info("torchreplay: %s pads batches to capture_sizes; its padded rows are close to eager, "
+                            "not bitwise (%s give a row other bits for another row count), as "
+                            "capture_sizes_bitwise=False allows", name, ops)
+                return dict(capture_sizes=list(sizes), **fields)
+            found = (f"padded rows would be close to eager, not bitwise: {ops} give a row other bits for another "
+                     "row count (Note [Rows that stay bitwise]); set config.reduce_overhead.capture_sizes_bitwise = "
+                     "False to pad anyway")
         if symbol is candidates[0]:
-            why = fields_or_why
+            why = found
     logger.warning("torchreplay: capture_sizes do not apply to %s (%s); its batch sizes are "
                    "captured one by one", name, why)
     return {}
@@ -140,6 +233,7 @@ def _check(gm: torch.fx.GraphModule, symbol: Any) -> Any:
     # involve s
     batched: Dict[torch.fx.Node, Any] = {}
     uses_symbol: Dict[torch.fx.Node, bool] = {}  # node -> an int holding s (or made from it)
+    close: List[torch.fx.Node] = []  # nodes whose padded rows are close, not bitwise
 
     def rows(v: Any) -> Any:
         """As `batched` for a value; _OTHER when it involves s another way."""
@@ -202,9 +296,12 @@ def _check(gm: torch.fx.GraphModule, symbol: Any) -> Any:
             if r is not None:
                 return f"node {n.name} makes a value sized by the batch {symbol} from nothing batched"
             continue
-        why = _row_wise(n, _named_args(n), batched, uses_symbol, symbol)
+        named = _named_args(n)
+        why = _row_wise(n, named, batched, uses_symbol, symbol)
         if why:
             return f"node {n.name} ({target}) {why}"
+        if reads_batch and not _rows_bitwise(n, named):
+            close.append(n)
         outs = val if isinstance(val, (list, tuple)) else [val]
         if target in _BATCHED_AT:  # their side results (batch norm's saved stats, seeds) may be free
             outs = [o for k, o in enumerate(outs) if k == 0 or rows(o) is not None]
@@ -218,11 +315,12 @@ def _check(gm: torch.fx.GraphModule, symbol: Any) -> Any:
 
     ins = [p.meta.get("val") for p in index]
     outputs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
-    return dict(batch_inputs=[i for i, p in enumerate(index) if batched[p] is not None],
-                batch_size_inputs=[i for i, v in enumerate(ins)
-                                   if isinstance(v, torch.SymInt) and v.node.expr == symbol],
-                batch_outputs=[i for i, o in enumerate(outputs)
-                               if isinstance(o, torch.fx.Node) and batched.get(o) is not None])
+    fields = dict(batch_inputs=[i for i, p in enumerate(index) if batched[p] is not None],
+                  batch_size_inputs=[i for i, v in enumerate(ins)
+                                     if isinstance(v, torch.SymInt) and v.node.expr == symbol],
+                  batch_outputs=[i for i, o in enumerate(outputs)
+                                 if isinstance(o, torch.fx.Node) and batched.get(o) is not None])
+    return fields, sorted({str(n.target) for n in close})
 
 
 def _view_of_batch_input(node: torch.fx.Node, batched: Dict[torch.fx.Node, Any]) -> bool:

@@ -25,6 +25,7 @@ from torch.utils import _pytree as pytree
 
 from . import _C
 from .backend import _all_engines, _dump, engine_options
+from .capture_sizes import batch_fields
 from .config import CompilerConfig
 from .lowering import lower
 from .passes import run_passes
@@ -119,46 +120,266 @@ def _size_checks(vals: List[Any], ranges: Dict[Any, Any]) -> List[Any]:
     return checks
 
 
-class Captured(_C.Call):
-    """A model captured by torchreplay.capture; call it like the model. Positional arguments,
-    flat (tensors and Python numbers) go straight to C++; nested ones are flattened first."""
+def _same_constant(got: Any, want: Any) -> bool:
+    if got is want:
+        return True
+    try:
+        return type(got) is type(want) and bool(got == want)
+    except Exception:  # noqa: BLE001 - values without a plain == (arrays, ...) match by identity only
+        return False
 
-    def __init__(self, engine: Any, bound: List[Any], mutated: List[int], fixed: Dict[int, Any],
-                 sizes: List[Any], module: Optional[torch.nn.Module], constants: Dict[int, Any],
-                 in_spec: Any, out_spec: Any, num_outputs: int) -> None:
-        returns = "one" if out_spec.is_leaf() else "tuple"
-        super().__init__(engine, bound=bound, mutated=mutated, num_outputs=num_outputs, fixed=fixed,
-                         returns=returns, sizes=sizes, module=module, check_overlap=True)
-        self._bound, self._in_spec, self._out_spec = bound, in_spec, out_spec
-        self._constants = constants
-        self._kwarg_names = dict.fromkeys(in_spec.children()[1].context or [])
-        self._flat_out = out_spec.is_leaf() or (
-            out_spec.type is tuple and all(c.is_leaf() for c in out_spec.children()))
+
+class Captured(_C.Call):
+    """A model captured by torchreplay.capture; call it as the model is called. Flat positional
+    arguments (tensors, Python numbers) go straight to C++; keywords, nested arguments and
+    outputs, specialized arguments (None, strings, dtypes, modules, ...) and, for dynamic
+    captures, sizes the trace does not hold for (0 and 1, which export specializes) take a Python
+    path that flattens and checks them first (_slow_call)."""
+
+    def __init__(self, engine: Any, bound: List[Any], bound_names: List[str], mutated: List[int],
+                 fixed: Dict[int, Any], sizes: List[Any], module: Optional[torch.nn.Module],
+                 trace: "_Trace") -> None:
+        returns = "one" if trace.out_spec.is_leaf() else "tuple"
+        flat_out = trace.out_spec.is_leaf() or (
+            trace.out_spec.type is tuple and all(c.is_leaf() for c in trace.out_spec.children()))
+        flat_in = (all(c.is_leaf() for c in trace.in_spec.children()[0].children())
+                   and not trace.in_spec.children()[1].children() and not trace.constants)
+        super().__init__(engine, bound=bound, mutated=mutated, num_outputs=trace.num_outputs, fixed=fixed,
+                         returns=returns, sizes=sizes, module=module, check_overlap=True,
+                         bound_without_grad=True, bound_names=bound_names, slow_path=self._slow_call,
+                         always_slow=not (flat_in and flat_out))
+        self._bound, self._trace = bound, trace
+        self._variants: Dict[Any, "Captured"] = {}
+        if trace.dynamic:
+            self._variants[trace.size_class(trace.example)] = self
 
     @property
     def name(self) -> str:
         return self.engine.name
 
+    def _engines(self) -> List[Any]:
+        return [self.engine] + [v.engine for v in self._variants.values() if v is not self]
+
     def stats(self) -> Dict[str, Any]:
-        """Calls, replays, captures, fallbacks and the capture log of this model's engine."""
-        return dict(self.engine.stats(), name=self.engine.name)
+        """Calls, replays, captures, fallbacks and the capture log of this model's engine. With
+        dynamic=True, a call with sizes the trace does not hold for (0 or 1 where it was traced
+        with more) runs a trace of its own: counters are summed over all of them, and `traces`
+        lists each one's own stats."""
+        engines = self._engines()
+        out = dict(engines[0].stats(), name=self.name)
+        if len(engines) > 1:
+            each = [dict(e.stats(), name=e.name) for e in engines]
+            for k, v in out.items():
+                if isinstance(v, int) and not isinstance(v, bool):
+                    out[k] = sum(e[k] for e in each)
+            out["traces"] = each
+        return out
 
     def precapture(self, input_sets: Sequence[Sequence[Any]]) -> None:
         """Warms up and captures these argument sets' keys ahead of time, largest first."""
-        self.engine.precapture([list(self._bound) + self._flatten(args, {}) for args in input_sets])
+        by_trace: Dict[int, Tuple["Captured", List[Any]]] = {}
+        for args in input_sets:
+            flat = self._trace.flatten(tuple(args), {})
+            target = self._trace_for(flat, args, {})
+            by_trace.setdefault(id(target), (target, []))[1].append(list(target._bound) + flat)
+        for target, sets in by_trace.values():
+            target.engine.precapture(sets)
 
-    def _flatten(self, args: Sequence[Any], kwargs: Dict[str, Any]) -> List[Any]:
-        if kwargs.keys() == self._kwarg_names.keys():  # keywords in any order, as Python allows
-            kwargs = {k: kwargs[k] for k in self._kwarg_names}
+    def _trace_for(self, flat: List[Any], args: Sequence[Any], kwargs: Dict[str, Any]) -> "Captured":
+        """The capture whose trace holds for these sizes: this one, or (dynamic=True) one traced
+        for the sizes export specialized (0, 1), made when first needed."""
+        if not self._trace.dynamic:
+            return self
+        key = self._trace.size_class(flat)
+        found = self._variants.get(key)
+        if found is None:
+            logger.info("torchreplay: %s: tracing again for sizes %s (the trace holds for 0, 1 or 2 and more, "
+                        "as export specializes)", self.name, key)
+            found = self._trace.recapture(args, kwargs)
+            found._variants = self._variants
+            self._variants[key] = found
+        return found
+
+    def _slow_call(self, *args: Any, **kwargs: Any) -> Any:
+        flat = self._trace.flatten(args, kwargs)
+        target = self._trace_for(flat, args, kwargs)
+        outs = target._fast(*flat)
+        spec = self._trace.out_spec
+        if spec.is_leaf():
+            return outs
+        return pytree.tree_unflatten(list(outs), spec)
+
+
+class _RandomStateWatch:
+    """Sees a model set or draw from the CPU random generator while it is traced (torch.manual_seed,
+    torch.set_rng_state, also inside freeze_rng_state, or a draw outside the graph), and puts the
+    generator back as it was."""
+
+    _SETTERS = ("manual_seed", "seed", "set_rng_state")
+
+    def __enter__(self) -> "_RandomStateWatch":
+        self.touched = ""
+        self._state = torch.random.get_rng_state()
+        self._saved = []
+        for owner in (torch, torch.random):
+            for name in self._SETTERS:
+                fn = getattr(owner, name)
+                self._saved.append((owner, name, fn))
+                setattr(owner, name, self._watch(name, fn))
+        return self
+
+    def _watch(self, name: str, fn: Callable) -> Callable:
+        def watched(*args: Any, **kwargs: Any) -> Any:
+            self.touched = self.touched or f"called torch.{name}"
+            return fn(*args, **kwargs)
+        return watched
+
+    def __exit__(self, *exc: Any) -> None:
+        for owner, name, fn in self._saved:
+            setattr(owner, name, fn)
+        if not self.touched and not torch.equal(self._state, torch.random.get_rng_state()):
+            self.touched = "drew from the CPU random generator outside its graph"
+        torch.random.set_rng_state(self._state)
+
+
+class _Flat(torch.nn.Module):
+    """What torch.export traces: the model called on the flat leaves of its arguments that are
+    graph inputs (tensors, Python numbers), the others (None, strings, dtypes, devices, modules,
+    ...) put back in their places as they were at capture time. Modules among them are
+    submodules, so that their parameters and buffers are bound as the model's are."""
+
+    def __init__(self, model: torch.nn.Module, spec: Any, constants: Dict[int, Any], n: int) -> None:
+        super().__init__()
+        self.model = model
+        for i, v in constants.items():
+            if isinstance(v, torch.nn.Module):
+                self.add_module(f"argument{i}", v)
+        self._spec, self._constants, self._n = spec, constants, n
+
+    def forward(self, *leaves: Any) -> Any:
+        it = iter(leaves)
+        flat = [self._constants[i] if i in self._constants else next(it) for i in range(self._n)]
+        args, kwargs = pytree.tree_unflatten(flat, self._spec)
+        return self.model(*args, **kwargs)
+
+
+class _Trace:
+    """How a capture's calls map to its graph: the structure of the arguments and outputs, the
+    arguments specialized at capture time, and how to trace again for other sizes."""
+
+    def __init__(self, model: Any, module: torch.nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any],
+                 in_spec: Any, constants: Dict[int, Any], dynamic: bool, again: Callable[..., "Captured"]) -> None:
+        self.model, self.module, self.in_spec, self.constants, self.dynamic = model, module, in_spec, constants, dynamic
+        self.n_positional = len(args)
+        self.kwarg_names = list(kwargs)
+        self.example: List[Any] = []
+        self.out_spec: Any = None
+        self.num_outputs = 0
+        self._again = again
+
+    def recapture(self, args: Sequence[Any], kwargs: Dict[str, Any]) -> "Captured":
+        return self._again(tuple(args), kwargs)
+
+    @staticmethod
+    def size_class(flat: Sequence[Any]) -> Tuple[Tuple[int, ...], ...]:
+        """Each tensor's sizes as export specializes them: 0, 1, or 2 for any larger size."""
+        return tuple(tuple(min(int(d), 2) for d in a.shape) for a in flat if isinstance(a, torch.Tensor))
+
+    def flatten(self, args: Sequence[Any], kwargs: Dict[str, Any]) -> List[Any]:
+        """The graph's flat arguments for a call, with clear errors where it cannot take them."""
+        if len(args) != self.n_positional or kwargs.keys() != set(self.kwarg_names):
+            args, kwargs = self._rebind(args, kwargs)
+        kwargs = {k: kwargs[k] for k in self.kwarg_names}  # keywords in any order, as Python allows
         flat, spec = pytree.tree_flatten((tuple(args), kwargs))
-        if spec != self._in_spec:
-            raise TypeError(f"torchreplay.capture: the model was captured with arguments structured as "
-                            f"{self._in_spec}; this call's are {spec}".replace("\n", ""))
-        for i, want in self._constants.items():
-            if flat[i] is not want and flat[i] != want:
+        if spec != self.in_spec:
+            raise TypeError(f"torchreplay.capture: the arguments of this call are nested differently from the "
+                            f"ones the model was captured with ({_describe(spec)} against {_describe(self.in_spec)})")
+        for i, want in self.constants.items():
+            if not _same_constant(flat[i], want):
                 raise ValueError(f"torchreplay: argument {i} is {flat[i]!r}, but the graph was captured with "
                                  f"{want!r} there; capture again for another value")
-        return [a for i, a in enumerate(flat) if i not in self._constants] if self._constants else flat
+        return [a for i, a in enumerate(flat) if i not in self.constants]
+
+    def _rebind(self, args: Sequence[Any], kwargs: Dict[str, Any]) -> Tuple[Sequence[Any], Dict[str, Any]]:
+        """A call that names or places arguments otherwise than the capture did (a keyword given
+        by position, a positional one by name), put in the captured layout, as Python binds it."""
+        forward = self.module.forward if self.model is self.module else self.model
+        try:
+            sig = inspect.signature(forward)
+            got = sig.bind(*args, **kwargs).arguments
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"torchreplay.capture: {e}") from None
+        names = [p.name for p in sig.parameters.values()
+                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][:self.n_positional]
+        positional = [p.name for p in sig.parameters.values() if p.kind == p.VAR_POSITIONAL]
+        if len(names) < self.n_positional and positional and positional[0] in got:
+            extra = list(got.get(positional[0], ()))
+        else:
+            extra = []
+        want_positional = len(names) + len(extra)
+        if want_positional != self.n_positional or any(n not in got for n in names):
+            missing = [n for n in names if n not in got]
+            raise TypeError(f"torchreplay.capture: the model was captured with {self.n_positional} positional "
+                            f"arguments" + (f"; this call leaves out {', '.join(missing)}" if missing else ""))
+        new_args = [got[n] for n in names] + extra
+        var_kw = next((p.name for p in sig.parameters.values() if p.kind == p.VAR_KEYWORD), None)
+        named = dict(got.get(var_kw, {})) if var_kw else {}
+        named.update({k: v for k, v in got.items() if k not in names and k != var_kw and k not in positional})
+        missing = [k for k in self.kwarg_names if k not in named]
+        extra_kw = [k for k in named if k not in self.kwarg_names]
+        if missing or extra_kw:
+            parts = []
+            if missing:
+                parts.append(f"leaves out keyword argument(s) {', '.join(missing)}, given when the model was captured")
+            if extra_kw:
+                parts.append(f"passes {', '.join(extra_kw)}, not given when the model was captured "
+                             "(the trace did not see it: capture with it)")
+            raise TypeError("torchreplay.capture: this call " + "; it ".join(parts))
+        return new_args, named
+
+
+def _argument_names(module: torch.nn.Module, model: Any, flat: Sequence[Any], in_spec: Any,
+                    constants: Dict[int, Any]) -> List[str]:
+    """What errors call each graph argument: the model's parameter name with the path into a
+    nested argument ('x', 'cache[0]', "opts['scale']"); 'args[i]' where no name is known."""
+    forward = module.forward if module is model else model
+    try:
+        params = list(inspect.signature(forward).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    paths, _ = pytree.tree_flatten_with_path(pytree.tree_unflatten(list(flat), in_spec))
+    names = []
+    for i, (path, _) in enumerate(paths):
+        if i in constants:
+            continue
+        where, index = path[0].idx, path[1]  # (args, kwargs), then the argument
+        if where == 0:
+            k = index.idx
+            name = positional[k] if k < len(positional) else f"args[{k}]"
+        else:
+            name = str(index.key)
+        names.append(name + "".join(str(p) for p in path[2:]))
+    return names
+
+
+def _describe(spec: Any) -> str:
+    """A TreeSpec as the structure of a call's arguments: (x, (h, c), mask=...)."""
+    def show(s: Any) -> str:
+        if s.is_leaf():
+            return "*"
+        kids = [show(c) for c in s.children()]
+        if s.type is dict:
+            return "{" + ", ".join(f"{k}: {v}" for k, v in zip(s.context, kids)) + "}"
+        if s.type is list:
+            return "[" + ", ".join(kids) + "]"
+        return "(" + ", ".join(kids) + ("," if len(kids) == 1 else "") + ")"
+    try:
+        args, kwargs = spec.children()
+        inner = [show(c) for c in args.children()] + [f"{k}={show(c)}" for k, c in zip(kwargs.context or [], kwargs.children())]
+        return "(" + ", ".join(inner) + ")"
+    except Exception:  # noqa: BLE001 - not an (args, kwargs) spec
+        return show(spec)
 
 
 # Modules whose parameters, buffers and submodules a Captured has bound: assigning a new one
@@ -197,41 +418,36 @@ def _watch(module: torch.nn.Module, captured: Captured) -> None:
         _watched.setdefault(m, weakref.WeakSet()).add(captured)
 
 
-def _nested_call(captured: Captured) -> Callable:
-    """For nested arguments or outputs: flatten, call, unflatten (the only per-call Python)."""
-    call = super(Captured, captured).__call__  # the C++ call
-
-    def step(*args: Any, **kwargs: Any) -> Any:
-        outs = call(*captured._flatten(args, kwargs))
-        if captured._out_spec.is_leaf():
-            outs = [outs]
-        return pytree.tree_unflatten(list(outs), captured._out_spec)
-
-    step.captured = captured  # type: ignore[attr-defined]
-    step.stats = captured.stats  # type: ignore[attr-defined]
-    step.precapture = captured.precapture  # type: ignore[attr-defined]
-    return step
-
-
 def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Optional[Dict[str, Any]] = None, *,
             config: Optional[CompilerConfig] = None, dynamic: bool = False,
-            decompositions: Optional[Dict[Any, Callable]] = None) -> Any:
+            decompositions: Optional[Dict[Any, Callable]] = None) -> Captured:
     """Traces model(*example_args, **example_kwargs) once with torch.export and returns a callable that replays it
     (config.mode "reduce-overhead") or runs it op by op in C++ ("default"), with no Dynamo frame
-    per call. dynamic=True lets every tensor dimension change (one capture per shape);
-    otherwise other shapes are a clear error from the engine's input check or a new key."""
+    per call. dynamic=True lets every tensor dimension take any size (one capture per shape; sizes
+    0 and 1, which export specializes, get a trace of their own when first seen); otherwise other
+    shapes are a clear error from the engine's input check or a new key. Inference only: with grad
+    mode on, a parameter that requires grad is refused per call."""
     config = config if config is not None else CompilerConfig()
     module = model if isinstance(model, torch.nn.Module) else _AsModule(model)
     args = tuple(example_args)
     kwargs = dict(example_kwargs or {})
+    flat_args, in_spec = pytree.tree_flatten((args, kwargs))
+    # Arguments that are no graph values (None, strings, dtypes, devices, layouts, modules, other
+    # objects) are specialized: left out of the trace, put back in place by _Flat, checked per call.
+    constants = {i: a for i, a in enumerate(flat_args) if not isinstance(a, (torch.Tensor, bool, int, float))}
+    leaves = tuple(a for i, a in enumerate(flat_args) if i not in constants)
+    traced = _Flat(module, in_spec, constants, len(flat_args))
     dynamic_shapes = None
-    if dynamic:  # every dimension of every tensor, by forward's parameter names
-        bound_args = inspect.signature(module.forward).bind(*args, **kwargs).arguments
-        dynamic_shapes = {k: pytree.tree_map(
-            lambda a: {d: torch.export.Dim.AUTO for d in range(a.dim())} if isinstance(a, torch.Tensor) else None,
-            v) for k, v in bound_args.items()}
+    if dynamic:  # every dimension of every tensor (one entry: forward's *leaves)
+        dynamic_shapes = (tuple({d: torch.export.Dim.AUTO for d in range(a.dim())} if isinstance(a, torch.Tensor)
+                                else None for a in leaves),)
+    with _RandomStateWatch() as rng, torch.no_grad():
+        ep = torch.export.export(traced, leaves, dynamic_shapes=dynamic_shapes, strict=False)
+    if rng.touched:
+        raise ValueError(f"torchreplay.capture: the model {rng.touched} while it was traced; a capture "
+                         "replays the graph's ops, not that (its replays would draw other numbers than eager): "
+                         "seed outside the captured model")
     with torch.no_grad():
-        ep = torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
         ep = ep.run_decompositions(_decompositions(decompositions))
     gm = ep.graph_module
     num_outputs = _writes_back(ep, gm)
@@ -241,37 +457,26 @@ def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Option
     run_passes(gm, example, config)
 
     # Bound inputs: the module's own parameters, buffers and constants, in the graph's order.
-    state = dict(module.named_parameters(remove_duplicate=False))
-    state.update(module.named_buffers(remove_duplicate=False))
+    state = dict(traced.named_parameters(remove_duplicate=False))
+    state.update(traced.named_buffers(remove_duplicate=False))
     bound: List[Any] = []
+    bound_names: List[str] = []  # as the caller knows them: "parameter 'fc1.weight'"
     user_specs = []
     for spec in sig.input_specs:
         if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
             bound.append(state[spec.target])
+            fqn = spec.target[len("model."):] if spec.target.startswith("model.") else spec.target
+            bound_names.append(f"{spec.kind.name.lower()} '{fqn}'")
         elif spec.kind == InputKind.CONSTANT_TENSOR:
             bound.append(ep.constants[spec.target])
+            bound_names.append(f"constant '{spec.target}'")
         elif spec.kind == InputKind.USER_INPUT:
             user_specs.append(spec)
         else:
             raise NotImplementedError(f"torchreplay.capture: export input kind {spec.kind.name}")
-    flat_args, in_spec = pytree.tree_flatten((args, kwargs))
-    if len(bound) + len(user_specs) != len(placeholders) or len(user_specs) != len(flat_args):
+    if len(bound) + len(user_specs) != len(placeholders) or len(user_specs) != len(leaves):
         raise AssertionError("torchreplay.capture: graph inputs and signature disagree")
-    # Arguments that are neither tensors nor numbers (None, strings): export specialized on them
-    # and the graph does not read them; they leave the graph and are checked in Python per call.
-    constants = {i: a for i, a in enumerate(flat_args)
-                 if not isinstance(a, (torch.Tensor, bool, int, float, torch.SymInt))}
-    for i in constants:
-        node = placeholders[len(bound) + i]
-        if node.users:
-            raise NotImplementedError(f"torchreplay.capture: argument {i} ({type(flat_args[i]).__name__}) is read "
-                                      "by the graph; pass tensors or Python numbers")
-        gm.graph.erase_node(node)
-    gm.recompile()
-    kept = [i for i in range(len(flat_args)) if i not in constants]
-    placeholders = placeholders[:len(bound)] + [placeholders[len(bound) + i] for i in kept]
-    example = [n.meta.get("val") for n in placeholders]
-    user = [(flat_args[i], placeholders[len(bound) + k], user_specs[i]) for k, i in enumerate(kept)]
+    user = list(zip(leaves, placeholders[len(bound):], user_specs))
     # Python numbers and tensor sizes export specialized on: checked per call, since the graph
     # computes with them (x * x.shape[0]).
     fixed = {k: a for k, (a, n, _) in enumerate(user)
@@ -282,16 +487,19 @@ def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Option
     mutated = [k for k, (_, _, spec) in enumerate(user) if spec.arg.name in mutated_names]
 
     name = f"c{next(_capture_ids)}.{type(module).__name__ if module is model else getattr(model, '__name__', 'fn')}"
+    batch = batch_fields(gm, config, name) if dynamic else {}
+    names = [n.name for n in placeholders[:len(bound)]] + _argument_names(module, model, flat_args, in_spec, constants)
     with torch._subclasses.fake_tensor.unset_fake_temporarily():
-        graph = lower(gm, example, list(range(len(bound))))
+        graph = lower(gm, [n.meta.get("val") for n in placeholders], list(range(len(bound))), names)
     _dump(config, name, gm, graph)
-    engine = _C.Engine(graph, engine_options(config, name, bound_inputs=len(bound)))
+    engine = _C.Engine(graph, engine_options(config, name, bound_inputs=len(bound), **batch))
     _all_engines.add(engine)
-    captured = Captured(engine, bound, mutated, fixed, sizes, model if isinstance(model, torch.nn.Module) else None,
-                        constants, in_spec, ep.call_spec.out_spec, num_outputs)
+    trace = _Trace(model, module, args, kwargs, in_spec, constants, dynamic,
+                   lambda a, k: capture(model, a, k, config=config, dynamic=True, decompositions=decompositions))
+    trace.example, trace.out_spec, trace.num_outputs = list(leaves), ep.call_spec.out_spec, num_outputs
+    captured = Captured(engine, bound, bound_names, mutated, fixed, sizes, model if isinstance(model, torch.nn.Module) else None,
+                        trace)
     if isinstance(model, torch.nn.Module):
         _watch(model, captured)
-    flat_in = (all(c.is_leaf() for c in in_spec.children()[0].children()) and not in_spec.children()[1].children()
-               and not constants)
     logger.debug("torchreplay: captured %s (%d nodes, %d bound inputs)", name, graph.num_nodes, len(bound))
-    return captured if flat_in and captured._flat_out else _nested_call(captured)
+    return captured

@@ -70,6 +70,8 @@ class ReduceOverheadConfig(_Section):
         "capture_limit": (64, _is_int_at_least(0), "shapes captured per graph; later new shapes run eagerly"),
         "cache_limit": (256, _is_int_at_least(1), "shapes held per graph; the least recently used is evicted"),
         "capture_sizes": (None, _is_sizes, "batch sizes captured; other batches padded up to the next"),
+        "capture_sizes_bitwise": (True, _is_bool, "pad only graphs whose real rows stay bitwise equal to eager; "
+                                  "False: also graphs whose rows come out close (GEMMs, sigmoid, ...)"),
         "clone_outputs": (False, _is_bool, "hand out copies instead of views of the static pool"),
     }
 
@@ -117,6 +119,7 @@ class CompilerConfig(_Section):
         "capture_limit": ("reduce_overhead", "capture_limit"),
         "cache_limit": ("reduce_overhead", "cache_limit"),
         "capture_sizes": ("reduce_overhead", "capture_sizes"),
+        "capture_sizes_bitwise": ("reduce_overhead", "capture_sizes_bitwise"),
         "clone_outputs": ("reduce_overhead", "clone_outputs"),
         "run_eagerly": ("debug", "run_eagerly"),
         "graph_dump_type": ("debug", "graph_dump", "type"),

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Any, Dict, List, Sequence
+from typing import Optional, Any, Dict, List, Sequence
 
 import torch
 import torch.fx
@@ -49,7 +49,9 @@ def op_name(target: torch._ops.OpOverload) -> str:
 
 
 def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
-          static_inputs: Sequence[int] = ()) -> "_C.Graph":
+          static_inputs: Sequence[int] = (), input_names: Optional[Sequence[str]] = None) -> "_C.Graph":
+    """The graph of `gm` in the C++ IR. Its inputs are named after the placeholders, or
+    `input_names` (what errors about the inputs call them)."""
     builder = _C.GraphBuilder()
     env: Dict[torch.fx.Node, Any] = {}   # node -> value id, tuple of ids, or ("c", constant)
 
@@ -69,10 +71,11 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     for i, node in enumerate(placeholders):
         val = node.meta.get("val", example_inputs[i] if i < len(example_inputs) else None)
         kind = _input_kind(val)
+        name = input_names[i] if input_names is not None else node.name
         if kind == "Tensor":
-            env[node] = builder.add_input(node.name, kind, val.dtype, val.device, val.dim())
+            env[node] = builder.add_input(name, kind, val.dtype, val.device, val.dim())
         else:
-            env[node] = builder.add_input(node.name, kind)
+            env[node] = builder.add_input(name, kind)
 
     for node in gm.graph.nodes:
         if node.op == "placeholder":

@@ -18,6 +18,15 @@ from torchreplay.bench.models import (MLP, ConvBN, CountingModel, DecodeAttentio
 FUZZ_GRAPHS = int(os.environ.get("TORCHREPLAY_CAPTURE_FUZZ_GRAPHS", "60"))
 
 
+@pytest.fixture(autouse=True)
+def _inference():
+    """torchreplay.capture runs inference only: calls here are made with grad mode off, as its
+    users make them (with grad mode on, a parameter requiring grad is refused:
+    test_grad_mode_on_with_parameters_requiring_grad_is_refused)."""
+    with torch.no_grad():
+        yield
+
+
 
 
 class Counting(nn.Module):
@@ -165,9 +174,9 @@ def test_python_number_is_specialized_and_checked():
 
 def test_bad_calls_raise_clear_errors():
     step = torchreplay.capture(MLP().eval(), (torch.randn(1, 64),), config=config())
-    with pytest.raises(TypeError, match="takes 1 arguments, got 2"):
+    with pytest.raises(TypeError, match="too many positional arguments"):
         step(torch.randn(1, 64), torch.randn(1, 64))
-    with pytest.raises(TypeError, match="takes 1 arguments, got 0"):
+    with pytest.raises(TypeError, match="missing a required argument: 'x'"):
         step()
     with pytest.raises(ValueError, match=r"argument 0 \(x\): expected dtype Float, got Double"):
         step(torch.randn(1, 64, dtype=torch.float64))
@@ -227,7 +236,7 @@ def test_nested_arguments_and_outputs():
         a, b = torch.randn(3), torch.randn(3)
         got, want = step((a, b), 2.0), fn((a, b), 2.0)
         assert torch.equal(got["sum"], want["sum"]) and torch.equal(got["prod"][0], want["prod"][0])
-    with pytest.raises(TypeError, match="structure"):
+    with pytest.raises(TypeError, match=r"nested differently .*\(\(\*, \*\) against \(\(\*, \*\), \*\)\)"):
         step(a, b)
 
 
@@ -239,9 +248,21 @@ def test_keyword_arguments():
     for _ in range(3):
         x, b = torch.randn(3), torch.randn(3)
         assert torch.equal(step(x, bias=b), fn(x, bias=b))
-    flat = torchreplay.capture(MLP().eval(), (torch.randn(1, 64),), config=config())
-    with pytest.raises(TypeError, match="positional arguments only"):
-        flat(x=torch.randn(1, 64))
+    # As Python binds them: a positional argument given by name, keywords in any order.
+    model = MLP().eval()
+    flat = torchreplay.capture(model, (torch.randn(1, 64),), config=config())
+    rows = torch.randn(1, 64)
+    assert torch.equal(flat(x=rows), model(rows))
+    assert torch.equal(step(bias=b, x=x), fn(x, bias=b))
+    with pytest.raises(TypeError, match="missing a required argument: 'bias'"):
+        step(x)
+    scaled = torchreplay.capture(fn, (x,), {"bias": b, "scale": 3.0}, config=config())
+    with pytest.raises(TypeError, match=r"leaves out keyword argument\(s\) scale, given when the model was captured"):
+        scaled(x, bias=b)
+    with pytest.raises(TypeError, match="passes scale, not given when the model was captured"):
+        step(x, bias=b, scale=3.0)
+    with pytest.raises(TypeError, match="got an unexpected keyword argument 'y'"):
+        flat(rows, y=rows)
 
 
 def test_flat_call_runs_no_python_of_ours_and_shows_in_the_profiler():
@@ -325,3 +346,108 @@ def test_keyword_arguments_in_any_order_and_dynamic_functions():
     assert torch.equal(step(x, b=b, a=a), fn(x, a=a, b=b))
     step = torchreplay.capture(lambda x: x * 2, (torch.ones(4),), config=config(), dynamic=True)
     assert torch.equal(step(torch.ones(6)), torch.full((6,), 2.0))
+
+
+def test_grad_mode_on_with_parameters_requiring_grad_is_refused():
+    """Eager's output would track the parameters' gradients; a replay's cannot. Refused with the
+    way out, instead of an output that silently drops the model's part of the gradient."""
+    model = MLP()
+    x = torch.randn(2, 64)
+    step = torchreplay.capture(model, (x,), config=config())
+    with torch.enable_grad():
+        with pytest.raises(ValueError, match=r"parameter 'layers.0.weight' of the captured model requires grad and "
+                                             r"grad mode is on.*torch.no_grad\(\)"):
+            step(x)
+        with torch.inference_mode():
+            assert torch.equal(step(x), model(x))
+        model.requires_grad_(False)   # frozen: nothing for eager to track either
+        got, want = step(x), model(x)
+        assert torch.equal(got, want) and not want.requires_grad and not got.requires_grad
+
+
+def test_dynamic_capture_takes_every_size_including_0_and_1():
+    """export specializes sizes 0 and 1; dynamic=True still takes them, each through a trace of
+    its own made when first seen (as Dynamo compiles size 1 apart), bitwise equal to eager."""
+    torch.manual_seed(0)
+    model = MLP().eval()
+    step = torchreplay.capture(model, (torch.randn(8, 64),), config=config(), dynamic=True)
+    sizes = [1, 8, 3, 1, 0, 5, 1, 8, 0, 3]
+    for n in sizes:
+        x = torch.randn(n, 64)
+        assert torch.equal(step(x), model(x)), n
+    s = step.stats()
+    assert [t["calls"] for t in s["traces"]] == [5, 3, 2]    # >= 2, then 1, then 0
+    assert s["calls"] == len(sizes) and s["replays"] > 0
+    # A capture made with size 1 holds for larger sizes the same way.
+    one = torchreplay.capture(model, (torch.randn(1, 64),), config=config(), dynamic=True)
+    for n in [1, 4, 1, 4, 6]:
+        x = torch.randn(n, 64)
+        assert torch.equal(one(x), model(x)), n
+    assert len(one.stats()["traces"]) == 2
+    # Not dynamic: another size is the clear error it was.
+    fixed = torchreplay.capture(model, (torch.randn(8, 64),), config=config())
+    with pytest.raises(ValueError, match="captured for size 8 there"):
+        fixed(torch.randn(1, 64))
+
+
+def test_arguments_that_are_no_graph_values_are_specialized_and_checked():
+    """dtypes, devices, layouts, memory formats and modules cannot be graph inputs: they are left
+    out of the trace as None and strings are, and another value at call time is a clear error."""
+    def fn(x, dtype, device, *, layout=torch.strided, distance=None, fmt=torch.contiguous_format):
+        y = torch.arange(4, dtype=dtype, device=device, layout=layout) + x
+        return distance(y, y.flip(0)) if distance is not None else y.contiguous(memory_format=fmt)
+
+    pair = nn.PairwiseDistance()
+    kw = {"distance": pair}
+    step = torchreplay.capture(fn, (torch.randn(4), torch.float64, torch.device("cpu")), kw, config=config())
+    for _ in range(3):
+        x = torch.randn(4)
+        assert torch.equal(step(x, torch.float64, "cpu" if False else torch.device("cpu"), distance=pair),
+                           fn(x, torch.float64, torch.device("cpu"), distance=pair))
+    assert step.stats()["replays"] == 2
+    with pytest.raises(ValueError, match=r"argument 1 is torch.float32, but the graph was captured with torch.float64"):
+        step(torch.randn(4), torch.float32, torch.device("cpu"), distance=pair)
+    with pytest.raises(ValueError, match=r"is PairwiseDistance\(\), but the graph was captured with PairwiseDistance"):
+        step(torch.randn(4), torch.float64, torch.device("cpu"), distance=nn.PairwiseDistance())
+
+
+def test_a_module_argument_with_parameters_binds_them():
+    scale = nn.Linear(4, 4)
+    fn = lambda x, layer: layer(x).relu()  # noqa: E731
+    step = torchreplay.capture(fn, (torch.randn(2, 4), scale), config=config())
+    for _ in range(3):
+        x = torch.randn(2, 4)
+        assert torch.equal(step(x, scale), fn(x, scale))
+    scale.weight.data = torch.randn(4, 4)   # new memory: seen, recaptured
+    x = torch.randn(2, 4)
+    assert torch.equal(step(x, scale), fn(x, scale))
+
+
+def test_a_model_that_seeds_the_random_generator_is_refused():
+    """A seed set inside the model happens once, while it is traced; the replays would draw
+    other numbers than eager. Refused, and the caller's generator is left as it was."""
+    def seeded(x):
+        torch.manual_seed(42)
+        return x + torch.rand_like(x)
+
+    def seeded_and_restored(x):   # what PyTorch's own test wrappers do
+        with torch.random.fork_rng():
+            torch.manual_seed(42)
+            return x + torch.rand_like(x)
+
+    x = torch.randn(3)
+    before = torch.random.get_rng_state()
+    for fn in (seeded, seeded_and_restored):
+        with pytest.raises(ValueError, match="called torch.manual_seed while it was traced"):
+            torchreplay.capture(fn, (x,), config=config())
+        assert torch.equal(torch.random.get_rng_state(), before)
+    # Random ops drawn in the graph replay as eager draws them.
+    fn = lambda x: x + torch.rand_like(x)  # noqa: E731
+    step = torchreplay.capture(fn, (torch.randn(3),), config=config())
+    for k in range(3):
+        x = torch.randn(3)
+        torch.manual_seed(k)
+        got = step(x)
+        torch.manual_seed(k)
+        assert torch.equal(got, fn(x))
+    assert step.stats()["replays"] == 2    # warm-up, capture and replay, replay

@@ -1,0 +1,390 @@
+"""PyTorch's op database as a differential test: every OpInfo's CPU samples through torchreplay,
+compared with eager bit for bit.
+
+    .venv/bin/python tests/python/opdb_sweep.py                 # the whole sweep, both entry points
+    .venv/bin/python tests/python/opdb_sweep.py --ops add,qr --dtypes float32 --entry compile
+    .venv/bin/python tests/python/opdb_sweep.py --shard 0/2 --json out.json   # half of it
+
+Each case is one op, one of its first sample inputs, one dtype and one entry point:
+`torch.compile(backend=torchreplay, mode "reduce-overhead")` or `torchreplay.capture`. The case
+is called CALLS times, each on fresh sample inputs of the same structure (regenerated with
+another seed; the first sample's values again where the regenerated structure differs): warm-up,
+capture, then replays. Before each call the random generator is seeded, and eager runs the op on
+copies of the same inputs under the same seed. Outputs and every tensor argument afterwards
+(inputs the op writes) are compared with eager's by their bits (dtype, shape and strides too).
+
+Outcomes, one per case:
+  bitwise       every call equal to eager, bit for bit, and replays happened
+  as-aot_eager  not equal to eager, but bit for bit what backend="aot_eager" gives (AOTAutograd's
+                decompositions change the arithmetic, not torchreplay)
+  random        a random op: equal to eager in dtype and shape, its values drawn from the same
+                distribution (mean and spread within tolerance); exact bits are not promised
+  wrong         a result that differs from eager (and from aot_eager)
+  error         torchreplay raised where eager did not
+  not-replayed  nothing was replayed: Dynamo made no graph, the graph ran eagerly (the reason is
+                printed), or the export refused the function (capture)
+Cases whose eager run raises (samples that test error paths) are skipped.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import math
+import sys
+import time
+import traceback
+import warnings
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch.utils import _pytree as pytree
+
+import torchreplay
+
+CALLS = 4  # warm-up, capture (+ replay), replay, replay
+OUTCOMES = ["bitwise", "as-aot_eager", "random", "wrong", "error", "not-replayed"]
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
+          "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32, "bool": torch.bool}
+ENTRIES = ("compile", "capture")
+
+
+def op_db() -> List[Any]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from torch.testing._internal.common_methods_invocations import op_db as db
+    return list(db)
+
+
+def samples(op: Any, dtype: torch.dtype, seed: int, limit: int) -> List[Any]:
+    torch.manual_seed(seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = []
+        for s in op.sample_inputs("cpu", dtype, requires_grad=False):
+            out.append(s)
+            if len(out) == limit:
+                break
+    return out
+
+
+def _structure(x: Any) -> Any:
+    leaves, spec = pytree.tree_flatten(x)
+    return spec, [(t.dtype, t.layout, t.shape, t.stride() if t.layout == torch.strided else None)
+                  if isinstance(t, torch.Tensor) else
+                  (type(t), t if isinstance(t, (int, float, bool, str, type(None))) else None) for t in leaves]
+
+
+def _clone(x: Any) -> Any:
+    return pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, x)
+
+
+class _Snap:
+    """A tensor's values (a copy: a pool output may be reused by the next call) and its strides."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.t = t.clone()
+        self.stride = t.stride() if t.layout == torch.strided else None
+
+
+def _snapshot(x: Any) -> Any:
+    return pytree.tree_map(lambda t: _Snap(t) if isinstance(t, torch.Tensor) else t, x)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    size = t.element_size()
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[size]) if t.dtype != torch.bool else t
+
+
+def differs(a: Any, b: Any, strides: bool = True) -> Optional[str]:
+    """None if a and b are the same, bit for bit; else what differs first."""
+    la, sa = pytree.tree_flatten(a)
+    lb, sb = pytree.tree_flatten(b)
+    if sa != sb:
+        return f"structure {sa} vs {sb}"
+    for i, (x, y) in enumerate(zip(la, lb)):
+        if isinstance(x, torch.Tensor) != isinstance(y, torch.Tensor):
+            return f"leaf {i}: {type(x).__name__} vs {type(y).__name__}"
+        xs = ys = None
+        if isinstance(x, _Snap):
+            x, xs = x.t, x.stride
+        if isinstance(y, _Snap):
+            y, ys = y.t, y.stride
+        if not isinstance(x, torch.Tensor):
+            same = x == y or (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y))
+            if not same:
+                return f"leaf {i}: {x!r} vs {y!r}"
+            continue
+        if x.dtype != y.dtype or x.shape != y.shape:
+            return f"leaf {i}: {x.dtype}{tuple(x.shape)} vs {y.dtype}{tuple(y.shape)}"
+        if x.layout != torch.strided or y.layout != torch.strided:
+            if not torch.equal(x.to_dense(), y.to_dense()):
+                return f"leaf {i}: values"
+            continue
+        xs, ys = xs or x.stride(), ys or y.stride()
+        if strides and x.numel() > 1 and xs != ys:
+            return f"leaf {i}: strides {xs} vs {ys}"
+        if not torch.equal(_bits(x), _bits(y)):
+            diff = ""
+            if x.is_floating_point() or x.is_complex():
+                d = (x.double() - y.double()).abs() if not x.is_complex() else (x - y).abs().double()
+                diff = f" (max |diff| {d.nan_to_num(nan=float('inf')).max().item():.3g})"
+            return f"leaf {i}: values{diff}"
+    return None
+
+
+def _meta(x: Any) -> Any:
+    x = x.t if isinstance(x, _Snap) else x
+    return (x.dtype, tuple(x.shape)) if isinstance(x, torch.Tensor) else x
+
+
+def _same_distribution(a: Any, b: Any) -> bool:
+    """For random ops: same structure, dtypes and shapes, and floating results with a similar mean
+    and spread (integer and bool results: a similar mean)."""
+    la, sa = pytree.tree_flatten(a)
+    lb, sb = pytree.tree_flatten(b)
+    if sa != sb:
+        return False
+    for x, y in zip(la, lb):
+        x, y = (v.t if isinstance(v, _Snap) else v for v in (x, y))
+        if not isinstance(x, torch.Tensor):
+            continue
+        if not isinstance(y, torch.Tensor) or x.dtype != y.dtype or x.shape != y.shape:
+            return False
+        if x.numel() < 16 or x.is_complex():
+            continue
+        xd, yd = x.double(), y.double()
+        if not (xd.isfinite().all() and yd.isfinite().all()):
+            continue
+        scale = max(xd.std().item(), yd.std().item(), 1e-6)
+        if abs(xd.mean().item() - yd.mean().item()) > 4 * scale / math.sqrt(x.numel()) + 0.05 * scale:
+            return False
+    return True
+
+
+class Case:
+    def __init__(self, op: Any, dtype_name: str, index: int, entry: str) -> None:
+        self.op, self.dtype_name, self.index, self.entry = op, dtype_name, index, entry
+        self.outcome, self.detail = "", ""
+
+    @property
+    def name(self) -> str:
+        variant = f".{self.op.variant_test_name}" if self.op.variant_test_name else ""
+        return f"{self.op.name}{variant}[{self.dtype_name}#{self.index}]/{self.entry}"
+
+
+def _call_op(op: Any) -> Callable:
+    def fn(inp: Any, *args: Any, **kwargs: Any) -> Any:
+        return op(inp, *args, **kwargs)
+    return fn
+
+
+def _inputs(sample: Any) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
+    return (sample.input, *sample.args), dict(sample.kwargs)
+
+
+def _eager(fn: Callable, args: Sequence[Any], kwargs: Dict[str, Any], seed: int) -> Tuple[Any, Any]:
+    args, kwargs = _clone((tuple(args), kwargs))
+    torch.manual_seed(seed)
+    out = fn(*args, **kwargs)
+    return _snapshot(out), (args, kwargs)
+
+
+def _config() -> Any:
+    cfg = torchreplay.CompilerConfig()
+    cfg.mode = "reduce-overhead"
+    cfg.reduce_overhead.warmup_iters = 1
+    return cfg
+
+
+def run_case(case: Case, calls: List[Tuple[Tuple[Any, ...], Dict[str, Any]]]) -> Case:
+    fn = _call_op(case.op)
+    seeds = [1000 + k for k in range(len(calls))]
+    # Eager, twice per call under the same seed: a result that changes is not deterministic.
+    eager = []
+    try:
+        for (args, kwargs), seed in zip(calls, seeds):
+            eager.append(_eager(fn, args, kwargs, seed))
+        again = _eager(fn, *calls[0], seeds[0])
+    except Exception as e:  # noqa: BLE001 - a sample of an error path
+        case.outcome, case.detail = "skip", f"eager raised {type(e).__name__}"
+        return case
+    nondeterministic = differs(eager[0], again) is not None
+    random_op = nondeterministic or differs(eager[0], _eager(fn, *calls[0], seeds[0] + 7)) is not None
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    backend = None
+    stats: Callable[[], List[Dict[str, Any]]]
+    got = []
+    try:
+        if case.entry == "compile":
+            backend = torchreplay.get_backend(compiler_config=_config())
+            compiled = torch.compile(fn, backend=backend, dynamic=False)
+            stats = backend.stats
+        else:
+            args0, kwargs0 = _clone(calls[0])
+            try:
+                compiled = torchreplay.capture(fn, args0, kwargs0, config=_config())
+            except Exception as e:  # noqa: BLE001
+                if not _is_refusal(e):
+                    raise
+                case.outcome, case.detail = "not-replayed", f"capture refused: {type(e).__name__}: {e}"[:300]
+                return case
+            stats = lambda: [compiled.stats()]  # noqa: E731
+        for (args, kwargs), seed in zip(calls, seeds):
+            args, kwargs = _clone((tuple(args), kwargs))
+            torch.manual_seed(seed)
+            out = compiled(*args, **kwargs)
+            got.append((_snapshot(out), (args, kwargs)))
+    except Exception as e:  # noqa: BLE001
+        case.outcome, case.detail = "error", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+        return case
+    engine_stats = stats()
+    replays = sum(s["replays"] for s in engine_stats)
+    if replays == 0:
+        reasons = [r for s in engine_stats for r in s.get("fallback_reasons", [])]
+        why = "; ".join(sorted({str(r)[:160] for r in reasons})) or (
+            "no graph reached torchreplay" if not engine_stats else "no replay")
+        if case.entry == "compile" and not engine_stats:
+            breaks = sorted(torch._dynamo.utils.counters["graph_break"])
+            why = ("Dynamo graph break: " + "; ".join(b[:120] for b in breaks[:2]) if breaks else
+                   "not lowered: " + "; ".join(v[:160] for v in backend.eager_graphs.values())
+                   if backend.eager_graphs else "Dynamo made no graph")
+        case.outcome, case.detail = "not-replayed", why
+        return case
+    # Compare: outputs and the arguments after the call.
+    first = None
+    for k, ((e_out, e_in), (g_out, g_in)) in enumerate(zip(eager, got)):
+        d = differs((e_out, e_in), (g_out, g_in), strides=not nondeterministic)
+        if d is not None:
+            first = (k, d)
+            break
+    if first is None:
+        case.outcome = "bitwise"
+        return case
+    if nondeterministic:  # uninitialized memory (empty): only dtypes and shapes mean anything
+        same = all(differs(pytree.tree_map(_meta, e), pytree.tree_map(_meta, g)) is None for e, g in zip(eager, got))
+        case.outcome, case.detail = ("random", "") if same else ("wrong", f"call {first[0]}: {first[1]}")
+        return case
+    if random_op:
+        same = all(_same_distribution((e_out, e_in), (g_out, g_in)) for (e_out, e_in), (g_out, g_in) in zip(eager, got))
+        case.outcome, case.detail = ("random", "") if same else ("wrong", f"call {first[0]}: {first[1]}")
+        return case
+    # Not bitwise: is it what aot_eager gives (AOTAutograd's decompositions)?
+    torch._dynamo.reset()
+    try:
+        aot = torch.compile(fn, backend="aot_eager", dynamic=False)
+        aot_out = []
+        for (args, kwargs), seed in zip(calls, seeds):
+            args, kwargs = _clone((tuple(args), kwargs))
+            torch.manual_seed(seed)
+            aot_out.append((_snapshot(aot(*args, **kwargs)), (args, kwargs)))
+        if all(differs(a, g) is None for a, g in zip(aot_out, got)):
+            case.outcome, case.detail = "as-aot_eager", f"eager differs: {first[1]}"
+            return case
+    except Exception:  # noqa: BLE001 - aot_eager failing says nothing about torchreplay
+        pass
+    case.outcome, case.detail = "wrong", f"call {first[0]}: {first[1]}"
+    return case
+
+
+def _is_refusal(e: Exception) -> bool:
+    """An error that refuses a capture for a stated reason (the export's, or torchreplay's: a
+    ValueError, TypeError or NotImplementedError), rather than one that breaks inside."""
+    mod = type(e).__module__ or ""
+    return (any(m in mod for m in ("torch._dynamo", "torch.export", "torch._export", "torch.fx"))
+            or type(e) in (ValueError, TypeError, NotImplementedError) or "Unsupported" in type(e).__name__)
+
+
+def cases_for(op: Any, dtype_name: str, limit: int, entries: Sequence[str]) -> List[Tuple[Case, Any]]:
+    dtype = DTYPES[dtype_name]
+    if dtype not in op.supported_dtypes("cpu"):
+        return []
+    try:
+        base = samples(op, dtype, 0, limit)
+        fresh = [samples(op, dtype, seed, limit) for seed in range(1, CALLS)]
+    except Exception:  # noqa: BLE001 - an OpInfo that cannot make samples here
+        return []
+    out = []
+    for i, s in enumerate(base):
+        calls = [_inputs(s)]
+        for more in fresh:
+            t = _inputs(more[i]) if i < len(more) else None
+            calls.append(t if t is not None and _structure(t) == _structure(calls[0]) else _clone(calls[0]))
+        for entry in entries:
+            out.append((Case(op, dtype_name, i, entry), calls))
+    return out
+
+
+def summarize(cases: Sequence[Case]) -> str:
+    rows: Dict[Tuple[str, str], collections.Counter] = collections.defaultdict(collections.Counter)
+    for c in cases:
+        if c.outcome != "skip":
+            rows[(c.entry, c.dtype_name)][c.outcome] += 1
+    lines = ["| entry | dtype | cases | " + " | ".join(OUTCOMES) + " |",
+             "|---|---|---:|" + "---:|" * len(OUTCOMES)]
+    for entry in ENTRIES:
+        total = collections.Counter()
+        for dtype in DTYPES:
+            c = rows.get((entry, dtype))
+            if not c:
+                continue
+            total += c
+            lines.append(f"| {entry} | {dtype} | {sum(c.values())} | " + " | ".join(str(c[o]) for o in OUTCOMES) + " |")
+        if total:
+            lines.append(f"| {entry} | all | {sum(total.values())} | " + " | ".join(str(total[o]) for o in OUTCOMES) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ops", help="comma-separated OpInfo names (default: all)")
+    p.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated, of " + ", ".join(DTYPES))
+    p.add_argument("--entry", choices=ENTRIES + ("both",), default="both")
+    p.add_argument("--samples", type=int, default=3, help="sample inputs per op and dtype")
+    p.add_argument("--shard", default="0/1", help="i/n: every n-th op from the i-th")
+    p.add_argument("--json", help="write every case here")
+    p.add_argument("--quiet", action="store_true", help="print only the cases that are not bitwise")
+    a = p.parse_args(argv)
+    torch.set_num_threads(1)
+    logging_off()
+    wanted = set(a.ops.split(",")) if a.ops else None
+    entries = ENTRIES if a.entry == "both" else (a.entry,)
+    shard, of = (int(x) for x in a.shard.split("/"))
+    ops = [op for op in op_db() if wanted is None or op.name in wanted]
+    ops = ops[shard::of]
+    done: List[Case] = []
+    t0 = time.time()
+    for n, op in enumerate(ops):
+        for dtype_name in a.dtypes.split(","):
+            for case, calls in cases_for(op, dtype_name, a.samples, entries):
+                try:
+                    run_case(case, calls)
+                except Exception as e:  # noqa: BLE001 - the sweep goes on
+                    case.outcome, case.detail = "error", f"sweep: {type(e).__name__}: {e}"[:300]
+                    traceback.print_exc()
+                done.append(case)
+                if case.outcome != "skip" and (not a.quiet or case.outcome not in ("bitwise", "random")):
+                    print(f"{case.outcome:13s} {case.name} {case.detail}", flush=True)
+        if (n + 1) % 25 == 0:
+            print(f"# {n + 1}/{len(ops)} ops, {len(done)} cases, {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+    print(summarize(done))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump([dict(op=c.op.name, variant=c.op.variant_test_name, dtype=c.dtype_name, sample=c.index,
+                            entry=c.entry, outcome=c.outcome, detail=c.detail) for c in done], f, indent=0)
+    return 0 if not any(c.outcome in ("wrong", "error") for c in done) else 1
+
+
+def logging_off() -> None:
+    import logging
+    logging.getLogger("torchreplay").setLevel(logging.ERROR)
+    torchreplay._C.set_log_level(3)
+    warnings.simplefilter("ignore")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
