@@ -15,8 +15,10 @@ copies of the same inputs under the same seed. Outputs and every tensor argument
 
 Outcomes, one per case:
   bitwise       every call equal to eager, bit for bit, and replays happened
-  as-aot_eager  not equal to eager, but bit for bit what backend="aot_eager" gives (AOTAutograd's
-                decompositions change the arithmetic, not torchreplay)
+  as-reference  what torchreplay builds on gives the same without torchreplay: torch.compile with
+                backend="aot_eager" (AOTAutograd's decompositions change the arithmetic), or the
+                module torch.export makes, with the decompositions capture applies (capture); bit
+                for bit, or the same exception
   random        a random op: equal to eager in dtype and shape, its values drawn from the same
                 distribution (mean and spread within tolerance); exact bits are not promised
   wrong         a result that differs from eager (and from aot_eager)
@@ -43,7 +45,7 @@ from torch.utils import _pytree as pytree
 import torchreplay
 
 CALLS = 4  # warm-up, capture (+ replay), replay, replay
-OUTCOMES = ["bitwise", "as-aot_eager", "random", "wrong", "error", "not-replayed"]
+OUTCOMES = ["bitwise", "as-reference", "random", "wrong", "error", "not-replayed"]
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
           "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32, "bool": torch.bool}
 ENTRIES = ("compile", "capture")
@@ -73,6 +75,14 @@ def _structure(x: Any) -> Any:
     return spec, [(t.dtype, t.layout, t.shape, t.stride() if t.layout == torch.strided else None)
                   if isinstance(t, torch.Tensor) else
                   (type(t), t if isinstance(t, (int, float, bool, str, type(None))) else None) for t in leaves]
+
+
+def _fresh_tensors(first: Any, fresh: Any) -> Any:
+    """`first` with the tensors of `fresh` (same structure): other arguments (modules, dtypes, ...)
+    stay the objects the first call had, as a caller's would."""
+    a, spec = pytree.tree_flatten(first)
+    b, _ = pytree.tree_flatten(fresh)
+    return pytree.tree_unflatten([y if isinstance(y, torch.Tensor) else x for x, y in zip(a, b)], spec)
 
 
 def _clone(x: Any) -> Any:
@@ -240,7 +250,12 @@ def run_case(case: Case, calls: List[Tuple[Tuple[Any, ...], Dict[str, Any]]]) ->
             out = compiled(*args, **kwargs)
             got.append((_snapshot(out), (args, kwargs)))
     except Exception as e:  # noqa: BLE001
-        case.outcome, case.detail = "error", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+        text = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+        ref = _reference_error(case, fn, calls, seeds)
+        if ref is not None and type(ref) is type(e):
+            case.outcome, case.detail = "as-reference", f"{_REFERENCE[case.entry]} raises too: {text}"
+        else:
+            case.outcome, case.detail = "error", text
         return case
     engine_stats = stats()
     replays = sum(s["replays"] for s in engine_stats)
@@ -273,17 +288,17 @@ def run_case(case: Case, calls: List[Tuple[Tuple[Any, ...], Dict[str, Any]]]) ->
         same = all(_same_distribution((e_out, e_in), (g_out, g_in)) for (e_out, e_in), (g_out, g_in) in zip(eager, got))
         case.outcome, case.detail = ("random", "") if same else ("wrong", f"call {first[0]}: {first[1]}")
         return case
-    # Not bitwise: is it what aot_eager gives (AOTAutograd's decompositions)?
+    # Not bitwise: is it what the reference gives (AOTAutograd's or the export's decompositions)?
     torch._dynamo.reset()
     try:
-        aot = torch.compile(fn, backend="aot_eager", dynamic=False)
+        aot = _reference_path(case.entry, fn, *_clone(calls[0]))
         aot_out = []
         for (args, kwargs), seed in zip(calls, seeds):
             args, kwargs = _clone((tuple(args), kwargs))
             torch.manual_seed(seed)
             aot_out.append((_snapshot(aot(*args, **kwargs)), (args, kwargs)))
         if all(differs(a, g) is None for a, g in zip(aot_out, got)):
-            case.outcome, case.detail = "as-aot_eager", f"eager differs: {first[1]}"
+            case.outcome, case.detail = "as-reference", f"as {_REFERENCE[case.entry]}; eager differs: {first[1]}"
             return case
     except Exception:  # noqa: BLE001 - aot_eager failing says nothing about torchreplay
         pass
@@ -291,11 +306,43 @@ def run_case(case: Case, calls: List[Tuple[Tuple[Any, ...], Dict[str, Any]]]) ->
     return case
 
 
+_REFERENCE = {"compile": "aot_eager", "capture": "torch.export's module (decomposed as capture does)"}
+
+
+def _reference_path(entry: str, fn: Callable, args: Any, kwargs: Any) -> Callable:
+    """What torchreplay's entry point builds on, without torchreplay: torch.compile with
+    aot_eager (AOTAutograd's graph run by PyTorch), or the module torch.export gives."""
+    if entry == "compile":
+        return torch.compile(fn, backend="aot_eager", dynamic=False)
+
+    class M(torch.nn.Module):
+        def forward(self, *a: Any, **k: Any) -> Any:
+            return fn(*a, **k)
+
+    from torchreplay.captured import _decompositions   # the ones capture applies
+    ep = torch.export.export(M(), tuple(args), kwargs, strict=False)
+    return ep.run_decompositions(_decompositions(None)).module()
+
+
+def _reference_error(case: "Case", fn: Callable, calls: Any, seeds: Sequence[int]) -> Optional[Exception]:
+    """The exception the reference path raises on the same calls, if it raises."""
+    torch._dynamo.reset()
+    try:
+        ref = _reference_path(case.entry, fn, *_clone(calls[0]))
+        for (args, kwargs), seed in zip(calls, seeds):
+            args, kwargs = _clone((tuple(args), kwargs))
+            torch.manual_seed(seed)
+            ref(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001
+        return e
+    return None
+
+
 def _is_refusal(e: Exception) -> bool:
     """An error that refuses a capture for a stated reason (the export's, or torchreplay's: a
     ValueError, TypeError or NotImplementedError), rather than one that breaks inside."""
     mod = type(e).__module__ or ""
-    return (any(m in mod for m in ("torch._dynamo", "torch.export", "torch._export", "torch.fx"))
+    return (any(m in mod for m in ("torch._dynamo", "torch.export", "torch._export", "torch.fx", "torch._subclasses"))
             or type(e) in (ValueError, TypeError, NotImplementedError) or "Unsupported" in type(e).__name__)
 
 
@@ -313,7 +360,8 @@ def cases_for(op: Any, dtype_name: str, limit: int, entries: Sequence[str]) -> L
         calls = [_inputs(s)]
         for more in fresh:
             t = _inputs(more[i]) if i < len(more) else None
-            calls.append(t if t is not None and _structure(t) == _structure(calls[0]) else _clone(calls[0]))
+            calls.append(_fresh_tensors(calls[0], t) if t is not None and _structure(t) == _structure(calls[0])
+                         else _clone(calls[0]))
         for entry in entries:
             out.append((Case(op, dtype_name, i, entry), calls))
     return out
@@ -351,6 +399,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     logging_off()
+    warnings.simplefilter("ignore")
     wanted = set(a.ops.split(",")) if a.ops else None
     entries = ENTRIES if a.entry == "both" else (a.entry,)
     shard, of = (int(x) for x in a.shard.split("/"))
@@ -380,10 +429,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def logging_off() -> None:
+    """The sweep's own output only (its cases fall back and recompile on purpose)."""
     import logging
     logging.getLogger("torchreplay").setLevel(logging.ERROR)
     torchreplay._C.set_log_level(3)
-    warnings.simplefilter("ignore")
 
 
 if __name__ == "__main__":

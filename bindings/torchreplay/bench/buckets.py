@@ -1,10 +1,15 @@
 """Batch-size buckets (config.reduce_overhead.capture_sizes) in a decode-style loop.
 
-An MLP (64 -> 128 -> 32) is called with batch sizes 1..32 in a random order, compiled with
-dynamic=True, by:
+An MLP (64 -> 128 -> 32) is called with batch sizes 1..32 in a random order, with dynamic
+shapes, by:
   eager                     the model itself
-  torchreplay per-size      reduce-overhead without buckets: one capture per distinct size
-  torchreplay buckets       capture_sizes = [1, 2, 4, 8, 16, 32]: other sizes padded up
+  compile per-size          torch.compile + torchreplay reduce-overhead, no buckets: one capture
+                            per distinct size
+  compile buckets           the same with capture_sizes = [1, 2, 4, 8, 16, 32]: other sizes padded
+                            up (capture_sizes_bitwise=False: the MLP's GEMMs round a padded row
+                            close to eager, not bitwise, so buckets are opt-in twice for it)
+  capture per-size          torchreplay.capture(dynamic=True): no Dynamo frame per call
+  capture buckets           the same with capture_sizes
   inductor                  torch.compile(dynamic=True) (on CUDA, mode="reduce-overhead" too,
                             which captures one CUDA graph per distinct size)
 Per mode: mean time per call over the loop, captures, replays and pool bytes. Then, per capture
@@ -37,11 +42,26 @@ def model() -> nn.Module:
     return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 32)).eval()
 
 
+def config(capture_sizes: Optional[List[int]] = None) -> Any:
+    cfg = torchreplay.CompilerConfig()
+    cfg.mode = "reduce-overhead"
+    cfg.reduce_overhead.capture_sizes = capture_sizes
+    cfg.reduce_overhead.capture_sizes_bitwise = False
+    return cfg
+
+
 def backend(capture_sizes: Optional[List[int]] = None) -> Any:
-    config = torchreplay.CompilerConfig()
-    config.mode = "reduce-overhead"
-    config.reduce_overhead.capture_sizes = capture_sizes
-    return torchreplay.get_backend(compiler_config=config)
+    return torchreplay.get_backend(compiler_config=config(capture_sizes))
+
+
+def captured(m: nn.Module, capture_sizes: Optional[List[int]] = None) -> Any:
+    step = torchreplay.capture(m, (torch.randn(8, 64),), config=config(capture_sizes), dynamic=True)
+
+    class Stats:
+        def stats(self) -> List[Dict[str, Any]]:
+            return step.stats().get("traces", [step.stats()])
+
+    return step, Stats()
 
 
 def per_call_us(fn: Callable, inputs: List[torch.Tensor], repeats: int) -> float:
@@ -103,8 +123,10 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     modes: Dict[str, Callable[[], Any]] = {
         "eager": lambda: (m, None),
-        "torchreplay per-size": lambda: (lambda b: (torch.compile(m, backend=b, dynamic=True), b))(backend()),
-        "torchreplay buckets": lambda: (lambda b: (torch.compile(m, backend=b, dynamic=True), b))(backend(SIZES)),
+        "compile per-size": lambda: (lambda b: (torch.compile(m, backend=b, dynamic=True), b))(backend()),
+        "compile buckets": lambda: (lambda b: (torch.compile(m, backend=b, dynamic=True), b))(backend(SIZES)),
+        "capture per-size": lambda: captured(m),
+        "capture buckets": lambda: captured(m, SIZES),
     }
     if not args.no_inductor:
         modes["inductor"] = lambda: (torch.compile(m, dynamic=True), None)
