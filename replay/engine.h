@@ -122,7 +122,8 @@ class Engine {
   // Warms up and captures the keys of `input_sets` ahead of time, largest first (by tensor
   // bytes), so that on CUDA the smaller keys reuse the largest one's pool memory. Each set runs
   // warmup_iters + 1 times, like that many real calls (mutations included). With capture_sizes,
-  // each set is first resized to every capture size (its batch rows cut or zero-padded). The
+  // each set is first resized to every capture size (its batch rows cut, or padded with copies
+  // of its last row). The
   // one implementation of precapture: torchreplay.precapture comes here too.
   absl::Status Precapture(std::vector<std::vector<c10::IValue>> input_sets);
 
@@ -141,8 +142,9 @@ class Engine {
   absl::StatusOr<std::vector<c10::IValue>> RunKeyed(std::vector<c10::IValue> inputs);
   // The batch size of a call (dim 0 of the first batch input), or -1 if it has none.
   int64_t BatchSize(const std::vector<c10::IValue>& inputs) const;
-  // `inputs` with their batch (n rows) resized to `size`: cut, or padded with zeros into
-  // `staging` (per batch input, reused) when given, else into new tensors.
+  // `inputs` with their batch (n rows) resized to `size`: cut, or padded with copies of the last
+  // row (zeros for an empty batch) into `staging` (per batch input, reused) when given, else into
+  // new tensors.
   std::vector<c10::IValue> Resized(const std::vector<c10::IValue>& inputs, int64_t n, int64_t size,
                                    std::vector<at::Tensor>* staging) const;
   // A call whose batch size n is not a capture size: padded, replayed, sliced back.

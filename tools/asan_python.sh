@@ -2,7 +2,10 @@
 # A Python slice of the test suite against an AddressSanitizer build of the extension.
 #
 #   tools/asan_python.sh [pytest args...]   (default: replay semantics, changing keys, capture
-#                                            sizes, faults, and 300 fuzz graphs)
+#                                            sizes, faults, the op database slice, and 300 fuzz
+#                                            graphs)
+#   tools/asan_python.sh --python SCRIPT [args...]   a Python program instead of pytest, e.g. the
+#                                            whole op database sweep (tests/python/opdb_sweep.py)
 #
 # Builds //bindings:_C.so with --config=asan, stages it beside a copy of the Python package, and
 # runs pytest with gcc's ASan runtime preloaded (Python and torch are not instrumented; their
@@ -25,9 +28,14 @@ rm -f "$stage"/torchreplay/_C*.so
 suffix=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
 install -m 755 "$bin/bindings/_C.so" "$stage/torchreplay/_C$suffix"
 
-if [ $# -eq 0 ]; then
+run=(-m pytest -q -p no:cacheprovider -k "not rss and not memory_flat and not hundred_thousand and not leak_nothing")
+if [ "${1:-}" = --python ]; then
+  shift
+  run=()
+elif [ $# -eq 0 ]; then
   set -- tests/python/test_replay.py tests/python/test_changing_keys.py \
-         tests/python/test_capture_sizes.py tests/python/test_faults.py tests/python/test_fuzz.py
+         tests/python/test_capture_sizes.py tests/python/test_faults.py tests/python/test_opdb.py \
+         tests/python/test_fuzz.py
 fi
 log="$stage/asan.log"
 rc=0
@@ -35,7 +43,7 @@ rc=0
 ASAN_OPTIONS="detect_leaks=0:alloc_dealloc_mismatch=0:detect_odr_violation=0:log_path=$log" \
 LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so.6)" \
 TORCHREPLAY_FUZZ_GRAPHS="${TORCHREPLAY_FUZZ_GRAPHS:-300}" PYTHONPATH="$stage" \
-  .venv/bin/python -m pytest -q -p no:cacheprovider -k "not rss and not memory_flat and not hundred_thousand and not leak_nothing" "$@" || rc=$?
+  .venv/bin/python "${run[@]}" "$@" || rc=$?
 
 # One log per process. A report is an ASan error; it is ours if a frame of its stack is in the
 # extension (our functions, or pybind11 and absl code inlined in _C.so).
@@ -47,5 +55,5 @@ read -r reports ours < <(cat "$log".* 2>/dev/null | awk '
     inside = 0
   }
   END { flush(); print total + 0, mine + 0 }')
-echo "asan_python: pytest exit $rc; sanitizer reports: $reports, of them in torchreplay's code: $ours"
+echo "asan_python: exit $rc; sanitizer reports: $reports, of them in torchreplay's code: $ours"
 [ "$rc" -eq 0 ] && [ "$ours" -eq 0 ]
