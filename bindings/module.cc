@@ -710,6 +710,32 @@ PYBIND11_MODULE(_C, m) {
            },
            py::arg("input_sets"),
            "Warms up and captures these inputs' keys ahead of time, largest first.")
+      .def("profile",
+           [](replay::Engine& e, py::list args, int iterations) {
+             std::vector<c10::IValue> inputs;
+             for (auto a : args) inputs.push_back(ToIValue(a));
+             absl::StatusOr<std::vector<capture::StepTime>> rows;
+             {
+               py::gil_scoped_release no_gil;
+               c10::AutoGradMode no_grad(false);
+               rows = e.ProfileSteps(std::move(inputs), iterations);
+             }
+             if (!rows.ok()) Throw(rows.status());
+             py::list out;
+             for (const auto& r : *rows) {
+               py::dict d;
+               d["node"] = r.node;
+               d["op"] = r.op;
+               d["kind"] = r.kind;
+               d["shapes"] = r.shapes;
+               d["us"] = r.us;
+               out.append(d);
+             }
+             return out;
+           },
+           py::arg("inputs"), py::arg("iterations") = 200,
+           "Per step of the replay of these inputs' key (captured first if needed): node, op, kind, "
+           "shapes and mean microseconds over `iterations` replays.")
       .def("stats", [](const replay::Engine& e) { return StatsToDict(e.stats()); })
       .def_property_readonly("name", [](const replay::Engine& e) { return e.options().name; })
       .def_property_readonly("options", [](const replay::Engine& e) { return e.options(); });

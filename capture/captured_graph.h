@@ -38,6 +38,15 @@ struct CaptureInfo {
   std::vector<std::string> functional_ops;  // ops that ran functionally, for the report
 };
 
+// One step of a replay, timed (CapturedGraph::ProfileReplay).
+struct StepTime {
+  std::string node;    // the graph node it runs ("addmm_1")
+  std::string op;      // the kernel it calls ("aten::addmm.out")
+  std::string kind;    // "prepared pointwise", "typed out=", "boxed out=", "functional", "getitem", "scalar"
+  std::string shapes;  // its results ("Float[1, 64]")
+  double us = 0;       // mean time per replay
+};
+
 class CapturedGraph {
  public:
   virtual ~CapturedGraph() = default;
@@ -45,6 +54,12 @@ class CapturedGraph {
   virtual absl::Status Replay(const std::vector<c10::IValue>& inputs,
                               std::vector<c10::IValue>* outputs) = 0;
   virtual const CaptureInfo& info() const = 0;
+  // Replays `iterations` times, timing each step (the clock's own cost, ~20 ns a step, included);
+  // per step, in order. Unimplemented where steps cannot be timed on the host (CUDA).
+  virtual absl::StatusOr<std::vector<StepTime>> ProfileReplay(const std::vector<c10::IValue>& inputs,
+                                                              int iterations) {
+    return absl::UnimplementedError("per-step profiles are for the CPU kernel tape");
+  }
   // True for outputs whose memory is the engine's pool (reused by the next replay). Their
   // storage is their pool buffer alone (Note [One storage per buffer] in memory_pool/arena.h;
   // a CUDA pool block on CUDA), shared with any other output that is a view of the same buffer.

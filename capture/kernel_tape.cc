@@ -7,12 +7,14 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/TensorImpl.h>
 
+#include <chrono>
 #include <fstream>
 #include <optional>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "capture/interpreter.h"
 #include "capture/prepared_pointwise.h"
 #include "capture/tape_plan.h"
@@ -39,18 +41,26 @@ struct Step {
   std::vector<at::Tensor> holders;        // kSymArith: wrapped numbers of its result (ScalarWrite)
   std::unique_ptr<TypedCall> typed;       // set for typed out= steps (Note [Typed steps])
   std::string name;                       // the node, for errors
+  const char* kind_name = "";             // for profiles: what the step is (StepTime::kind)
+  std::string shapes;                     // for profiles: its results' dtypes and sizes
 };
 
 class KernelTape final : public CapturedGraph {
  public:
   absl::Status Replay(const std::vector<c10::IValue>& inputs,
                       std::vector<c10::IValue>* outputs) override;
+  absl::StatusOr<std::vector<StepTime>> ProfileReplay(const std::vector<c10::IValue>& inputs,
+                                                      int iterations) override;
   const CaptureInfo& info() const override { return info_; }
   bool OutputInPool(size_t i) const override { return output_in_pool_[i]; }
   absl::StatusOr<std::string> Dump(const std::string& path_stem) const override;
   // Drops this call's tensors from the slots and the stack, and from the list arguments of
   // `failed`, a step that raised before it could drop them itself.
   void DropCallValues(Step* failed = nullptr);
+  // The replay itself; `after_step(i)` runs after step i (a no-op but for profiles).
+  template <class AfterStep>
+  absl::Status Run(const std::vector<c10::IValue>& inputs, std::vector<c10::IValue>* outputs,
+                   AfterStep after_step);
 
   CaptureInfo info_;
   std::string listing_;  // the plan, printed
@@ -97,12 +107,44 @@ void WriteNumber(const c10::IValue& v, at::Tensor* holder) {
 
 absl::Status KernelTape::Replay(const std::vector<c10::IValue>& inputs,
                                 std::vector<c10::IValue>* outputs) {
+  return Run(inputs, outputs, [](size_t) {});
+}
+
+absl::StatusOr<std::vector<StepTime>> KernelTape::ProfileReplay(const std::vector<c10::IValue>& inputs,
+                                                                int iterations) {
+  using Clock = std::chrono::steady_clock;
+  std::vector<Clock::duration> spent(steps_.size(), Clock::duration::zero());
+  std::vector<c10::IValue> outputs;
+  for (int it = 0; it < iterations; ++it) {
+    Clock::time_point last = Clock::now();
+    absl::Status s = Run(inputs, &outputs, [&](size_t i) {
+      const Clock::time_point now = Clock::now();
+      spent[i] += now - last;
+      last = now;
+    });
+    outputs.clear();
+    if (!s.ok()) return s;
+  }
+  std::vector<StepTime> rows;
+  for (size_t i = 0; i < steps_.size(); ++i) {
+    const Step& s = steps_[i];
+    rows.push_back(StepTime{s.name, s.op.has_value() ? OperatorName(*s.op) : "", s.kind_name, s.shapes,
+                            std::chrono::duration<double, std::micro>(spent[i]).count() /
+                                std::max(iterations, 1)});
+  }
+  return rows;
+}
+
+template <class AfterStep>
+absl::Status KernelTape::Run(const std::vector<c10::IValue>& inputs,
+                             std::vector<c10::IValue>* outputs, AfterStep after_step) {
   for (const auto& [pos, slot] : input_slots_) slots_[slot] = inputs[pos];
   for (ScalarWrite& w : scalar_writes_) WriteNumber(slots_[w.slot], &w.holder);
   absl::Status status;
   Step* current = nullptr;
   try {
-    for (Step& s : steps_) {
+    for (size_t i = 0; i < steps_.size(); after_step(i++)) {
+      Step& s = steps_[i];
       current = &s;
       if (s.kind == Step::Kind::kGetItem) {
         slots_[s.out_slots[0]] = slots_[s.patches[0].slot].toList().get(s.index);
@@ -341,7 +383,7 @@ class Emitter {
     const int slot = plan_.values[n.outputs[0]].slot;
     step.out_slots.push_back(slot);
     sym_step_of_slot_[slot] = static_cast<int>(tape_->steps_.size());
-    tape_->steps_.push_back(std::move(step));
+    Push(std::move(step), n, "scalar");
   }
 
   absl::Status Precompute(const Node& n) {
@@ -370,7 +412,7 @@ class Emitter {
     step.index = n.index;
     step.patches.push_back(Patch{0, -1, plan_.values[list].slot});
     step.out_slots.push_back(plan_.values[n.outputs[0]].slot);
-    tape_->steps_.push_back(std::move(step));
+    Push(std::move(step), n, "getitem");
   }
 
   void OutVariantStep(const Node& n, const OutVariant& out) {
@@ -393,17 +435,19 @@ class Emitter {
       slot_of[p.arg] = p.slot;
       whole_args = whole_args && p.elem < 0;
     }
+    bool prepared = false;
     if (whole_args) {
       step.typed = MakeTypedCall(out.op, step.args, slot_of);
       if (options_.prepared_steps && step.typed != nullptr) {
         const TypedCall* plain = step.typed.get();
         step.typed = MakePrepared(out.op, step.args, slot_of, std::move(step.typed));
-        tape_->info_.prepared_steps += step.typed.get() != plain;
+        prepared = step.typed.get() != plain;
+        tape_->info_.prepared_steps += prepared;
       }
     }
     tape_->info_.typed_steps += step.typed != nullptr;
     ++tape_->info_.out_variant_steps;
-    tape_->steps_.push_back(std::move(step));
+    Push(std::move(step), n, prepared ? "prepared pointwise" : step.typed != nullptr ? "typed out=" : "boxed out=");
   }
 
   void FunctionalStep(const Node& n) {
@@ -425,6 +469,20 @@ class Emitter {
       ++tape_->info_.functional_steps;
       tape_->info_.functional_ops.push_back(OperatorName(*n.op));
     }
+    Push(std::move(step), n, any_fresh ? "functional" : "in place");
+  }
+
+  // Appends `step`, described for profiles: `kind` and the dtypes and sizes of n's results.
+  void Push(Step step, const Node& n, const char* kind) {
+    step.kind_name = kind;
+    std::vector<std::string> shapes;
+    for (ValueId o : n.outputs) {
+      const ValueRecord& r = rec_.values[o];
+      shapes.push_back(r.is_list     ? std::string("list")
+                       : !r.is_tensor ? std::string(r.scalar.tagKind())
+                                      : absl::StrCat(c10::toString(r.dtype), "[", absl::StrJoin(r.sizes, ", "), "]"));
+    }
+    step.shapes = absl::StrJoin(shapes, ", ");
     tape_->steps_.push_back(std::move(step));
   }
 

@@ -523,6 +523,23 @@ absl::Status Engine::Precapture(std::vector<std::vector<c10::IValue>> input_sets
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<capture::StepTime>> Engine::ProfileSteps(std::vector<c10::IValue> inputs,
+                                                                    int iterations) {
+  for (int k = 0; k <= std::max(0, options_.warmup_iters); ++k) {
+    if (auto out = RunKeyed(inputs); !out.ok()) return out.status();
+  }
+  ThreadState& ts = StateForThisThread();
+  absl::StatusOr<Entry*> e = Lookup(ts, inputs);
+  if (!e.ok()) return e.status();
+  if ((*e)->graph == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "graph '", options_.name, "': this key is not replayed: ",
+        (*e)->fallback_reason.empty() ? "it is not captured yet" : (*e)->fallback_reason));
+  }
+  ReleaseOutputs(ts, inputs, /*copy_all=*/true);
+  return (*e)->graph->ProfileReplay(inputs, iterations);
+}
+
 // Note [Capture sizes]
 // Serving loops see a new batch size on most steps; capturing each one costs a capture per size
 // and a key per size in the cache. With capture_sizes (vLLM's name; torchair's "gears"), only

@@ -127,6 +127,13 @@ class Engine {
   // one implementation of precapture: torchreplay.precapture comes here too.
   absl::Status Precapture(std::vector<std::vector<c10::IValue>> input_sets);
 
+  // Where a replay's time goes: runs `inputs` until their key is captured (warm-up, capture, as
+  // calls would), then replays it `iterations` times timing every step (CapturedGraph::
+  // ProfileReplay). FailedPrecondition if the key runs eagerly (the reason says why). Outputs
+  // handed out earlier on this thread are copied out first, as for any replay.
+  absl::StatusOr<std::vector<capture::StepTime>> ProfileSteps(std::vector<c10::IValue> inputs,
+                                                              int iterations);
+
   EngineStats stats() const;
   const capture::Graph& graph() const { return *graph_; }
   const EngineOptions& options() const { return options_; }

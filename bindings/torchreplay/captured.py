@@ -14,6 +14,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import logging
+import warnings
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -184,6 +185,15 @@ class Captured(_C.Call):
             by_trace.setdefault(id(target), (target, []))[1].append(list(target._bound) + flat)
         for target, sets in by_trace.values():
             target.engine.precapture(sets)
+
+    def profile(self, *args: Any, iterations: int = 200, **kwargs: Any) -> List[Dict[str, Any]]:
+        """Where a replay of these arguments' shape goes: per step of the captured tape, in order,
+        its node, op, kind (prepared pointwise, typed out=, boxed out=, functional, ...), result
+        shapes and mean microseconds over `iterations` replays (captured first if needed: these
+        are real calls). `python -m torchreplay.bench.profile` prints it for the harness's models."""
+        flat = self._trace.flatten(args, kwargs)
+        target = self._trace_for(flat, args, kwargs)
+        return target.engine.profile(list(target._bound) + flat, iterations)
 
     def _trace_for(self, flat: List[Any], args: Sequence[Any], kwargs: Dict[str, Any]) -> "Captured":
         """The capture whose trace holds for these sizes: this one, or (dynamic=True) one traced
@@ -441,14 +451,17 @@ def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Option
     if dynamic:  # every dimension of every tensor (one entry: forward's *leaves)
         dynamic_shapes = (tuple({d: torch.export.Dim.AUTO for d in range(a.dim())} if isinstance(a, torch.Tensor)
                                 else None for a in leaves),)
-    with _RandomStateWatch() as rng, torch.no_grad():
-        ep = torch.export.export(traced, leaves, dynamic_shapes=dynamic_shapes, strict=False)
-    if rng.touched:
-        raise ValueError(f"torchreplay.capture: the model {rng.touched} while it was traced; a capture "
-                         "replays the graph's ops, not that (its replays would draw other numbers than eager): "
-                         "seed outside the captured model")
-    with torch.no_grad():
-        ep = ep.run_decompositions(_decompositions(decompositions))
+    with warnings.catch_warnings():
+        # torch.export's own use of a deprecated pytree API (nothing a caller can change)
+        warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
+        with _RandomStateWatch() as rng, torch.no_grad():
+            ep = torch.export.export(traced, leaves, dynamic_shapes=dynamic_shapes, strict=False)
+        if rng.touched:
+            raise ValueError(f"torchreplay.capture: the model {rng.touched} while it was traced; a capture "
+                             "replays the graph's ops, not that (its replays would draw other numbers than eager): "
+                             "seed outside the captured model")
+        with torch.no_grad():
+            ep = ep.run_decompositions(_decompositions(decompositions))
     gm = ep.graph_module
     num_outputs = _writes_back(ep, gm)
     sig = ep.graph_signature
