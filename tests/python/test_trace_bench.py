@@ -224,7 +224,7 @@ def test_harness_quick_run_writes_results_and_flags_a_wrong_mode(tmp_path, capsy
     assert os.path.exists(ro["trace"])
     with open(tmp_path / "results.csv") as f:
         assert {r["mode"] for r in csv.DictReader(f)} == set(results)
-    with open(tmp_path / "speedup.png", "rb") as f:
+    with open(tmp_path / "per_call.png", "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
@@ -260,3 +260,17 @@ def test_harness_floor_and_engine_rows_and_summary(tmp_path, capsys):
     assert "where torchreplay reduce-overhead's time goes" in out
     # stderr is not a terminal here: one plain line per run instead of a progress bar
     assert "[8/8] two_graphs dynamo-floor " in err and "it/s" not in err and "run/s" not in err
+
+
+def test_harness_times_the_ahead_of_time_peers(tmp_path, capsys):
+    """AOTInductor (its loader, no Python wrapper) and NativeRT as modes: built, checked against
+    eager (close or bitwise, said per row), timed; AOTInductor only on --aoti-models."""
+    rc = bench.main(["--quick", "--models", "chain64,mlp", "--modes", "eager,aotinductor,nativert",
+                     "--aoti-models", "chain64", "--out", str(tmp_path)])
+    assert rc == 0
+    results = {(r["model"], r["mode"]): r for r in json.load(open(tmp_path / "results.json"))["results"]}
+    for key in [("chain64", "aotinductor"), ("chain64", "nativert"), ("mlp", "nativert")]:
+        r = results[key]
+        assert r["correct"] and r["median_us"] > 0 and r["compile_s"] > 0, r
+        assert r["check"] in ("bitwise", "close"), r
+    assert ("mlp", "aotinductor") not in results

@@ -6,7 +6,7 @@ and what the torch.compile path adds on top.
 
     python -m torchreplay.bench [--device cpu|cuda] [--models mlp,demo] [--modes eager,replay]
                                 [--quick] [--out DIR] [--trace]
-Writes DIR/results.json, DIR/results.csv and DIR/speedup.png; with --trace, also one
+Writes DIR/results.json, DIR/results.csv and DIR/per_call.png; with --trace, also one
 torch.profiler trace per model and mode in DIR/traces (see python -m torchreplay.trace).
 """
 from __future__ import annotations
@@ -44,12 +44,20 @@ MODES = {
     "dynamo-eager": "torch.compile(backend='eager'): Dynamo, then the FX graph run by Python",
     "aot_eager": "torch.compile(backend='aot_eager')",
     "inductor": "torch.compile() (Inductor)",
+    "inductor-cpp-wrapper": "torch.compile(options={'cpp_wrapper': True}): Inductor's wrapper as one C++ function",
+    "aotinductor": "AOTInductor: torch.export, aoti_compile_and_package, then aoti_load_package(...).loader.run "
+                   "on the tensors (no Python wrapper, no Dynamo; only --aoti-models, its C++ compile is slow)",
+    "nativert": "NativeRT: torch.export, package_pt2, then torch._C._nativert.PyModelRunner on the tensors",
     "cuda-graph-by-hand": "torch.cuda.CUDAGraph captured once, replayed from Python with the input copy",
     "cudagraphs": "torch.compile(backend='cudagraphs')",
     "inductor-reduce-overhead": "torch.compile(mode='reduce-overhead')",
 }
 CUDA_ONLY = {"cuda-graph-by-hand", "cudagraphs", "inductor-reduce-overhead"}
 NOT_CHECKED = {"dynamo-floor": "floor (not checked)"}  # mode -> what its check column says
+# Rows that are references, not what a user would pick: drawn apart in the plot.
+REFERENCES = {"dynamo-floor", "engine", "floor+engine", "out-by-hand", "cuda-graph-by-hand", "dynamo-eager",
+              "aot_eager", "torchreplay-default"}
+AOTI_MODELS = ["chain64", "attention_decode", "llama_decode"]  # --aoti-models by default
 _CUSTOM: Dict[str, Callable[[torch.nn.Module], Callable]] = {}
 
 
@@ -203,8 +211,42 @@ class FloorThenEngine(EngineDirect):
         super().step()
 
 
+class Exported:
+    """A model exported once and run by an ahead-of-time runtime on its tensor arguments (Python
+    numbers are specialized by the export, as torchreplay.capture does): AOTInductor's loader or
+    NativeRT's runner. Outputs put back in the model's structure."""
+
+    def __init__(self, runtime: str, model: torch.nn.Module, example_inputs: List[Any]) -> None:
+        from torch.utils import _pytree as pytree
+        import tempfile
+
+        self._tensors = [i for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor)]
+        ep = torch.export.export(model, tuple(example_inputs))
+        self._out_spec, self._unflatten = ep.call_spec.out_spec, pytree.tree_unflatten
+        path = os.path.join(tempfile.mkdtemp(prefix="torchreplay-bench-"), f"{runtime}.pt2")
+        if runtime == "aotinductor":
+            runner = torch._inductor.aoti_load_package(
+                torch._inductor.aoti_compile_and_package(ep, package_path=path), run_single_threaded=True)
+            self._run = runner.loader.run   # runner(...) re-parses the in/out specs per call
+        else:
+            from torch._C._nativert import PyModelRunner
+            from torch.export.pt2_archive._package import package_pt2
+            package_pt2(path, exported_programs={"forward": ep.run_decompositions({})})
+            runner = PyModelRunner(path, "forward")
+            self._run = lambda tensors: runner.run_with_flat_inputs_and_outputs(*tensors)
+
+    def __call__(self, *args: Any) -> Any:
+        outs = self._run([args[i] for i in self._tensors])
+        outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+        return self._unflatten(outs, self._out_spec)
+
+
 def compile_for(mode: str, model: torch.nn.Module, example_inputs: List[Any]) -> Optional[Callable]:
     """The callable to time for this mode, or None where the mode has no version of the model."""
+    if mode in ("aotinductor", "nativert"):
+        return Exported(mode, model, example_inputs)
+    if mode == "inductor-cpp-wrapper":
+        return torch.compile(model, options={"cpp_wrapper": True})
     if mode == "torchreplay-capture":
         config = torchreplay.CompilerConfig()
         config.mode = "reduce-overhead"
@@ -355,23 +397,31 @@ def measure(model_name: str, mode: str, device: str, min_run_time: float,
 
 
 def plot(rows: List[Dict[str, Any]], path: str) -> None:
+    """Time per call on a log axis: on the left what a user picks between (eager, torchreplay
+    through torch.compile and capture, Inductor, AOTInductor, ...), on the right the reference
+    rows (Dynamo's floor, the bare engine, ...), hatched: they are no product to pick."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     models = sorted({r["model"] for r in rows}, key=list(MODELS).index)
-    modes = [m for m in MODES if m != "eager" and any(r["mode"] == m for r in rows)]
-    fig, ax = plt.subplots(figsize=(1.6 + 1.5 * len(models), 4))
-    width = 0.8 / max(1, len(modes))
-    for j, mode in enumerate(modes):
-        ys = [next((r.get("speedup", 0) for r in rows if r["model"] == m and r["mode"] == mode), 0) for m in models]
-        ax.bar([i + j * width for i in range(len(models))], ys, width, label=mode)
-    ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks([i + width * (len(modes) - 1) / 2 for i in range(len(models))], models)
-    ax.set_ylabel("speedup vs eager (x)")
-    ax.set_title("time per call, speedup over eager")
-    if modes:
-        ax.legend(fontsize=7)
+    timed = [m for m in MODES if any(r["mode"] == m and "median_us" in r for r in rows)]
+    panels = [("what to pick between", [m for m in timed if m not in REFERENCES]),
+              ("references (not products)", [m for m in timed if m in REFERENCES])]
+    panels = [(title, modes) for title, modes in panels if modes]
+    fig, axes = plt.subplots(1, len(panels), figsize=(2 + 2.2 * len(models) * len(panels), 4.5), squeeze=False)
+    for ax, (title, modes) in zip(axes[0], panels):
+        width = 0.8 / max(1, len(modes))
+        for j, mode in enumerate(modes):
+            ys = [next((r["median_us"] for r in rows if r["model"] == m and r["mode"] == mode and "median_us" in r),
+                       float("nan")) for m in models]
+            ax.bar([i + j * width for i in range(len(models))], ys, width, label=mode,
+                   hatch="//" if mode in REFERENCES else None)
+        ax.set_yscale("log")
+        ax.set_xticks([i + width * (len(modes) - 1) / 2 for i in range(len(models))], models, fontsize=7)
+        ax.set_ylabel("us per call (log scale, lower is better)")
+        ax.set_title(title)
+        ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -382,8 +432,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--models", default=",".join(m for m in MODELS), help="comma-separated: " + ", ".join(MODELS))
     p.add_argument("--modes", default=None, help="comma-separated: " + ", ".join(MODES))
-    p.add_argument("--quick", action="store_true", help="short timings, no Inductor (under a minute on CPU)")
-    p.add_argument("--out", default="bench_out", help="directory for results.json, results.csv, speedup.png")
+    p.add_argument("--quick", action="store_true",
+                   help="short timings, no Inductor, AOTInductor or NativeRT (under a minute on CPU)")
+    p.add_argument("--aoti-models", default=",".join(AOTI_MODELS),
+                   help="models timed with AOTInductor (its C++ compile takes 5-30 s a model)")
+    p.add_argument("--out", default="bench_out", help="directory for results.json, results.csv, per_call.png")
     p.add_argument("--trace", action="store_true",
                    help=f"also record a torch.profiler trace of {TRACE_STEPS} steps per model and mode into "
                         "OUT/traces (read them with python -m torchreplay.trace)")
@@ -397,7 +450,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     else:
         modes = [m for m in MODES if args.device == "cuda" or m not in CUDA_ONLY]
         if args.quick:
-            modes = [m for m in modes if not m.startswith("inductor")]
+            modes = [m for m in modes if not m.startswith("inductor") and m not in ("aotinductor", "nativert")]
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         p.error(f"unknown modes {unknown}")
@@ -420,7 +473,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     from tqdm import tqdm
 
     rows: List[Dict[str, Any]] = []
-    jobs = [(m, mode) for m in models for mode in modes]
+    aoti = set(args.aoti_models.split(",")) if args.aoti_models else set()
+    jobs = [(m, mode) for m in models for mode in modes if mode != "aotinductor" or m in aoti]
     min_run_time = 0.3 if args.quick else 1.5
     tty = sys.stderr.isatty()  # a log file gets one line per run instead of the bar's redraws
     for k, (model_name, mode) in enumerate(tqdm(jobs, desc="compile, capture, time", unit="run",
@@ -464,8 +518,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
-    plot(rows, os.path.join(args.out, "speedup.png"))
-    print(f"wrote {args.out}/results.json, results.csv, speedup.png" + (", traces/" if trace_dir else ""))
+    plot(rows, os.path.join(args.out, "per_call.png"))
+    print(f"wrote {args.out}/results.json, results.csv, per_call.png" + (", traces/" if trace_dir else ""))
     return 0
 
 
