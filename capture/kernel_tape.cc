@@ -454,12 +454,13 @@ class Emitter {
     Step step;
     step.op = *n.op;
     BuildArgs(n, &step);
-    bool any_fresh = false;
+    bool any_fresh = false, in_place = false;
     for (ValueId o : n.outputs) {
       const TapePlan::ValuePlan& v = plan_.values[o];
       if (v.same_as >= 0) {  // in place: the result is its argument
         if (v.constant) constants_[o] = constants_[v.same_as];
         step.out_slots.push_back(-1);
+        in_place = true;
       } else {
         step.out_slots.push_back(v.slot);
       }
@@ -469,7 +470,7 @@ class Emitter {
       ++tape_->info_.functional_steps;
       tape_->info_.functional_ops.push_back(OperatorName(*n.op));
     }
-    Push(std::move(step), n, any_fresh ? "functional" : "in place");
+    Push(std::move(step), n, any_fresh ? "functional" : in_place ? "in place" : "view");
   }
 
   // Appends `step`, described for profiles: `kind` and the dtypes and sizes of n's results.

@@ -188,9 +188,9 @@ class Captured(_C.Call):
 
     def profile(self, *args: Any, iterations: int = 200, **kwargs: Any) -> List[Dict[str, Any]]:
         """Where a replay of these arguments' shape goes: per step of the captured tape, in order,
-        its node, op, kind (prepared pointwise, typed out=, boxed out=, functional, ...), result
-        shapes and mean microseconds over `iterations` replays (captured first if needed: these
-        are real calls). `python -m torchreplay.bench.profile` prints it for the harness's models."""
+        its node, op, kind (prepared pointwise, typed out=, boxed out=, functional, in place,
+        view, ...), result shapes and mean microseconds over `iterations` replays (captured first
+        if needed: these are real calls). `python -m torchreplay.bench.profile` prints it for the harness's models."""
         flat = self._trace.flatten(args, kwargs)
         target = self._trace_for(flat, args, kwargs)
         return target.engine.profile(list(target._bound) + flat, iterations)

@@ -5,7 +5,7 @@
 Each model (default: all of torchreplay.bench.models.MODELS) is captured with torchreplay.capture
 (reduce-overhead, one thread) and its captured tape replayed N times with every step timed
 (Captured.profile). Printed per model: the whole replay (a plain call, timed apart), the sum over
-steps by kind (prepared pointwise, typed out=, boxed out=, functional, in place, getitem,
+steps by kind (prepared pointwise, typed out=, boxed out=, functional, in place, view, getitem,
 scalar), and the K slowest steps with their node, op and result shapes. The per-step clock costs
 ~20 ns a step, so the sum over steps runs above a plain replay by about that much per step.
 """
