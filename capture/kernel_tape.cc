@@ -436,7 +436,9 @@ class Emitter {
       whole_args = whole_args && p.elem < 0;
     }
     bool prepared = false;
-    if (whole_args) {
+    if (OperatorName(out.op) == "aten::cat.out") step.typed = CatAsCopies(n);
+    const bool copies = step.typed != nullptr;
+    if (whole_args && !copies) {
       step.typed = MakeTypedCall(out.op, step.args, slot_of);
       if (options_.prepared_steps && step.typed != nullptr) {
         const TypedCall* plain = step.typed.get();
@@ -447,7 +449,7 @@ class Emitter {
     }
     tape_->info_.typed_steps += step.typed != nullptr;
     ++tape_->info_.out_variant_steps;
-    Push(std::move(step), n, prepared ? "prepared pointwise" : step.typed != nullptr ? "typed out=" : "boxed out=");
+    Push(std::move(step), n, prepared ? "prepared pointwise" : copies ? "copies" : step.typed != nullptr ? "typed out=" : "boxed out=");
   }
 
   void FunctionalStep(const Node& n) {
@@ -471,6 +473,47 @@ class Emitter {
       tape_->info_.functional_ops.push_back(OperatorName(*n.op));
     }
     Push(std::move(step), n, any_fresh ? "functional" : in_place ? "in place" : "view");
+  }
+
+  // Note [Concatenation as copies]: aten::cat of tensors of the result's dtype into a contiguous
+  // buffer, as copies; nullptr where cat would do more than move elements.
+  std::unique_ptr<TypedCall> CatAsCopies(const Node& n) {
+    const ValueRecord& out = rec_.values[n.outputs[0]];
+    const int64_t rank = static_cast<int64_t>(out.sizes.size());
+    const at::Tensor& buffer = buffers_[plan_.values[n.outputs[0]].buffer];
+    if (rank == 0 || !buffer.is_contiguous() || n.args.size() != 2 || n.args[0].kind != Arg::Kind::kList ||
+        n.args[1].kind != Arg::Kind::kConstant || !n.args[1].constant.isInt()) {
+      return nullptr;
+    }
+    const int64_t dim = c10::maybe_wrap_dim(n.args[1].constant.toInt(), rank);
+    std::vector<CatInput> inputs;
+    for (const Arg& el : n.args[0].elems) {
+      CatInput in;
+      c10::ScalarType dtype;
+      if (el.kind == Arg::Kind::kValue) {
+        const ValueRecord& r = rec_.values[el.value];
+        if (!r.is_tensor) return nullptr;
+        in.sizes = r.sizes, in.strides = r.strides, dtype = r.dtype;
+        const TapePlan::ValuePlan& v = plan_.values[el.value];
+        if (v.constant) {
+          in.tensor.value = constants_[el.value].toTensor();
+        } else {
+          in.tensor.slot = v.slot;
+        }
+      } else {
+        if (!el.constant.isTensor()) return nullptr;
+        in.tensor.value = el.constant.toTensor();
+        in.sizes = in.tensor.value.sizes().vec(), in.strides = in.tensor.value.strides().vec();
+        dtype = in.tensor.value.scalar_type();
+      }
+      if (in.sizes.size() == 1 && in.sizes[0] == 0) continue;  // a legacy empty tensor: cat skips it
+      if (dtype != out.dtype || static_cast<int64_t>(in.sizes.size()) != rank) return nullptr;
+      for (int64_t d = 0; d < rank; ++d) {
+        if (d != dim && in.sizes[d] != out.sizes[d]) return nullptr;
+      }
+      inputs.push_back(std::move(in));
+    }
+    return MakeCatCopies(std::move(inputs), dim, buffer);
   }
 
   // Appends `step`, described for profiles: `kind` and the dtypes and sizes of n's results.

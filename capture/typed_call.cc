@@ -1,6 +1,7 @@
 // Typed (unboxed) kernel tape steps (Note [Typed steps] in typed_call.h).
 #include "capture/typed_call.h"
 
+#include <cstring>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -141,6 +142,61 @@ std::unique_ptr<TypedCall> MakeTypedCall(const c10::OperatorHandle& op, const Sl
   if (code == "TssO") return MakeTyped<T, OptScalarArg, OptScalarArg, O>(op, args, slot_of);
   if (code == "TIBO") return MakeTyped<T, IntArg, BoolArg, O>(op, args, slot_of);
   return nullptr;
+}
+
+namespace {
+
+class CatCopies final : public TypedCall {
+ public:
+  CatCopies(std::vector<CatInput> inputs, int64_t dim, at::Tensor out)
+      : inputs_(std::move(inputs)), dim_(dim), out_(std::move(out)) {}
+
+  void Run(c10::DispatchKeySet, const Slots& slots) const override {
+    char* dst = static_cast<char*>(out_.data_ptr());
+    const int64_t item = static_cast<int64_t>(out_.itemsize());
+    const int64_t rank = out_.dim();
+    int64_t at = 0;  // where this input starts along dim
+    std::vector<int64_t> index;
+    for (const CatInput& in : inputs_) {
+      const at::Tensor& t = in.tensor.get(slots);
+      TORCH_CHECK(t.scalar_type() == out_.scalar_type() && t.sizes() == c10::IntArrayRef(in.sizes) &&
+                      t.strides() == c10::IntArrayRef(in.strides),
+                  "torchreplay: an input of a concatenation changed its layout since capture");
+      const char* src = static_cast<const char*>(t.const_data_ptr());
+      const int64_t last = in.sizes[rank - 1];
+      const bool rows = in.strides[rank - 1] == 1;
+      index.assign(rank, 0);
+      const int64_t count = t.numel() / std::max<int64_t>(last, 1);
+      for (int64_t k = 0; k < count && last > 0; ++k) {  // every index of the dims before the last
+        int64_t s = 0, d = 0;
+        for (int64_t i = 0; i < rank - 1; ++i) {
+          s += index[i] * in.strides[i];
+          d += (index[i] + (i == dim_ ? at : 0)) * out_.stride(i);
+        }
+        if (dim_ == rank - 1) d += at;
+        if (rows) {
+          std::memcpy(dst + d * item, src + s * item, last * item);
+        } else {
+          for (int64_t j = 0; j < last; ++j) {
+            std::memcpy(dst + (d + j) * item, src + (s + j * in.strides[rank - 1]) * item, item);
+          }
+        }
+        for (int64_t i = rank - 2; i >= 0 && ++index[i] == in.sizes[i]; --i) index[i] = 0;
+      }
+      at += in.sizes[dim_];
+    }
+  }
+
+ private:
+  std::vector<CatInput> inputs_;
+  int64_t dim_;
+  at::Tensor out_;  // contiguous
+};
+
+}  // namespace
+
+std::unique_ptr<TypedCall> MakeCatCopies(std::vector<CatInput> inputs, int64_t dim, at::Tensor out) {
+  return std::make_unique<CatCopies>(std::move(inputs), dim, std::move(out));
 }
 
 }  // namespace torchreplay::capture

@@ -6,7 +6,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import torchreplay
-from configs import backend
+from configs import backend, config
 from torchreplay import _C
 from torchreplay.lowering import lower
 
@@ -527,3 +527,27 @@ def test_buffer_reassigned_in_forward_is_exact_and_rebound_not_recaptured_every_
     (s,) = b.stats()
     assert s["captures"] == 3 and s["replays"] == 7
     assert "rebound per call" in s["capture_log"][-1]["reason"]
+
+
+CATS = {  # each a cat the tape makes as copies (Note [Concatenation as copies])
+    "contiguous along dim 0": lambda x, y: torch.cat([x * 2, y]),
+    "contiguous along the last dim": lambda x, y: torch.cat([x, y + 1], -1),
+    "halves of a row swapped (rotary embedding)": lambda x, y: torch.cat([-x[..., 2:], x[..., :2]], -1),
+    "a transposed input": lambda x, y: torch.cat([x.t().contiguous().t(), y], 1),
+    "strided rows and a legacy empty tensor": lambda x, y: torch.cat([x[::2], torch.empty(0), y[1::2]]),
+    "three inputs along dim 1 of a 3-d view": lambda x, y: torch.cat([x.view(2, 2, 3), y.view(2, 2, 3), x.view(2, 2, 3)], 1),
+    "an input of the graph itself": lambda x, y: torch.cat([x, y], 0),
+}
+
+
+@pytest.mark.parametrize("name", list(CATS))
+def test_cat_is_replayed_as_copies_bitwise(name):
+    fn = CATS[name]
+    with torch.no_grad():
+        step = torchreplay.capture(fn, (torch.randn(4, 3), torch.randn(4, 3)), config=config())
+        for _ in range(4):
+            x, y = torch.randn(4, 3), torch.randn(4, 3)
+            got, want = step(x, y), fn(x, y)
+            assert got.stride() == want.stride() and torch.equal(got, want)
+        kinds = {r["op"]: r["kind"] for r in step.profile(x, y, iterations=2)}
+    assert kinds["aten::cat.out"] == "copies", kinds
