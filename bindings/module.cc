@@ -14,6 +14,7 @@
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -190,6 +191,11 @@ capture::ValueType ValueTypeFromName(const std::string& s) {
   throw py::value_error("torchreplay: unknown input type '" + s + "'");
 }
 
+// Counts the calls of nn.Module.train (torchreplay.capture wraps it): a Call whose modules'
+// modes were last checked at another count checks them again (Call::modes_epoch).
+std::atomic<int64_t> g_module_modes_epoch{0};
+int64_t ModuleModesEpoch() { return g_module_modes_epoch.load(std::memory_order_relaxed); }
+
 // Note [The call path]
 // For an inference graph, torch.compile hands Dynamo a Call instead of AOTAutograd's runtime
 // wrapper around a Python function: Dynamo's bytecode calls straight into C++ with the call's
@@ -229,11 +235,14 @@ struct Call {
   // What the graph was specialized on, checked every call: Python numbers (argument index,
   // value), tensor sizes, and the module's training flag.
   std::vector<std::pair<int, c10::IValue>> fixed;
-  // Tensor sizes: (argument, dim, lowest, highest, group); dims of one group (>= 0) must be equal.
+  // Tensor sizes: (argument, dim, lowest, highest, group, coef, offset). A dim of a group (>= 0)
+  // is coef * s + offset for the group's symbol s: dims with coef 1 and offset 0 set s (and must
+  // agree), the others must equal what s gives (2 * s0, s0 + 1).
   struct SizeCheck {
     int arg, dim;
     int64_t lo, hi;
     int group;
+    int64_t coef = 1, offset = 0;
   };
   std::vector<SizeCheck> sizes;
   py::object module;  // None, or the nn.Module whose .training must equal `training`
@@ -258,10 +267,14 @@ struct Call {
   // Set (by torchreplay.capture's module hooks) when the model the graph was traced from has
   // changed under it (a parameter, buffer or submodule replaced): every call raises this.
   std::string stale;
-  // torchreplay.capture: the graph runs inference only, so with grad mode on a bound tensor
-  // (parameter, buffer) that requires grad is refused: eager's output would track it.
-  bool bound_without_grad = false;
+  // torchreplay.capture: the graph runs inference only, so with grad mode on these bound
+  // tensors (parameters, buffers an output is computed from) are refused if they require grad:
+  // eager's output would track them.
+  std::vector<int> grad_checked;
   std::vector<std::string> bound_names;  // for errors: what each bound tensor is in the model
+  // torchreplay.capture: the modules' train/eval modes are checked in Python (the slow path)
+  // whenever any module's mode may have changed since the last check (ModuleModesEpoch).
+  mutable int64_t modes_epoch = -1;
   // torchreplay.capture: takes the calls this one cannot (keywords, nested arguments or outputs,
   // another argument count, a size check that fails) in Python: it flattens the arguments, checks
   // what was specialized, picks the trace for these sizes and calls `Fast` (captured.py). None:
@@ -270,7 +283,9 @@ struct Call {
   bool always_slow = false;  // nested arguments or outputs: every call takes the slow path
 
   py::object operator()(py::args args, py::kwargs kwargs) const {
-    if (!slow_path.is_none() && (always_slow || kwargs.size() != 0)) return slow_path(*args, **kwargs);
+    if (!slow_path.is_none() && (always_slow || kwargs.size() != 0 || modes_epoch != ModuleModesEpoch())) {
+      return slow_path(*args, **kwargs);
+    }
     std::vector<c10::IValue> inputs;
     try {
       if (std::optional<py::object> done = CheckedInputs(args, kwargs, &inputs)) return *done;
@@ -315,7 +330,7 @@ struct Call {
       return fallback(*args);
     }
     if (c10::GradMode::is_enabled()) {
-      for (size_t i = 0; bound_without_grad && i < bound.size(); ++i) {
+      for (int i : grad_checked) {
         if (inputs[i].isTensor() && inputs[i].toTensor().requires_grad()) {
           throw py::value_error(absl::StrCat(
               "torchreplay: ", i < bound_names.size() ? bound_names[i] : absl::StrCat("bound input ", i),
@@ -364,10 +379,16 @@ struct Call {
                   : absl::StrCat("the graph holds for sizes ", c.lo, " to ", c.hi, " there");
       } else if (c.group >= 0) {
         if (static_cast<int>(group_size.size()) <= c.group) group_size.resize(c.group + 1, -1);
-        if (group_size[c.group] >= 0 && group_size[c.group] != size) {
-          why = absl::StrCat("the graph needs it equal to size ", group_size[c.group], " of another dim");
+        int64_t& symbol = group_size[c.group];
+        if (c.coef == 1 && c.offset == 0) {
+          if (symbol >= 0 && symbol != size) {
+            why = absl::StrCat("the graph needs it equal to size ", symbol, " of another dim");
+          }
+          symbol = size;
+        } else if (symbol >= 0 && size != c.coef * symbol + c.offset) {
+          why = absl::StrCat("the graph needs it to be ", c.coef * symbol + c.offset, " (", c.coef, " * ", symbol,
+                             c.offset == 0 ? "" : absl::StrCat(" + ", c.offset), ", from another dim)");
         }
-        group_size[c.group] = size;
       }
       if (!why.empty()) {
         throw py::value_error(absl::StrCat(
@@ -744,10 +765,10 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init([](std::shared_ptr<replay::Engine> engine, py::list bound, std::vector<int> mutated,
                        int num_outputs, py::object fallback, py::dict fixed, const std::string& returns,
                        const std::vector<std::tuple<int, int, int>>& aliases,
-                       const std::vector<std::tuple<int, int, int64_t, int64_t, int>>& sizes,
+                       const std::vector<std::tuple<int, int, int64_t, int64_t, int, int64_t, int64_t>>& sizes,
                        py::object module, bool check_overlap,
                        const std::vector<std::pair<int, py::object>>& dynamic_dims,
-                       bool bound_without_grad, std::vector<std::string> bound_names,
+                       std::vector<int> grad_checked, std::vector<std::string> bound_names,
                        py::object slow_path, bool always_slow) {
              Call c{std::move(engine), {}, std::move(mutated), num_outputs, std::move(fallback)};
              if (returns == "tuple") {
@@ -759,13 +780,16 @@ PYBIND11_MODULE(_C, m) {
              }
              for (auto b : bound) c.bound.push_back(ToIValue(b));
              const int n_args = static_cast<int>(c.engine->graph().inputs().size() - c.bound.size());
-             for (const auto& [arg, dim, lo, hi, group] : sizes) {
+             for (const auto& [arg, dim, lo, hi, group, coef, offset] : sizes) {
                if (arg < 0 || arg >= n_args || dim < 0) throw py::value_error("torchreplay: size check out of range");
-               c.sizes.push_back({arg, dim, lo, hi, group});
+               c.sizes.push_back({arg, dim, lo, hi, group, coef, offset});
              }
              c.module = std::move(module);
              c.check_overlap = check_overlap;
-             c.bound_without_grad = bound_without_grad;
+             for (int i : grad_checked) {
+               if (i < 0 || i >= static_cast<int>(c.bound.size())) throw py::value_error("torchreplay: grad_checked out of range");
+             }
+             c.grad_checked = std::move(grad_checked);
              c.bound_names = std::move(bound_names);
              c.slow_path = std::move(slow_path);
              c.always_slow = always_slow && !c.slow_path.is_none();
@@ -792,18 +816,23 @@ PYBIND11_MODULE(_C, m) {
            py::arg("num_outputs") = -1, py::arg("fallback") = py::none(), py::arg("fixed") = py::dict(),
            py::arg("returns") = "list",
            py::arg("aliases") = std::vector<std::tuple<int, int, int>>(),
-           py::arg("sizes") = std::vector<std::tuple<int, int, int64_t, int64_t, int>>(),
+           py::arg("sizes") = std::vector<std::tuple<int, int, int64_t, int64_t, int, int64_t, int64_t>>(),
            py::arg("module") = py::none(), py::arg("check_overlap") = false,
            py::arg("dynamic_dims") = std::vector<std::pair<int, py::object>>(),
-           py::arg("bound_without_grad") = false, py::arg("bound_names") = std::vector<std::string>(),
+           py::arg("grad_checked") = std::vector<int>(), py::arg("bound_names") = std::vector<std::string>(),
            py::arg("slow_path") = py::none(),
            py::arg("always_slow") = false)
       .def("__call__", &Call::operator())
       .def("_fast", &Call::Fast, "The call on the graph's flat arguments, with no slow path.")
+      .def("_modes_checked", [](const Call& c, int64_t epoch) { c.modes_epoch = epoch; },
+           "The modules' modes were found as captured at `epoch` (module_modes_epoch()).")
       .def("_set_stale", [](Call& c, const std::string& why) { c.stale = why; },
            "Makes every later call raise ValueError(why) (the model changed under the capture).")
       .def_property_readonly("engine", [](const Call& c) { return c.engine; });
 
+  m.def("module_modes_changed", [] { g_module_modes_epoch.fetch_add(1, std::memory_order_relaxed); },
+        "Called by nn.Module.train (wrapped by torchreplay.capture): some module's mode may have changed.");
+  m.def("module_modes_epoch", &ModuleModesEpoch);
   m.def("built_with_cuda", &capture::BuiltWithCuda);
   m.def("_testing_fail_allocations", &memory_pool::FailAllocationsForTesting, py::arg("n"),
         "Test-only: the next n arena growths raise torch.OutOfMemoryError (0: off).");

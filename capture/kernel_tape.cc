@@ -436,7 +436,9 @@ class Emitter {
       whole_args = whole_args && p.elem < 0;
     }
     bool prepared = false;
-    if (OperatorName(out.op) == "aten::cat.out") step.typed = CatAsCopies(n);
+    const std::string out_name = OperatorName(out.op);
+    if (out_name == "aten::cat.out") step.typed = CatAsCopies(n);
+    if (out_name == "aten::clone.out" || out_name == "aten::copy.out") step.typed = CopyAsCopies(n);
     const bool copies = step.typed != nullptr;
     if (whole_args && !copies) {
       step.typed = MakeTypedCall(out.op, step.args, slot_of);
@@ -481,39 +483,61 @@ class Emitter {
     const ValueRecord& out = rec_.values[n.outputs[0]];
     const int64_t rank = static_cast<int64_t>(out.sizes.size());
     const at::Tensor& buffer = buffers_[plan_.values[n.outputs[0]].buffer];
-    if (rank == 0 || !buffer.is_contiguous() || n.args.size() != 2 || n.args[0].kind != Arg::Kind::kList ||
+    if (rank == 0 || n.args.size() != 2 || n.args[0].kind != Arg::Kind::kList ||
         n.args[1].kind != Arg::Kind::kConstant || !n.args[1].constant.isInt()) {
       return nullptr;
     }
     const int64_t dim = c10::maybe_wrap_dim(n.args[1].constant.toInt(), rank);
     std::vector<CatInput> inputs;
     for (const Arg& el : n.args[0].elems) {
-      CatInput in;
-      c10::ScalarType dtype;
-      if (el.kind == Arg::Kind::kValue) {
-        const ValueRecord& r = rec_.values[el.value];
-        if (!r.is_tensor) return nullptr;
-        in.sizes = r.sizes, in.strides = r.strides, dtype = r.dtype;
-        const TapePlan::ValuePlan& v = plan_.values[el.value];
-        if (v.constant) {
-          in.tensor.value = constants_[el.value].toTensor();
-        } else {
-          in.tensor.slot = v.slot;
-        }
-      } else {
-        if (!el.constant.isTensor()) return nullptr;
-        in.tensor.value = el.constant.toTensor();
-        in.sizes = in.tensor.value.sizes().vec(), in.strides = in.tensor.value.strides().vec();
-        dtype = in.tensor.value.scalar_type();
-      }
-      if (in.sizes.size() == 1 && in.sizes[0] == 0) continue;  // a legacy empty tensor: cat skips it
-      if (dtype != out.dtype || static_cast<int64_t>(in.sizes.size()) != rank) return nullptr;
+      std::optional<CatInput> in = CopiedInput(el, out.dtype);
+      if (!in.has_value()) return nullptr;
+      if (in->sizes.size() == 1 && in->sizes[0] == 0) continue;  // a legacy empty tensor: cat skips it
+      if (static_cast<int64_t>(in->sizes.size()) != rank) return nullptr;
       for (int64_t d = 0; d < rank; ++d) {
-        if (d != dim && in.sizes[d] != out.sizes[d]) return nullptr;
+        if (d != dim && in->sizes[d] != out.sizes[d]) return nullptr;
       }
-      inputs.push_back(std::move(in));
+      inputs.push_back(*std::move(in));
     }
     return MakeCatCopies(std::move(inputs), dim, buffer);
+  }
+
+  // clone(x) and copy(self, src) of src with the result's dtype and sizes: a cat of one input.
+  std::unique_ptr<TypedCall> CopyAsCopies(const Node& n) {
+    const ValueRecord& out = rec_.values[n.outputs[0]];
+    const bool clone = n.op->schema().name() == "aten::clone";
+    const size_t from = clone ? 0 : 1;
+    if (out.sizes.empty() || n.args.size() <= from) return nullptr;
+    std::optional<CatInput> in = CopiedInput(n.args[from], out.dtype);
+    if (!in.has_value() || in->sizes != out.sizes) return nullptr;
+    std::vector<CatInput> inputs;
+    inputs.push_back(*std::move(in));
+    return MakeCatCopies(std::move(inputs), 0, buffers_[plan_.values[n.outputs[0]].buffer]);
+  }
+
+  // A tensor argument as a copy's input, when its dtype is `dtype`: its recorded geometry, and
+  // its value (a constant) or slot (per call).
+  std::optional<CatInput> CopiedInput(const Arg& arg, c10::ScalarType dtype) {
+    CatInput in;
+    if (arg.kind == Arg::Kind::kValue) {
+      const ValueRecord& r = rec_.values[arg.value];
+      if (!r.is_tensor || r.dtype != dtype) return std::nullopt;
+      in.sizes = r.sizes, in.strides = r.strides;
+      const TapePlan::ValuePlan& v = plan_.values[arg.value];
+      if (v.constant) {
+        in.tensor.value = constants_[arg.value].toTensor();
+      } else {
+        in.tensor.slot = v.slot;
+      }
+    } else {
+      if (arg.kind != Arg::Kind::kConstant || !arg.constant.isTensor() ||
+          arg.constant.toTensor().scalar_type() != dtype) {
+        return std::nullopt;
+      }
+      in.tensor.value = arg.constant.toTensor();
+      in.sizes = in.tensor.value.sizes().vec(), in.strides = in.tensor.value.strides().vec();
+    }
+    return in;
   }
 
   // Appends `step`, described for profiles: `kind` and the dtypes and sizes of n's results.

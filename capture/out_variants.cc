@@ -48,8 +48,10 @@ std::optional<c10::OperatorHandle> FindOutOverload(const c10::OperatorHandle& op
       ok = ca[i].is_out() && ca[i].type()->kind() == c10::TypeKind::TensorType;
     }
     // An out= overload with no CPU kernel of its own is usually generated from the functional op
-    // (allocate, compute, copy into out): slower than running the op functionally.
-    if (ok && cand->hasKernelForDispatchKey(c10::DispatchKey::CPU)) return cand;
+    // (allocate, compute, copy into out): slower than running the op functionally. clone and copy
+    // are taken all the same: the tape makes their steps copies (Note [Concatenation as copies]).
+    const bool copy = fs.name() == "aten::clone" || fs.name() == "aten::copy";
+    if (ok && (copy || cand->hasKernelForDispatchKey(c10::DispatchKey::CPU))) return cand;
   }
   return std::nullopt;
 }

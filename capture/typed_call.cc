@@ -163,22 +163,21 @@ class CatCopies final : public TypedCall {
                       t.strides() == c10::IntArrayRef(in.strides),
                   "torchreplay: an input of a concatenation changed its layout since capture");
       const char* src = static_cast<const char*>(t.const_data_ptr());
-      const int64_t last = in.sizes[rank - 1];
-      const bool rows = in.strides[rank - 1] == 1;
+      const int64_t last = in.sizes[rank - 1], out_last = out_.stride(rank - 1);
+      const bool rows = in.strides[rank - 1] == 1 && out_last == 1;
       index.assign(rank, 0);
       const int64_t count = t.numel() / std::max<int64_t>(last, 1);
       for (int64_t k = 0; k < count && last > 0; ++k) {  // every index of the dims before the last
-        int64_t s = 0, d = 0;
+        int64_t s = 0, d = dim_ == rank - 1 ? at * out_last : 0;
         for (int64_t i = 0; i < rank - 1; ++i) {
           s += index[i] * in.strides[i];
           d += (index[i] + (i == dim_ ? at : 0)) * out_.stride(i);
         }
-        if (dim_ == rank - 1) d += at;
         if (rows) {
           std::memcpy(dst + d * item, src + s * item, last * item);
         } else {
           for (int64_t j = 0; j < last; ++j) {
-            std::memcpy(dst + (d + j) * item, src + (s + j * in.strides[rank - 1]) * item, item);
+            std::memcpy(dst + (d + j * out_last) * item, src + (s + j * in.strides[rank - 1]) * item, item);
           }
         }
         for (int64_t i = rank - 2; i >= 0 && ++index[i] == in.sizes[i]; --i) index[i] = 0;
@@ -190,7 +189,7 @@ class CatCopies final : public TypedCall {
  private:
   std::vector<CatInput> inputs_;
   int64_t dim_;
-  at::Tensor out_;  // contiguous
+  at::Tensor out_;  // a planned buffer: its elements do not overlap
 };
 
 }  // namespace

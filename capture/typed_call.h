@@ -42,12 +42,14 @@ std::unique_ptr<TypedCall> MakeTypedCall(const c10::OperatorHandle& op, const Sl
 
 // Note [Concatenation as copies]
 // aten::cat.out on small tensors costs its structured meta function (shapes, dtypes, overlap
-// checks) and the boxed call, not the copying. When every input has the result's dtype, cat only
-// moves elements: the result's slice along `dim` for each input is that input, element for
-// element, whichever kernel ATen picks (its serial kernel or copy_). This step makes those copies
-// itself (memcpy, a row at a time where an input's last dim is dense), so the bytes are eager's.
+// checks) and the boxed call, not the copying; so do clone and the functional copy. When every
+// input has the result's dtype, these only move elements: the result's slice along `dim` for each
+// input is that input, element for element, whichever kernel ATen picks (cat's serial kernel or
+// copy_). This step makes those copies itself (memcpy, a row at a time where the last dims of
+// input and result are dense), so the bytes are eager's; clone and copy are a cat of one input.
 // Each input is a constant or per-call tensor with the sizes and strides recorded for it under
-// the guard key; replay raises if one has others. The result is a contiguous planned buffer.
+// the guard key; replay raises if one has others. The result is a planned buffer with its
+// recorded strides.
 struct CatInput {
   TensorArg tensor;
   std::vector<int64_t> sizes, strides;

@@ -553,7 +553,9 @@ absl::StatusOr<std::vector<capture::StepTime>> Engine::ProfileSteps(std::vector<
 // be independent (each output row a function of the same input row): torch.compile's backend
 // checks that on the graph before it sets the batch fields (bindings/torchreplay/capture_sizes.py);
 // for an engine built by hand it is the caller's promise. A batch above the largest capture size
-// runs eagerly, with that reason.
+// runs eagerly, with that reason. A call whose batch inputs are not all dense (a strided slice,
+// an expanded tensor) is not padded but run under its own key: the dense staging copy could send
+// a kernel down another path than eager's (a strided reduction sums in another order).
 // All sizes share one pool, sized by the largest (PlanArena per key, one arena per thread).
 
 int64_t Engine::BatchSize(const std::vector<c10::IValue>& inputs) const {
@@ -564,6 +566,16 @@ int64_t Engine::BatchSize(const std::vector<c10::IValue>& inputs) const {
     }
   }
   return -1;
+}
+
+bool Engine::BatchInputsDense(const std::vector<c10::IValue>& inputs) const {
+  for (int i : options_.batch_inputs) {
+    if (i < static_cast<int>(inputs.size()) && inputs[i].isTensor() && inputs[i].toTensor().defined() &&
+        !inputs[i].toTensor().is_non_overlapping_and_dense()) {
+      return false;
+    }
+  }
+  return true;
 }
 
 std::vector<c10::IValue> Engine::Resized(const std::vector<c10::IValue>& inputs, int64_t n,
@@ -685,8 +697,8 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::RunOnce(std::vector<c10::IValue
   }
   if (!options_.capture_sizes.empty()) {
     const int64_t n = BatchSize(inputs);
-    if (n >= 0 && !std::binary_search(options_.capture_sizes.begin(),
-                                      options_.capture_sizes.end(), n)) {
+    if (n >= 0 && !std::binary_search(options_.capture_sizes.begin(), options_.capture_sizes.end(), n) &&
+        BatchInputsDense(inputs)) {
       return RunPadded(std::move(inputs), n);
     }
   }

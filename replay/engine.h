@@ -149,6 +149,10 @@ class Engine {
   absl::StatusOr<std::vector<c10::IValue>> RunKeyed(std::vector<c10::IValue> inputs);
   // The batch size of a call (dim 0 of the first batch input), or -1 if it has none.
   int64_t BatchSize(const std::vector<c10::IValue>& inputs) const;
+  // Every batch input is dense (no gaps, no broadcast dims). Only such calls are padded: the
+  // staging copy is dense, and a kernel may take another path (and round otherwise) on a dense
+  // tensor than on the caller's strided or expanded one. Others run unpadded, their own key.
+  bool BatchInputsDense(const std::vector<c10::IValue>& inputs) const;
   // `inputs` with their batch (n rows) resized to `size`: cut, or padded with copies of the last
   // row (zeros for an empty batch) into `staging` (per batch input, reused) when given, else into
   // new tensors.

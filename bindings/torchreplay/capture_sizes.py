@@ -82,36 +82,40 @@ _FACTORIES = {aten.empty.memory_format, aten.zeros.default, aten.ones.default, a
               aten.new_full.default}
 # Note [Rows that stay bitwise]
 # Padding changes how many rows each kernel is given, and some kernels give a row other bits
-# for another row count: a GEMM blocks its sums by the number of rows, and elementwise kernels
-# with separate vector and scalar code (sigmoid, silu, gelu, pow, ...) send an element through
-# one or the other depending on where the flattened length ends, and the two round differently.
+# for another row count: a GEMM blocks its sums by the number of rows; elementwise kernels with
+# separate vector and scalar code (sigmoid, silu, gelu, pow, ...) send an element through one or
+# the other depending on where the flattened length ends, and the two round differently, or
+# treat NaN, -0.0 or subnormals differently (maximum, fmod, and in bfloat16 even add and mul);
+# softmax over a dim other than the last splits its work by the outer size and the thread count.
 # The ops below give each row the same bits whatever the row count (n >= 2: size 1 is always a
 # graph of its own), each for one of these reasons: the arithmetic is one IEEE operation per
-# element on every path (add and sub with alpha 1, mul, div, sqrt, comparisons, min/max, ...);
-# the kernel runs every element, the tail included, through its vector code (ATen's vml kernels:
-# exp, log, sin, tanh, erf, ...); its result is an integer or bool (exact on every path); it moves data (views, cat, index, embedding); or it works row
-# by row along other dims (softmax, sums, layer norm, pooling, eval batch norm). Each is checked
-# by tests/python/test_capture_sizes.py (test_ops_listed_as_bitwise_give_rows_that_ignore_the_row_count)
-# in float32, float64, float16 and bfloat16 against padded calls of many sizes. Any other op
-# reached by a batched value makes the graph's padded rows close, not bitwise: its buckets are
-# refused unless config.reduce_overhead.capture_sizes_bitwise is False.
+# element on every path (add and sub with alpha 1, mul, div, sqrt, comparisons, ...); the kernel
+# runs every element, the tail included, through its vector code (ATen's vml kernels: exp, log,
+# sin, tanh, erf, ...); its result is an integer or bool (exact on every path); it moves data
+# (views, cat, index, embedding); or it works row by row along other dims (softmax along the
+# last dim, sums, layer norm, pooling, eval batch norm). Elementwise float ops count only in
+# float32 and float64: in bfloat16 and float16 the two paths convert NaNs and zeros differently.
+# Each is measured by tests/python/test_capture_sizes.py (test_ops_listed_as_bitwise_give_rows_
+# that_ignore_the_row_count) on random values mixed with NaNs (payloads and signs), infinities,
+# signed zeros and subnormals, the row-wise ones with one and two threads. Any other op reached
+# by a batched value makes the graph's padded rows close, not bitwise: its buckets are refused
+# unless config.reduce_overhead.capture_sizes_bitwise is False.
 _ROWS_BITWISE = {
     # one IEEE operation (or none) per element on every path
     aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar, aten.true_divide.Tensor,
     aten.neg.default, aten.abs.default, aten.sign.default, aten.sgn.default, aten.signbit.default,
     aten.ceil.default, aten.floor.default, aten.trunc.default, aten.round.default, aten.frac.default,
-    aten.sqrt.default, aten.reciprocal.default, aten.square.default, aten.copysign.Tensor, aten.copysign.Scalar,
-    aten.fmod.Tensor, aten.fmod.Scalar, aten.relu.default, aten.clamp.default, aten.clamp.Tensor,
-    aten.clamp_min.default, aten.clamp_min.Tensor, aten.clamp_max.default, aten.clamp_max.Tensor,
-    aten.hardtanh.default, aten.threshold.default, aten.maximum.default, aten.minimum.default,
-    aten.fmax.default, aten.fmin.default, aten.where.self, aten.masked_fill.Scalar, aten.masked_fill.Tensor,
+    aten.sqrt.default, aten.rsqrt.default, aten.reciprocal.default, aten.square.default,
+    aten.copysign.Tensor, aten.copysign.Scalar, aten.relu.default, aten.clamp.default,
+    aten.clamp_min.default, aten.clamp_max.default, aten.hardtanh.default, aten.threshold.default,
+    aten.where.self, aten.masked_fill.Scalar, aten.masked_fill.Tensor,
     aten.eq.Tensor, aten.eq.Scalar, aten.ne.Tensor, aten.ne.Scalar, aten.lt.Tensor, aten.lt.Scalar,
     aten.le.Tensor, aten.le.Scalar, aten.gt.Tensor, aten.gt.Scalar, aten.ge.Tensor, aten.ge.Scalar,
     aten.logical_and.default, aten.logical_or.default, aten.logical_xor.default, aten.logical_not.default,
     aten.bitwise_and.Tensor, aten.bitwise_and.Scalar, aten.bitwise_or.Tensor, aten.bitwise_or.Scalar,
     aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar, aten.bitwise_not.default, aten.isnan.default,
     aten.isinf.default, aten.isfinite.default, aten.floor_divide.default, aten.leaky_relu.default,
-    aten.hardswish.default, aten.hardsigmoid.default,
+    aten.hardswish.default,
     # every element through the vector code (ATen's vml kernels)
     aten.exp.default, aten.expm1.default, aten.log.default, aten.log2.default, aten.log10.default,
     aten.log1p.default, aten.sin.default, aten.cos.default, aten.tan.default, aten.asin.default,
@@ -130,7 +134,6 @@ _ROWS_BITWISE = {
     aten.select_scatter.default, aten.embedding.default, aten.flip.default, aten.roll.default,
     aten.constant_pad_nd.default, operator.getitem,
     # row by row along other dims
-    aten._softmax.default, aten._log_softmax.default, aten.softmax.int, aten.log_softmax.int,
     aten.sum.dim_IntList, aten.mean.dim, aten.amax.default, aten.amin.default, aten.max.dim,
     aten.min.dim, aten.argmax.default, aten.argmin.default, aten.var.correction, aten.std.correction,
     aten.var_mean.correction, aten.any.dim, aten.any.dims, aten.all.dim, aten.cumsum.default,
@@ -139,24 +142,29 @@ _ROWS_BITWISE = {
     aten.max_pool2d_with_indices.default, aten._adaptive_avg_pool2d.default,
 } | _FACTORIES
 _ROWS_BITWISE_WITH_ALPHA_1 = {aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar}
-_ROWS_BITWISE_IN_FLOAT = {aten.rsqrt.default}  # float32 and float64 (not float16, bfloat16)
+_ROWS_BITWISE_ALONG_LAST_DIM = {aten._softmax.default, aten._log_softmax.default, aten.softmax.int,
+                                aten.log_softmax.int}
 _BITWISE_EXPONENTS = {0, 1, 2, 3, 0.5, -1, -2}  # pow(x, e): each a special case on both paths
 
 
 def _rows_bitwise(n: torch.fx.Node, args: List[Tuple[str, Any]]) -> bool:
     """Note [Rows that stay bitwise]: node n gives each row the same bits whatever the row count."""
     target = n.target
-    if target in _ROWS_BITWISE:
-        return True
     named = dict(args)
     out = n.meta.get("val")
-    if torch.Tag.pointwise in getattr(target, "tags", ()) and isinstance(out, torch.Tensor) and \
-            not out.is_floating_point() and not out.is_complex():
+    out0 = out[0] if isinstance(out, (list, tuple)) and out else out
+    pointwise = torch.Tag.pointwise in getattr(target, "tags", ())
+    if pointwise and isinstance(out0, torch.Tensor) and not out0.is_floating_point() and not out0.is_complex():
         return True  # integer and bool arithmetic is exact on every path
+    if pointwise and not (isinstance(out0, torch.Tensor) and out0.dtype in (torch.float32, torch.float64)):
+        return False  # half precision: the paths convert NaNs and zeros differently
+    if target in _ROWS_BITWISE:
+        return True
     if target in _ROWS_BITWISE_WITH_ALPHA_1:
         return named.get("alpha", 1) == 1
-    if target in _ROWS_BITWISE_IN_FLOAT:
-        return isinstance(out, torch.Tensor) and out.dtype in (torch.float32, torch.float64)
+    if target in _ROWS_BITWISE_ALONG_LAST_DIM:
+        rank = out0.dim() if isinstance(out0, torch.Tensor) else 0
+        return isinstance(named.get("dim"), int) and named["dim"] % max(rank, 1) == rank - 1
     if target is aten.pow.Tensor_Scalar:
         return named.get("exponent") in _BITWISE_EXPONENTS
     return False

@@ -11,12 +11,16 @@ what is not: docs/design.md, "torchreplay.capture".
 """
 from __future__ import annotations
 
+import copy
 import inspect
 import itertools
 import logging
+import os
+import sys
+import threading
 import warnings
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.fx
@@ -37,9 +41,21 @@ aten = torch.ops.aten
 
 
 class _AsModule(torch.nn.Module):
+    """A function as a module. Modules it reads from its closure or globals are its submodules,
+    so that their parameters and buffers are bound, watched and grad-checked as a model's are
+    (not baked into the graph as constants)."""
+
     def __init__(self, fn: Callable) -> None:
         super().__init__()
         self.fn = fn
+        try:
+            found = inspect.getclosurevars(fn)
+            free = {**found.globals, **found.nonlocals}
+        except (TypeError, ValueError):
+            free = {}
+        for name, value in free.items():
+            if isinstance(value, torch.nn.Module):
+                self.add_module(f"closure_{name}", value)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -96,61 +112,104 @@ def _writes_back(ep: ExportedProgram, gm: torch.fx.GraphModule) -> int:
     return len(user)
 
 
-def _size_checks(vals: List[Any], ranges: Dict[Any, Any]) -> List[Any]:
-    """What the graph assumes of each tensor argument's sizes, as (argument, dim, lowest,
-    highest, group): a size export specialized on (lowest == highest), or a symbol's range, dims
-    of one symbol sharing a group (they must be equal). Sizes given by other expressions of
-    symbols (2 * s0) are not checked."""
+def _size_checks(vals: List[Any], ranges: Dict[Any, Any]) -> Tuple[List[Any], List[Any], Dict[Any, Any]]:
+    """What the graph assumes of each tensor argument's sizes, checked per call in C++: tuples
+    (argument, dim, lowest, highest, group, coef, offset) for a size export specialized on
+    (lowest == highest, also one given back as a SymInt of a number), a symbol's range (dims of
+    one symbol share a group: equal), or an affine expression of one symbol (2 * s0 + 1: coef,
+    offset). And the sizes given by any other expression, as (argument, dim, expression), which
+    the Python slow path checks, with where each symbol's value is found, {symbol: (argument,
+    dim)}."""
+    import sympy
+
     big = 2 ** 63 - 1
     groups: Dict[Any, int] = {}
-    checks = []
+    plain, affine, others = [], [], []
+    symbol_dims: Dict[Any, Tuple[int, int]] = {}
     for k, val in enumerate(vals):
         if val is None:
             continue
         for d, size in enumerate(val.shape):
-            if not isinstance(size, torch.SymInt):
-                checks.append((k, d, int(size), int(size), -1))
-                continue
-            expr = size.node.expr
-            if not expr.is_Symbol:
-                continue
-            r = ranges.get(expr)
-            lo = int(r.lower) if r is not None and r.lower.is_Integer else 0
-            hi = int(r.upper) if r is not None and r.upper.is_Integer else big
-            checks.append((k, d, lo, min(hi, big), groups.setdefault(expr, len(groups))))
-    return checks
+            expr = size.node.expr if isinstance(size, torch.SymInt) else sympy.Integer(int(size))
+            if expr.is_number:
+                plain.append((k, d, int(expr), int(expr), -1, 1, 0))
+            elif expr.is_Symbol:
+                r = ranges.get(expr)
+                lo = int(r.lower) if r is not None and r.lower.is_Integer else 0
+                hi = int(r.upper) if r is not None and r.upper.is_Integer else big
+                plain.append((k, d, lo, min(hi, big), groups.setdefault(expr, len(groups)), 1, 0))
+                symbol_dims.setdefault(expr, (k, d))
+            else:
+                (symbol, *more) = sorted(expr.free_symbols, key=str)
+                coef, offset = sympy.expand(expr).coeff(symbol), sympy.expand(expr).subs(symbol, 0)
+                if not more and coef.is_Integer and offset.is_Integer and sympy.expand(expr - coef * symbol - offset) == 0:
+                    affine.append((k, d, 0, big, groups.setdefault(symbol, len(groups)), int(coef), int(offset)))
+                else:
+                    others.append((k, d, expr))
+    return plain + affine, others, symbol_dims
 
 
-def _same_constant(got: Any, want: Any) -> bool:
-    if got is want:
-        return True
-    try:
-        return type(got) is type(want) and bool(got == want)
-    except Exception:  # noqa: BLE001 - values without a plain == (arrays, ...) match by identity only
-        return False
+class _Specialized:
+    """An argument left out of the trace (None, a string, a dtype, a module, ...), as it was at
+    capture time. A call must pass the same: a value of a type with its own == (numbers of a
+    NumPy array, a dataclass's fields, strings, dtypes) is compared with a copy taken at capture
+    time, so that changing it in place is seen; anything else (modules, objects without ==) must
+    be the very object."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        self.copy: Any = None
+        self.by_value = not isinstance(value, torch.nn.Module) and type(value).__eq__ is not object.__eq__
+        if self.by_value:
+            try:
+                self.copy = copy.deepcopy(value)
+            except Exception:  # noqa: BLE001 - an object that cannot be copied is compared by identity
+                self.by_value = False
+
+    def matches(self, got: Any) -> bool:
+        if not self.by_value:
+            return got is self.value
+        try:
+            if type(got).__module__ == "numpy" and hasattr(got, "shape"):
+                import numpy
+                return (type(got) is type(self.copy) and got.dtype == self.copy.dtype
+                        and numpy.array_equal(got, self.copy))
+            return type(got) is type(self.copy) and bool(got == self.copy)
+        except Exception:  # noqa: BLE001 - a value that cannot be compared is another value
+            return False
+
+    def describe(self, got: Any) -> str:
+        if not self.by_value and type(got) is type(self.value) and repr(got) == repr(self.value):
+            return f"another {type(got).__name__} object than the one the graph was captured with"
+        return f"{got!r}, but the graph was captured with {self.copy if self.by_value else self.value!r}"
 
 
 class Captured(_C.Call):
     """A model captured by torchreplay.capture; call it as the model is called. Flat positional
     arguments (tensors, Python numbers) go straight to C++; keywords, nested arguments and
-    outputs, specialized arguments (None, strings, dtypes, modules, ...) and, for dynamic
-    captures, sizes the trace does not hold for (0 and 1, which export specializes) take a Python
-    path that flattens and checks them first (_slow_call)."""
+    outputs, specialized arguments (None, strings, dtypes, modules, ...), a module's mode that
+    may have changed and, for dynamic captures, sizes the trace does not hold for (0 and 1, which
+    export specializes) take a Python path that flattens and checks them first (_slow_call)."""
 
-    def __init__(self, engine: Any, bound: List[Any], bound_names: List[str], mutated: List[int],
-                 fixed: Dict[int, Any], sizes: List[Any], module: Optional[torch.nn.Module],
+    def __init__(self, engine: Any, bound: List[Any], bound_names: List[str], grad_checked: List[int],
+                 mutated: List[int], fixed: Dict[int, Any], sizes: List[Any], module: Optional[torch.nn.Module],
                  trace: "_Trace") -> None:
         returns = "one" if trace.out_spec.is_leaf() else "tuple"
         flat_out = trace.out_spec.is_leaf() or (
             trace.out_spec.type is tuple and all(c.is_leaf() for c in trace.out_spec.children()))
         flat_in = (all(c.is_leaf() for c in trace.in_spec.children()[0].children())
                    and not trace.in_spec.children()[1].children() and not trace.constants)
+        # The C++ call holds the slow path without holding this object (it would be a reference
+        # cycle through C++, which the garbage collector cannot see: the model never freed).
+        me = weakref.ref(self)
         super().__init__(engine, bound=bound, mutated=mutated, num_outputs=trace.num_outputs, fixed=fixed,
                          returns=returns, sizes=sizes, module=module, check_overlap=True,
-                         bound_without_grad=True, bound_names=bound_names, slow_path=self._slow_call,
-                         always_slow=not (flat_in and flat_out))
+                         grad_checked=grad_checked, bound_names=bound_names,
+                         slow_path=lambda *a, **k: me()._slow_call(*a, **k),
+                         always_slow=not (flat_in and flat_out) or bool(trace.size_exprs))
         self._bound, self._trace = bound, trace
         self._variants: Dict[Any, "Captured"] = {}
+        self._lock = threading.Lock()
         if trace.dynamic:
             self._variants[trace.size_class(trace.example)] = self
 
@@ -176,44 +235,63 @@ class Captured(_C.Call):
             out["traces"] = each
         return out
 
-    def precapture(self, input_sets: Sequence[Sequence[Any]]) -> None:
-        """Warms up and captures these argument sets' keys ahead of time, largest first."""
-        by_trace: Dict[int, Tuple["Captured", List[Any]]] = {}
+    def precapture(self, input_sets: Sequence[Any]) -> None:
+        """Warms up and captures these argument sets' keys ahead of time, largest first (so that
+        smaller keys reuse its pool memory): real calls, checked as any call is, `warmup_iters +
+        1` of them per set. Each set is a tuple of positional arguments (a lone tensor counts as
+        one)."""
+        calls = []
         for args in input_sets:
+            if isinstance(args, torch.Tensor):
+                args = (args,)
+            if not isinstance(args, (tuple, list)):
+                raise TypeError(f"torchreplay.capture: precapture takes a list of argument tuples, got a "
+                                f"{type(args).__name__} among them")
             flat = self._trace.flatten(tuple(args), {})
-            target = self._trace_for(flat, args, {})
-            by_trace.setdefault(id(target), (target, []))[1].append(list(target._bound) + flat)
-        for target, sets in by_trace.values():
-            target.engine.precapture(sets)
+            calls.append((self._trace_for(flat, args, {}), flat))
+        calls.sort(key=lambda c: -sum(a.nbytes for a in c[1] if isinstance(a, torch.Tensor)))
+        for target, flat in calls:
+            for _ in range(max(0, target.engine.options.warmup_iters) + 1):
+                target._fast(*flat)
 
     def profile(self, *args: Any, iterations: int = 200, **kwargs: Any) -> List[Dict[str, Any]]:
         """Where a replay of these arguments' shape goes: per step of the captured tape, in order,
-        its node, op, kind (prepared pointwise, typed out=, boxed out=, functional, in place,
-        view, ...), result shapes and mean microseconds over `iterations` replays (captured first
-        if needed: these are real calls). `python -m torchreplay.bench.profile` prints it for the harness's models."""
+        its node, op, kind (prepared pointwise, typed out=, copies, boxed out=, functional, in
+        place, view, ...), result shapes and mean microseconds over `iterations` replays
+        (captured first if needed: these are real calls). `python -m torchreplay.bench.profile`
+        prints it for the harness's models."""
         flat = self._trace.flatten(args, kwargs)
         target = self._trace_for(flat, args, kwargs)
         return target.engine.profile(list(target._bound) + flat, iterations)
 
     def _trace_for(self, flat: List[Any], args: Sequence[Any], kwargs: Dict[str, Any]) -> "Captured":
         """The capture whose trace holds for these sizes: this one, or (dynamic=True) one traced
-        for the sizes export specialized (0, 1), made when first needed."""
-        if not self._trace.dynamic:
+        for the sizes export specialized (0, 1), made once, when first needed, under a lock (two
+        threads never trace at once). Arguments of other kinds than traced (None where a tensor
+        was) get no trace of their own: this capture's call raises the clear error."""
+        if not self._trace.dynamic or not self._trace.same_kinds(flat):
             return self
         key = self._trace.size_class(flat)
         found = self._variants.get(key)
         if found is None:
-            logger.info("torchreplay: %s: tracing again for sizes %s (the trace holds for 0, 1 or 2 and more, "
-                        "as export specializes)", self.name, key)
-            found = self._trace.recapture(args, kwargs)
-            found._variants = self._variants
-            self._variants[key] = found
+            with self._lock:
+                found = self._variants.get(key)
+                if found is None:
+                    logger.info("torchreplay: %s: tracing again for sizes %s (a trace holds for 0, 1 or 2 and "
+                                "more, as export specializes)", self.name, key)
+                    found = self._trace.recapture(args, kwargs)
+                    found._variants, found._lock = self._variants, self._lock
+                    self._variants[key] = found
         return found
 
     def _slow_call(self, *args: Any, **kwargs: Any) -> Any:
+        epoch = _C.module_modes_epoch()
+        self._trace.check_modes()
         flat = self._trace.flatten(args, kwargs)
         target = self._trace_for(flat, args, kwargs)
+        target._trace.check_size_exprs(flat)
         outs = target._fast(*flat)
+        self._modes_checked(epoch)
         spec = self._trace.out_spec
         if spec.is_leaf():
             return outs
@@ -221,35 +299,41 @@ class Captured(_C.Call):
 
 
 class _RandomStateWatch:
-    """Sees a model set or draw from the CPU random generator while it is traced (torch.manual_seed,
-    torch.set_rng_state, also inside freeze_rng_state, or a draw outside the graph), and puts the
-    generator back as it was."""
+    """Sees a model set the state of a random generator while it is traced (torch.manual_seed,
+    torch.set_rng_state, a Generator's manual_seed/seed/set_state, also inside fork_rng), and then
+    puts the CPU generator back as it was. (Random ops in the model are graph ops, traced on fake
+    tensors: they draw nothing while traced.) The calls are seen by a profile hook on C functions
+    of this thread, counted only when the code calling them (past torch's own Python wrappers) is
+    not torch's or torchreplay's: export's own bookkeeping is not the model's. Python's `random`
+    module is not watched: its values are constants of the trace, as any Python value is."""
 
-    _SETTERS = ("manual_seed", "seed", "set_rng_state")
+    _SETTERS = {"manual_seed", "seed", "set_state", "graphsafe_set_state"}
 
     def __enter__(self) -> "_RandomStateWatch":
         self.touched = ""
         self._state = torch.random.get_rng_state()
-        self._saved = []
-        for owner in (torch, torch.random):
-            for name in self._SETTERS:
-                fn = getattr(owner, name)
-                self._saved.append((owner, name, fn))
-                setattr(owner, name, self._watch(name, fn))
+        self._previous = sys.getprofile()
+        sys.setprofile(self._hook)
         return self
 
-    def _watch(self, name: str, fn: Callable) -> Callable:
-        def watched(*args: Any, **kwargs: Any) -> Any:
-            self.touched = self.touched or f"called torch.{name}"
-            return fn(*args, **kwargs)
-        return watched
+    def _hook(self, frame: Any, event: str, arg: Any) -> None:
+        if event != "c_call" or self.touched or getattr(arg, "__name__", "") not in self._SETTERS:
+            return
+        if not isinstance(getattr(arg, "__self__", None), torch.Generator):
+            return
+        while frame is not None and frame.f_code.co_filename.startswith(_TORCH_DIR):
+            frame = frame.f_back
+        if frame is not None and not frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+            self.touched = f"called {type(arg.__self__).__name__}.{arg.__name__}"
 
     def __exit__(self, *exc: Any) -> None:
-        for owner, name, fn in self._saved:
-            setattr(owner, name, fn)
-        if not self.touched and not torch.equal(self._state, torch.random.get_rng_state()):
-            self.touched = "drew from the CPU random generator outside its graph"
-        torch.random.set_rng_state(self._state)
+        sys.setprofile(self._previous)
+        if self.touched:  # else the state is left alone: another thread may be drawing from it
+            torch.random.set_rng_state(self._state)
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_PACKAGE_DIR = os.path.dirname(__file__) + os.sep
 
 
 class _Flat(torch.nn.Module):
@@ -275,16 +359,25 @@ class _Flat(torch.nn.Module):
 
 class _Trace:
     """How a capture's calls map to its graph: the structure of the arguments and outputs, the
-    arguments specialized at capture time, and how to trace again for other sizes."""
+    arguments specialized at capture time, the modules' modes, and how to trace again for other
+    sizes."""
 
     def __init__(self, model: Any, module: torch.nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any],
-                 in_spec: Any, constants: Dict[int, Any], dynamic: bool, again: Callable[..., "Captured"]) -> None:
-        self.model, self.module, self.in_spec, self.constants, self.dynamic = model, module, in_spec, constants, dynamic
+                 in_spec: Any, constants: Dict[int, Any], names: List[str], dynamic: bool,
+                 again: Callable[..., "Captured"]) -> None:
+        self.model, self.module, self.in_spec, self.dynamic = model, module, in_spec, dynamic
+        self.constants = {i: _Specialized(v) for i, v in constants.items()}
+        self.names = names  # per flat leaf, what errors call it
         self.n_positional = len(args)
         self.kwarg_names = list(kwargs)
         self.example: List[Any] = []
         self.out_spec: Any = None
         self.num_outputs = 0
+        self.size_exprs: List[Any] = []    # (argument, dim, sympy expression of symbols)
+        self.symbol_dims: Dict[Any, Tuple[int, int]] = {}  # symbol -> (argument, dim) giving its value
+        # Every module the graph reads (the model's, a module argument's), with its mode then.
+        modules = [module] + [c.value for c in self.constants.values() if isinstance(c.value, torch.nn.Module)]
+        self.modes = [(weakref.ref(m), name, m.training) for top in modules for name, m in top.named_modules()]
         self._again = again
 
     def recapture(self, args: Sequence[Any], kwargs: Dict[str, Any]) -> "Captured":
@@ -295,30 +388,65 @@ class _Trace:
         """Each tensor's sizes as export specializes them: 0, 1, or 2 for any larger size."""
         return tuple(tuple(min(int(d), 2) for d in a.shape) for a in flat if isinstance(a, torch.Tensor))
 
+    def same_kinds(self, flat: Sequence[Any]) -> bool:
+        """The call's graph arguments are tensors of the traced ranks and numbers where the trace
+        had them: only sizes may differ."""
+        def kind(a: Any) -> Any:
+            return ("tensor", a.dim()) if isinstance(a, torch.Tensor) else type(a)
+        return len(flat) == len(self.example) and all(kind(a) == kind(b) for a, b in zip(flat, self.example))
+
+    def check_modes(self) -> None:
+        """Raises if a module's train/eval mode is not what it was at capture time."""
+        for ref, name, training in self.modes:
+            m = ref()
+            if m is not None and m.training != training:
+                what = f"submodule '{name}'" if name else "the model"
+                raise ValueError(f"torchreplay: {what} ({type(m).__name__}) was captured in "
+                                 f"{'train' if training else 'eval'} mode and is now in "
+                                 f"{'train' if m.training else 'eval'} mode (.train()/.eval() change what it "
+                                 "computes); capture again")
+
+    def check_size_exprs(self, flat: Sequence[Any]) -> None:
+        """The sizes that are no affine expression of one symbol (s0 * s1, s0 // 2), checked here."""
+        if not self.size_exprs:
+            return
+        values = {sym: flat[k].shape[d] for sym, (k, d) in self.symbol_dims.items()}
+        for k, d, expr in self.size_exprs:
+            want = expr.subs(values)
+            if want.is_number and int(want) != flat[k].shape[d]:
+                raise ValueError(f"torchreplay: argument {k} has size {flat[k].shape[d]} in dim {d}, but the "
+                                 f"graph needs {int(want)} there ({expr}); capture again for this shape")
+
     def flatten(self, args: Sequence[Any], kwargs: Dict[str, Any]) -> List[Any]:
         """The graph's flat arguments for a call, with clear errors where it cannot take them."""
         if len(args) != self.n_positional or kwargs.keys() != set(self.kwarg_names):
             args, kwargs = self._rebind(args, kwargs)
         kwargs = {k: kwargs[k] for k in self.kwarg_names}  # keywords in any order, as Python allows
-        flat, spec = pytree.tree_flatten((tuple(args), kwargs))
-        if spec != self.in_spec:
+        try:  # in the captured structure: dict entries matched by key, in any order
+            flat = self.in_spec.flatten_up_to((tuple(args), kwargs))
+        except (ValueError, TypeError, KeyError):
+            flat = None
+        if flat is None or any(not pytree.tree_structure(a).is_leaf() for a in flat):
             raise TypeError(f"torchreplay.capture: the arguments of this call are nested differently from the "
-                            f"ones the model was captured with ({_describe(spec)} against {_describe(self.in_spec)})")
+                            f"ones the model was captured with ({_describe(pytree.tree_structure((tuple(args), kwargs)))} "
+                            f"against {_describe(self.in_spec)})")
         for i, want in self.constants.items():
-            if not _same_constant(flat[i], want):
-                raise ValueError(f"torchreplay: argument {i} is {flat[i]!r}, but the graph was captured with "
-                                 f"{want!r} there; capture again for another value")
+            if not want.matches(flat[i]):
+                raise ValueError(f"torchreplay: argument {self.names[i]} is {want.describe(flat[i])} there; "
+                                 "capture again for another value")
         return [a for i, a in enumerate(flat) if i not in self.constants]
 
     def _rebind(self, args: Sequence[Any], kwargs: Dict[str, Any]) -> Tuple[Sequence[Any], Dict[str, Any]]:
         """A call that names or places arguments otherwise than the capture did (a keyword given
-        by position, a positional one by name), put in the captured layout, as Python binds it."""
+        by position, a positional one by name, a keyword left at its default), put in the
+        captured layout, as Python binds it."""
         forward = self.module.forward if self.model is self.module else self.model
         try:
             sig = inspect.signature(forward)
-            got = sig.bind(*args, **kwargs).arguments
+            bound = sig.bind(*args, **kwargs)
         except (TypeError, ValueError) as e:
             raise TypeError(f"torchreplay.capture: {e}") from None
+        got = bound.arguments
         names = [p.name for p in sig.parameters.values()
                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][:self.n_positional]
         positional = [p.name for p in sig.parameters.values() if p.kind == p.VAR_POSITIONAL]
@@ -326,6 +454,9 @@ class _Trace:
             extra = list(got.get(positional[0], ()))
         else:
             extra = []
+        for n in names:  # a positional argument left at its default: as Python fills it in
+            if n not in got and sig.parameters[n].default is not inspect.Parameter.empty:
+                got[n] = sig.parameters[n].default
         want_positional = len(names) + len(extra)
         if want_positional != self.n_positional or any(n not in got for n in names):
             missing = [n for n in names if n not in got]
@@ -335,6 +466,10 @@ class _Trace:
         var_kw = next((p.name for p in sig.parameters.values() if p.kind == p.VAR_KEYWORD), None)
         named = dict(got.get(var_kw, {})) if var_kw else {}
         named.update({k: v for k, v in got.items() if k not in names and k != var_kw and k not in positional})
+        for k in self.kwarg_names:  # a keyword left at its default: as Python fills it in
+            p = sig.parameters.get(k)
+            if k not in named and p is not None and p.default is not inspect.Parameter.empty:
+                named[k] = p.default
         missing = [k for k in self.kwarg_names if k not in named]
         extra_kw = [k for k in named if k not in self.kwarg_names]
         if missing or extra_kw:
@@ -348,9 +483,8 @@ class _Trace:
         return new_args, named
 
 
-def _argument_names(module: torch.nn.Module, model: Any, flat: Sequence[Any], in_spec: Any,
-                    constants: Dict[int, Any]) -> List[str]:
-    """What errors call each graph argument: the model's parameter name with the path into a
+def _argument_names(module: torch.nn.Module, model: Any, flat: Sequence[Any], in_spec: Any) -> List[str]:
+    """What errors call each flat argument: the model's parameter name with the path into a
     nested argument ('x', 'cache[0]', "opts['scale']"); 'args[i]' where no name is known."""
     forward = module.forward if module is model else model
     try:
@@ -360,9 +494,7 @@ def _argument_names(module: torch.nn.Module, model: Any, flat: Sequence[Any], in
     positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     paths, _ = pytree.tree_flatten_with_path(pytree.tree_unflatten(list(flat), in_spec))
     names = []
-    for i, (path, _) in enumerate(paths):
-        if i in constants:
-            continue
+    for path, _ in paths:
         where, index = path[0].idx, path[1]  # (args, kwargs), then the argument
         if where == 0:
             k = index.idx
@@ -371,6 +503,34 @@ def _argument_names(module: torch.nn.Module, model: Any, flat: Sequence[Any], in
             name = str(index.key)
         names.append(name + "".join(str(p) for p in path[2:]))
     return names
+
+
+def _graph_inputs_tracked(gm: torch.fx.GraphModule, n_bound: int) -> List[int]:
+    """The bound inputs (parameters, buffers) an output of the graph is computed from through ops
+    autograd would track (not detach, not into integer results): if one requires grad, eager's
+    output would too."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"][:n_bound]
+    reaches: Dict[torch.fx.Node, set] = {p: {i} for i, p in enumerate(placeholders)}
+    for n in gm.graph.nodes:
+        if n.op != "call_function":
+            continue
+        if n.target is aten.detach.default:
+            continue
+        val = n.meta.get("val")
+        vals = val if isinstance(val, (list, tuple)) else [val]
+        if not any(isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex()) for v in vals):
+            continue
+        found = set().union(*(reaches.get(a, set()) for a in n.all_input_nodes))
+        if found:
+            reaches[n] = found
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    tracked = set()
+    for o in pytree.tree_leaves(output.args[0]):
+        if isinstance(o, torch.fx.Node):
+            v = o.meta.get("val")
+            if isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex()):
+                tracked |= reaches.get(o, set())
+    return sorted(tracked)
 
 
 def _describe(spec: Any) -> str:
@@ -436,7 +596,7 @@ def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Option
     per call. dynamic=True lets every tensor dimension take any size (one capture per shape; sizes
     0 and 1, which export specializes, get a trace of their own when first seen); otherwise other
     shapes are a clear error from the engine's input check or a new key. Inference only: with grad
-    mode on, a parameter that requires grad is refused per call."""
+    mode on, a parameter an output is computed from that requires grad is refused per call."""
     config = config if config is not None else CompilerConfig()
     module = model if isinstance(model, torch.nn.Module) else _AsModule(model)
     args = tuple(example_args)
@@ -494,25 +654,46 @@ def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Option
     # computes with them (x * x.shape[0]).
     fixed = {k: a for k, (a, n, _) in enumerate(user)
              if isinstance(a, (bool, int, float)) and not isinstance(n.meta.get("val"), torch.SymInt)}
-    sizes = _size_checks([n.meta["val"] if isinstance(a, torch.Tensor) else None for a, n, _ in user],
-                         ep.range_constraints)
+    sizes, size_exprs, symbol_dims = _size_checks(
+        [n.meta["val"] if isinstance(a, torch.Tensor) else None for a, n, _ in user], ep.range_constraints)
     mutated_names = {s.target for s in sig.output_specs if s.kind == OutputKind.USER_INPUT_MUTATION}
     mutated = [k for k, (_, _, spec) in enumerate(user) if spec.arg.name in mutated_names]
 
     name = f"c{next(_capture_ids)}.{type(module).__name__ if module is model else getattr(model, '__name__', 'fn')}"
     batch = batch_fields(gm, config, name) if dynamic else {}
-    names = [n.name for n in placeholders[:len(bound)]] + _argument_names(module, model, flat_args, in_spec, constants)
+    names = _argument_names(module, model, flat_args, in_spec)
+    input_names = [b.split("'")[1] if "'" in b else b for b in bound_names] + \
+        [n for i, n in enumerate(names) if i not in constants]
     with torch._subclasses.fake_tensor.unset_fake_temporarily():
-        graph = lower(gm, [n.meta.get("val") for n in placeholders], list(range(len(bound))), names)
+        graph = lower(gm, [n.meta.get("val") for n in placeholders], list(range(len(bound))), input_names)
     _dump(config, name, gm, graph)
     engine = _C.Engine(graph, engine_options(config, name, bound_inputs=len(bound), **batch))
     _all_engines.add(engine)
-    trace = _Trace(model, module, args, kwargs, in_spec, constants, dynamic,
+    trace = _Trace(model, module, args, kwargs, in_spec, constants, names, dynamic,
                    lambda a, k: capture(model, a, k, config=config, dynamic=True, decompositions=decompositions))
     trace.example, trace.out_spec, trace.num_outputs = list(leaves), ep.call_spec.out_spec, num_outputs
-    captured = Captured(engine, bound, bound_names, mutated, fixed, sizes, model if isinstance(model, torch.nn.Module) else None,
-                        trace)
-    if isinstance(model, torch.nn.Module):
-        _watch(model, captured)
+    trace.size_exprs, trace.symbol_dims = size_exprs, symbol_dims
+    captured = Captured(engine, bound, bound_names, _graph_inputs_tracked(gm, len(bound)), mutated, fixed, sizes,
+                        model if isinstance(model, torch.nn.Module) else None, trace)
+    _watch_modes()
+    for m in [module] + [v for v in constants.values() if isinstance(v, torch.nn.Module)]:
+        _watch(m, captured)
     logger.debug("torchreplay: captured %s (%d nodes, %d bound inputs)", name, graph.num_nodes, len(bound))
     return captured
+
+
+def _watch_modes() -> None:
+    """nn.Module.train (and eval, which calls it) tells every Captured to check its modules'
+    modes on its next call (Captured._slow_call, Trace.check_modes)."""
+    if getattr(torch.nn.Module.train, "_torchreplay", False):
+        return
+    train = torch.nn.Module.train
+
+    def watched_train(self: torch.nn.Module, mode: bool = True) -> torch.nn.Module:
+        out = train(self, mode)
+        _C.module_modes_changed()
+        return out
+
+    watched_train._torchreplay = True  # type: ignore[attr-defined]
+    watched_train.__doc__ = train.__doc__
+    torch.nn.Module.train = watched_train  # type: ignore[method-assign]

@@ -256,9 +256,12 @@ def test_keyword_arguments():
     assert torch.equal(step(bias=b, x=x), fn(x, bias=b))
     with pytest.raises(TypeError, match="missing a required argument: 'bias'"):
         step(x)
+    # A keyword left out takes its default, as in Python: fine where that is what was captured.
     scaled = torchreplay.capture(fn, (x,), {"bias": b, "scale": 3.0}, config=config())
-    with pytest.raises(TypeError, match=r"leaves out keyword argument\(s\) scale, given when the model was captured"):
+    with pytest.raises(ValueError, match=r"argument 2 is 2.0, but the graph was captured with 3.0"):
         scaled(x, bias=b)
+    default = torchreplay.capture(fn, (x,), {"bias": b, "scale": 2.0}, config=config())
+    assert torch.equal(default(x, bias=b), fn(x, bias=b))
     with pytest.raises(TypeError, match="passes scale, not given when the model was captured"):
         step(x, bias=b, scale=3.0)
     with pytest.raises(TypeError, match="got an unexpected keyword argument 'y'"):
@@ -333,7 +336,7 @@ def test_what_the_trace_depends_on_is_checked_per_call():
 
     step = torchreplay.capture(masked, (torch.ones(2), None, "add"), config=config())
     assert torch.equal(step(torch.ones(2), None, "add"), masked(torch.ones(2)))
-    with pytest.raises(ValueError, match="argument 2 is 'sub'"):
+    with pytest.raises(ValueError, match="argument how is 'sub', but the graph was captured with 'add'"):
         step(torch.ones(2), None, "sub")
 
 
@@ -405,9 +408,9 @@ def test_arguments_that_are_no_graph_values_are_specialized_and_checked():
         assert torch.equal(step(x, torch.float64, "cpu" if False else torch.device("cpu"), distance=pair),
                            fn(x, torch.float64, torch.device("cpu"), distance=pair))
     assert step.stats()["replays"] == 2
-    with pytest.raises(ValueError, match=r"argument 1 is torch.float32, but the graph was captured with torch.float64"):
+    with pytest.raises(ValueError, match=r"argument dtype is torch.float32, but the graph was captured with torch.float64"):
         step(torch.randn(4), torch.float32, torch.device("cpu"), distance=pair)
-    with pytest.raises(ValueError, match=r"is PairwiseDistance\(\), but the graph was captured with PairwiseDistance"):
+    with pytest.raises(ValueError, match=r"argument distance is another PairwiseDistance object than the one the graph"):
         step(torch.randn(4), torch.float64, torch.device("cpu"), distance=nn.PairwiseDistance())
 
 
@@ -437,8 +440,14 @@ def test_a_model_that_seeds_the_random_generator_is_refused():
 
     x = torch.randn(3)
     before = torch.random.get_rng_state()
-    for fn in (seeded, seeded_and_restored):
-        with pytest.raises(ValueError, match="called torch.manual_seed while it was traced"):
+    def restored(x):   # eager repeats the same numbers every call; a replay would not
+        state = torch.default_generator.get_state()
+        y = x + torch.rand_like(x)
+        torch.default_generator.set_state(state)
+        return y
+
+    for fn in (seeded, seeded_and_restored, restored):
+        with pytest.raises(ValueError, match=r"called Generator.(manual_seed|set_state) while it was traced"):
             torchreplay.capture(fn, (x,), config=config())
         assert torch.equal(torch.random.get_rng_state(), before)
     # Random ops drawn in the graph replay as eager draws them.
@@ -471,3 +480,153 @@ def test_a_replay_is_profiled_step_by_step():
     eager = torchreplay.capture(lambda t: t[t > 0] * 2, (torch.randn(8),), config=config())
     with pytest.raises(RuntimeError, match="this key is not replayed: .*data-dependent output shape"):
         eager.profile(torch.randn(8))
+
+
+def test_sizes_the_trace_specialized_are_checked_with_dynamic_too():
+    """dynamic=True traces every dim as a symbol, but export fixes the ones the model branches on
+    or slices a buffer by: another size there is a clear error, not the other branch's result."""
+    class Branch(nn.Module):
+        def forward(self, x):
+            return x * 2 if x.shape[1] == 4 else x * 3
+
+    step = torchreplay.capture(Branch(), (torch.randn(3, 4),), config=config(), dynamic=True)
+    assert torch.equal(step(torch.ones(5, 4)), torch.full((5, 4), 2.0))
+    with pytest.raises(ValueError, match="argument 0 has size 5 in dim 1, but the graph was captured for size 4"):
+        step(torch.randn(3, 5))
+
+    class Accumulate(nn.Module):   # acc[:B]: the batch is bounded by the buffer
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("acc", torch.zeros(2, 4))
+
+        def forward(self, x):
+            self.acc[: x.shape[0]].add_(x)
+            return self.acc[: x.shape[0]] * 1
+
+    model, ref = Accumulate(), Accumulate()
+    step = torchreplay.capture(model, (torch.ones(2, 4),), config=config(), dynamic=True)
+    for n in (2, 1, 2, 1):
+        x = torch.randn(n, 4)
+        assert torch.equal(step(x), ref(x)) and torch.equal(model.acc, ref.acc), n
+
+
+def test_modes_of_submodules_and_module_arguments_are_checked():
+    """A submodule switched to train mode (MC dropout) or a module argument's mode: a clear
+    error, not a replay of what eval mode computed; switched back, the capture replays again."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5)).eval()
+    x = torch.randn(3, 4)
+    step = torchreplay.capture(model, (x,), config=config())
+    assert torch.equal(step(x), model(x))
+    model[1].train()
+    with pytest.raises(ValueError, match=r"submodule '1' \(Dropout\) was captured in eval mode and is now in train"):
+        step(x)
+    model[1].eval()
+    assert torch.equal(step(x), model(x))
+    drop = nn.Dropout(0.5).eval()
+    by_argument = torchreplay.capture(lambda t, d: d(t) + 1, (x, drop), config=config())
+    drop.train()
+    with pytest.raises(ValueError, match="the model .Dropout. was captured in eval mode"):
+        by_argument(x, drop)
+
+
+def test_modules_an_argument_or_a_closure_holds_are_bound_and_watched():
+    lin = nn.Linear(4, 4).requires_grad_(False)
+    x = torch.randn(2, 4)
+    through_closure = torchreplay.capture(lambda t: lin(t).relu(), (x,), config=config())
+    by_argument = torchreplay.capture(lambda t, layer: layer(t).relu(), (x, lin), config=config())
+    lin.weight.data = torch.randn(4, 4)   # new memory: both recapture around it
+    assert torch.equal(through_closure(x), lin(x).relu()) and torch.equal(by_argument(x, lin), lin(x).relu())
+    lin.requires_grad_(True)
+    with torch.enable_grad(), pytest.raises(ValueError, match="parameter 'closure_lin.weight' .* requires grad"):
+        through_closure(x)
+    lin.weight = nn.Parameter(torch.randn(4, 4))   # a new Parameter object: the graph holds the old one
+    with pytest.raises(ValueError, match="parameter 'weight' of Linear was replaced"):
+        by_argument(x, lin)
+
+
+def test_specialized_arguments_are_compared_by_value_where_they_have_one():
+    import dataclasses
+
+    import numpy as np
+
+    @dataclasses.dataclass
+    class Opts:
+        scale: float
+
+    def fn(x, opts, table):
+        return x * opts.scale + float(table.sum())
+
+    opts, table = Opts(2.0), np.arange(3.0)
+    step = torchreplay.capture(fn, (torch.ones(2), opts, table), config=config())
+    assert torch.equal(step(torch.ones(2), Opts(2.0), np.arange(3.0)), fn(torch.ones(2), opts, table))
+    opts.scale = 7.0   # changed in place after capture: seen
+    with pytest.raises(ValueError, match=r"argument opts is .*Opts\(scale=7.0\), but the graph was captured with "
+                                         r".*Opts\(scale=2.0\)"):
+        step(torch.ones(2), opts, table)
+
+
+def test_grad_mode_refuses_only_parameters_an_output_would_track():
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used, self.unused = nn.Linear(4, 4).requires_grad_(False), nn.Linear(4, 4)
+            self.scale = nn.Parameter(torch.ones(4))
+
+        def forward(self, x):
+            return self.used(x) * self.scale.detach()
+
+    model, x = Model(), torch.randn(2, 4)
+    step = torchreplay.capture(model, (x,), config=config())
+    with torch.enable_grad():
+        got, want = step(x), model(x)
+    assert torch.equal(got, want) and not want.requires_grad and not got.requires_grad
+
+
+def test_calls_in_other_forms_python_accepts():
+    """Dict entries in another order, a lone tensor in precapture, None where a dynamic capture
+    had a tensor (a clear error, no new trace)."""
+    fn = lambda x, opts: x * opts["a"] + opts["b"]  # noqa: E731
+    step = torchreplay.capture(fn, (torch.randn(3), {"a": torch.randn(3), "b": torch.randn(3)}), config=config())
+    x, a, b = torch.randn(3), torch.randn(3), torch.randn(3)
+    assert torch.equal(step(x, {"b": b, "a": a}), fn(x, {"a": a, "b": b}))
+    dyn = torchreplay.capture(lambda t, mask=None: t if mask is None else t * mask, (torch.randn(3, 4),),
+                              {"mask": torch.ones(3, 4)}, config=config(), dynamic=True)
+    with pytest.raises(ValueError, match=r"input 1 \(mask\): expected a tensor, got None"):
+        dyn(torch.randn(3, 4), mask=None)
+    assert "traces" not in dyn.stats()
+    mlp = MLP().eval()
+    flat = torchreplay.capture(mlp, (torch.randn(2, 64),), config=config(), dynamic=True)
+    flat.precapture([torch.randn(4, 64), (torch.randn(1, 64),)])
+    assert flat.stats()["captures"] == 2
+
+
+def test_a_captured_model_is_freed_with_its_last_reference():
+    import gc
+    import weakref as wr
+
+    model = MLP().eval()
+    step = torchreplay.capture(model, (torch.randn(1, 64),), config=config(), dynamic=True)
+    step(torch.randn(1, 64))
+    gone, model_gone = wr.ref(step), wr.ref(model)
+    del step, model
+    gc.collect()
+    assert gone() is None and model_gone() is None
+
+
+def test_one_trace_per_size_class_when_threads_first_meet_it_together():
+    import threading
+
+    model = MLP().eval()
+    step = torchreplay.capture(model, (torch.randn(4, 64),), config=config(), dynamic=True)
+    xs = [torch.randn(1 if i % 2 == 0 else 3, 64) for i in range(20)]
+    want = [model(x) for x in xs]
+    wrong = []
+
+    def work():
+        with torch.no_grad():
+            wrong.extend(i for i, (x, w) in enumerate(zip(xs, want)) if not torch.equal(step(x), w))
+
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert wrong == [] and len(step.stats()["traces"]) == 2

@@ -3,6 +3,7 @@ config.reduce_overhead.capture_sizes, a batch that is not a capture size is padd
 one, replayed, and sliced back; one above the largest runs eagerly. Graphs whose rows are not
 independent are captured per size (bindings/torchreplay/capture_sizes.py)."""
 import logging
+import math
 import random
 
 import pytest
@@ -267,8 +268,6 @@ ROW_WISE = {  # (f, make(n)): kept bucketed, results bitwise eager's (models: wi
     "a per-row cache written by index_copy_": (
         lambda x, pos, cache: (cache.index_copy_(1, pos, x.unsqueeze(1)), cache * 2)[1],
         lambda n: (torch.randn(n, 4), torch.tensor([4]), torch.randn(n, 6, 4))),
-    "a written batch input beside an expanded one": (
-        lambda x, y: (y.add_(1), x * 2)[1], lambda n: (torch.randn(1, 4).expand(n, 4), torch.randn(n, 4))),
 }
 
 
@@ -331,16 +330,32 @@ def _bits(t):
     return t if t.dtype == torch.bool else t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
 
 
-def _pointwise_call(op, dtype, g):
-    """op on random tensors of `dtype` (1-d, 4099 elements) and its required Scalars; None when
-    it does not take them."""
+def _values(dtype, n, g, special=True):
+    """n random values with (special=True), at random places, NaNs (of several payloads and both
+    signs), infinities, signed zeros, subnormals and large and tiny numbers."""
+    base = torch.randn(n, generator=g, dtype=torch.float64) * 3
+    if not special:
+        return base.to(dtype)
+    special = torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan, -math.nan, 1e-40, -1e-40, 5e-324, 1e38,
+                            -1e38, 65504.0, 1e-8, 3.0, -2.5, 0.5], dtype=torch.float64)
+    pick = torch.randint(0, len(special), (n,), generator=g)
+    v = torch.where(torch.rand(n, generator=g) < 0.3, special[pick], base).to(dtype)
+    if dtype == torch.float32:   # NaNs with other payloads
+        bits = v.view(torch.int32)
+        where = torch.rand(n, generator=g) < 0.02
+        bits[where] = torch.randint(0x7F800001, 0x7FFFFFFF, (int(where.sum()),), generator=g).to(torch.int32)
+    return v
+
+
+def _pointwise_call(op, dtype, g, special=True):
+    """op's tensors (1-d, 4099 values of `dtype`) and required Scalars; None when it takes others."""
     args = []
     for a in op._schema.arguments:
         if a.kwarg_only or a.has_default_value():
             break
         kind = str(a.type)
         if kind == "Tensor":
-            args.append((torch.randn(4099, generator=g, dtype=torch.float64) * 3).to(dtype))
+            args.append(_values(dtype, 4099, g, special))
         elif kind in ("Scalar", "number"):
             args.append(0.7)
         else:
@@ -348,22 +363,23 @@ def _pointwise_call(op, dtype, g):
     return args
 
 
-FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+FLOATS = [torch.float32, torch.float64]   # elementwise float ops count in these only
 
 
 def test_ops_listed_as_bitwise_give_rows_that_ignore_the_row_count():
     """Note [Rows that stay bitwise], measured: each elementwise op listed gives the first m
     elements the same bits as the whole tensor's first m (where the vector code ends moves with
-    m), and each row-wise op gives the real rows of a padded batch the bits of the unpadded one,
-    in four float dtypes; silu, sigmoid, gelu and addmm, left out, are seen to differ."""
-    from torchreplay.capture_sizes import _ROWS_BITWISE, _ROWS_BITWISE_IN_FLOAT, _ROWS_BITWISE_WITH_ALPHA_1
+    m), NaNs, infinities, signed zeros and subnormals included; each row-wise op gives the real
+    rows of a padded batch the bits of the unpadded one, with one and two threads. Ops left out
+    (silu, exp2, maximum; add in bfloat16; addmm) are seen to differ."""
+    from torchreplay.capture_sizes import _ROWS_BITWISE, _ROWS_BITWISE_WITH_ALPHA_1
     g = torch.Generator().manual_seed(0)
-    pointwise = [op for op in _ROWS_BITWISE | _ROWS_BITWISE_WITH_ALPHA_1 | _ROWS_BITWISE_IN_FLOAT
+    pointwise = [op for op in _ROWS_BITWISE | _ROWS_BITWISE_WITH_ALPHA_1
                  if isinstance(op, torch._ops.OpOverload) and torch.Tag.pointwise in op.tags]
     assert len(pointwise) >= 60
 
-    def differs(op, dtype):
-        args = _pointwise_call(op, dtype, g)
+    def differs(op, dtype, special=True):
+        args = _pointwise_call(op, dtype, g, special)
         try:
             whole = op(*args)
         except (RuntimeError, NotImplementedError):
@@ -373,24 +389,27 @@ def test_ops_listed_as_bitwise_give_rows_that_ignore_the_row_count():
 
     measured = 0
     for op in pointwise:
-        for dtype in FLOATS if op not in _ROWS_BITWISE_IN_FLOAT else FLOATS[:2]:
+        for dtype in FLOATS:
             d = differs(op, dtype)
             assert d in (None, 0), (op, dtype, d)
             measured += d is not None
-    assert measured >= 150
-    assert any(differs(op, torch.float32) for op in (aten.silu.default, aten.sigmoid.default))
+    assert measured >= 100
+    for op, dtype in [(aten.maximum.default, torch.float32), (aten.add.Tensor, torch.bfloat16)]:
+        assert differs(op, dtype), (op, dtype)   # on NaNs and signed zeros
+    for op in (aten.silu.default, aten.exp2.default):
+        assert differs(op, torch.float32, special=False), op   # on ordinary values
 
     def pad(x, b):
         return torch.cat([x, x[-1:].expand(b - x.shape[0], *x.shape[1:])])
 
     w, b = torch.randn(24, generator=g), torch.randn(24, generator=g)
     row_wise = {
-        aten._softmax.default: (lambda x: torch.softmax(x, -1), (24,)),
-        aten._log_softmax.default: (lambda x: torch.log_softmax(x, 1), (7, 24)),
+        aten._softmax.default: (lambda x: torch.softmax(x, -1), (300, 24)),
+        aten._log_softmax.default: (lambda x: torch.log_softmax(x, -1), (24,)),
         aten.sum.dim_IntList: (lambda x: x.sum(-1), (37,)),
         aten.mean.dim: (lambda x: x.mean((1, 2)), (5, 37)),
         aten.amax.default: (lambda x: x.amax(-1), (37,)),
-        aten.var.correction: (lambda x: x.var(-1), (37,)),
+        aten.var.correction: (lambda x: x.var(1), (700, 23)),
         aten.cumsum.default: (lambda x: x.cumsum(1), (37,)),
         aten.native_layer_norm.default: (lambda x: F.layer_norm(x, (24,), w.to(x.dtype), b.to(x.dtype)), (24,)),
         aten.max_pool2d_with_indices.default: (lambda x: F.max_pool2d(x, 2), (4, 8, 8)),
@@ -401,17 +420,24 @@ def test_ops_listed_as_bitwise_give_rows_that_ignore_the_row_count():
                                    w[4:8].to(x.dtype), False), (4, 8, 8)),
         "addmm (left out)": (lambda x: F.linear(x, torch.ones(24, 24, dtype=x.dtype) / 7), (24,)),
     }
-    for op, (f, shape) in row_wise.items():
-        for dtype in FLOATS:
-            d = 0
-            for n in (2, 3, 5, 7, 9, 13, 17, 31, 33):
-                x = torch.randn(n, *shape, generator=g, dtype=torch.float64).to(dtype)
-                for size in {1 << (n - 1).bit_length(), 64}:
-                    d += int((_bits(f(pad(x, size))[:n]) != _bits(f(x))).sum())
-            if isinstance(op, str):
-                assert d > 0 or dtype != torch.float32, op
-            else:
-                assert op in _ROWS_BITWISE and d == 0, (op, dtype, d)
+    threads = torch.get_num_threads()
+    try:
+        for num_threads in (1, 2):
+            torch.set_num_threads(num_threads)
+            for op, (f, shape) in row_wise.items():
+                for dtype in [torch.float32, torch.float64, torch.float16, torch.bfloat16]:
+                    d = 0
+                    for n in (2, 3, 5, 7, 9, 17, 33):
+                        x = _values(dtype, n * math.prod(shape), g, special=not isinstance(op, str)).view(n, *shape)
+                        for size in {1 << (n - 1).bit_length(), 64}:
+                            d += int((_bits(f(pad(x, size))[:n]) != _bits(f(x))).sum())
+                    if isinstance(op, str):
+                        assert d > 0 or dtype != torch.float32, op
+                    else:
+                        assert op in _ROWS_BITWISE or op in (aten._softmax.default, aten._log_softmax.default)
+                        assert d == 0, (op, dtype, num_threads, d)
+    finally:
+        torch.set_num_threads(threads)
 
 
 @torch.no_grad()
@@ -463,3 +489,24 @@ def test_buckets_through_torchreplay_capture():
     for n in order:
         step(torch.randn(n, 64))
     assert step.stats()["replays"] - replays == step.stats()["calls"] - calls == 32
+
+
+def test_calls_with_a_batch_input_that_is_not_dense_are_not_padded():
+    """A strided or expanded batch input would be padded into a dense copy, and a kernel may take
+    another path (and round otherwise) on it: x[:, ::2].sum(1) summed in another order. Such
+    calls run under their own key, bitwise; dense calls of the same graph are still padded."""
+    f = lambda x, y: (x.sum(1), (y.add_(1) * 2).mean(1))  # noqa: E731
+    makes = {"strided": lambda n: torch.randn(n, 74)[:, ::2], "expanded": lambda n: torch.randn(n, 1).expand(n, 37),
+             "dense": lambda n: torch.randn(n, 37)}
+    for name, make in makes.items():
+        torch._dynamo.reset()
+        b = backend(capture_sizes=[4, 8])
+        c = torch.compile(f, backend=b, dynamic=True)
+        with torch.no_grad():
+            for n in [3, 3, 3, 2, 2, 2]:
+                x, y = make(n), torch.randn(n, 4)
+                y_ref = y.clone()
+                got, want = c(x, y), f(x, y_ref)
+                assert all(torch.equal(g, w) for g, w in zip(got, want)) and torch.equal(y, y_ref), (name, n)
+        s = b.stats()[0]
+        assert s["cache_entries"] == (1 if name == "dense" else 2), (name, s)   # dense: 3 and 2 padded to 4
