@@ -515,13 +515,14 @@ class Emitter {
     return MakeCatCopies(std::move(inputs), 0, buffers_[plan_.values[n.outputs[0]].buffer]);
   }
 
-  // A tensor argument as a copy's input, when its dtype is `dtype`: its recorded geometry, and
-  // its value (a constant) or slot (per call).
+  // A tensor argument as a copy's input, when its dtype is `dtype` and it is no conjugate or
+  // negative view (whose elements are not its bytes): its recorded geometry, and its value (a
+  // constant) or slot (per call).
   std::optional<CatInput> CopiedInput(const Arg& arg, c10::ScalarType dtype) {
     CatInput in;
     if (arg.kind == Arg::Kind::kValue) {
       const ValueRecord& r = rec_.values[arg.value];
-      if (!r.is_tensor || r.dtype != dtype) return std::nullopt;
+      if (!r.is_tensor || r.dtype != dtype || r.lazy_bits) return std::nullopt;
       in.sizes = r.sizes, in.strides = r.strides;
       const TapePlan::ValuePlan& v = plan_.values[arg.value];
       if (v.constant) {
@@ -531,7 +532,8 @@ class Emitter {
       }
     } else {
       if (arg.kind != Arg::Kind::kConstant || !arg.constant.isTensor() ||
-          arg.constant.toTensor().scalar_type() != dtype) {
+          arg.constant.toTensor().scalar_type() != dtype || arg.constant.toTensor().is_conj() ||
+          arg.constant.toTensor().is_neg()) {
         return std::nullopt;
       }
       in.tensor.value = arg.constant.toTensor();

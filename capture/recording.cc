@@ -23,6 +23,7 @@ void RecordTensor(const at::Tensor& t, ValueRecord* r) {
   r->sizes.assign(t.sizes().begin(), t.sizes().end());
   r->strides.assign(t.strides().begin(), t.strides().end());
   r->storage_offset = t.storage_offset();
+  r->lazy_bits = t.is_conj() || t.is_neg();
 }
 
 bool HasDataDependentShape(const std::string& name) {

@@ -30,6 +30,7 @@ struct ValueRecord {
   c10::Device device = c10::Device(c10::DeviceType::CPU);
   std::vector<int64_t> sizes, strides;
   int64_t storage_offset = 0;
+  bool lazy_bits = false;  // a conjugate or negative view (its data is read conjugated or negated)
   ValueId root = -1;
   c10::IValue scalar;  // non-tensor values
 

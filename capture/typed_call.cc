@@ -160,7 +160,7 @@ class CatCopies final : public TypedCall {
     for (const CatInput& in : inputs_) {
       const at::Tensor& t = in.tensor.get(slots);
       TORCH_CHECK(t.scalar_type() == out_.scalar_type() && t.sizes() == c10::IntArrayRef(in.sizes) &&
-                      t.strides() == c10::IntArrayRef(in.strides),
+                      t.strides() == c10::IntArrayRef(in.strides) && !t.is_conj() && !t.is_neg(),
                   "torchreplay: an input of a concatenation changed its layout since capture");
       const char* src = static_cast<const char*>(t.const_data_ptr());
       const int64_t last = in.sizes[rank - 1], out_last = out_.stride(rank - 1);

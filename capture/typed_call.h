@@ -43,7 +43,8 @@ std::unique_ptr<TypedCall> MakeTypedCall(const c10::OperatorHandle& op, const Sl
 // Note [Concatenation as copies]
 // aten::cat.out on small tensors costs its structured meta function (shapes, dtypes, overlap
 // checks) and the boxed call, not the copying; so do clone and the functional copy. When every
-// input has the result's dtype, these only move elements: the result's slice along `dim` for each
+// input has the result's dtype and is no conjugate or negative view (whose bytes are not its
+// elements), these only move elements: the result's slice along `dim` for each
 // input is that input, element for element, whichever kernel ATen picks (cat's serial kernel or
 // copy_). This step makes those copies itself (memcpy, a row at a time where the last dims of
 // input and result are dense), so the bytes are eager's; clone and copy are a cat of one input.

@@ -529,7 +529,7 @@ def test_buffer_reassigned_in_forward_is_exact_and_rebound_not_recaptured_every_
     assert "rebound per call" in s["capture_log"][-1]["reason"]
 
 
-CATS = {  # each a cat the tape makes as copies (Note [Concatenation as copies])
+CATS = {  # each a cat or clone the tape makes as copies (Note [Concatenation as copies])
     "contiguous along dim 0": lambda x, y: torch.cat([x * 2, y]),
     "contiguous along the last dim": lambda x, y: torch.cat([x, y + 1], -1),
     "halves of a row swapped (rotary embedding)": lambda x, y: torch.cat([-x[..., 2:], x[..., :2]], -1),
@@ -537,6 +537,8 @@ CATS = {  # each a cat the tape makes as copies (Note [Concatenation as copies])
     "strided rows and a legacy empty tensor": lambda x, y: torch.cat([x[::2], torch.empty(0), y[1::2]]),
     "three inputs along dim 1 of a 3-d view": lambda x, y: torch.cat([x.view(2, 2, 3), y.view(2, 2, 3), x.view(2, 2, 3)], 1),
     "an input of the graph itself": lambda x, y: torch.cat([x, y], 0),
+    "clone of an expanded view (repeat_kv)": lambda x, y: x[:, None].expand(4, 2, 3).reshape(8, 3) * 2,
+    "clone keeping a transposed layout": lambda x, y: (x * 2).t().clone() + y.t(),
 }
 
 
@@ -550,4 +552,18 @@ def test_cat_is_replayed_as_copies_bitwise(name):
             got, want = step(x, y), fn(x, y)
             assert got.stride() == want.stride() and torch.equal(got, want)
         kinds = {r["op"]: r["kind"] for r in step.profile(x, y, iterations=2)}
-    assert kinds["aten::cat.out"] == "copies", kinds
+    copies = [k for op, k in kinds.items() if op in ("aten::cat.out", "aten::clone.out")]
+    assert copies and set(copies) == {"copies"}, kinds
+
+
+def test_conjugate_and_negative_views_are_not_copied_as_bytes():
+    """z.conj() is a view whose elements are not its bytes (the conjugation is a bit read by the
+    kernels): a cat or clone of it must conjugate, so it stays ATen's kernel, not copies."""
+    fn = lambda z, w: (torch.cat([z.conj(), w]), w.conj().clone() * 1, z * w.conj())  # noqa: E731
+    make = lambda: (torch.randn(3, dtype=torch.complex64), torch.randn(3, dtype=torch.complex64))  # noqa: E731
+    with torch.no_grad():
+        step = torchreplay.capture(fn, make(), config=config())
+        for _ in range(4):
+            z, w = make()
+            assert all(torch.equal(g, e) for g, e in zip(step(z, w), fn(z, w)))
+    assert step.stats()["replays"] == 3
