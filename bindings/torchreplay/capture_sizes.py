@@ -93,8 +93,9 @@ _FACTORIES = {aten.empty.memory_format, aten.zeros.default, aten.ones.default, a
 # runs every element, the tail included, through its vector code (ATen's vml kernels: exp, log,
 # sin, tanh, erf, ...); its result is an integer or bool (exact on every path); it moves data
 # (views, cat, index, embedding); or it works row by row along other dims (softmax along the
-# last dim, sums, layer norm, pooling, eval batch norm). Elementwise float ops count only in
-# float32 and float64: in bfloat16 and float16 the two paths convert NaNs and zeros differently.
+# last dim, sums, layer norm, pooling, eval batch norm). Arithmetic on floats counts only in
+# float32 and float64: in bfloat16 and float16 the two paths convert NaNs and zeros differently
+# (a mean in float16 divides in float16).
 # Each is measured by tests/python/test_capture_sizes.py (test_ops_listed_as_bitwise_give_rows_
 # that_ignore_the_row_count) on random values mixed with NaNs (payloads and signs), infinities,
 # signed zeros and subnormals, the row-wise ones with one and two threads. Any other op reached
@@ -121,7 +122,8 @@ _ROWS_BITWISE = {
     aten.log1p.default, aten.sin.default, aten.cos.default, aten.tan.default, aten.asin.default,
     aten.acos.default, aten.atan.default, aten.tanh.default, aten.erf.default, aten.erfc.default,
     aten.erfinv.default,
-    # data movement
+}
+_ROWS_MOVED = {  # data movement: elements copied, in any dtype
     aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.expand.default,
     aten.clone.default, aten._to_copy.default, aten.alias.default, aten.detach.default,
     aten.lift_fresh_copy.default, aten.permute.default, aten.squeeze.default, aten.squeeze.dim,
@@ -133,6 +135,8 @@ _ROWS_BITWISE = {
     aten.index_put.default, aten.index_put_.default, aten.slice_scatter.default,
     aten.select_scatter.default, aten.embedding.default, aten.flip.default, aten.roll.default,
     aten.constant_pad_nd.default, operator.getitem,
+} | _FACTORIES
+_ROWS_BITWISE |= {
     # row by row along other dims
     aten.sum.dim_IntList, aten.mean.dim, aten.amax.default, aten.amin.default, aten.max.dim,
     aten.min.dim, aten.argmax.default, aten.argmin.default, aten.var.correction, aten.std.correction,
@@ -140,7 +144,7 @@ _ROWS_BITWISE = {
     aten.sort.default, aten.topk.default, aten.native_layer_norm.default,
     aten._native_batch_norm_legit_no_training.default, aten.avg_pool2d.default,
     aten.max_pool2d_with_indices.default, aten._adaptive_avg_pool2d.default,
-} | _FACTORIES
+}
 _ROWS_BITWISE_WITH_ALPHA_1 = {aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar}
 _ROWS_BITWISE_ALONG_LAST_DIM = {aten._softmax.default, aten._log_softmax.default, aten.softmax.int,
                                 aten.log_softmax.int}
@@ -150,14 +154,18 @@ _BITWISE_EXPONENTS = {0, 1, 2, 3, 0.5, -1, -2}  # pow(x, e): each a special case
 def _rows_bitwise(n: torch.fx.Node, args: List[Tuple[str, Any]]) -> bool:
     """Note [Rows that stay bitwise]: node n gives each row the same bits whatever the row count."""
     target = n.target
+    if target in _ROWS_MOVED:
+        return True
     named = dict(args)
     out = n.meta.get("val")
     out0 = out[0] if isinstance(out, (list, tuple)) and out else out
-    pointwise = torch.Tag.pointwise in getattr(target, "tags", ())
-    if pointwise and isinstance(out0, torch.Tensor) and not out0.is_floating_point() and not out0.is_complex():
-        return True  # integer and bool arithmetic is exact on every path
-    if pointwise and not (isinstance(out0, torch.Tensor) and out0.dtype in (torch.float32, torch.float64)):
-        return False  # half precision: the paths convert NaNs and zeros differently
+    if not isinstance(out0, torch.Tensor):
+        return False
+    if not out0.is_floating_point() and not out0.is_complex():
+        if torch.Tag.pointwise in getattr(target, "tags", ()):
+            return True  # integer and bool arithmetic is exact on every path
+    elif out0.dtype not in (torch.float32, torch.float64):
+        return False  # half precision: vector and scalar paths convert NaNs and zeros differently
     if target in _ROWS_BITWISE:
         return True
     if target in _ROWS_BITWISE_WITH_ALPHA_1:
