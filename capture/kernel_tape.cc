@@ -507,7 +507,7 @@ class Emitter {
     const ValueRecord& out = rec_.values[n.outputs[0]];
     const bool clone = n.op->schema().name() == "aten::clone";
     const size_t from = clone ? 0 : 1;
-    if (out.sizes.empty() || n.args.size() <= from) return nullptr;
+    if (n.args.size() <= from) return nullptr;
     std::optional<CatInput> in = CopiedInput(n.args[from], out.dtype);
     if (!in.has_value() || in->sizes != out.sizes) return nullptr;
     std::vector<CatInput> inputs;

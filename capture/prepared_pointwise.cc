@@ -16,6 +16,8 @@
 #include <ATen/native/Activation.h>
 #include <ATen/native/BinaryOps.h>
 #include <ATen/native/TensorCompare.h>
+#include <ATen/native/ReduceOps.h>
+#include <ATen/native/ReduceOpsUtils.h>
 #include <ATen/native/UnaryOps.h>
 #include <ATen/ops/empty_strided.h>
 #endif
@@ -201,13 +203,107 @@ class PreparedPointwise final : public TypedCall {
   mutable std::vector<void*> built_ptrs_;
 };
 
+// Note [Prepared sums and means]: sum.IntList_out and mean.out in float32 and float64 as ATen's
+// CPU code computes them (ReduceOps.cpp: sum_out builds the reduction iterator with
+// make_reduction_from_out_ty and calls sum_stub; mean_out on the CPU is that sum, then div_ by
+// the number of elements reduced, an IEEE division of each result), with the iterator built once.
+class PreparedReduction final : public TypedCall {
+ public:
+  PreparedReduction(TensorArg input, at::Tensor out, std::optional<std::vector<int64_t>> dims, bool keepdim,
+                    bool mean, std::unique_ptr<TypedCall> typed)
+      : input_(std::move(input)), out_(std::move(out)), dims_(std::move(dims)), keepdim_(keepdim),
+        mean_(mean), typed_(std::move(typed)) {}
+
+  void Run(c10::DispatchKeySet keys, const Slots& slots) const override {
+    const at::Tensor& in = input_.get(slots);
+    if (state_ == State::kUnprepared || out_.data_ptr() != built_out_ ||
+        (input_.slot < 0 && in.data_ptr() != built_in_)) {
+      state_ = Build(in) ? State::kPrepared : State::kTyped;  // first call, or the arena moved
+    }
+    if (state_ == State::kTyped) return typed_->Run(keys, slots);
+    if (input_.slot >= 0) iter_->unsafe_replace_operand(1, in.data_ptr());
+    at::native::sum_stub(c10::kCPU, *iter_);
+    if (mean_) {
+      AT_DISPATCH_FLOATING_TYPES(out_.scalar_type(), "torchreplay_mean", [&] {
+        scalar_t* o = out_.data_ptr<scalar_t>();
+        const scalar_t n = static_cast<scalar_t>(count_);
+        for (int64_t i = 0, e = out_.numel(); i < e; ++i) o[i] = o[i] / n;
+      });
+    }
+  }
+
+ private:
+  bool Build(const at::Tensor& in) const {
+    const c10::ScalarType t = out_.scalar_type();
+    if ((t != c10::kFloat && t != c10::kDouble) || in.scalar_type() != t || !out_.is_contiguous() ||
+        out_.numel() == 0 || in.numel() == 0 || out_.numel() > (1 << 16)) {
+      return false;
+    }
+    count_ = 1;
+    if (!dims_.has_value() || dims_->empty() || in.dim() == 0) {
+      count_ = in.numel();
+    } else {
+      for (int64_t d : *dims_) count_ *= in.size(c10::maybe_wrap_dim(d, in.dim()));
+    }
+    if (count_ > (int64_t{1} << 24)) return false;  // the int-to-float conversion stays exact
+    // The iterator borrows its operands: a per-call input is built on a stand-in of its geometry.
+    standin_ = input_.slot >= 0 ? at::empty_strided(in.sizes(), in.strides(), in.options()) : in;
+    try {
+      at::OptionalIntArrayRef dims = dims_.has_value() ? at::OptionalIntArrayRef(*dims_) : at::OptionalIntArrayRef();
+      iter_ = std::make_unique<at::TensorIterator>(
+          at::meta::make_reduction_from_out_ty(standin_, out_, dims, keepdim_, t));
+    } catch (const c10::Error&) {
+      return false;
+    }
+    if (iter_->numel() == 0 || iter_->ntensors() != 2 || iter_->data_ptr(1) != standin_.data_ptr()) return false;
+    built_out_ = out_.data_ptr();
+    built_in_ = in.data_ptr();
+    return true;
+  }
+
+  enum class State { kUnprepared, kPrepared, kTyped };
+  TensorArg input_;
+  at::Tensor out_;
+  std::optional<std::vector<int64_t>> dims_;
+  bool keepdim_, mean_;
+  std::unique_ptr<TypedCall> typed_;
+  mutable State state_ = State::kUnprepared;
+  mutable std::unique_ptr<at::TensorIterator> iter_;
+  mutable at::Tensor standin_;
+  mutable int64_t count_ = 1;
+  mutable void* built_out_ = nullptr;
+  mutable void* built_in_ = nullptr;
+};
+
 }  // namespace
 
 std::unique_ptr<TypedCall> MakePrepared(const c10::OperatorHandle& op, const Slots& args,
                                         const std::vector<int>& slot_of,
                                         std::unique_ptr<TypedCall> typed) {
   if (typed == nullptr) return typed;
-  const PreparedOp* prepared = FindPreparedOp(OperatorName(op));
+  const std::string name = OperatorName(op);
+  if (name == "aten::sum.IntList_out" || name == "aten::mean.out") {
+    // (self, dim, keepdim, dtype, out): dtype none or the result's, out a planned buffer.
+    if (args.size() != 5 || slot_of[1] >= 0 || slot_of[2] >= 0 || slot_of[3] >= 0 || slot_of[4] >= 0 ||
+        !args[4].isTensor() || !args[2].isBool() || !(args[1].isNone() || args[1].isIntList()) ||
+        !(args[3].isNone() || (args[3].isInt() && args[3].toInt() == static_cast<int64_t>(
+                                                       args[4].toTensor().scalar_type())))) {
+      return typed;
+    }
+    TensorArg input;
+    if (slot_of[0] >= 0) {
+      input.slot = slot_of[0];
+    } else if (args[0].isTensor()) {
+      input.value = args[0].toTensor();
+    } else {
+      return typed;
+    }
+    std::optional<std::vector<int64_t>> dims;
+    if (args[1].isIntList()) dims = args[1].toIntVector();
+    return std::make_unique<PreparedReduction>(std::move(input), args[4].toTensor(), std::move(dims),
+                                               args[2].toBool(), name == "aten::mean.out", std::move(typed));
+  }
+  const PreparedOp* prepared = FindPreparedOp(name);
   if (prepared == nullptr) return typed;
   const size_t num_inputs = prepared->kind == IterKind::kBinary ||
                                     prepared->kind == IterKind::kBinaryFloat ||

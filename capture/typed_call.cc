@@ -1,6 +1,7 @@
 // Typed (unboxed) kernel tape steps (Note [Typed steps] in typed_call.h).
 #include "capture/typed_call.h"
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -34,6 +35,14 @@ struct NumberArg {  // Scalar, Scalar?: a constant, or a scalar input bound per 
 };
 using ScalarArg = NumberArg<c10::Scalar>;
 using OptScalarArg = NumberArg<std::optional<c10::Scalar>>;
+struct DimsArg {  // int[]?: constant under one guard key
+  using type = at::OptionalIntArrayRef;
+  std::optional<std::vector<int64_t>> value;
+  at::OptionalIntArrayRef get(const Slots&) const {
+    return value.has_value() ? at::OptionalIntArrayRef(*value) : at::OptionalIntArrayRef();
+  }
+};
+using DtypeArg = ConstArg<std::optional<c10::ScalarType>, std::optional<c10::ScalarType>>;  // ScalarType?
 
 template <class... A>
 class TypedOpCall final : public TypedCall {
@@ -70,6 +79,12 @@ bool FillArg(const c10::IValue& v, bool per_call, int slot, A* a) {
   } else if constexpr (std::is_same_v<A, IntArg>) {
     if (per_call || !v.isInt()) return false;
     a->value = v.toInt();
+  } else if constexpr (std::is_same_v<A, DimsArg>) {
+    if (per_call || !(v.isNone() || v.isIntList())) return false;
+    if (v.isIntList()) a->value = v.toIntVector();
+  } else if constexpr (std::is_same_v<A, DtypeArg>) {
+    if (per_call || !(v.isNone() || v.isInt())) return false;
+    if (v.isInt()) a->value = static_cast<c10::ScalarType>(v.toInt());
   } else {
     if (per_call || !v.isBool()) return false;
     a->value = v.toBool();
@@ -97,7 +112,8 @@ std::unique_ptr<TypedCall> MakeTyped(const c10::OperatorHandle& op, const Slots&
   }
 }
 
-// One letter per argument: T tensor, S scalar, s optional scalar, I int, B bool, O out tensor.
+// One letter per argument: T tensor, S scalar, s optional scalar, I int, B bool, L optional int
+// list, D optional dtype, O out tensor.
 std::string SignatureCode(const c10::FunctionSchema& schema) {
   std::string code;
   for (const auto& a : schema.arguments()) {
@@ -115,6 +131,13 @@ std::string SignatureCode(const c10::FunctionSchema& schema) {
       code += 'I';
     } else if (t->kind() == c10::TypeKind::BoolType) {
       code += 'B';
+    } else if (t->kind() == c10::TypeKind::OptionalType && t->containedType(0)->kind() == c10::TypeKind::ListType &&
+               t->containedType(0)->containedType(0)->kind() == c10::TypeKind::IntType) {
+      code += 'L';
+    } else if (t->kind() == c10::TypeKind::OptionalType && a.name() == "dtype" &&
+               (t->containedType(0)->kind() == c10::TypeKind::ScalarTypeType ||
+                t->containedType(0)->kind() == c10::TypeKind::IntType)) {  // ScalarType? (an int at run time)
+      code += 'D';
     } else {
       code += '?';
     }
@@ -141,6 +164,7 @@ std::unique_ptr<TypedCall> MakeTypedCall(const c10::OperatorHandle& op, const Sl
   if (code == "TTTSSO") return MakeTyped<T, T, T, S, S, O>(op, args, slot_of);
   if (code == "TssO") return MakeTyped<T, OptScalarArg, OptScalarArg, O>(op, args, slot_of);
   if (code == "TIBO") return MakeTyped<T, IntArg, BoolArg, O>(op, args, slot_of);
+  if (code == "TLBDO") return MakeTyped<T, DimsArg, BoolArg, DtypeArg, O>(op, args, slot_of);  // sum, mean
   return nullptr;
 }
 
@@ -148,47 +172,82 @@ namespace {
 
 class CatCopies final : public TypedCall {
  public:
-  CatCopies(std::vector<CatInput> inputs, int64_t dim, at::Tensor out)
-      : inputs_(std::move(inputs)), dim_(dim), out_(std::move(out)) {}
+  CatCopies(std::vector<CatInput> inputs, int64_t dim, at::Tensor out) : out_(std::move(out)) {
+    int64_t at = 0;  // where each input starts along dim
+    for (CatInput& in : inputs) {
+      Block b;
+      b.dst = out_.dim() == 0 ? 0 : at * out_.stride(dim);
+      // The input's dims with its strides and the result's, adjacent dims merged where both
+      // tensors walk them as one (a dense run), so the copies are as long as they can be.
+      for (int64_t d = 0; d < out_.dim(); ++d) {
+        if (in.sizes[d] == 1) continue;
+        if (!b.sizes.empty() && b.in_strides.back() == in.sizes[d] * in.strides[d] &&
+            b.out_strides.back() == in.sizes[d] * out_.stride(d)) {
+          b.sizes.back() *= in.sizes[d];
+          b.in_strides.back() = in.strides[d];
+          b.out_strides.back() = out_.stride(d);
+        } else {
+          b.sizes.push_back(in.sizes[d]);
+          b.in_strides.push_back(in.strides[d]);
+          b.out_strides.push_back(out_.stride(d));
+        }
+      }
+      b.empty = std::any_of(in.sizes.begin(), in.sizes.end(), [](int64_t s) { return s == 0; });
+      at += out_.dim() == 0 ? 0 : in.sizes[dim];
+      blocks_.push_back(std::move(b));
+      inputs_.push_back(std::move(in));
+    }
+  }
 
   void Run(c10::DispatchKeySet, const Slots& slots) const override {
     char* dst = static_cast<char*>(out_.data_ptr());
     const int64_t item = static_cast<int64_t>(out_.itemsize());
-    const int64_t rank = out_.dim();
-    int64_t at = 0;  // where this input starts along dim
     std::vector<int64_t> index;
-    for (const CatInput& in : inputs_) {
+    for (size_t k = 0; k < inputs_.size(); ++k) {
+      const CatInput& in = inputs_[k];
+      const Block& b = blocks_[k];
       const at::Tensor& t = in.tensor.get(slots);
       TORCH_CHECK(t.scalar_type() == out_.scalar_type() && t.sizes() == c10::IntArrayRef(in.sizes) &&
                       t.strides() == c10::IntArrayRef(in.strides) && !t.is_conj() && !t.is_neg(),
                   "torchreplay: an input of a concatenation changed its layout since capture");
+      if (b.empty) continue;
       const char* src = static_cast<const char*>(t.const_data_ptr());
-      const int64_t last = in.sizes[rank - 1], out_last = out_.stride(rank - 1);
-      const bool rows = in.strides[rank - 1] == 1 && out_last == 1;
+      const int64_t rank = static_cast<int64_t>(b.sizes.size());
+      if (rank == 0) {  // a single element
+        std::memcpy(dst + b.dst * item, src, item);
+        continue;
+      }
+      const int64_t last = b.sizes[rank - 1], in_last = b.in_strides[rank - 1], out_last = b.out_strides[rank - 1];
+      const bool rows = in_last == 1 && out_last == 1;
       index.assign(rank, 0);
-      const int64_t count = t.numel() / std::max<int64_t>(last, 1);
-      for (int64_t k = 0; k < count && last > 0; ++k) {  // every index of the dims before the last
-        int64_t s = 0, d = dim_ == rank - 1 ? at * out_last : 0;
-        for (int64_t i = 0; i < rank - 1; ++i) {
-          s += index[i] * in.strides[i];
-          d += (index[i] + (i == dim_ ? at : 0)) * out_.stride(i);
+      int64_t count = 1;
+      for (int64_t d = 0; d < rank - 1; ++d) count *= b.sizes[d];
+      for (int64_t r = 0; r < count; ++r) {  // every index of the dims before the last
+        int64_t s = 0, o = b.dst;
+        for (int64_t d = 0; d < rank - 1; ++d) {
+          s += index[d] * b.in_strides[d];
+          o += index[d] * b.out_strides[d];
         }
         if (rows) {
-          std::memcpy(dst + d * item, src + s * item, last * item);
+          std::memcpy(dst + o * item, src + s * item, last * item);
         } else {
           for (int64_t j = 0; j < last; ++j) {
-            std::memcpy(dst + (d + j * out_last) * item, src + (s + j * in.strides[rank - 1]) * item, item);
+            std::memcpy(dst + (o + j * out_last) * item, src + (s + j * in_last) * item, item);
           }
         }
-        for (int64_t i = rank - 2; i >= 0 && ++index[i] == in.sizes[i]; --i) index[i] = 0;
+        for (int64_t d = rank - 2; d >= 0 && ++index[d] == b.sizes[d]; --d) index[d] = 0;
       }
-      at += in.sizes[dim_];
     }
   }
 
  private:
+  struct Block {  // where an input goes in the result, its dims merged
+    int64_t dst = 0;  // in elements
+    std::vector<int64_t> sizes, in_strides, out_strides;
+    bool empty = false;
+  };
   std::vector<CatInput> inputs_;
-  int64_t dim_;
+  std::vector<Block> blocks_;
   at::Tensor out_;  // a planned buffer: its elements do not overlap
 };
 

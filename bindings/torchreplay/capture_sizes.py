@@ -95,7 +95,7 @@ _FACTORIES = {aten.empty.memory_format, aten.zeros.default, aten.ones.default, a
 # (views, cat, index, embedding); or it works row by row along other dims (softmax along the
 # last dim, sums, layer norm, pooling, eval batch norm). Arithmetic on floats counts only in
 # float32 and float64: in bfloat16 and float16 the two paths convert NaNs and zeros differently
-# (a mean in float16 divides in float16).
+# (even a mean in float16, which computes in float32 and converts its result back, flips NaN bits).
 # Each is measured by tests/python/test_capture_sizes.py (test_ops_listed_as_bitwise_give_rows_
 # that_ignore_the_row_count) on random values mixed with NaNs (payloads and signs), infinities,
 # signed zeros and subnormals, the row-wise ones with one and two threads. Any other op reached

@@ -539,6 +539,7 @@ CATS = {  # each a cat or clone the tape makes as copies (Note [Concatenation as
     "an input of the graph itself": lambda x, y: torch.cat([x, y], 0),
     "clone of an expanded view (repeat_kv)": lambda x, y: x[:, None].expand(4, 2, 3).reshape(8, 3) * 2,
     "clone keeping a transposed layout": lambda x, y: (x * 2).t().clone() + y.t(),
+    "clone of a single element": lambda x, y: x[1, 2].clone() * y,
 }
 
 
@@ -567,3 +568,29 @@ def test_conjugate_and_negative_views_are_not_copied_as_bytes():
             z, w = make()
             assert all(torch.equal(g, e) for g, e in zip(step(z, w), fn(z, w)))
     assert step.stats()["replays"] == 3
+
+
+REDUCTIONS = {  # each a sum or mean the tape runs on an iterator built once (Note [Prepared sums and means])
+    "mean over the last dim, kept": lambda x: x.mean(-1, keepdim=True) * 1,
+    "sum over two dims": lambda x: x.sum((0, 2)) + 1,
+    "mean over every dim": lambda x: x.mean((0, 1, 2)) + 0,
+    "sum of a transposed view": lambda x: x.transpose(0, 1).sum(1) * 2,
+    "mean of a strided slice": lambda x: x[:, ::2].mean(1) - 1,
+    "rms norm": lambda x: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", list(REDUCTIONS))
+def test_sums_and_means_replay_on_a_prepared_iterator_bitwise(name, dtype):
+    fn = REDUCTIONS[name]
+    make = lambda: torch.randn(5, 6, 37, dtype=dtype) * 10  # noqa: E731
+    with torch.no_grad():
+        step = torchreplay.capture(fn, (make(),), config=config())
+        for _ in range(4):
+            x = make()
+            got, want = step(x), fn(x)
+            assert got.stride() == want.stride() and torch.equal(got, want)
+        kinds = {r["op"]: r["kind"] for r in step.profile(x, iterations=2)}
+    reductions = [k for op, k in kinds.items() if op in ("aten::mean.out", "aten::sum.IntList_out")]
+    assert reductions and set(reductions) == {"prepared pointwise"}, kinds
