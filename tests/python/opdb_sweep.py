@@ -33,6 +33,7 @@ import argparse
 import collections
 import json
 import math
+import os
 import sys
 import time
 import traceback
@@ -202,11 +203,31 @@ def _eager(fn: Callable, args: Sequence[Any], kwargs: Dict[str, Any], seed: int)
     return _snapshot(out), (args, kwargs)
 
 
+DUMP_DIR: Optional[str] = None  # --refusals: where the captured tapes' plans are written
+
+
 def _config() -> Any:
     cfg = torchreplay.CompilerConfig()
     cfg.mode = "reduce-overhead"
     cfg.reduce_overhead.warmup_iters = 1
+    if DUMP_DIR:
+        cfg.debug.graph_dump.type = "txt"
+        cfg.debug.graph_dump.path = DUMP_DIR
     return cfg
+
+
+def refusals(dump_dir: str) -> List[Tuple[str, str, int]]:
+    """The out= overloads the recording refused (Note [Checked out= kernels]), from the plans of
+    every captured tape: (overload, why, how many tapes)."""
+    import glob
+    import re
+    seen: collections.Counter = collections.Counter()
+    for path in glob.glob(os.path.join(dump_dir, "*.key*.txt")):
+        with open(path) as f:
+            for m in re.finditer(r"\((aten::[\w.]+) refused: ([^\n]*)\)\n", f.read()):
+                why = re.sub(r"\d+", "N", m.group(2))[:120]
+                seen[(m.group(1), why)] += 1
+    return [(op, why, n) for (op, why), n in seen.most_common()]
 
 
 def run_case(case: Case, calls: List[Tuple[Tuple[Any, ...], Dict[str, Any]]]) -> Case:
@@ -397,10 +418,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--shard", default="0/1", help="i/n: every n-th op from the i-th")
     p.add_argument("--json", help="write every case here")
     p.add_argument("--quiet", action="store_true", help="print only the cases that are not bitwise")
+    p.add_argument("--refusals", action="store_true",
+                   help="also list the out= overloads refused while recording (Note [Checked out= kernels])")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     logging_off()
     warnings.simplefilter("ignore")
+    global DUMP_DIR
+    if a.refusals:
+        import tempfile
+        DUMP_DIR = tempfile.mkdtemp(prefix="opdb-plans-")
     wanted = set(a.ops.split(",")) if a.ops else None
     entries = ENTRIES if a.entry == "both" else (a.entry,)
     shard, of = (int(x) for x in a.shard.split("/"))
@@ -422,6 +449,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if (n + 1) % 25 == 0:
             print(f"# {n + 1}/{len(ops)} ops, {len(done)} cases, {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
     print(summarize(done))
+    if DUMP_DIR:
+        print("\nout= overloads refused while recording (they run functionally):")
+        for op, why, n in refusals(DUMP_DIR):
+            print(f"  {op}: {why} ({n} tapes)")
     if a.json:
         with open(a.json, "w") as f:
             json.dump([dict(op=c.op.name, variant=c.op.variant_test_name, dtype=c.dtype_name, sample=c.index,
