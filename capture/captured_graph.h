@@ -42,8 +42,8 @@ struct CaptureInfo {
 struct StepTime {
   std::string node;    // the graph node it runs ("addmm_1")
   std::string op;      // the kernel it calls ("aten::addmm.out")
-  std::string kind;    // "prepared pointwise", "typed out=", "copies", "boxed out=", "functional",
-                       // "in place", "view", "getitem", "scalar"
+  std::string kind;    // "prepared pointwise", "prepared reduction", "typed out=", "copies",
+                       // "boxed out=", "functional", "in place", "view", "getitem", "scalar"
   std::string shapes;  // its results ("Float[1, 64]")
   double us = 0;       // mean time per replay
 };

@@ -451,7 +451,9 @@ class Emitter {
     }
     tape_->info_.typed_steps += step.typed != nullptr;
     ++tape_->info_.out_variant_steps;
-    Push(std::move(step), n, prepared ? "prepared pointwise" : copies ? "copies" : step.typed != nullptr ? "typed out=" : "boxed out=");
+    const bool reduction = out_name == "aten::sum.IntList_out" || out_name == "aten::mean.out";
+    Push(std::move(step), n, prepared ? (reduction ? "prepared reduction" : "prepared pointwise")
+                             : copies ? "copies" : step.typed != nullptr ? "typed out=" : "boxed out=");
   }
 
   void FunctionalStep(const Node& n) {

@@ -593,4 +593,4 @@ def test_sums_and_means_replay_on_a_prepared_iterator_bitwise(name, dtype):
             assert got.stride() == want.stride() and torch.equal(got, want)
         kinds = {r["op"]: r["kind"] for r in step.profile(x, iterations=2)}
     reductions = [k for op, k in kinds.items() if op in ("aten::mean.out", "aten::sum.IntList_out")]
-    assert reductions and set(reductions) == {"prepared pointwise"}, kinds
+    assert reductions and set(reductions) == {"prepared reduction"}, kinds
