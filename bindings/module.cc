@@ -542,6 +542,8 @@ py::dict StatsToDict(const replay::EngineStats& s) {
     r["out_variant_steps"] = i.out_variant_steps;
     r["typed_steps"] = i.typed_steps;
     r["prepared_steps"] = i.prepared_steps;
+    r["fused_steps"] = i.fused_steps;
+    r["fused_nodes"] = i.fused_nodes;
     r["functional_steps"] = i.functional_steps;
     r["precomputed"] = i.precomputed;
     r["arena_bytes"] = i.arena_bytes;
@@ -619,9 +621,10 @@ PYBIND11_MODULE(_C, m) {
       m, "EngineOptions",
       "Every setting of an engine, by name: EngineOptions(mode='reduce-overhead', warmup_iters=1, "
       "capture_limit=64, cache_limit=256, clone_outputs=False, preserve_outputs=False, name='graph', bound_inputs=0, "
-      "dump_dir='', prepared_steps=True, log_level=2, capture_sizes=[], batch_inputs=[], "
-      "batch_size_inputs=[], batch_outputs=[]). Unset fields take the defaults, with the "
-      "environment's switches (TORCHREPLAY_PREPARED_ITERATORS, TORCHREPLAY_LOG_LEVEL) applied.");
+      "dump_dir='', prepared_steps=True, fuse_elementwise=True, log_level=2, capture_sizes=[], "
+      "batch_inputs=[], batch_size_inputs=[], batch_outputs=[]). Unset fields take the defaults, "
+      "with the environment's switches (TORCHREPLAY_PREPARED_ITERATORS, TORCHREPLAY_FUSE, "
+      "TORCHREPLAY_LOG_LEVEL) applied.");
   options
       .def(py::init([](py::kwargs fields) {
         py::object o = py::cast(replay::EngineOptions::Defaults());
@@ -653,6 +656,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("name", &replay::EngineOptions::name)
       .def_readwrite("dump_dir", &replay::EngineOptions::dump_dir)
       .def_readwrite("prepared_steps", &replay::EngineOptions::prepared_steps)
+      .def_readwrite("fuse_elementwise", &replay::EngineOptions::fuse_elementwise)
       .def_property(
           "capture_sizes", [](const replay::EngineOptions& o) { return o.capture_sizes; },
           [](replay::EngineOptions& o, std::vector<int64_t> sizes) {
@@ -673,7 +677,7 @@ PYBIND11_MODULE(_C, m) {
         std::vector<std::string> parts;
         for (const char* f : {"mode", "warmup_iters", "capture_limit", "cache_limit", "clone_outputs",
                               "preserve_outputs", "name", "bound_inputs", "dump_dir",
-                              "prepared_steps", "log_level", "capture_sizes", "batch_inputs",
+                              "prepared_steps", "fuse_elementwise", "log_level", "capture_sizes", "batch_inputs",
                               "batch_size_inputs", "batch_outputs"}) {
           parts.push_back(absl::StrCat(f, "=", py::repr(o.attr(f)).cast<std::string>()));
         }

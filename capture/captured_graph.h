@@ -21,6 +21,8 @@ namespace torchreplay::capture {
 struct CaptureOptions {
   // CPU: pointwise steps on a TensorIterator built once (Note [Prepared pointwise steps]).
   bool prepared_steps = true;
+  // CPU: runs of elementwise nodes as one step (Note [Fused elementwise steps]).
+  bool fuse_elementwise = true;
   // CUDA: keep the cudaGraph_t so that Dump can write it as DOT.
   bool keep_graph = false;
 };
@@ -31,6 +33,8 @@ struct CaptureInfo {
   int out_variant_steps = 0;  // ... of which write into planned arena buffers
   int typed_steps = 0;        // ... of those, called unboxed (no IValue stack)
   int prepared_steps = 0;     // ... of those, on a TensorIterator built once (CPU pointwise)
+  int fused_steps = 0;        // ... of those, fused elementwise steps (CPU)
+  int fused_nodes = 0;        // nodes those fused steps compute
   int functional_steps = 0;   // ... of which allocate their result (no out= variant, or dynamic)
   int precomputed = 0;        // nodes decided once at capture (views of static tensors, sizes)
   int64_t arena_bytes = 0;    // this key's plan
@@ -42,7 +46,7 @@ struct CaptureInfo {
 struct StepTime {
   std::string node;    // the graph node it runs ("addmm_1")
   std::string op;      // the kernel it calls ("aten::addmm.out")
-  std::string kind;    // "prepared pointwise", "prepared reduction", "typed out=", "copies",
+  std::string kind;    // "fused elementwise", "prepared pointwise", "prepared reduction", "typed out=", "copies",
                        // "boxed out=", "functional", "in place", "view", "getitem", "scalar"
   std::string shapes;  // its results ("Float[1, 64]")
   double us = 0;       // mean time per replay

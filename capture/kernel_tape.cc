@@ -15,6 +15,7 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "capture/fused_elementwise.h"
 #include "capture/interpreter.h"
 #include "capture/prepared_pointwise.h"
 #include "capture/tape_plan.h"
@@ -41,6 +42,7 @@ struct Step {
   std::vector<at::Tensor> holders;        // kSymArith: wrapped numbers of its result (ScalarWrite)
   std::unique_ptr<TypedCall> typed;       // set for typed out= steps (Note [Typed steps])
   std::string name;                       // the node, for errors
+  std::string op_name;                    // for profiles: the kernel it calls (StepTime::op)
   const char* kind_name = "";             // for profiles: what the step is (StepTime::kind)
   std::string shapes;                     // for profiles: its results' dtypes and sizes
 };
@@ -128,7 +130,7 @@ absl::StatusOr<std::vector<StepTime>> KernelTape::ProfileReplay(const std::vecto
   std::vector<StepTime> rows;
   for (size_t i = 0; i < steps_.size(); ++i) {
     const Step& s = steps_[i];
-    rows.push_back(StepTime{s.name, s.op.has_value() ? OperatorName(*s.op) : "", s.kind_name, s.shapes,
+    rows.push_back(StepTime{s.name, s.op_name, s.kind_name, s.shapes,
                             std::chrono::duration<double, std::micro>(spent[i]).count() /
                                 std::max(iterations, 1)});
   }
@@ -290,7 +292,11 @@ class Emitter {
           GetItem(n);
           break;
         case TapePlan::Decision::kOutVariant:
-          OutVariantStep(n, *plan_.nodes[i].out);
+          if (plan_.nodes[i].group >= 0) {
+            FusedMember(i, *plan_.nodes[i].out);
+          } else {
+            OutVariantStep(n, *plan_.nodes[i].out, OutStack(n, *plan_.nodes[i].out));
+          }
           break;
         case TapePlan::Decision::kFunctional:
           FunctionalStep(n);
@@ -415,7 +421,9 @@ class Emitter {
     Push(std::move(step), n, "getitem");
   }
 
-  void OutVariantStep(const Node& n, const OutVariant& out) {
+  // The stack of n's out= step: its arguments (wrapped numbers precast), the out= overload's
+  // extra argument, then its results' planned buffers, which become their values' constants.
+  Step OutStack(const Node& n, const OutVariant& out) {
     Step step;
     step.op = out.op;
     BuildArgs(n, &step);
@@ -429,6 +437,88 @@ class Emitter {
       step.args.push_back(constants_[o]);
     }
     step.out_slots.assign(n.outputs.size(), -1);
+    return step;
+  }
+
+  // A node of a fused group (Note [Fused elementwise steps]): its stack is kept until the
+  // group's last node, where the group's one step is made.
+  void FusedMember(int i, const OutVariant& out) {
+    const TapePlan::FusedGroup& group = plan_.groups[plan_.nodes[i].group];
+    group_stacks_.push_back(OutStack(g_.nodes()[i], out));
+    if (i != group.nodes.back()) return;
+    std::vector<Step> stacks = std::move(group_stacks_);
+    group_stacks_.clear();
+    if (std::unique_ptr<TypedCall> fused = FusedStep(group, stacks); fused != nullptr) {
+      Step step;
+      step.typed = std::move(fused);
+      std::vector<std::string> names, ops;
+      for (size_t j = 0; j < group.nodes.size(); ++j) {
+        names.push_back(g_.nodes()[group.nodes[j]].name);
+        ops.push_back(fused::OpName(group.instrs[j].op));
+      }
+      step.name = absl::StrCat("fused(", absl::StrJoin(names, ", "), ")");
+      step.op_name = absl::StrCat("fused: ", absl::StrJoin(ops, " "));
+      ++tape_->info_.out_variant_steps;
+      ++tape_->info_.typed_steps;
+      ++tape_->info_.fused_steps;
+      tape_->info_.fused_nodes += static_cast<int>(group.nodes.size());
+      Push(std::move(step), g_.nodes()[i], "fused elementwise");
+      return;
+    }
+    for (size_t j = 0; j < group.nodes.size(); ++j) {
+      const int m = group.nodes[j];
+      OutVariantStep(g_.nodes()[m], *plan_.nodes[m].out, std::move(stacks[j]));
+    }
+  }
+
+  // The fused step of `group` from its nodes' stacks; nullptr if an operand is not what the plan
+  // described (then each node keeps its own step).
+  std::unique_ptr<TypedCall> FusedStep(const TapePlan::FusedGroup& group, const std::vector<Step>& stacks) {
+    fused::Program program;
+    program.segments = group.segments;
+    std::vector<TensorArg> operands;
+    // Each node's own typed call: the step runs them instead when the kernel meets an input it
+    // does not promise eager's bits for (fused::Instr::NanCheck).
+    std::vector<std::unique_ptr<TypedCall>> exact;
+    auto index_of = [&](const TensorArg& a) {
+      for (size_t k = 0; k < operands.size(); ++k) {
+        if (a.slot >= 0 ? operands[k].slot == a.slot
+                        : operands[k].slot < 0 && operands[k].value.is_same(a.value)) {
+          return static_cast<int>(k);
+        }
+      }
+      operands.push_back(a);
+      return static_cast<int>(operands.size()) - 1;
+    };
+    for (size_t j = 0; j < group.nodes.size(); ++j) {
+      fused::Instr in = group.instrs[j];
+      const Step& stack = stacks[j];
+      std::vector<int> slot_of(stack.args.size(), -1);
+      for (const Patch& p : stack.patches) slot_of[p.arg] = p.elem < 0 ? p.slot : -2;
+      exact.push_back(MakeTypedCall(*stack.op, stack.args, slot_of));
+      if (exact.back() == nullptr) return nullptr;
+      for (int k = 0; k <= in.num_inputs; ++k) {
+        const int pos = in.operand[k];
+        TensorArg a;
+        for (const Patch& p : stack.patches) {
+          if (p.arg == pos) a.slot = p.elem < 0 ? p.slot : -2;
+        }
+        if (a.slot == -2) return nullptr;
+        if (a.slot < 0) {
+          if (pos >= static_cast<int>(stack.args.size()) || !stack.args[pos].isTensor()) return nullptr;
+          a.value = stack.args[pos].toTensor();
+          const bool is_bool = k == 0 ? in.op >= fused::Op::kLt && in.op <= fused::Op::kNe
+                                      : in.op == fused::Op::kWhere && k == 1;
+          if (!a.value.defined() || a.value.scalar_type() != (is_bool ? c10::kBool : in.dtype)) return nullptr;
+        }
+        in.operand[k] = index_of(a);
+      }
+      program.instrs.push_back(in);
+    }
+    return MakeFusedStep(std::move(program), std::move(operands), std::move(exact));
+  }
+
+  void OutVariantStep(const Node& n, const OutVariant& out, Step step) {
     std::vector<int> slot_of(step.args.size(), -1);
     bool whole_args = true;
     for (const Patch& p : step.patches) {
@@ -452,6 +542,7 @@ class Emitter {
     tape_->info_.typed_steps += step.typed != nullptr;
     ++tape_->info_.out_variant_steps;
     const bool reduction = out_name == "aten::sum.IntList_out" || out_name == "aten::mean.out";
+    step.op_name = out_name;
     Push(std::move(step), n, prepared ? (reduction ? "prepared reduction" : "prepared pointwise")
                              : copies ? "copies" : step.typed != nullptr ? "typed out=" : "boxed out=");
   }
@@ -476,6 +567,7 @@ class Emitter {
       ++tape_->info_.functional_steps;
       tape_->info_.functional_ops.push_back(OperatorName(*n.op));
     }
+    step.op_name = OperatorName(*n.op);
     Push(std::move(step), n, any_fresh ? "functional" : in_place ? "in place" : "view");
   }
 
@@ -567,6 +659,7 @@ class Emitter {
   std::vector<c10::IValue> constants_;  // per value, once known
   std::vector<std::pair<int, at::Tensor>> holders_;  // (slot, wrapped number): see Holder
   absl::flat_hash_map<int, int> sym_step_of_slot_;   // slot -> the kSymArith step giving it
+  std::vector<Step> group_stacks_;  // the stacks of the open fused group's nodes so far
 };
 
 }  // namespace
@@ -576,7 +669,7 @@ absl::StatusOr<std::unique_ptr<CapturedGraph>> CaptureKernelTape(
     const std::vector<c10::IValue>& inputs, memory_pool::Arena* arena,
     const CaptureOptions& options) {
   const Graph& g = *graph;
-  absl::StatusOr<TapePlan> plan = PlanTape(g, rec);
+  absl::StatusOr<TapePlan> plan = PlanTape(g, rec, options.fuse_elementwise);
   if (!plan.ok()) return plan.status();
   const memory_pool::ArenaPlan arena_plan = memory_pool::PlanArena(plan->requests);
   arena->Reserve(arena_plan.arena_bytes);

@@ -1,6 +1,7 @@
 // The CPU kernel tape against the interpreter (the eager reference), in C++ alone: captured on one
 // input set, replayed on others at new addresses; a larger key growing the shared arena; prepared
 // pointwise steps actually taken (and the same results without them); the printed plan.
+#include "capture/fused_elementwise.h"
 #include "capture/kernel_tape.h"
 
 #include <ATen/ops/arange.h>
@@ -95,11 +96,18 @@ void ExpectReplayEqualsEager(CapturedGraph& tape, const std::shared_ptr<const Gr
   EXPECT_TRUE(at::equal(inputs[2].toTensor(), eager_in[2].toTensor())) << "acc.add_ in place";
 }
 
+// Fused elementwise steps are off unless a test is about them (fused::Run needs AVX2).
+CaptureOptions Unfused() {
+  CaptureOptions o;
+  o.fuse_elementwise = false;
+  return o;
+}
+
 TEST(KernelTapeTest, ReplaysOnNewInputsBitwiseAsTheInterpreter) {
   const auto g = Model();
   const at::Tensor w = at::randn({16, 8});
   memory_pool::Arena arena;
-  auto tape = Capture(g, Inputs(w, 4), &arena);
+  auto tape = Capture(g, Inputs(w, 4), &arena, Unfused());
   for (int call = 0; call < 3; ++call) ExpectReplayEqualsEager(*tape, g, Inputs(w, 4));
   const CaptureInfo& info = tape->info();
   EXPECT_EQ(info.nodes, 10);
@@ -111,6 +119,27 @@ TEST(KernelTapeTest, ReplaysOnNewInputsBitwiseAsTheInterpreter) {
   EXPECT_TRUE(tape->OutputInPool(0));
   EXPECT_FALSE(tape->OutputInPool(1));  // acc is the caller's tensor
   EXPECT_TRUE(tape->OutputInPool(2));   // a view of y's buffer
+}
+
+// Note [Fused elementwise steps]: add, relu, mul, sin and sub, one after another over one
+// iteration space, are one step (where the CPU runs the fused kernel), bitwise as the interpreter.
+TEST(KernelTapeTest, ElementwiseRunsAreOneFusedStep) {
+  if (!FusionAvailable()) GTEST_SKIP() << "no AVX2: nothing is fused";
+  const auto g = Model();
+  const at::Tensor w = at::randn({16, 8});
+  memory_pool::Arena arena;
+  auto tape = Capture(g, Inputs(w, 4), &arena);
+  for (int call = 0; call < 3; ++call) ExpectReplayEqualsEager(*tape, g, Inputs(w, 4));
+  const CaptureInfo& info = tape->info();
+  EXPECT_EQ(info.fused_steps, 1);
+  EXPECT_EQ(info.fused_nodes, 5);
+  EXPECT_EQ(info.steps, 3);  // mm, the fused step, acc.add_
+  Interpreter interp(g);
+  Recording rec;
+  ASSERT_TRUE(RunAndRecord(interp, Inputs(w, 4), &rec).ok());
+  auto plan = PlanTape(*g, rec, /*fuse=*/true);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_THAT(plan->ToString(*g), HasSubstr("aten::relu: out= fused 0 (clamp_min) aten::clamp_min.out"));
 }
 
 // Note [Checked out= kernels] and Note [One storage per buffer]: binary_cross_entropy.out writes
@@ -138,7 +167,7 @@ TEST(KernelTapeTest, OutKernelsThatMisuseTheirOutputsRunAsEagerDoes) {
   Interpreter interp(*g);
   Recording rec;
   ASSERT_TRUE(RunAndRecord(interp, inputs(), &rec).ok());
-  auto plan = PlanTape(**g, rec);
+  auto plan = PlanTape(**g, rec, /*fuse=*/true);
   ASSERT_TRUE(plan.ok()) << plan.status();
   const std::string text = plan->ToString(**g);
   EXPECT_THAT(text, HasSubstr("aten::binary_cross_entropy: functional (aten::binary_cross_entropy.out "
@@ -176,8 +205,8 @@ TEST(KernelTapeTest, PreparedStepsRunAndMatchTheTypedCalls) {
   const auto g = Model();
   const at::Tensor w = at::randn({16, 8});
   memory_pool::Arena with_arena, without_arena;
-  auto with = Capture(g, Inputs(w, 4), &with_arena);
-  CaptureOptions off;
+  auto with = Capture(g, Inputs(w, 4), &with_arena, Unfused());
+  CaptureOptions off = Unfused();
   off.prepared_steps = false;
   auto without = Capture(g, Inputs(w, 4), &without_arena, off);
 #if defined(__x86_64__)
@@ -197,7 +226,7 @@ TEST(KernelTapeTest, PlanSaysWhatEachNodeBecomes) {
   Interpreter interp(g);
   Recording rec;
   ASSERT_TRUE(RunAndRecord(interp, Inputs(at::randn({16, 8}), 4), &rec).ok());
-  auto plan = PlanTape(*g, rec);
+  auto plan = PlanTape(*g, rec, /*fuse=*/false);
   ASSERT_TRUE(plan.ok()) << plan.status();
   const std::string text = plan->ToString(*g);
   EXPECT_THAT(text, HasSubstr("aten::t: precomputed"));
@@ -244,7 +273,7 @@ TEST(KernelTapeTest, ScalarInputsAreReadPerCallBitwiseAsTheInterpreter) {
   EXPECT_TRUE(g->is_per_call_scalar(2));
   for (const bool prepared : {true, false}) {
     SCOPED_TRACE(prepared ? "prepared steps" : "typed steps only");
-    CaptureOptions options;
+    CaptureOptions options = Unfused();
     options.prepared_steps = prepared;
     memory_pool::Arena arena;
     auto tape = Capture(g, {at::randn({4, 8}), 0.5, int64_t{3}}, &arena, options);

@@ -9,6 +9,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "capture/fused_elementwise.h"
 
 namespace torchreplay::capture {
 namespace {
@@ -48,7 +49,7 @@ const char* DecisionName(TapePlan::Decision d) {
 
 }  // namespace
 
-absl::StatusOr<TapePlan> PlanTape(const Graph& g, const Recording& rec) {
+absl::StatusOr<TapePlan> PlanTape(const Graph& g, const Recording& rec, bool fuse) {
   if (auto s = CheckReplayable(g, rec); !s.ok()) return s;
   const int num_nodes = static_cast<int>(g.nodes().size());
   TapePlan plan;
@@ -217,6 +218,24 @@ absl::StatusOr<TapePlan> PlanTape(const Graph& g, const Recording& rec) {
       }
     }
   }
+  if (fuse) {
+    plan.groups = PlanFusion(g, rec, plan);
+    // A fused segment runs every instruction on a piece before the next piece, so the arena
+    // buffers a group reads or writes stay live until its last node: none is reused under it.
+    for (size_t k = 0; k < plan.groups.size(); ++k) {
+      const int end = plan.groups[k].nodes.back();
+      for (int i : plan.groups[k].nodes) {
+        plan.nodes[i].group = static_cast<int>(k);
+        auto extend = [&](ValueId v) {
+          if (const int b = val[root_of(v)].buffer; b >= 0) {
+            plan.requests[b].last_use = std::max(plan.requests[b].last_use, end);
+          }
+        };
+        for (const auto& a : g.nodes()[i].args) ForEachValueUse(a, extend);
+        for (ValueId o : g.nodes()[i].outputs) extend(o);
+      }
+    }
+  }
   return plan;
 }
 
@@ -236,6 +255,11 @@ std::string TapePlan::ToString(const Graph& g, const memory_pool::ArenaPlan* are
     for (ValueId v : n.outputs) outs.push_back(name(v));
     os << "  " << absl::StrJoin(outs, ", ") << " = " << NodeLabel(n) << ": "
        << DecisionName(nodes[i].decision);
+    if (const int k = nodes[i].group; k >= 0) {
+      const FusedGroup& group = groups[k];
+      const size_t at = std::find(group.nodes.begin(), group.nodes.end(), static_cast<int>(i)) - group.nodes.begin();
+      os << " fused " << k << " (" << fused::OpName(group.instrs[at].op) << ")";
+    }
     if (nodes[i].out.has_value()) {
       os << " " << OperatorName(nodes[i].out->op);
       for (ValueId v : n.outputs) {

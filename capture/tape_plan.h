@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "capture/fused_kernels.h"
 #include "capture/graph.h"
 #include "capture/out_variants.h"
 #include "capture/recording.h"
@@ -46,6 +47,15 @@ struct TapePlan {
     Decision decision = Decision::kFunctional;
     std::optional<OutVariant> out;  // kOutVariant
     std::string why;                // kFunctional: why an out= overload was refused, if one was
+    int group = -1;                 // kOutVariant: its fused group, if in one
+  };
+  // A run of out= nodes computed by one fused elementwise step (Note [Fused elementwise steps]
+  // in fused_elementwise.h): the step runs where the last of them is. An instruction's operands
+  // are positions in its node's out= stack (arguments, extra argument, results).
+  struct FusedGroup {
+    std::vector<int> nodes;
+    std::vector<fused::Instr> instrs;  // one per node
+    std::vector<fused::Segment> segments;
   };
   struct ValuePlan {
     bool constant = false;  // else per call, in `slot`
@@ -60,14 +70,16 @@ struct TapePlan {
   std::vector<std::pair<int, int>> input_slots;  // (input position, slot)
   int num_slots = 0;
   std::vector<memory_pool::BufferRequest> requests;  // ValuePlan::buffer indexes these
+  std::vector<FusedGroup> groups;
 
   // One line per node: its decision and, for out= steps, the buffers it writes (at `arena`'s
   // offsets, when given).
   std::string ToString(const Graph& graph, const memory_pool::ArenaPlan* arena = nullptr) const;
 };
 
-// Plans the tape of `graph` from the recording of its last warm-up run. FailedPrecondition, with
-// the reason, for graphs that cannot be replayed (CheckReplayable).
-absl::StatusOr<TapePlan> PlanTape(const Graph& graph, const Recording& recording);
+// Plans the tape of `graph` from the recording of its last warm-up run; with `fuse`, runs of
+// elementwise nodes become fused groups. FailedPrecondition, with the reason, for graphs that
+// cannot be replayed (CheckReplayable).
+absl::StatusOr<TapePlan> PlanTape(const Graph& graph, const Recording& recording, bool fuse);
 
 }  // namespace torchreplay::capture

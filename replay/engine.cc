@@ -46,12 +46,15 @@ void SetLogLevel(LogLevel level) { g_default_log_level = level; }
 LogLevel DefaultLogLevel() { return g_default_log_level; }
 
 EngineOptions EngineOptions::Defaults() {
-  static const bool prepared_steps = [] {
-    const char* env = std::getenv("TORCHREPLAY_PREPARED_ITERATORS");
+  auto on_unless_zero = [](const char* name) {
+    const char* env = std::getenv(name);
     return env == nullptr || std::string(env) != "0";
-  }();
+  };
+  static const bool prepared_steps = on_unless_zero("TORCHREPLAY_PREPARED_ITERATORS");
+  static const bool fuse_elementwise = on_unless_zero("TORCHREPLAY_FUSE");
   EngineOptions o;
   o.prepared_steps = prepared_steps;
+  o.fuse_elementwise = fuse_elementwise;
   o.log_level = g_default_log_level;
   return o;
 }
@@ -400,6 +403,7 @@ absl::Status Engine::Capture(ThreadState& ts, Entry& e, const std::vector<c10::I
   const bool cuda = capture::Interpreter::CudaDevice(inputs).has_value();
   capture::CaptureOptions options;
   options.prepared_steps = options_.prepared_steps;
+  options.fuse_elementwise = options_.fuse_elementwise;
   options.keep_graph = !options_.dump_dir.empty();
   absl::StatusOr<std::unique_ptr<capture::CapturedGraph>> graph;
   try {  // an allocation that fails half-way (out of memory) fails the capture, not the call
@@ -435,7 +439,8 @@ absl::Status Engine::Capture(ThreadState& ts, Entry& e, const std::vector<c10::I
   Log(LogLevel::kInfo, absl::StrCat("captured key ", rec.key, " (", rec.reason,
                       "): ", info.nodes, " nodes -> ", info.steps, " steps (",
                       info.out_variant_steps, " out= (", info.typed_steps, " typed, ",
-                      info.prepared_steps, " prepared), ", info.functional_steps, " functional, ",
+                      info.prepared_steps, " prepared, ", info.fused_steps, " fused of ", info.fused_nodes,
+                      " nodes), ", info.functional_steps, " functional, ",
                       info.precomputed, " precomputed), arena ", info.arena_bytes, " B for ",
                       info.tensor_bytes, " B of tensors, pool ", ts.arena.bytes(), " B, ", ms,
                       " ms"));

@@ -70,6 +70,9 @@ struct EngineOptions {
   std::string dump_dir;
   // CPU: pointwise steps on a TensorIterator built once (Note [Prepared pointwise steps]).
   bool prepared_steps = true;
+  // CPU: runs of elementwise nodes as one step computing each element as eager does (Note
+  // [Fused elementwise steps]).
+  bool fuse_elementwise = true;
   // Messages below this level are not logged.
   LogLevel log_level = LogLevel::kWarning;
   // Batch-size buckets (Note [Capture sizes]): the batch sizes captured, ascending. A call whose
@@ -81,7 +84,8 @@ struct EngineOptions {
   std::vector<int> batch_outputs;      // outputs whose dim 0 is the batch
 
   // The defaults with the environment's switches applied, read once per process:
-  // TORCHREPLAY_PREPARED_ITERATORS=0 turns prepared steps off; TORCHREPLAY_LOG_LEVEL=0..3 sets
+  // TORCHREPLAY_PREPARED_ITERATORS=0 turns prepared steps off, TORCHREPLAY_FUSE=0 fused
+  // elementwise steps; TORCHREPLAY_LOG_LEVEL=0..3 sets
   // log_level (SetLogLevel overrides it for engines made afterwards).
   static EngineOptions Defaults();
 };

@@ -37,7 +37,9 @@ cc_library(
     hdrs = glob(["include/**/*.h", "include/**/*.hpp", "include/**/*.cuh"], allow_empty = True),
     includes = ["include", "include/torch/csrc/api/include"],
     defines = ["_GLIBCXX_USE_CXX11_ABI={abi}"],
-    linkopts = ["-L{lib}", "-Wl,-rpath,{lib}", "-Wl,--no-as-needed", "-ltorch", "-ltorch_cpu", "-lc10", "-Wl,--as-needed"],
+    # libgomp: torch's own OpenMP runtime (code that parallelizes with at::parallel_for is
+    # compiled with -fopenmp and must share torch's threads).
+    linkopts = ["-L{lib}", "-Wl,-rpath,{lib}", "-Wl,--no-as-needed", "-ltorch", "-ltorch_cpu", "-lc10", "-l:libgomp.so.1", "-Wl,--as-needed"],
 )
 
 cc_library(

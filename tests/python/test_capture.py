@@ -464,16 +464,17 @@ def test_a_model_that_seeds_the_random_generator_is_refused():
 
 def test_a_replay_is_profiled_step_by_step():
     """Captured.profile: one row per tape step, in order, saying what each step is; the steps of
-    the MLP are its three GEMMs (typed) and two relus (prepared, as clamp_min), each timed."""
+    the MLP are its three GEMMs (typed) and two relus (fused elementwise steps of one clamp_min
+    each), each timed."""
     model = MLP().eval()
     x = torch.randn(1, 64)
     step = torchreplay.capture(model, (x,), config=config())
     rows = step.profile(x, iterations=20)
     assert [(r["op"], r["kind"]) for r in rows] == [
-        ("aten::addmm.out", "typed out="), ("aten::clamp_min.out", "prepared pointwise"),
-        ("aten::addmm.out", "typed out="), ("aten::clamp_min.out", "prepared pointwise"),
+        ("aten::addmm.out", "typed out="), ("fused: clamp_min", "fused elementwise"),
+        ("aten::addmm.out", "typed out="), ("fused: clamp_min", "fused elementwise"),
         ("aten::addmm.out", "typed out=")]
-    assert [r["node"] for r in rows] == ["addmm", "relu", "addmm_1", "relu_1", "addmm_2"]
+    assert [r["node"] for r in rows] == ["addmm", "fused(relu)", "addmm_1", "fused(relu_1)", "addmm_2"]
     assert rows[0]["shapes"] == "Float[1, 256]" and all(r["us"] > 0 for r in rows)
     assert torch.equal(step(x), model(x))   # the engine goes on as before
     # A key that runs eagerly has no tape to profile.

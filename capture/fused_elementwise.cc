@@ -1,0 +1,440 @@
+// Fused elementwise steps (Note [Fused elementwise steps] in fused_elementwise.h): which nodes
+// the fused kernel computes, how groups and segments are cut, and the step.
+#include "capture/fused_elementwise.h"
+
+#include <ATen/TensorIterator.h>
+#include <ATen/Version.h>
+#include <ATen/ops/empty_strided.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+
+namespace torchreplay::capture {
+namespace {
+
+using fused::Instr;
+using fused::Op;
+
+static_assert(fused::kGrainSize == at::internal::GRAIN_SIZE, "the fused kernel cuts ranges where eager does");
+
+// How the fused kernel computes an out= overload, and what its arguments are.
+enum class Form : uint8_t {
+  kUnary,       // (self, out)
+  kUnaryScalar, // (self, Scalar, out): pow's exponent, clamp_min's and clamp_max's bound
+  kClamp,       // (self, Scalar? min, Scalar? max, out)
+  kBinary,      // (self, other, out)
+  kAlpha,       // (self, other, Scalar alpha, out): add, sub
+  kCompare,     // (self, other, out): a bool result
+  kWhere,       // (condition, self, other, out)
+};
+struct OpInfo {
+  Op op;
+  Form form;
+  bool exact = false;  // vector and scalar lambdas can differ: the split must be eager's
+  bool mkl = false;    // MKL's vector math (vml.h)
+  bool ints = false;   // int64 too
+  bool sleef = false;  // Sleef in the vector lambda (its AVX2 and AVX512 functions differ on NaNs)
+};
+
+const OpInfo* FindOp(const std::string& name) {
+  static const absl::flat_hash_map<std::string, OpInfo> kOps = {
+      {"aten::neg.out", {Op::kNeg, Form::kUnary}},
+      {"aten::abs.out", {Op::kAbs, Form::kUnary}},
+      {"aten::reciprocal.out", {Op::kReciprocal, Form::kUnary}},
+      {"aten::rsqrt.out", {Op::kRsqrt, Form::kUnary}},
+      {"aten::sigmoid.out", {Op::kSigmoid, Form::kUnary, true, false, false, true}},
+      {"aten::silu.out", {Op::kSilu, Form::kUnary, true, false, false, true}},
+      {"aten::exp2.out", {Op::kExp2, Form::kUnary, true, false, false, true}},
+      {"aten::exp.out", {Op::kExp, Form::kUnary, false, true}},
+      {"aten::log.out", {Op::kLog, Form::kUnary, false, true}},
+      {"aten::sin.out", {Op::kSin, Form::kUnary, false, true}},
+      {"aten::cos.out", {Op::kCos, Form::kUnary, false, true}},
+      {"aten::tanh.out", {Op::kTanh, Form::kUnary, false, true}},
+      {"aten::erf.out", {Op::kErf, Form::kUnary, false, true}},
+      {"aten::sqrt.out", {Op::kSqrt, Form::kUnary, false, true}},
+      {"aten::log1p.out", {Op::kLog1p, Form::kUnary, false, false, false, true}},
+      {"aten::expm1.out", {Op::kExpm1, Form::kUnary, false, false, false, true}},
+      {"aten::pow.Tensor_Scalar_out", {Op::kSquare, Form::kUnaryScalar}},
+      {"aten::clamp_min.out", {Op::kClampMin, Form::kUnaryScalar}},
+      {"aten::clamp_max.out", {Op::kClampMax, Form::kUnaryScalar}},
+      {"aten::clamp.out", {Op::kClamp, Form::kClamp}},
+      {"aten::add.out", {Op::kAdd, Form::kAlpha, false, false, true}},
+      {"aten::sub.out", {Op::kAdd, Form::kAlpha, false, false, true}},
+      {"aten::mul.out", {Op::kMul, Form::kBinary, false, false, true}},
+      {"aten::div.out", {Op::kDiv, Form::kBinary}},
+      {"aten::lt.Tensor_out", {Op::kLt, Form::kCompare, false, false, true}},
+      {"aten::le.Tensor_out", {Op::kLe, Form::kCompare, false, false, true}},
+      {"aten::gt.Tensor_out", {Op::kGt, Form::kCompare, false, false, true}},
+      {"aten::ge.Tensor_out", {Op::kGe, Form::kCompare, false, false, true}},
+      {"aten::eq.Tensor_out", {Op::kEq, Form::kCompare, false, false, true}},
+      {"aten::ne.Tensor_out", {Op::kNe, Form::kCompare, false, false, true}},
+      {"aten::where.self_out", {Op::kWhere, Form::kWhere}},
+  };
+  auto it = kOps.find(name);
+  return it == kOps.end() ? nullptr : &it->second;
+}
+
+// Elements per iteration of eager's vectorized loop for an op whose AVX512 kernel is used where
+// the CPU capability is AVX512 (sigmoid, silu, exp2 are registered for AVX512): 2 * Vec::size().
+int VecBlock(c10::ScalarType dtype) {
+  static const bool avx512 = at::get_cpu_capability() == "AVX512";
+  const int bytes = avx512 ? 64 : 32;
+  return 2 * bytes / static_cast<int>(c10::elementSize(dtype));
+}
+
+// A tensor operand as the recording saw it (or a constant, or a number made a wrapped tensor).
+struct Operand {
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  std::vector<int64_t> sizes, strides;
+  bool wrapped = false;  // a number where a Tensor goes (a 0-dim "wrapped number")
+  ValueId value = -1;    // the graph value, or -1 for a constant
+};
+
+class Describer {
+ public:
+  Describer(const Graph& g, const Recording& rec, const TapePlan& plan) : g_(g), rec_(rec), plan_(plan) {}
+
+  // The instruction computing node `i` (an out= node), with the graph values of its operands
+  // (-1 for constants); nullopt if the fused kernel does not compute it as eager does.
+  std::optional<Instr> Describe(int i, std::vector<ValueId>* values) const {
+    const Node& n = g_.nodes()[i];
+    const TapePlan::NodePlan& np = plan_.nodes[i];
+    if (np.decision != TapePlan::Decision::kOutVariant || !np.out.has_value() || n.outputs.size() != 1) {
+      return std::nullopt;
+    }
+    const std::string name = OperatorName(np.out->op);
+    const OpInfo* info = FindOp(name);
+    if (info == nullptr || (info->mkl && !fused::MklAvailable())) return std::nullopt;
+    // The out= stack: the node's arguments, the extra argument (relu's clamp_min bound), the result.
+    const int num_args = static_cast<int>(n.args.size());
+    const bool extra = !np.out->extra_arg.isNone();
+    const int out_pos = num_args + (extra ? 1 : 0);
+    const ValueRecord& out_rec = rec_.values[n.outputs[0]];
+    if (!out_rec.is_tensor || out_rec.device != c10::kCPU) return std::nullopt;
+    const c10::ScalarType out_dtype = out_rec.dtype;
+    auto scalar = [&](int a) -> std::optional<c10::Scalar> {
+      if (a == num_args && extra) return np.out->extra_arg.toScalar();
+      if (a >= num_args) return std::nullopt;
+      const Arg& arg = n.args[a];
+      c10::IValue v;
+      if (arg.kind == Arg::Kind::kConstant) {
+        v = arg.constant;
+      } else if (arg.kind == Arg::Kind::kValue && plan_.values[arg.value].constant &&
+                 !rec_.values[arg.value].is_tensor) {
+        v = rec_.values[arg.value].scalar;
+      }
+      if (!v.isScalar()) return std::nullopt;  // none, a list, or bound per call
+      return v.toScalar();
+    };
+    auto is_none = [&](int a) {
+      return a < num_args && n.args[a].kind == Arg::Kind::kConstant && n.args[a].constant.isNone();
+    };
+
+    Instr in;
+    in.op = info->op;
+    std::vector<int> inputs;  // stack positions of the tensor inputs
+    switch (info->form) {
+      case Form::kUnary:
+        inputs = {0};
+        break;
+      case Form::kUnaryScalar: {
+        inputs = {0};
+        std::optional<c10::Scalar> s = scalar(1);
+        if (!s.has_value() || s->isComplex()) return std::nullopt;
+        const double v = s->toDouble();
+        if (name == "aten::pow.Tensor_Scalar_out") {  // Pow.cpp, PowKernel.cpp
+          if (v == 2.0) in.op = Op::kSquare;
+          else if (v == 3.0) in.op = Op::kCube;
+          else if (v == -2.0) in.op = Op::kInverseSquare;
+          else if (v == 0.5 && fused::MklAvailable()) in.op = Op::kSqrt;
+          else if (v == -0.5) in.op = Op::kRsqrt;
+          else if (v == -1.0) in.op = Op::kReciprocal;
+          else return std::nullopt;
+        } else {
+          if (std::isnan(v)) return std::nullopt;  // clamp_min/clamp_max fill with a NaN bound
+          in.p0 = v;
+        }
+        break;
+      }
+      case Form::kClamp: {
+        inputs = {0};
+        std::optional<c10::Scalar> lo = scalar(1), hi = scalar(2);
+        if ((!lo.has_value() && !is_none(1)) || (!hi.has_value() && !is_none(2))) return std::nullopt;
+        if ((lo.has_value() && (lo->isComplex() || std::isnan(lo->toDouble()))) ||
+            (hi.has_value() && (hi->isComplex() || std::isnan(hi->toDouble())))) {
+          return std::nullopt;
+        }
+        if (lo.has_value() && hi.has_value()) {
+          in.p0 = lo->toDouble(), in.p1 = hi->toDouble();
+        } else if (lo.has_value()) {
+          in.op = Op::kClampMin, in.p0 = lo->toDouble();
+        } else if (hi.has_value()) {
+          in.op = Op::kClampMax, in.p0 = hi->toDouble();
+        } else {
+          return std::nullopt;
+        }
+        break;
+      }
+      case Form::kBinary:
+      case Form::kCompare:
+        inputs = {0, 1};
+        break;
+      case Form::kAlpha: {
+        inputs = {0, 1};
+        std::optional<c10::Scalar> alpha = scalar(2);
+        if (!alpha.has_value() || alpha->isComplex()) return std::nullopt;
+        const bool sub = name == "aten::sub.out";  // BinaryOps.cpp: add_stub with -alpha
+        if (alpha->isIntegral(false)) {
+          const int64_t a = alpha->toLong();
+          in.i0 = sub ? static_cast<int64_t>(0ULL - static_cast<uint64_t>(a)) : a;
+          in.p0 = sub ? -static_cast<double>(a) : static_cast<double>(a);
+        } else {
+          in.p0 = sub ? -alpha->toDouble() : alpha->toDouble();
+          if (out_dtype == c10::kLong) return std::nullopt;
+        }
+        // self + alpha * other: with alpha = +-1 every rounding of it is the sum's. Other alphas
+        // are rounded once (an fma) or twice by eager's compiled loops, element by element as
+        // the compiler vectorized them.
+        if (out_dtype != c10::kLong && in.p0 != 1.0 && in.p0 != -1.0) return std::nullopt;
+        break;
+      }
+      case Form::kWhere:
+        inputs = {0, 1, 2};
+        break;
+    }
+
+    // The operands, with the dtype each has when the step runs (wrapped numbers are cast once
+    // to a float or double result's dtype at capture: kernel_tape.cc, WrappedNumbersToPrecast).
+    std::vector<Operand> ops;
+    for (int a : inputs) {
+      std::optional<Operand> o = OperandOf(n, a);
+      if (!o.has_value()) return std::nullopt;
+      ops.push_back(*std::move(o));
+    }
+    bool precast = out_dtype == c10::kFloat || out_dtype == c10::kDouble;
+    for (const Operand& o : ops) precast = precast && (o.wrapped || o.dtype == out_dtype);
+    for (Operand& o : ops) {
+      if (precast && o.wrapped && !c10::isComplexType(o.dtype) && o.dtype != c10::kBool) o.dtype = out_dtype;
+    }
+
+    // Dtypes: no operand is cast by the op's TensorIterator.
+    const c10::ScalarType compute = info->form == Form::kWhere ? ops[1].dtype : ops[0].dtype;
+    const bool floating = compute == c10::kFloat || compute == c10::kDouble;
+    if (!floating && !(info->ints && compute == c10::kLong)) {
+      if (info->form != Form::kWhere || c10::isComplexType(compute) ||
+          (c10::elementSize(compute) != 4 && c10::elementSize(compute) != 8)) {
+        return std::nullopt;
+      }
+    }
+    for (size_t k = 0; k < ops.size(); ++k) {
+      const c10::ScalarType want = info->form == Form::kWhere && k == 0 ? c10::kBool : compute;
+      if (ops[k].dtype != want) return std::nullopt;
+    }
+    if (out_dtype != (info->form == Form::kCompare ? c10::kBool : compute)) return std::nullopt;
+    in.dtype = compute;
+    in.num_inputs = static_cast<int>(inputs.size());
+    in.vec_block = info->exact ? VecBlock(compute) : 0;
+    if (floating && (in.op == Op::kAdd || in.op == Op::kMul || in.op == Op::kDiv)) {
+      in.nan_check = Instr::NanCheck::kNanPair;
+    } else if (floating && info->sleef) {
+      in.nan_check = Instr::NanCheck::kAnyNan;
+    }
+
+    // The geometry the op's TensorIterator gives (built on meta tensors of the recorded shapes).
+    Operand out;
+    out.dtype = out_dtype, out.sizes = out_rec.sizes, out.strides = out_rec.strides;
+    out.value = n.outputs[0];
+    if (!Geometry(out, ops, &in)) return std::nullopt;
+    in.operand[0] = out_pos;
+    values->assign(1, out.value);
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      in.operand[k + 1] = inputs[k];
+      values->push_back(ops[k].value);
+    }
+    return in;
+  }
+
+ private:
+  // Argument `a` of `n` as a tensor operand: a value the recording saw, or a constant.
+  std::optional<Operand> OperandOf(const Node& n, int a) const {
+    if (a >= static_cast<int>(n.args.size())) return std::nullopt;
+    const Arg& arg = n.args[a];
+    Operand o;
+    if (arg.kind == Arg::Kind::kValue) {
+      const ValueRecord& r = rec_.values[arg.value];
+      o.value = arg.value;
+      if (r.is_tensor) {
+        if (r.lazy_bits || r.device != c10::kCPU) return std::nullopt;
+        o.dtype = r.dtype, o.sizes = r.sizes, o.strides = r.strides;
+        return o;
+      }
+      if (r.is_list || !r.scalar.isScalar()) return std::nullopt;
+      // A number where a Tensor goes: a wrapped number (a holder written per call, or a constant).
+      const at::Tensor t = WrapNumber(r.scalar).toTensor();
+      o.dtype = t.scalar_type(), o.wrapped = true;
+      return o;
+    }
+    if (arg.kind != Arg::Kind::kConstant) return std::nullopt;
+    const c10::IValue v = WrapNumber(arg.constant);
+    if (!v.isTensor() || !v.toTensor().defined()) return std::nullopt;
+    const at::Tensor& t = v.toTensor();
+    if (t.device() != c10::kCPU || t.is_conj() || t.is_neg() || t.layout() != c10::kStrided) return std::nullopt;
+    o.dtype = t.scalar_type(), o.sizes = t.sizes().vec(), o.strides = t.strides().vec();
+    o.wrapped = t.unsafeGetTensorImpl()->is_wrapped_number();
+    return o;
+  }
+
+  static at::Tensor Meta(const Operand& o) {
+    return at::empty_strided(o.sizes, o.strides, at::TensorOptions().dtype(o.dtype).device(c10::kMeta));
+  }
+
+  // Fills `in`'s shape and strides from a TensorIterator over `out` and `ops`, as the op's own
+  // iterator is built (the same operands in the same order: same dims, same order, same
+  // coalescing). False for empty or over-dimensioned iteration spaces.
+  static bool Geometry(const Operand& out, const std::vector<Operand>& ops, Instr* in) {
+    try {
+      at::TensorIteratorConfig config;
+      config.set_check_mem_overlap(false).check_all_same_dtype(false).resize_outputs(false);
+      config.add_owned_output(Meta(out));
+      for (const Operand& o : ops) config.add_owned_const_input(Meta(o));
+      at::TensorIterator iter = config.build();
+      if (iter.numel() <= 0 || iter.ndim() > fused::kMaxDims) return false;
+      in->numel = iter.numel();
+      in->ndim = std::max<int>(1, static_cast<int>(iter.ndim()));
+      for (int d = 0; d < fused::kMaxDims; ++d) in->shape[d] = d < iter.ndim() ? iter.shape()[d] : 1;
+      for (int k = 0; k < iter.ntensors(); ++k) {
+        for (int d = 0; d < fused::kMaxDims; ++d) {
+          // A 0-dim iteration (every operand one element) is one row of one element; the
+          // kernel's scalar lambda takes it, as eager's does.
+          in->strides[k][d] = d < iter.ndim() ? iter.strides(k)[d]
+                              : d == 0        ? static_cast<int64_t>(iter.element_size(k))
+                                              : 0;
+        }
+      }
+    } catch (const c10::Error&) {
+      return false;
+    }
+    return true;
+  }
+
+  const Graph& g_;
+  const Recording& rec_;
+  const TapePlan& plan_;
+};
+
+// Does node i run anything per call (a step of its own)?
+bool RunsPerCall(const Graph& g, const TapePlan& plan, int i) {
+  switch (plan.nodes[i].decision) {
+    case TapePlan::Decision::kScalar:
+    case TapePlan::Decision::kPrecompute:
+      return false;
+    case TapePlan::Decision::kGetItem:
+      return !plan.values[g.nodes()[i].args[0].value].constant;
+    default:
+      return true;
+  }
+}
+
+bool SameShape(const Instr& a, const Instr& b) {
+  if (a.ndim != b.ndim || a.numel != b.numel) return false;
+  for (int d = 0; d < a.ndim; ++d) {
+    if (a.shape[d] != b.shape[d]) return false;
+  }
+  return true;
+}
+
+class FusedStep final : public TypedCall {
+ public:
+  FusedStep(fused::Program program, std::vector<TensorArg> operands,
+            std::vector<std::unique_ptr<TypedCall>> exact)
+      : program_(std::move(program)), operands_(std::move(operands)), exact_(std::move(exact)),
+        base_(operands_.size()) {}
+
+  void Run(c10::DispatchKeySet keys, const Slots& slots) const override {
+    for (size_t k = 0; k < operands_.size(); ++k) {
+      // Constants are read every call too: an arena buffer moves when the arena grows.
+      base_[k] = static_cast<char*>(operands_[k].get(slots).data_ptr());
+    }
+    if (fused::Run(program_, base_.data())) return;
+    // Inputs the kernel does not promise eager's bits for (two NaNs meeting, a NaN into Sleef):
+    // the nodes again, each through its own kernel. The group reads nothing it writes before
+    // writing it, so running it again from the start gives eager's results.
+    for (const auto& call : exact_) call->Run(keys, slots);
+  }
+
+ private:
+  fused::Program program_;
+  std::vector<TensorArg> operands_;
+  std::vector<std::unique_ptr<TypedCall>> exact_;
+  mutable std::vector<char*> base_;  // a tape runs on one thread
+};
+
+}  // namespace
+
+bool FusionAvailable() {
+  static const bool available = [] {
+    const std::string capability = at::get_cpu_capability();
+    return capability == "AVX2" || capability == "AVX512";
+  }();
+  return available;
+}
+
+std::vector<TapePlan::FusedGroup> PlanFusion(const Graph& g, const Recording& rec, const TapePlan& plan) {
+  std::vector<TapePlan::FusedGroup> groups;
+  if (!FusionAvailable()) return groups;
+  Describer describer(g, rec, plan);
+  TapePlan::FusedGroup group;
+  // Per segment of the open group: the values its instructions write, each with the element
+  // mapping (strides) it was written in. An instruction reading one of them in another mapping
+  // (a transposed view) would read elements a later piece has not written yet: it starts a new
+  // segment. Views of the same values are other values, and start one too.
+  absl::flat_hash_map<ValueId, std::array<int64_t, fused::kMaxDims>> written;
+  auto close = [&] {
+    if (!group.nodes.empty()) groups.push_back(std::move(group));
+    group = TapePlan::FusedGroup();
+    written.clear();
+  };
+  for (int i = 0; i < static_cast<int>(g.nodes().size()); ++i) {
+    std::vector<ValueId> values;
+    std::optional<Instr> in = describer.Describe(i, &values);
+    if (!in.has_value()) {
+      if (RunsPerCall(g, plan, i)) close();
+      continue;
+    }
+    bool same_segment = !group.instrs.empty() && SameShape(group.instrs.back(), *in);
+    for (int k = 1; same_segment && k <= in->num_inputs; ++k) {
+      const ValueId v = values[k];
+      if (v < 0) continue;
+      const ValueId root = rec.values[v].root_or(v);
+      for (const auto& [w, writer] : written) {
+        if (rec.values[w].root_or(w) != root) continue;
+        bool same_mapping = w == v;
+        for (int d = 0; same_mapping && d < in->ndim; ++d) {
+          same_mapping = in->strides[k][d] == writer[d];
+        }
+        same_segment = same_segment && same_mapping;
+      }
+    }
+    if (!same_segment) {
+      group.segments.push_back(fused::Segment{static_cast<int>(group.instrs.size()), 0});
+      written.clear();
+    }
+    group.nodes.push_back(i);
+    group.instrs.push_back(*in);
+    ++group.segments.back().count;
+    std::copy_n(in->strides[0], fused::kMaxDims, written[values[0]].begin());
+  }
+  close();
+  return groups;
+}
+
+std::unique_ptr<TypedCall> MakeFusedStep(fused::Program program, std::vector<TensorArg> operands,
+                                         std::vector<std::unique_ptr<TypedCall>> exact) {
+  return std::make_unique<FusedStep>(std::move(program), std::move(operands), std::move(exact));
+}
+
+}  // namespace torchreplay::capture

@@ -1,0 +1,72 @@
+// capture/fused_elementwise.h: runs of elementwise nodes as one kernel tape step, computed as
+// eager computes them.
+//
+// Note [Fused elementwise steps]
+// A run of consecutive out= pointwise nodes (nodes that run nothing per call, such as views of
+// planned buffers, may sit between them) becomes one step: a small program of instructions, one
+// per node, run by one kernel (fused_kernels.h) with no dispatch, no TensorIterator and no
+// per-op call in between. Consecutive instructions over the same iteration space form a segment,
+// walked piece by piece (at most 512 elements of a row), every instruction on a piece before the
+// next piece, so that a chain over a large tensor reads and writes it once from memory, not once
+// per op. The results are eager's, bit for bit, because each instruction does what the op's
+// ATen CPU kernel does to each element:
+//   - the geometry is the op's own: a TensorIterator is built at capture over the recorded
+//     operands (on the meta device), and its coalesced shape and strides are what the kernel
+//     walks, rows and all;
+//   - the arithmetic is the op's own lambdas (UnaryOpsKernel.cpp, BinaryOpsKernel.cpp,
+//     Activation.cpp, PowKernel.cpp, TensorCompareKernel.cpp and the ufunc add.h of torch 2.11),
+//     with ATen's at::vec types and the Sleef functions libtorch exports; exp, log, sin, cos,
+//     tanh, erf and sqrt in float and double call MKL's vector math (vmsExp, ...) exactly as
+//     ATen's vml.h does. The kernel is compiled as ATen's AVX2 kernels are (-mavx2 -mfma), with
+//     contraction off: the one multiply-add torch's build contracts here, add's
+//     self + alpha * other, is written as the fma it became;
+//   - where an op's vector and scalar lambdas can round an element differently (sigmoid, silu,
+//     exp2: Sleef in one, glibc in the other), each element takes the path eager gives it. Eager
+//     runs the vector lambda on the first n - n % (2 * Vec::size()) elements of each row (each
+//     vectorized_loop call: Loops.h) when every operand is contiguous or one input is broadcast,
+//     the scalar lambda on the rest and on every element of any other layout; Vec::size() is
+//     that of the kernel DispatchStub picks (these three have AVX512 kernels, used where ATen's
+//     CPU capability is AVX512), and rows are cut where at::parallel_for cuts the range when a
+//     tensor reaches the grain size on more than one thread. The kernel cuts its pieces at the
+//     same places and splits each the same way. Every other fused op gives the same bits on both
+//     paths (IEEE arithmetic in the same order, selects, comparisons, MKL or Sleef on every
+//     element), so any split is eager's.
+// What is not fused (the node keeps its own step): other ops; dtypes other than float32 and
+// float64 (int64 for add, sub, mul and comparisons; where moves any 4- or 8-byte value); an
+// operand of another dtype than the op computes in (eager would cast it first); a Scalar
+// argument bound per call; NaN clamp bounds (eager fills); pow exponents other than 2, 3, -2,
+// 0.5, -0.5, -1; empty results; iteration spaces of more than four dims; a CPU without AVX2, or
+// a libtorch built without MKL for the MKL ops. Differential tests pin every fused op against
+// eager for every dtype, length, layout, thread count and special value (tests/python/
+// test_fusion.py). TORCHREPLAY_FUSE=0 (EngineOptions::fuse_elementwise) turns fusion off.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "capture/fused_kernels.h"
+#include "capture/graph.h"
+#include "capture/recording.h"
+#include "capture/tape_plan.h"
+#include "capture/typed_call.h"
+
+namespace torchreplay::capture {
+
+// Whether this CPU runs the fused kernel (ATen's CPU capability is AVX2 or AVX512).
+bool FusionAvailable();
+
+// The fusion groups of `plan` (Note [Fused elementwise steps]): each a run of out= nodes with
+// nothing run per call between them, each node described by the instruction that computes it.
+// An instruction's operands are positions in the node's out= step stack (its arguments, the
+// out= overload's extra argument if any, then its results).
+std::vector<TapePlan::FusedGroup> PlanFusion(const Graph& graph, const Recording& recording,
+                                             const TapePlan& plan);
+
+// The step running `program` on `operands` (instructions' operands index into it). `exact` holds
+// the group's nodes' own calls, in order: run instead, after the kernel, on a call whose inputs
+// it does not promise eager's bits for (fused::Run returned false).
+std::unique_ptr<TypedCall> MakeFusedStep(fused::Program program, std::vector<TensorArg> operands,
+                                         std::vector<std::unique_ptr<TypedCall>> exact);
+
+}  // namespace torchreplay::capture

@@ -1,0 +1,86 @@
+// capture/fused_kernels.h: the program a fused elementwise step runs (fused_elementwise.h), as
+// plain data, and the kernel that runs it. The kernel is compiled apart (fused_kernels_avx2.cc,
+// with the AVX2 flags ATen's own AVX2 kernels are built with, floating-point contraction off),
+// so that this header needs nothing of ATen's vector code.
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace torchreplay::capture::fused {
+
+constexpr int kMaxDims = 4;      // iteration dims after TensorIterator coalesced them
+constexpr int kMaxOperands = 4;  // the output, then up to three inputs
+// TensorIterator's for_each grain (at::internal::GRAIN_SIZE): tensors this large are cut into
+// per-thread ranges when more than one thread runs.
+constexpr int64_t kGrainSize = 32768;
+
+// What an instruction computes, each exactly as ATen's CPU kernel of that op computes it
+// (Note [Fused elementwise steps] in fused_elementwise.h says from where).
+enum class Op : uint8_t {
+  // One input.
+  kNeg, kAbs, kReciprocal, kRsqrt, kSquare, kCube, kInverseSquare,  // pow 2, 3, -2
+  kClampMin, kClampMax, kClamp,                                     // scalar bounds p0, p1
+  kSigmoid, kSilu, kExp2,                                           // vector and scalar paths differ
+  kExp, kLog, kSin, kCos, kTanh, kErf, kSqrt,                       // MKL's vector math (vml)
+  kLog1p, kExpm1,                                                   // Sleef on every element
+  // Two inputs.
+  kAdd,  // fma(alpha, b, a), alpha in p0 (sub: -alpha); integers wrap
+  kMul, kDiv,
+  kLt, kLe, kGt, kGe, kEq, kNe,  // bool results
+  // Three inputs.
+  kWhere,  // bool condition first
+};
+
+const char* OpName(Op op);
+
+// One op over its own iteration space, described as the TensorIterator eager builds for it
+// describes it: dims fastest first, strides in bytes, operand 0 the output.
+struct Instr {
+  Op op = Op::kNeg;
+  c10::ScalarType dtype = c10::ScalarType::Float;  // of its inputs (kWhere: of its values)
+  int num_inputs = 1;
+  int operand[kMaxOperands] = {-1, -1, -1, -1};  // index into the step's operand table
+  double p0 = 0, p1 = 0;                         // float / double parameters
+  int64_t i0 = 0;                                // integer parameter (kAdd on integers)
+  // Elements per iteration of eager's vectorized loop (2 * Vec::size() of the kernel eager's
+  // dispatch picks), for ops whose vector and scalar paths can round an element differently;
+  // 0 where every element gets the same bits either way.
+  int vec_block = 0;
+  // Inputs whose result this kernel cannot promise to be eager's bits for, checked as it runs
+  // (Run then returns false): kNanPair, two NaNs meeting in one element (which NaN's sign and
+  // payload eager's compiled loops keep differs from loop to loop); kAnyNan, a NaN (Sleef's
+  // AVX2 and AVX512 functions give NaNs other signs).
+  enum class NanCheck : uint8_t { kNone, kNanPair, kAnyNan };
+  NanCheck nan_check = NanCheck::kNone;
+  int ndim = 1;
+  int64_t numel = 0;
+  int64_t shape[kMaxDims] = {};
+  int64_t strides[kMaxOperands][kMaxDims] = {};
+};
+
+// Consecutive instructions with one iteration shape: run piece by piece, every instruction on a
+// piece before the next piece (Note [Fused elementwise steps]).
+struct Segment {
+  int first = 0, count = 0;  // into Program::instrs
+};
+
+struct Program {
+  std::vector<Instr> instrs;
+  std::vector<Segment> segments;
+};
+
+// Runs `program` on the operands' data (`base[k]`: operand k's first element). Only on CPUs with
+// AVX2 and FMA (ATen's CPU capability AVX2 or AVX512). False if an instruction met an input its
+// NanCheck names: then the results are not promised to be eager's, and the caller computes them
+// again another way.
+bool Run(const Program& program, char* const* base);
+
+// Whether the MKL vector math the kernel calls for exp, log, sin, cos, tanh, erf and sqrt is
+// there (vmsExp and the others, which libtorch exports where it was built with MKL): where it is
+// not, ATen computes these ops otherwise, and they are not fused.
+bool MklAvailable();
+
+}  // namespace torchreplay::capture::fused

@@ -1,0 +1,518 @@
+// The fused elementwise kernel (fused_kernels.h), compiled with the flags of ATen's AVX2 kernels
+// (-mavx2 -mfma -mf16c, CPU_CAPABILITY=AVX2) and floating-point contraction off: every fused
+// multiply-add below is one ATen's build makes too, written out (Note [Fused elementwise steps]).
+#include "capture/fused_kernels.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <c10/util/bit_cast.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+
+// MKL's vector math, as ATen's vml.h calls it for float and double exp, log, sin, cos, tanh, erf
+// and sqrt (VML_HA | VML_FTZDAZ_OFF | VML_ERRMODE_IGNORE). libtorch exports these where it was
+// built with MKL; weak references stay null where it was not.
+extern "C" {
+#define TORCHREPLAY_VML(name)                                                              \
+  void vms##name(int n, const float* a, float* r, long long mode) __attribute__((weak));  \
+  void vmd##name(int n, const double* a, double* r, long long mode) __attribute__((weak));
+TORCHREPLAY_VML(Exp)
+TORCHREPLAY_VML(Ln)
+TORCHREPLAY_VML(Sin)
+TORCHREPLAY_VML(Cos)
+TORCHREPLAY_VML(Tanh)
+TORCHREPLAY_VML(Erf)
+TORCHREPLAY_VML(Sqrt)
+#undef TORCHREPLAY_VML
+}
+
+namespace torchreplay::capture::fused {
+namespace {
+
+using at::vec::Vectorized;
+
+constexpr long long kVmlMode = 0x00000002 | 0x00140000 | 0x00000100;
+// Elements of one piece each instruction of a segment runs before the next instruction: a
+// multiple of every vectorized loop's block (32 floats at most), small enough for the segment's
+// operands to stay in the L1 cache between instructions.
+constexpr int64_t kChunk = 512;
+
+using NanCheck = Instr::NanCheck;
+
+// The operands of one instruction at the first element of a piece, their inner strides, and
+// where to say that an input named by the instruction's NanCheck was met.
+struct Cursor {
+  char* p[kMaxOperands];
+  int64_t s[kMaxOperands];
+  std::atomic<bool>* inexact;
+  template <class T>
+  T& at(int k, int64_t i) const {
+    return *reinterpret_cast<T*>(p[k] + i * s[k]);
+  }
+};
+
+template <class T>
+bool AnyLane(const Vectorized<T>& mask) {
+  if constexpr (std::is_same_v<T, float>) {
+    return _mm256_movemask_ps(mask) != 0;
+  } else {
+    return _mm256_movemask_pd(mask) != 0;
+  }
+}
+
+// Whether inputs `v` (n of them) are what `check` names.
+template <class T, int N>
+bool Flagged(NanCheck check, const Vectorized<T>* v) {
+  if (check == NanCheck::kNone) return false;
+  Vectorized<T> m = v[0].isnan();
+  for (int k = 1; k < N; ++k) m = check == NanCheck::kNanPair ? m & v[k].isnan() : m | v[k].isnan();
+  return AnyLane(m);
+}
+template <class T, int N>
+bool Flagged(NanCheck check, const T* v) {
+  if (check == NanCheck::kNone) return false;
+  bool all = true, any = false;
+  for (int k = 0; k < N; ++k) {
+    all = all && std::isnan(v[k]);
+    any = any || std::isnan(v[k]);
+  }
+  return check == NanCheck::kNanPair ? all : any;
+}
+
+// Runs elements [begin, end) of a piece of `len` elements (one vectorized_loop call in eager).
+// `f.S` is the op's scalar lambda, `f.V` its vector lambda. With `block` > 0 the op's two paths
+// can round an element differently, so each element takes the path eager gives it: the vector
+// lambda for the first len - len % block elements when eager's loop is vectorized (every operand
+// contiguous, or one input broadcast: Loops.h, VectorizedLoop2d), the scalar lambda for the rest
+// and for every element of any other layout. With `block` == 0 both paths give the same bits and
+// the vector lambda runs wherever the layout allows.
+template <class T, int N, class F>
+void Map(const F& f, const Cursor& c, int64_t len, int64_t begin, int64_t end, int block, NanCheck check) {
+  using Vec = Vectorized<T>;
+  constexpr int64_t kSize = sizeof(T);
+  int broadcast = 0, dense = 0;
+  for (int k = 1; k <= N; ++k) {
+    broadcast += c.s[k] == 0;
+    dense += c.s[k] == kSize;
+  }
+  const bool vectorized = c.s[0] == kSize && broadcast + dense == N && (block == 0 || broadcast <= 1);
+  const int64_t vec_end = !vectorized ? 0 : block > 0 ? len - len % block : len;
+  int64_t i = begin;
+  if (i < vec_end) {
+    Vec bcast[N];
+    for (int k = 0; k < N; ++k) {
+      if (c.s[k + 1] == 0) bcast[k] = Vec(c.at<T>(k + 1, 0));
+    }
+    auto load = [&](int k, int64_t at) {
+      return c.s[k + 1] == 0 ? bcast[k] : Vec::loadu(c.p[k + 1] + at * kSize);
+    };
+    const int64_t stop = std::min(end, vec_end);
+    bool flagged = false;
+    for (; i + Vec::size() <= stop; i += Vec::size()) {
+      Vec in[N];
+      for (int k = 0; k < N; ++k) in[k] = load(k, i);
+      flagged = flagged || Flagged<T, N>(check, in);
+      Vec r;
+      if constexpr (N == 1) r = f.V(in[0]);
+      if constexpr (N == 2) r = f.V(in[0], in[1]);
+      r.store(c.p[0] + i * kSize);
+    }
+    if (flagged) c.inexact->store(true, std::memory_order_relaxed);
+  }
+  for (; i < end; ++i) {
+    T in[N];
+    for (int k = 0; k < N; ++k) in[k] = c.at<T>(k + 1, i);
+    if (Flagged<T, N>(check, in)) c.inexact->store(true, std::memory_order_relaxed);
+    if constexpr (N == 1) c.at<T>(0, i) = f.S(in[0]);
+    if constexpr (N == 2) c.at<T>(0, i) = f.S(in[0], in[1]);
+  }
+}
+
+// Unary ops whose lambdas are ATen's (UnaryOpsKernel.cpp, Activation.cpp, PowKernel.cpp,
+// TensorCompareKernel.cpp).
+template <class T>
+struct Neg {
+  T S(T a) const { return -a; }
+  Vectorized<T> V(Vectorized<T> a) const { return a.neg(); }
+};
+template <class T>
+struct Abs {
+  T S(T a) const { return std::abs(a); }
+  Vectorized<T> V(Vectorized<T> a) const { return a.abs(); }
+};
+template <class T>
+struct Reciprocal {
+  T S(T a) const { return static_cast<T>(1.0) / a; }
+  Vectorized<T> V(Vectorized<T> a) const { return a.reciprocal(); }
+};
+template <class T>
+struct Rsqrt {
+  T S(T a) const { return static_cast<T>(1) / std::sqrt(a); }
+  Vectorized<T> V(Vectorized<T> a) const { return a.rsqrt(); }
+};
+template <class T>
+struct Square {
+  T S(T a) const { return a * a; }
+  Vectorized<T> V(Vectorized<T> a) const { return a * a; }
+};
+template <class T>
+struct Cube {
+  T S(T a) const { return a * a * a; }
+  Vectorized<T> V(Vectorized<T> a) const { return a * a * a; }
+};
+template <class T>
+struct InverseSquare {
+  T S(T a) const { return static_cast<T>(1.0) / (a * a); }
+  Vectorized<T> V(Vectorized<T> a) const { return (a * a).reciprocal(); }
+};
+template <class T>
+struct ClampMin {
+  T lo;
+  T S(T a) const { return std::max(a, lo); }
+  Vectorized<T> V(Vectorized<T> a) const { return at::vec::clamp_min(a, Vectorized<T>(lo)); }
+};
+template <class T>
+struct ClampMax {
+  T hi;
+  T S(T a) const { return std::min(a, hi); }
+  Vectorized<T> V(Vectorized<T> a) const { return at::vec::clamp_max(a, Vectorized<T>(hi)); }
+};
+template <class T>
+struct Clamp {
+  T lo, hi;
+  T S(T a) const { return std::min(std::max(a, lo), hi); }
+  Vectorized<T> V(Vectorized<T> a) const {
+    return at::vec::clamp(a, Vectorized<T>(lo), Vectorized<T>(hi));
+  }
+};
+template <class T>
+struct Sigmoid {
+  T S(T a) const { return static_cast<T>(1) / (static_cast<T>(1) + std::exp(-a)); }
+  Vectorized<T> V(Vectorized<T> a) const {
+    return (Vectorized<T>(static_cast<T>(1)) + a.neg().exp()).reciprocal();
+  }
+};
+template <class T>
+struct Silu {
+  T S(T x) const { return x / (T(1) + std::exp(-x)); }
+  Vectorized<T> V(Vectorized<T> x) const { return x / (Vectorized<T>(T(1)) + x.neg().exp()); }
+};
+template <class T>
+struct Exp2 {
+  T S(T a) const { return std::exp2(a); }
+  Vectorized<T> V(Vectorized<T> a) const { return a.exp2(); }
+};
+// add.out: ufunc::add is self + alpha * other, which GCC contracts into fma(alpha, other, self)
+// in both lambdas of ATen's build (the vector one is vec::fmadd(other, alpha, self)).
+template <class T>
+struct Add {
+  T alpha;
+  T S(T a, T b) const { return std::fma(alpha, b, a); }
+  Vectorized<T> V(Vectorized<T> a, Vectorized<T> b) const {
+    return at::vec::fmadd(b, Vectorized<T>(alpha), a);
+  }
+};
+template <class T>
+struct Mul {
+  T S(T a, T b) const { return a * b; }
+  Vectorized<T> V(Vectorized<T> a, Vectorized<T> b) const { return a * b; }
+};
+template <class T>
+struct Div {
+  T S(T a, T b) const { return a / b; }
+  Vectorized<T> V(Vectorized<T> a, Vectorized<T> b) const { return a / b; }
+};
+
+// vml ops (vml.h): every element through the vector function, the tail too, so the bits of an
+// element do not depend on where a loop starts or ends. Layouts other than contiguous go through
+// a buffer, as UnaryOpsKernel.cpp's IMPLEMENT_ITERATOR_LAMBDA does.
+template <class T, class F>
+void Vml(const F& f, const Cursor& c, int64_t begin, int64_t end, NanCheck check) {
+  constexpr int64_t kSize = sizeof(T);
+  if (check != NanCheck::kNone) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (std::isnan(c.at<T>(1, i))) {
+        c.inexact->store(true, std::memory_order_relaxed);
+        break;
+      }
+    }
+  }
+  if (c.s[0] == kSize && c.s[1] == kSize) {
+    f(reinterpret_cast<T*>(c.p[0] + begin * kSize), reinterpret_cast<const T*>(c.p[1] + begin * kSize),
+      end - begin);
+    return;
+  }
+  T in[kChunk], out[kChunk];
+  for (int64_t i = begin; i < end; i += kChunk) {
+    const int64_t n = std::min(kChunk, end - i);
+    for (int64_t j = 0; j < n; ++j) in[j] = c.at<T>(1, i + j);
+    f(out, in, n);
+    for (int64_t j = 0; j < n; ++j) c.at<T>(0, i + j) = out[j];
+  }
+}
+
+template <class T>
+using VmlFn = void (*)(int, const T*, T*, long long);
+
+template <class T>
+struct Mkl {
+  VmlFn<T> fn;
+  void operator()(T* out, const T* in, int64_t n) const { fn(static_cast<int>(n), in, out, kVmlMode); }
+};
+
+VmlFn<float> MklFloat(Op op) {
+  switch (op) {
+    case Op::kExp: return vmsExp;
+    case Op::kLog: return vmsLn;
+    case Op::kSin: return vmsSin;
+    case Op::kCos: return vmsCos;
+    case Op::kTanh: return vmsTanh;
+    case Op::kErf: return vmsErf;
+    case Op::kSqrt: return vmsSqrt;
+    default: return nullptr;
+  }
+}
+VmlFn<double> MklDouble(Op op) {
+  switch (op) {
+    case Op::kExp: return vmdExp;
+    case Op::kLog: return vmdLn;
+    case Op::kSin: return vmdSin;
+    case Op::kCos: return vmdCos;
+    case Op::kTanh: return vmdTanh;
+    case Op::kErf: return vmdErf;
+    case Op::kSqrt: return vmdSqrt;
+    default: return nullptr;
+  }
+}
+template <class T>
+VmlFn<T> MklFn(Op op) {
+  if constexpr (std::is_same_v<T, float>) {
+    return MklFloat(op);
+  } else {
+    return MklDouble(op);
+  }
+}
+
+// log1p and expm1 are not MKL's in vml.h: Sleef through vec::map, on every element.
+template <class T>
+struct SleefMap {
+  bool log1p;
+  void operator()(T* out, const T* in, int64_t n) const {
+    if (log1p) {
+      at::vec::map([](Vectorized<T> x) { return x.log1p(); }, out, in, n);
+    } else {
+      at::vec::map([](Vectorized<T> x) { return x.expm1(); }, out, in, n);
+    }
+  }
+};
+
+// Integer add and mul wrap as ATen's do (their overflow is two's complement in practice).
+void AddInt(const Cursor& c, int64_t alpha, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) {
+    c.at<int64_t>(0, i) = static_cast<int64_t>(static_cast<uint64_t>(c.at<int64_t>(1, i)) +
+                                               static_cast<uint64_t>(alpha) *
+                                                   static_cast<uint64_t>(c.at<int64_t>(2, i)));
+  }
+}
+void MulInt(const Cursor& c, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) {
+    c.at<int64_t>(0, i) = static_cast<int64_t>(static_cast<uint64_t>(c.at<int64_t>(1, i)) *
+                                               static_cast<uint64_t>(c.at<int64_t>(2, i)));
+  }
+}
+
+// Comparisons give exact answers on either path; written to a bool result.
+template <class T>
+void Compare(Op op, const Cursor& c, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) {
+    const T a = c.at<T>(1, i), b = c.at<T>(2, i);
+    bool r = false;
+    switch (op) {
+      case Op::kLt: r = a < b; break;
+      case Op::kLe: r = a <= b; break;
+      case Op::kGt: r = a > b; break;
+      case Op::kGe: r = a >= b; break;
+      case Op::kEq: r = a == b; break;
+      case Op::kNe: r = a != b; break;
+      default: break;
+    }
+    c.at<bool>(0, i) = r;
+  }
+}
+
+// where: a select, its bits moved as they are (NaN payloads included).
+template <class Bits>
+void Where(const Cursor& c, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) {
+    c.at<Bits>(0, i) = c.at<bool>(1, i) ? c.at<Bits>(2, i) : c.at<Bits>(3, i);
+  }
+}
+
+template <class T>
+void RunFloating(const Instr& in, const Cursor& c, int64_t len, int64_t begin, int64_t end) {
+  const int b = in.vec_block;
+  const NanCheck x = in.nan_check;
+  const T p0 = static_cast<T>(in.p0), p1 = static_cast<T>(in.p1);
+  switch (in.op) {
+    case Op::kNeg: return Map<T, 1>(Neg<T>{}, c, len, begin, end, b, x);
+    case Op::kAbs: return Map<T, 1>(Abs<T>{}, c, len, begin, end, b, x);
+    case Op::kReciprocal: return Map<T, 1>(Reciprocal<T>{}, c, len, begin, end, b, x);
+    case Op::kRsqrt: return Map<T, 1>(Rsqrt<T>{}, c, len, begin, end, b, x);
+    case Op::kSquare: return Map<T, 1>(Square<T>{}, c, len, begin, end, b, x);
+    case Op::kCube: return Map<T, 1>(Cube<T>{}, c, len, begin, end, b, x);
+    case Op::kInverseSquare: return Map<T, 1>(InverseSquare<T>{}, c, len, begin, end, b, x);
+    case Op::kClampMin: return Map<T, 1>(ClampMin<T>{p0}, c, len, begin, end, b, x);
+    case Op::kClampMax: return Map<T, 1>(ClampMax<T>{p0}, c, len, begin, end, b, x);
+    case Op::kClamp: return Map<T, 1>(Clamp<T>{p0, p1}, c, len, begin, end, b, x);
+    case Op::kSigmoid: return Map<T, 1>(Sigmoid<T>{}, c, len, begin, end, b, x);
+    case Op::kSilu: return Map<T, 1>(Silu<T>{}, c, len, begin, end, b, x);
+    case Op::kExp2: return Map<T, 1>(Exp2<T>{}, c, len, begin, end, b, x);
+    case Op::kExp:
+    case Op::kLog:
+    case Op::kSin:
+    case Op::kCos:
+    case Op::kTanh:
+    case Op::kErf:
+    case Op::kSqrt: return Vml<T>(Mkl<T>{MklFn<T>(in.op)}, c, begin, end, x);
+    case Op::kLog1p: return Vml<T>(SleefMap<T>{true}, c, begin, end, x);
+    case Op::kExpm1: return Vml<T>(SleefMap<T>{false}, c, begin, end, x);
+    case Op::kAdd: return Map<T, 2>(Add<T>{p0}, c, len, begin, end, b, x);
+    case Op::kMul: return Map<T, 2>(Mul<T>{}, c, len, begin, end, b, x);
+    case Op::kDiv: return Map<T, 2>(Div<T>{}, c, len, begin, end, b, x);
+    default: break;
+  }
+}
+
+void RunInstr(const Instr& in, const Cursor& c, int64_t len, int64_t begin, int64_t end) {
+  switch (in.op) {
+    case Op::kLt:
+    case Op::kLe:
+    case Op::kGt:
+    case Op::kGe:
+    case Op::kEq:
+    case Op::kNe:
+      switch (in.dtype) {
+        case c10::kFloat: return Compare<float>(in.op, c, begin, end);
+        case c10::kDouble: return Compare<double>(in.op, c, begin, end);
+        case c10::kLong: return Compare<int64_t>(in.op, c, begin, end);
+        default: return;
+      }
+    case Op::kWhere:
+      return c10::elementSize(in.dtype) == 8 ? Where<uint64_t>(c, begin, end) : Where<uint32_t>(c, begin, end);
+    default:
+      break;
+  }
+  switch (in.dtype) {
+    case c10::kFloat: return RunFloating<float>(in, c, len, begin, end);
+    case c10::kDouble: return RunFloating<double>(in, c, len, begin, end);
+    case c10::kLong:
+      if (in.op == Op::kAdd) return AddInt(c, in.i0, begin, end);
+      if (in.op == Op::kMul) return MulInt(c, begin, end);
+      return;
+    default: return;
+  }
+}
+
+// Elements [b, e) of a segment's iteration space (linear indices, first dim fastest), piece by
+// piece as TensorIterator's serial_for_each hands them to a kernel's loop: each piece lies in one
+// row and is one vectorized_loop call, with its own scalar tail.
+void RunRange(const Program& program, const Segment& seg, char* const* base, int64_t b, int64_t e,
+              std::atomic<bool>* inexact) {
+  const Instr& shape = program.instrs[seg.first];
+  const int64_t row_len = shape.shape[0];
+  Cursor cursors[8];
+  Cursor* c = seg.count <= 8 ? cursors : new Cursor[seg.count];
+  for (int64_t i = b; i < e;) {
+    const int64_t row = i / row_len, col = i % row_len;
+    const int64_t len = std::min(e, (row + 1) * row_len) - i;
+    for (int j = 0; j < seg.count; ++j) {
+      const Instr& in = program.instrs[seg.first + j];
+      for (int k = 0; k <= in.num_inputs; ++k) {
+        int64_t offset = col * in.strides[k][0], rest = row;
+        for (int d = 1; d < in.ndim; ++d) {
+          offset += (rest % in.shape[d]) * in.strides[k][d];
+          rest /= in.shape[d];
+        }
+        c[j].p[k] = base[in.operand[k]] + offset;
+        c[j].s[k] = in.strides[k][0];
+      }
+      c[j].inexact = inexact;
+    }
+    for (int64_t from = 0; from < len; from += kChunk) {
+      const int64_t to = std::min(len, from + kChunk);
+      for (int j = 0; j < seg.count; ++j) RunInstr(program.instrs[seg.first + j], c[j], len, from, to);
+    }
+    i += len;
+  }
+  if (c != cursors) delete[] c;
+}
+
+}  // namespace
+
+const char* OpName(Op op) {
+  switch (op) {
+    case Op::kNeg: return "neg";
+    case Op::kAbs: return "abs";
+    case Op::kReciprocal: return "reciprocal";
+    case Op::kRsqrt: return "rsqrt";
+    case Op::kSquare: return "pow 2";
+    case Op::kCube: return "pow 3";
+    case Op::kInverseSquare: return "pow -2";
+    case Op::kClampMin: return "clamp_min";
+    case Op::kClampMax: return "clamp_max";
+    case Op::kClamp: return "clamp";
+    case Op::kSigmoid: return "sigmoid";
+    case Op::kSilu: return "silu";
+    case Op::kExp2: return "exp2";
+    case Op::kExp: return "exp";
+    case Op::kLog: return "log";
+    case Op::kSin: return "sin";
+    case Op::kCos: return "cos";
+    case Op::kTanh: return "tanh";
+    case Op::kErf: return "erf";
+    case Op::kSqrt: return "sqrt";
+    case Op::kLog1p: return "log1p";
+    case Op::kExpm1: return "expm1";
+    case Op::kAdd: return "add";
+    case Op::kMul: return "mul";
+    case Op::kDiv: return "div";
+    case Op::kLt: return "lt";
+    case Op::kLe: return "le";
+    case Op::kGt: return "gt";
+    case Op::kGe: return "ge";
+    case Op::kEq: return "eq";
+    case Op::kNe: return "ne";
+    case Op::kWhere: return "where";
+  }
+  return "?";
+}
+
+bool Run(const Program& program, char* const* base) {
+  std::atomic<bool> inexact{false};
+  for (const Segment& seg : program.segments) {
+    const int64_t numel = program.instrs[seg.first].numel;
+    // As TensorIterator::for_each: serial below the grain or on one thread, else the chunks
+    // at::parallel_for makes, each walked as eager walks it.
+    if (numel < kGrainSize || at::get_num_threads() == 1) {
+      RunRange(program, seg, base, 0, numel, &inexact);
+    } else {
+      at::parallel_for(0, numel, kGrainSize,
+                       [&](int64_t b, int64_t e) { RunRange(program, seg, base, b, e, &inexact); });
+    }
+  }
+  return !inexact.load(std::memory_order_relaxed);
+}
+
+bool MklAvailable() {
+  return vmsExp != nullptr && vmsLn != nullptr && vmsSin != nullptr && vmsCos != nullptr &&
+         vmsTanh != nullptr && vmsErf != nullptr && vmsSqrt != nullptr && vmdExp != nullptr &&
+         vmdLn != nullptr && vmdSin != nullptr && vmdCos != nullptr && vmdTanh != nullptr &&
+         vmdErf != nullptr && vmdSqrt != nullptr;
+}
+
+}  // namespace torchreplay::capture::fused

@@ -1,0 +1,221 @@
+"""Fused elementwise steps (Note [Fused elementwise steps] in capture/fused_elementwise.h): every
+fused op against eager, bit for bit, at every length around the vector blocks, in every layout
+the fused kernel takes (contiguous, broadcast, rows, strided, transposed), on one and two threads,
+with NaNs, infinities, signed zeros and subnormals; and each case checks that it was fused and
+replayed."""
+import math
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from torchreplay import _C
+from torchreplay.lowering import lower
+
+FLOATS = (torch.float32, torch.float64)
+
+# name -> (fn, dtypes, inputs): every fused op, alone, as the ATen graph has it.
+UNARY = {
+    "neg": torch.neg, "abs": torch.abs, "reciprocal": torch.reciprocal, "rsqrt": torch.rsqrt,
+    "sigmoid": torch.sigmoid, "silu": torch.nn.functional.silu, "exp2": torch.exp2,
+    "exp": torch.exp, "log": torch.log, "sin": torch.sin, "cos": torch.cos, "tanh": torch.tanh,
+    "erf": torch.erf, "sqrt": torch.sqrt, "log1p": torch.log1p, "expm1": torch.expm1,
+    "relu": torch.relu,
+    "pow 2": lambda x: x.pow(2), "pow 3": lambda x: x.pow(3), "pow -2": lambda x: x.pow(-2),
+    "pow 0.5": lambda x: x.pow(0.5), "pow -0.5": lambda x: x.pow(-0.5), "pow -1": lambda x: x.pow(-1),
+    "clamp": lambda x: x.clamp(-0.5, 0.75), "clamp min": lambda x: x.clamp(min=-0.25),
+    "clamp max": lambda x: x.clamp(max=0.3), "clamp_min": lambda x: torch.clamp_min(x, 0.1),
+    "clamp_max": lambda x: torch.clamp_max(x, -0.1),
+    "times a number": lambda x: x * 1.01, "plus a number": lambda x: x + 0.1,
+    "divided by a number": lambda x: x / 3.0, "minus a number": lambda x: x - 2.5,
+}
+BINARY = {
+    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
+    "add alpha -1": lambda x, y: torch.add(x, y, alpha=-1), "sub alpha -1": lambda x, y: torch.sub(x, y, alpha=-1),
+    "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge, "eq": torch.eq, "ne": torch.ne,
+    "where": lambda x, y: torch.where(x > y, x, y),
+}
+INT_BINARY = ("add", "sub", "mul", "lt", "le", "gt", "ge", "eq", "ne", "where")
+
+
+def special(n, dtype, seed):
+    """Random values with infinities, signed zeros, subnormals, huge and tiny numbers mixed in,
+    and NaNs (two payloads and a sign) for odd seeds. A fused step reruns its nodes through
+    their own kernels when two NaNs meet in one element or a NaN reaches a Sleef function
+    (fused::Instr::NanCheck), so only the even seeds show the fused kernel's own bits there."""
+    g = torch.Generator().manual_seed(seed)
+    if not dtype.is_floating_point:
+        x = torch.randint(-5, 6, (n,), generator=g, dtype=dtype)
+        x[::7] = torch.iinfo(dtype).max
+        x[3::11] = torch.iinfo(dtype).min
+        return x
+    x = torch.randn(n, generator=g, dtype=torch.float64) * 3
+    tiny = 1e-40 if dtype == torch.float32 else 1e-310
+    values = [math.inf, -math.inf, 0.0, -0.0, tiny, -tiny, 1e30, -1e-30]
+    if seed % 2:
+        values += [math.nan, -math.nan]
+    for k, v in enumerate(values):
+        x[k::13] = v
+    x = x.to(dtype)
+    if n > 20 and seed % 2:  # a NaN with another payload
+        bits = x.view(torch.int32 if dtype == torch.float32 else torch.int64)
+        bits[20] = 0x7FC00123 if dtype == torch.float32 else 0x7FF8000000000123
+    return x
+
+
+def layouts(n, dtype, seed):
+    """Inputs of n elements in each layout: name -> make(k) giving the k-th input."""
+    def contiguous(k):
+        return special(n, dtype, seed + k)
+
+    def rows(k):  # three rows of n with a gap between them: each row its own loop, with its tail
+        return special(3 * (n + 1), dtype, seed + k).view(3, n + 1)[:, :n]
+
+    def strided(k):
+        return special(2 * n, dtype, seed + k)[::2]
+
+    def transposed(k):
+        return special(n * 2, dtype, seed + k).view(n, 2).t()
+
+    return {"contiguous": contiguous, "rows": rows, "strided": strided, "transposed": transposed}
+
+
+def capture_and_compare(fn, inputs_for_call, calls=4, fuse_expected=True):
+    """Captures fn on an engine, calls it `calls` times on fresh inputs, compares every result with
+    eager bit for bit (dtype, shape, strides); returns the engine's capture log."""
+    example = inputs_for_call(0)
+    engine = _C.Engine(lower(make_fx(fn)(*example), example, ()), _C.EngineOptions(capture_limit=1000))
+    for k in range(calls):
+        args = inputs_for_call(k)
+        want = fn(*args)  # same layouts: a clone of a strided tensor would be contiguous
+        got = engine.run(list(args))[0]
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert got.numel() <= 1 or got.stride() == want.stride(), (got.stride(), want.stride())
+        diff = (_bits(got) != _bits(want)).flatten()
+        if diff.any():
+            bad = diff.nonzero().flatten()[:3]
+            show = lambda t: [hex(b) for b in _bits(t).flatten()[bad].tolist()]  # noqa: E731
+            raise AssertionError(f"call {k}: {int(diff.sum())} elements differ, first at {bad.tolist()}: "
+                                 f"got {show(got)}, want {show(want)}; inputs {[show(a) if a.numel() == got.numel() else '' for a in args]}")
+    stats = engine.stats()
+    assert stats["replays"] == calls - 1, stats  # the first call warms up, the second captures and replays
+    log = stats["capture_log"][-1]
+    if fuse_expected:
+        assert log["fused_nodes"] >= 1 and log["steps"] == log["fused_steps"], log
+    return log
+
+
+def _bits(t):
+    if t.dtype == torch.bool:
+        return t
+    return t.contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+LENGTHS = [1, 2, 7, 8, 15, 16, 17, 31, 32, 33, 47, 63, 64, 65, 100, 513, 1037]
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("name", list(UNARY))
+def test_every_unary_op_is_fused_bitwise_at_every_length_and_layout(name, dtype):
+    op = UNARY[name]
+    fn = lambda x: op(x)  # noqa: E731
+    for n in LENGTHS:
+        for layout, make in layouts(n, dtype, seed=n).items():
+            try:
+                capture_and_compare(fn, lambda k: (make(k),))
+            except AssertionError as e:
+                raise AssertionError(f"{name} {dtype} n={n} {layout}: {e}") from None
+
+
+@pytest.mark.parametrize("dtype", FLOATS + (torch.int64,), ids=str)
+@pytest.mark.parametrize("name", list(BINARY))
+def test_every_binary_op_is_fused_bitwise_with_broadcasts(name, dtype):
+    if dtype == torch.int64 and name not in INT_BINARY:
+        pytest.skip("computed in float by eager (a cast the fused kernel does not make)")
+    op = BINARY[name]
+    fn = lambda x, y: op(x, y)  # noqa: E731
+    for n in LENGTHS:
+        shapes = {
+            "same layout": lambda k: (special(n, dtype, k), special(n, dtype, 100 + k)),
+            "a 0-dim operand": lambda k: (special(n, dtype, k), special(1, dtype, 100 + k)[0].clone()),
+            "0-dim first": lambda k: (special(1, dtype, k)[0].clone(), special(n, dtype, 100 + k)),
+            "rows broadcast": lambda k: (special(3 * n, dtype, k).view(3, n), special(n, dtype, 100 + k)),
+            "column broadcast": lambda k: (special(3 * n, dtype, k).view(n, 3), special(n, dtype, 100 + k).view(n, 1)),
+            "strided and transposed": lambda k: (special(2 * n, dtype, k)[::2], special(2 * n, dtype, 100 + k).view(n, 2).t()[0]),
+        }
+        for layout, make in shapes.items():
+            try:
+                capture_and_compare(fn, make)
+            except AssertionError as e:
+                raise AssertionError(f"{name} {dtype} n={n} {layout}: {e}") from None
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("name", ["sigmoid", "silu", "exp2", "exp", "relu"])
+def test_large_tensors_are_cut_where_eager_cuts_them_on_each_thread_count(name, threads):
+    """Above TensorIterator's grain (32768 elements), eager splits a range per thread and each
+    thread's range has its own scalar tail: the fused kernel cuts the same ranges."""
+    op = UNARY[name]
+    fn = lambda x: op(op(x) * 0.5)  # noqa: E731
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for n in (32767, 32768, 40010, 65571):
+            capture_and_compare(fn, lambda k: (special(n, torch.float32, n + k),))
+    finally:
+        torch.set_num_threads(saved)
+
+
+CHAINS = {
+    "rms norm tail": lambda x, w: w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)),
+    "swiglu": lambda x, w: torch.nn.functional.silu(x) * w,
+    "rotary": lambda x, w: x * torch.cos(w) + torch.cat([-x[..., 4:], x[..., :4]], -1) * torch.sin(w),
+    "gelu by hand": lambda x, w: 0.5 * x * (1 + torch.tanh(0.79788456 * (x + 0.044715 * x.pow(3)))),
+    "masked": lambda x, w: torch.where(x > w, torch.exp(x - w), w) / (w * w + 1),
+    "transposed read of an intermediate": lambda x, w: ((x * 2).t() + w.t()).t() * (x * 2),
+    "long chain": lambda x, w: torch.sigmoid(torch.sigmoid(x * w + 1) - x).clamp(0.1, 0.9).log() * 3,
+}
+
+
+@pytest.mark.parametrize("name", list(CHAINS))
+@pytest.mark.parametrize("n", [8, 37, 64, 2000])
+def test_chains_over_one_iteration_space_are_fused_and_bitwise(name, n):
+    fn = CHAINS[name]
+    log = capture_and_compare(fn, lambda k: (special(n * 8, torch.float32, k).view(n, 8),
+                                             special(8, torch.float32, 50 + k).expand(n, 8).clone()),
+                              fuse_expected=False)
+    assert log["fused_nodes"] >= 2, log
+
+
+def test_a_chain_walked_in_pieces_reads_what_it_wrote():
+    """A segment runs every instruction on a piece before the next piece; an intermediate read
+    in another element order than it was written (a transposed view) starts a new segment."""
+    fn = lambda x, y: ((x * 2) + 1).t() * y + (x * 2).t()  # noqa: E731
+    capture_and_compare(fn, lambda k: (special(64 * 64, torch.float32, k).view(64, 64),
+                                       special(64 * 64, torch.float32, 9 + k).view(64, 64)))
+
+
+def test_fusion_off_gives_the_same_bits_and_no_fused_steps():
+    fn = CHAINS["rms norm tail"]
+    example = (torch.randn(4, 64), torch.randn(64))
+    graph = lower(make_fx(fn)(*example), example, ())
+    on, off = (_C.Engine(graph, _C.EngineOptions(fuse_elementwise=f)) for f in (True, False))
+    for _ in range(3):
+        args = [torch.randn(4, 64), torch.randn(64)]
+        assert torch.equal(_bits(on.run(list(args))[0]), _bits(off.run(list(args))[0]))  # run() empties its list
+    assert on.stats()["capture_log"][-1]["fused_nodes"] == 5
+    assert off.stats()["capture_log"][-1]["fused_nodes"] == 0
+
+
+def test_ops_that_are_not_fused_keep_their_own_steps_and_stay_exact():
+    """A dtype cast inside the op (float * int), a NaN clamp bound, a generic pow exponent and an
+    op the kernel does not compute all run as their own steps."""
+    fn = lambda x, i: (x * i, x.clamp(min=float("nan")), x.pow(1.3), torch.nn.functional.gelu(x), x.sin())  # noqa: E731
+    example = (torch.randn(33), torch.arange(33))
+    engine = _C.Engine(lower(make_fx(fn)(*example), example, ()), _C.EngineOptions())
+    for _ in range(3):
+        args = [torch.randn(33), torch.arange(33)]
+        for got, want in zip(engine.run(list(args)), fn(*args)):  # run() empties its list
+            assert torch.equal(_bits(got), _bits(want))
+    log = engine.stats()["capture_log"][-1]
+    assert log["fused_nodes"] == 1 and log["steps"] == 5, log
