@@ -2,6 +2,7 @@
 // the fused kernel computes, how groups and segments are cut, and the step.
 #include "capture/fused_elementwise.h"
 
+#include <ATen/Dispatch.h>
 #include <ATen/TensorIterator.h>
 #include <ATen/Version.h>
 #include <ATen/ops/empty_strided.h>
@@ -9,6 +10,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
@@ -30,6 +32,7 @@ enum class Form : uint8_t {
   kAlpha,       // (self, other, Scalar alpha, out): add, sub
   kCompare,     // (self, other, out): a bool result
   kWhere,       // (condition, self, other, out)
+  kMaskedFill,  // (self, mask, Scalar value, out)
 };
 struct OpInfo {
   Op op;
@@ -73,6 +76,7 @@ const OpInfo* FindOp(const std::string& name) {
       {"aten::eq.Tensor_out", {Op::kEq, Form::kCompare, false, false, true}},
       {"aten::ne.Tensor_out", {Op::kNe, Form::kCompare, false, false, true}},
       {"aten::where.self_out", {Op::kWhere, Form::kWhere}},
+      {"aten::masked_fill.Scalar_out", {Op::kMaskedFill, Form::kMaskedFill}},
   };
   auto it = kOps.find(name);
   return it == kOps.end() ? nullptr : &it->second;
@@ -205,6 +209,20 @@ class Describer {
       case Form::kWhere:
         inputs = {0, 1, 2};
         break;
+      case Form::kMaskedFill: {
+        inputs = {0, 1};
+        std::optional<c10::Scalar> value = scalar(2);
+        if (!value.has_value() || c10::isComplexType(out_dtype) || c10::elementSize(out_dtype) > 8) return std::nullopt;
+        try {  // masked_fill_kernel: value.to<scalar_t>(), which raises where it overflows
+          AT_DISPATCH_ALL_TYPES_AND3(c10::kHalf, c10::kBFloat16, c10::kBool, out_dtype, "torchreplay_masked_fill", [&] {
+            const scalar_t v = value->to<scalar_t>();
+            std::memcpy(&in.i0, &v, sizeof(v));
+          });
+        } catch (const c10::Error&) {
+          return std::nullopt;
+        }
+        break;
+      }
     }
 
     // The operands, with the dtype each has when the step runs (wrapped numbers are cast once
@@ -221,18 +239,19 @@ class Describer {
       if (precast && o.wrapped && !c10::isComplexType(o.dtype) && o.dtype != c10::kBool) o.dtype = out_dtype;
     }
 
-    // Dtypes: no operand is cast by the op's TensorIterator.
+    // Dtypes: no operand is cast by the op's TensorIterator. Selects move any element of at
+    // most 8 bytes as it is; arithmetic is in float or double (or int64 where ATen's integer
+    // arithmetic is exact).
+    const bool select = info->form == Form::kWhere || info->form == Form::kMaskedFill;
+    const int mask = info->form == Form::kWhere ? 0 : info->form == Form::kMaskedFill ? 1 : -1;
     const c10::ScalarType compute = info->form == Form::kWhere ? ops[1].dtype : ops[0].dtype;
     const bool floating = compute == c10::kFloat || compute == c10::kDouble;
-    if (!floating && !(info->ints && compute == c10::kLong)) {
-      if (info->form != Form::kWhere || c10::isComplexType(compute) ||
-          (c10::elementSize(compute) != 4 && c10::elementSize(compute) != 8)) {
-        return std::nullopt;
-      }
+    if (select ? c10::isComplexType(compute) || c10::elementSize(compute) > 8
+               : !floating && !(info->ints && compute == c10::kLong)) {
+      return std::nullopt;
     }
     for (size_t k = 0; k < ops.size(); ++k) {
-      const c10::ScalarType want = info->form == Form::kWhere && k == 0 ? c10::kBool : compute;
-      if (ops[k].dtype != want) return std::nullopt;
+      if (ops[k].dtype != (static_cast<int>(k) == mask ? c10::kBool : compute)) return std::nullopt;
     }
     if (out_dtype != (info->form == Form::kCompare ? c10::kBool : compute)) return std::nullopt;
     in.dtype = compute;

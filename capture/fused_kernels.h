@@ -30,6 +30,7 @@ enum class Op : uint8_t {
   kAdd,  // fma(alpha, b, a), alpha in p0 (sub: -alpha); integers wrap
   kMul, kDiv,
   kLt, kLe, kGt, kGe, kEq, kNe,  // bool results
+  kMaskedFill,  // (self, bool mask): the value whose bits are i0 where the mask is set, else self
   // Three inputs.
   kWhere,  // bool condition first
 };
@@ -40,11 +41,11 @@ const char* OpName(Op op);
 // describes it: dims fastest first, strides in bytes, operand 0 the output.
 struct Instr {
   Op op = Op::kNeg;
-  c10::ScalarType dtype = c10::ScalarType::Float;  // of its inputs (kWhere: of its values)
+  c10::ScalarType dtype = c10::ScalarType::Float;  // of its inputs (kWhere, kMaskedFill: of the values)
   int num_inputs = 1;
   int operand[kMaxOperands] = {-1, -1, -1, -1};  // index into the step's operand table
   double p0 = 0, p1 = 0;                         // float / double parameters
-  int64_t i0 = 0;                                // integer parameter (kAdd on integers)
+  int64_t i0 = 0;  // integer parameter: kAdd's alpha on integers, kMaskedFill's value as bits
   // Elements per iteration of eager's vectorized loop (2 * Vec::size() of the kernel eager's
   // dispatch picks), for ops whose vector and scalar paths can round an element differently;
   // 0 where every element gets the same bits either way.

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 // MKL's vector math, as ATen's vml.h calls it for float and double exp, log, sin, cos, tanh, erf
 // and sqrt (VML_HA | VML_FTZDAZ_OFF | VML_ERRMODE_IGNORE). libtorch exports these where it was
@@ -345,13 +346,36 @@ void Compare(Op op, const Cursor& c, int64_t begin, int64_t end) {
   }
 }
 
-// where: a select, its bits moved as they are (NaN payloads included).
+// where and masked_fill: selects, their bits moved as they are (NaN payloads included).
 template <class Bits>
 void Where(const Cursor& c, int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; ++i) {
     c.at<Bits>(0, i) = c.at<bool>(1, i) ? c.at<Bits>(2, i) : c.at<Bits>(3, i);
   }
 }
+template <class Bits>
+void MaskedFill(const Cursor& c, int64_t value, int64_t begin, int64_t end) {
+  Bits v;
+  std::memcpy(&v, &value, sizeof(Bits));  // little-endian: the value's bytes come first
+  for (int64_t i = begin; i < end; ++i) c.at<Bits>(0, i) = c.at<bool>(2, i) ? v : c.at<Bits>(1, i);
+}
+template <template <class> class F, class... A>
+void ByWidth(size_t width, A&&... a) {
+  switch (width) {
+    case 1: return F<uint8_t>::Run(std::forward<A>(a)...);
+    case 2: return F<uint16_t>::Run(std::forward<A>(a)...);
+    case 4: return F<uint32_t>::Run(std::forward<A>(a)...);
+    default: return F<uint64_t>::Run(std::forward<A>(a)...);
+  }
+}
+template <class Bits>
+struct WhereOf {
+  static void Run(const Cursor& c, int64_t begin, int64_t end) { Where<Bits>(c, begin, end); }
+};
+template <class Bits>
+struct MaskedFillOf {
+  static void Run(const Cursor& c, int64_t value, int64_t begin, int64_t end) { MaskedFill<Bits>(c, value, begin, end); }
+};
 
 template <class T>
 void RunFloating(const Instr& in, const Cursor& c, int64_t len, int64_t begin, int64_t end) {
@@ -403,7 +427,9 @@ void RunInstr(const Instr& in, const Cursor& c, int64_t len, int64_t begin, int6
         default: return;
       }
     case Op::kWhere:
-      return c10::elementSize(in.dtype) == 8 ? Where<uint64_t>(c, begin, end) : Where<uint32_t>(c, begin, end);
+      return ByWidth<WhereOf>(c10::elementSize(in.dtype), c, begin, end);
+    case Op::kMaskedFill:
+      return ByWidth<MaskedFillOf>(c10::elementSize(in.dtype), c, in.i0, begin, end);
     default:
       break;
   }
@@ -487,6 +513,7 @@ const char* OpName(Op op) {
     case Op::kGe: return "ge";
     case Op::kEq: return "eq";
     case Op::kNe: return "ne";
+    case Op::kMaskedFill: return "masked_fill";
     case Op::kWhere: return "where";
   }
   return "?";

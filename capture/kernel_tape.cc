@@ -222,6 +222,18 @@ absl::StatusOr<std::string> KernelTape::Dump(const std::string& path_stem) const
   return path;
 }
 
+// Whether a recorded tensor's elements lie in row-major order one after another (as
+// is_contiguous(): a dim of size 1 may have any stride).
+bool Contiguous(const ValueRecord& r) {
+  int64_t expected = 1;
+  for (int64_t d = static_cast<int64_t>(r.sizes.size()) - 1; d >= 0; --d) {
+    if (r.sizes[d] == 1) continue;
+    if (r.strides[d] != expected) return false;
+    expected *= r.sizes[d];
+  }
+  return true;
+}
+
 // A planned buffer: a tensor of the recorded geometry on a storage of its own over its bytes of
 // the arena (Note [One storage per buffer]).
 at::Tensor ArenaBuffer(memory_pool::Arena& arena, const ValueRecord& r, int64_t byte_offset) {
@@ -507,8 +519,9 @@ class Emitter {
         if (a.slot < 0) {
           if (pos >= static_cast<int>(stack.args.size()) || !stack.args[pos].isTensor()) return nullptr;
           a.value = stack.args[pos].toTensor();
-          const bool is_bool = k == 0 ? in.op >= fused::Op::kLt && in.op <= fused::Op::kNe
-                                      : in.op == fused::Op::kWhere && k == 1;
+          const bool is_bool = k == 0   ? in.op >= fused::Op::kLt && in.op <= fused::Op::kNe
+                               : k == 1 ? in.op == fused::Op::kWhere
+                                        : k == 2 && in.op == fused::Op::kMaskedFill;
           if (!a.value.defined() || a.value.scalar_type() != (is_bool ? c10::kBool : in.dtype)) return nullptr;
         }
         in.operand[k] = index_of(a);
@@ -529,6 +542,7 @@ class Emitter {
     const std::string out_name = OperatorName(out.op);
     if (out_name == "aten::cat.out") step.typed = CatAsCopies(n);
     if (out_name == "aten::clone.out" || out_name == "aten::copy.out") step.typed = CopyAsCopies(n);
+    if (out_name == "aten::embedding.out") step.typed = EmbeddingAsCopies(n);
     const bool copies = step.typed != nullptr;
     if (whole_args && !copies) {
       step.typed = MakeTypedCall(out.op, step.args, slot_of);
@@ -563,12 +577,63 @@ class Emitter {
       }
       any_fresh = any_fresh || rec_.values[o].root == o;
     }
+    step.op_name = OperatorName(*n.op);
+    if (step.op_name == "aten::index_copy_") {
+      if ((step.typed = IndexCopyAsCopies(n)) != nullptr) return Push(std::move(step), n, "copies");
+    }
     if (any_fresh) {
       ++tape_->info_.functional_steps;
       tape_->info_.functional_ops.push_back(OperatorName(*n.op));
     }
-    step.op_name = OperatorName(*n.op);
     Push(std::move(step), n, any_fresh ? "functional" : in_place ? "in place" : "view");
+  }
+
+  // Note [Copies]: self.index_copy_(dim, index, source) with one int64 index, all of one dtype.
+  std::unique_ptr<TypedCall> IndexCopyAsCopies(const Node& n) {
+    if (n.args.size() != 4 || n.args[1].kind != Arg::Kind::kConstant || !n.args[1].constant.isInt() ||
+        n.args[2].kind != Arg::Kind::kValue || n.args[0].kind != Arg::Kind::kValue) {
+      return nullptr;
+    }
+    const ValueRecord& self = rec_.values[n.args[0].value];
+    const ValueRecord& index = rec_.values[n.args[2].value];
+    if (!self.is_tensor || self.sizes.empty() || !index.is_tensor || index.dtype != c10::kLong ||
+        c10::multiply_integers(index.sizes) != 1) {
+      return nullptr;
+    }
+    const int64_t dim = c10::maybe_wrap_dim(n.args[1].constant.toInt(), static_cast<int64_t>(self.sizes.size()));
+    std::optional<CatInput> dst = CopiedInput(n.args[0], self.dtype), src = CopiedInput(n.args[3], self.dtype);
+    if (!dst.has_value() || !src.has_value() || src->sizes.size() != dst->sizes.size() || src->sizes[dim] != 1) {
+      return nullptr;
+    }
+    for (size_t d = 0; d < src->sizes.size(); ++d) {
+      if (static_cast<int64_t>(d) != dim && src->sizes[d] != dst->sizes[d]) return nullptr;
+    }
+    return MakeIndexCopyOne(*std::move(dst), dim, TensorArgOf(n.args[2].value), *std::move(src));
+  }
+
+  // Note [Copies]: embedding(weight, indices) of a 2-d weight and contiguous int64 indices.
+  std::unique_ptr<TypedCall> EmbeddingAsCopies(const Node& n) {
+    if (n.args.size() < 2 || n.args[1].kind != Arg::Kind::kValue) return nullptr;
+    const ValueRecord& out = rec_.values[n.outputs[0]];
+    const ValueRecord& indices = rec_.values[n.args[1].value];
+    std::optional<CatInput> weight = CopiedInput(n.args[0], out.dtype);
+    if (!weight.has_value() || weight->sizes.size() != 2 || !indices.is_tensor || indices.dtype != c10::kLong ||
+        !Contiguous(indices) || !Contiguous(out)) {
+      return nullptr;
+    }
+    return MakeEmbeddingRows(*std::move(weight), TensorArgOf(n.args[1].value),
+                             buffers_[plan_.values[n.outputs[0]].buffer]);
+  }
+
+  // A tensor value as a step argument: its constant, or its per-call slot.
+  TensorArg TensorArgOf(ValueId v) {
+    TensorArg a;
+    if (plan_.values[v].constant) {
+      a.value = constants_[v].toTensor();
+    } else {
+      a.slot = plan_.values[v].slot;
+    }
+    return a;
   }
 
   // Note [Concatenation as copies]: aten::cat of tensors of the result's dtype into a contiguous

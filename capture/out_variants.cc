@@ -48,10 +48,12 @@ std::optional<c10::OperatorHandle> FindOutOverload(const c10::OperatorHandle& op
       ok = ca[i].is_out() && ca[i].type()->kind() == c10::TypeKind::TensorType;
     }
     // An out= overload with no CPU kernel of its own is usually generated from the functional op
-    // (allocate, compute, copy into out): slower than running the op functionally. clone and copy
-    // are taken all the same: the tape makes their steps copies (Note [Concatenation as copies]).
-    const bool copy = fs.name() == "aten::clone" || fs.name() == "aten::copy";
-    if (ok && (copy || cand->hasKernelForDispatchKey(c10::DispatchKey::CPU))) return cand;
+    // (allocate, compute, copy into out): slower than running the op functionally. Ops whose
+    // steps the tape makes itself are taken all the same: clone, copy and embedding are copies
+    // (Note [Copies]), masked_fill a fused elementwise select (Note [Fused elementwise steps]).
+    const bool own = fs.name() == "aten::clone" || fs.name() == "aten::copy" || fs.name() == "aten::embedding" ||
+                     (fs.name() == "aten::masked_fill" && fs.overload_name() == "Scalar");
+    if (ok && (own || cand->hasKernelForDispatchKey(c10::DispatchKey::CPU))) return cand;
   }
   return std::nullopt;
 }

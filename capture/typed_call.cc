@@ -10,6 +10,8 @@
 namespace torchreplay::capture {
 namespace {
 
+constexpr int64_t kMaxRegionDims = 64;  // at::Tensor has at most 64 dims
+
 struct OutArg {  // Tensor(a!) out: always a planned arena buffer
   using type = at::Tensor&;
   mutable at::Tensor value;
@@ -170,31 +172,80 @@ std::unique_ptr<TypedCall> MakeTypedCall(const c10::OperatorHandle& op, const Sl
 
 namespace {
 
+// A strided region of elements to copy (Note [Copies]): its dims, the source's and the
+// destination's strides (in elements), adjacent dims merged where both walk them as one dense
+// run, so that the copies are as long as they can be.
+struct Region {
+  std::vector<int64_t> sizes, src_strides, dst_strides;
+  bool empty = false;
+};
+
+Region MakeRegion(c10::IntArrayRef sizes, c10::IntArrayRef src_strides, c10::IntArrayRef dst_strides) {
+  Region r;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    r.empty = r.empty || sizes[d] == 0;
+    if (sizes[d] == 1) continue;
+    if (!r.sizes.empty() && r.src_strides.back() == sizes[d] * src_strides[d] &&
+        r.dst_strides.back() == sizes[d] * dst_strides[d]) {
+      r.sizes.back() *= sizes[d];
+      r.src_strides.back() = src_strides[d];
+      r.dst_strides.back() = dst_strides[d];
+    } else {
+      r.sizes.push_back(sizes[d]);
+      r.src_strides.push_back(src_strides[d]);
+      r.dst_strides.push_back(dst_strides[d]);
+    }
+  }
+  return r;
+}
+
+// Copies the region's elements of `item` bytes from `src` to `dst` (each at the region's first
+// element): memcpy of whole rows where the last dim is dense in both.
+void CopyRegion(const Region& r, char* dst, const char* src, int64_t item) {
+  if (r.empty) return;
+  const int64_t rank = static_cast<int64_t>(r.sizes.size());
+  if (rank == 0) {  // a single element
+    std::memcpy(dst, src, item);
+    return;
+  }
+  const int64_t last = r.sizes[rank - 1], src_last = r.src_strides[rank - 1], dst_last = r.dst_strides[rank - 1];
+  const bool rows = src_last == 1 && dst_last == 1;
+  int64_t count = 1;
+  for (int64_t d = 0; d < rank - 1; ++d) count *= r.sizes[d];
+  int64_t index[kMaxRegionDims] = {};
+  TORCH_INTERNAL_ASSERT(rank <= kMaxRegionDims);
+  for (int64_t k = 0; k < count; ++k) {  // every index of the dims before the last
+    int64_t s = 0, o = 0;
+    for (int64_t d = 0; d < rank - 1; ++d) {
+      s += index[d] * r.src_strides[d];
+      o += index[d] * r.dst_strides[d];
+    }
+    if (rows) {
+      std::memcpy(dst + o * item, src + s * item, last * item);
+    } else {
+      for (int64_t j = 0; j < last; ++j) {
+        std::memcpy(dst + (o + j * dst_last) * item, src + (s + j * src_last) * item, item);
+      }
+    }
+    for (int64_t d = rank - 2; d >= 0 && ++index[d] == r.sizes[d]; --d) index[d] = 0;
+  }
+}
+
+void CheckLayout(const at::Tensor& t, c10::ScalarType dtype, const std::vector<int64_t>& sizes,
+                 const std::vector<int64_t>& strides) {
+  TORCH_CHECK(t.scalar_type() == dtype && t.sizes() == c10::IntArrayRef(sizes) &&
+                  t.strides() == c10::IntArrayRef(strides) && !t.is_conj() && !t.is_neg(),
+              "torchreplay: an input of a copy changed its layout since capture");
+}
+
 class CatCopies final : public TypedCall {
  public:
   CatCopies(std::vector<CatInput> inputs, int64_t dim, at::Tensor out) : out_(std::move(out)) {
     int64_t at = 0;  // where each input starts along dim
     for (CatInput& in : inputs) {
-      Block b;
-      b.dst = out_.dim() == 0 ? 0 : at * out_.stride(dim);
-      // The input's dims with its strides and the result's, adjacent dims merged where both
-      // tensors walk them as one (a dense run), so the copies are as long as they can be.
-      for (int64_t d = 0; d < out_.dim(); ++d) {
-        if (in.sizes[d] == 1) continue;
-        if (!b.sizes.empty() && b.in_strides.back() == in.sizes[d] * in.strides[d] &&
-            b.out_strides.back() == in.sizes[d] * out_.stride(d)) {
-          b.sizes.back() *= in.sizes[d];
-          b.in_strides.back() = in.strides[d];
-          b.out_strides.back() = out_.stride(d);
-        } else {
-          b.sizes.push_back(in.sizes[d]);
-          b.in_strides.push_back(in.strides[d]);
-          b.out_strides.push_back(out_.stride(d));
-        }
-      }
-      b.empty = std::any_of(in.sizes.begin(), in.sizes.end(), [](int64_t s) { return s == 0; });
+      const int64_t dst = out_.dim() == 0 ? 0 : at * out_.stride(dim);
       at += out_.dim() == 0 ? 0 : in.sizes[dim];
-      blocks_.push_back(std::move(b));
+      blocks_.push_back({dst, MakeRegion(in.sizes, in.strides, out_.strides())});
       inputs_.push_back(std::move(in));
     }
   }
@@ -202,56 +253,97 @@ class CatCopies final : public TypedCall {
   void Run(c10::DispatchKeySet, const Slots& slots) const override {
     char* dst = static_cast<char*>(out_.data_ptr());
     const int64_t item = static_cast<int64_t>(out_.itemsize());
-    std::vector<int64_t> index;
     for (size_t k = 0; k < inputs_.size(); ++k) {
       const CatInput& in = inputs_[k];
-      const Block& b = blocks_[k];
       const at::Tensor& t = in.tensor.get(slots);
-      TORCH_CHECK(t.scalar_type() == out_.scalar_type() && t.sizes() == c10::IntArrayRef(in.sizes) &&
-                      t.strides() == c10::IntArrayRef(in.strides) && !t.is_conj() && !t.is_neg(),
-                  "torchreplay: an input of a concatenation changed its layout since capture");
-      if (b.empty) continue;
-      const char* src = static_cast<const char*>(t.const_data_ptr());
-      const int64_t rank = static_cast<int64_t>(b.sizes.size());
-      if (rank == 0) {  // a single element
-        std::memcpy(dst + b.dst * item, src, item);
-        continue;
-      }
-      const int64_t last = b.sizes[rank - 1], in_last = b.in_strides[rank - 1], out_last = b.out_strides[rank - 1];
-      const bool rows = in_last == 1 && out_last == 1;
-      index.assign(rank, 0);
-      int64_t count = 1;
-      for (int64_t d = 0; d < rank - 1; ++d) count *= b.sizes[d];
-      for (int64_t r = 0; r < count; ++r) {  // every index of the dims before the last
-        int64_t s = 0, o = b.dst;
-        for (int64_t d = 0; d < rank - 1; ++d) {
-          s += index[d] * b.in_strides[d];
-          o += index[d] * b.out_strides[d];
-        }
-        if (rows) {
-          std::memcpy(dst + o * item, src + s * item, last * item);
-        } else {
-          for (int64_t j = 0; j < last; ++j) {
-            std::memcpy(dst + (o + j * out_last) * item, src + (s + j * in_last) * item, item);
-          }
-        }
-        for (int64_t d = rank - 2; d >= 0 && ++index[d] == b.sizes[d]; --d) index[d] = 0;
-      }
+      CheckLayout(t, out_.scalar_type(), in.sizes, in.strides);
+      CopyRegion(blocks_[k].second, dst + blocks_[k].first * item, static_cast<const char*>(t.const_data_ptr()), item);
     }
   }
 
  private:
-  struct Block {  // where an input goes in the result, its dims merged
-    int64_t dst = 0;  // in elements
-    std::vector<int64_t> sizes, in_strides, out_strides;
-    bool empty = false;
-  };
   std::vector<CatInput> inputs_;
-  std::vector<Block> blocks_;
+  std::vector<std::pair<int64_t, Region>> blocks_;  // where each input goes (in elements), and how
   at::Tensor out_;  // a planned buffer: its elements do not overlap
 };
 
+// self.index_copy_(dim, index, source) with one index: source's only slice along dim copied to
+// self's slice at index[0], after eager's bounds check.
+class IndexCopyOne final : public TypedCall {
+ public:
+  IndexCopyOne(CatInput self, int64_t dim, TensorArg index, CatInput source)
+      : self_(std::move(self)), dim_(dim), index_(std::move(index)), source_(std::move(source)) {
+    std::vector<int64_t> sizes = source_.sizes, dst = self_.strides;
+    sizes.erase(sizes.begin() + dim_);
+    dst.erase(dst.begin() + dim_);
+    std::vector<int64_t> src = source_.strides;
+    src.erase(src.begin() + dim_);
+    region_ = MakeRegion(sizes, src, dst);
+  }
+
+  void Run(c10::DispatchKeySet, const Slots& slots) const override {
+    const at::Tensor& self = self_.tensor.get(slots);
+    const at::Tensor& source = source_.tensor.get(slots);
+    CheckLayout(self, self.scalar_type(), self_.sizes, self_.strides);
+    CheckLayout(source, self.scalar_type(), source_.sizes, source_.strides);
+    const int64_t i = *index_.get(slots).const_data_ptr<int64_t>();
+    const int64_t size = self_.sizes[dim_];
+    TORCH_CHECK_INDEX(i >= 0 && i < size, "index_copy_(): index ", i, " is out of bounds for dimension ", dim_,
+                      " with size ", size);
+    const int64_t item = static_cast<int64_t>(self.itemsize());
+    CopyRegion(region_, static_cast<char*>(self.data_ptr()) + i * self_.strides[dim_] * item,
+               static_cast<const char*>(source.const_data_ptr()), item);
+  }
+
+ private:
+  CatInput self_;
+  int64_t dim_;
+  TensorArg index_;  // int64, one element
+  CatInput source_;
+  Region region_;
+};
+
+// embedding(weight, indices): row indices[k] of weight copied to row k of out, after eager's
+// bounds check.
+class EmbeddingRows final : public TypedCall {
+ public:
+  EmbeddingRows(CatInput weight, TensorArg indices, at::Tensor out) : weight_(std::move(weight)), indices_(std::move(indices)), out_(std::move(out)) {
+    row_ = MakeRegion({weight_.sizes[1]}, {weight_.strides[1]}, {1});
+  }
+
+  void Run(c10::DispatchKeySet, const Slots& slots) const override {
+    const at::Tensor& weight = weight_.tensor.get(slots);
+    CheckLayout(weight, out_.scalar_type(), weight_.sizes, weight_.strides);
+    const at::Tensor& indices = indices_.get(slots);
+    const int64_t* idx = indices.const_data_ptr<int64_t>();
+    const int64_t n = indices.numel(), rows = weight_.sizes[0], width = weight_.sizes[1];
+    const int64_t item = static_cast<int64_t>(out_.itemsize());
+    const char* src = static_cast<const char*>(weight.const_data_ptr());
+    char* dst = static_cast<char*>(out_.data_ptr());
+    for (int64_t k = 0; k < n; ++k) {
+      TORCH_CHECK_INDEX(idx[k] >= 0 && idx[k] < rows, "index out of range in self");
+    }
+    for (int64_t k = 0; k < n; ++k) {
+      CopyRegion(row_, dst + k * width * item, src + idx[k] * weight_.strides[0] * item, item);
+    }
+  }
+
+ private:
+  CatInput weight_;    // 2-d
+  TensorArg indices_;  // int64, contiguous
+  at::Tensor out_;     // a planned buffer, contiguous: (indices..., width)
+  Region row_;
+};
+
 }  // namespace
+
+std::unique_ptr<TypedCall> MakeIndexCopyOne(CatInput self, int64_t dim, TensorArg index, CatInput source) {
+  return std::make_unique<IndexCopyOne>(std::move(self), dim, std::move(index), std::move(source));
+}
+
+std::unique_ptr<TypedCall> MakeEmbeddingRows(CatInput weight, TensorArg indices, at::Tensor out) {
+  return std::make_unique<EmbeddingRows>(std::move(weight), std::move(indices), std::move(out));
+}
 
 std::unique_ptr<TypedCall> MakeCatCopies(std::vector<CatInput> inputs, int64_t dim, at::Tensor out) {
   return std::make_unique<CatCopies>(std::move(inputs), dim, std::move(out));

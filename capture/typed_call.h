@@ -40,21 +40,33 @@ struct TensorArg {
 std::unique_ptr<TypedCall> MakeTypedCall(const c10::OperatorHandle& op, const Slots& args,
                                          const std::vector<int>& slot_of);
 
+// Note [Copies]
+// Some ops only move elements, and on small tensors cost their argument checks, structured meta
+// functions and boxed calls, not the moving: cat, clone and the functional copy (Note
+// [Concatenation as copies]), index_copy_ with one index (a KV cache written at a position) and
+// embedding (rows of a table). When every tensor involved has one dtype and none is a
+// conjugate or negative view (whose bytes are not its elements), the tape makes these moves
+// itself: memcpy over the recorded geometry, adjacent dims merged where both sides walk them
+// densely, so the bytes are eager's whichever kernel ATen would pick. Index checks raise eager's
+// IndexError with eager's message before anything is written. Each tensor has the sizes and
+// strides recorded under the guard key; replay raises if one has others.
+//
 // Note [Concatenation as copies]
-// aten::cat.out on small tensors costs its structured meta function (shapes, dtypes, overlap
-// checks) and the boxed call, not the copying; so do clone and the functional copy. When every
-// input has the result's dtype and is no conjugate or negative view (whose bytes are not its
-// elements), these only move elements: the result's slice along `dim` for each
-// input is that input, element for element, whichever kernel ATen picks (cat's serial kernel or
-// copy_). This step makes those copies itself (memcpy, a row at a time where the last dims of
-// input and result are dense), so the bytes are eager's; clone and copy are a cat of one input.
-// Each input is a constant or per-call tensor with the sizes and strides recorded for it under
-// the guard key; replay raises if one has others. The result is a planned buffer with its
+// aten::cat.out: the result's slice along `dim` for each input is that input, element for
+// element; clone and copy are a cat of one input. The result is a planned buffer with its
 // recorded strides.
 struct CatInput {
   TensorArg tensor;
   std::vector<int64_t> sizes, strides;
 };
 std::unique_ptr<TypedCall> MakeCatCopies(std::vector<CatInput> inputs, int64_t dim, at::Tensor out);
+
+// self.index_copy_(dim, index, source) where index (int64) has one element: source's one slice
+// along dim copied into self's slice at index[0].
+std::unique_ptr<TypedCall> MakeIndexCopyOne(CatInput self, int64_t dim, TensorArg index, CatInput source);
+
+// embedding(weight, indices) into `out` (contiguous, indices' shape + [width]): for a 2-d weight
+// and contiguous int64 indices, row indices[k] of weight is row k of out.
+std::unique_ptr<TypedCall> MakeEmbeddingRows(CatInput weight, TensorArg indices, at::Tensor out);
 
 }  // namespace torchreplay::capture

@@ -37,6 +37,9 @@ BINARY = {
 }
 INT_BINARY = ("add", "sub", "mul", "lt", "le", "gt", "ge", "eq", "ne", "where")
 
+SELECT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+                 torch.int16, torch.int8, torch.uint8, torch.bool)
+
 
 def special(n, dtype, seed):
     """Random values with infinities, signed zeros, subnormals, huge and tiny numbers mixed in,
@@ -148,6 +151,30 @@ def test_every_binary_op_is_fused_bitwise_with_broadcasts(name, dtype):
                 capture_and_compare(fn, make)
             except AssertionError as e:
                 raise AssertionError(f"{name} {dtype} n={n} {layout}: {e}") from None
+
+
+@pytest.mark.parametrize("dtype", SELECT_DTYPES, ids=str)
+def test_selects_move_bits_in_every_dtype(dtype):
+    """where and masked_fill move elements as they are, of any dtype of up to 8 bytes."""
+    def make(n, seed):
+        if dtype == torch.bool:
+            return torch.rand(n, generator=torch.Generator().manual_seed(seed)) > 0.5
+        return special(n, torch.float64 if dtype.is_floating_point else torch.int64, seed).to(dtype)
+    fill = True if dtype == torch.bool else -3 if not dtype.is_floating_point else float("-inf")
+    fill = 3 if dtype == torch.uint8 else fill
+    fn = lambda x, y, m: (torch.where(m, x, y), x.masked_fill(m, fill), y.masked_fill(m[0], fill))  # noqa: E731
+    for n in (1, 7, 33, 100):
+        def inputs(k):
+            mask = torch.rand(n, generator=torch.Generator().manual_seed(k)) > 0.5
+            return make(n, k), make(n, 50 + k), mask
+        example = inputs(0)
+        engine = _C.Engine(lower(make_fx(fn)(*example), example, ()), _C.EngineOptions())
+        for k in range(4):
+            args = inputs(k)
+            for got, want in zip(engine.run(list(args)), fn(*args)):  # run() empties its list
+                assert got.dtype == want.dtype and torch.equal(_bits(got), _bits(want)), (n, k)
+        log = engine.stats()["capture_log"][-1]
+        assert log["fused_nodes"] == 3, log  # m[0], a view of an argument, is a step between them
 
 
 @pytest.mark.parametrize("threads", [1, 2])

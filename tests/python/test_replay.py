@@ -1,4 +1,5 @@
 """Named tests, one surprising behaviour each, of the reduce-overhead engine's semantics."""
+import re
 import threading
 
 import pytest
@@ -596,3 +597,47 @@ def test_sums_and_means_replay_on_a_prepared_iterator_bitwise(name, dtype):
         kinds = {r["op"]: r["kind"] for r in step.profile(x, iterations=2)}
     reductions = [k for op, k in kinds.items() if op in ("aten::mean.out", "aten::sum.IntList_out")]
     assert reductions and set(reductions) == {"prepared reduction"}, kinds
+
+
+class _Cache(torch.nn.Module):
+    """A KV cache written at a position (index_copy_) and read through an embedding table."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(11, 6)
+        self.register_buffer("cache", torch.zeros(2, 3, 8, 6))
+
+    def forward(self, ids, pos):
+        x = self.emb(ids)                              # (3, 6)
+        self.cache.index_copy_(2, pos, x.view(1, 3, 1, 6).expand(2, 3, 1, 6) * 2)
+        return self.cache.sum(2) + x
+
+
+def test_index_copy_and_embedding_are_copies_with_eager_errors():
+    """Note [Copies]: a KV cache written at a position and an embedding lookup are element moves,
+    bitwise as eager, and an index out of range raises eager's IndexError with eager's message,
+    leaving the cache as eager leaves it."""
+    model, ref = _Cache(), _Cache()
+    ref.load_state_dict(model.state_dict())
+    make = lambda i: (torch.tensor([i % 11, (3 * i) % 11, 10]), torch.tensor([i % 8]))  # noqa: E731
+    with torch.no_grad():
+        step = torchreplay.capture(model, make(0), config=config())
+        for i in range(12):
+            got, want = step(*make(i)), ref(*make(i))
+            assert torch.equal(got, want) and torch.equal(model.cache, ref.cache)
+        kinds = {r["op"]: r["kind"] for r in step.profile(*make(3), iterations=2)}
+        ref(*make(3))  # profile() ran the step twice more: so does the reference
+        ref(*make(3))
+        assert kinds["aten::index_copy_"] == "copies" and kinds["aten::embedding.out"] == "copies", kinds
+        for bad, message in [((torch.tensor([0, 1, 11]), torch.tensor([2])), "index out of range in self"),
+                             ((torch.tensor([0, 1, 2]), torch.tensor([8])),
+                              "index_copy_(): index 8 is out of bounds for dimension 2 with size 8"),
+                             ((torch.tensor([0, 1, 2]), torch.tensor([-1])),
+                              "index_copy_(): index -1 is out of bounds for dimension 2 with size 8")]:
+            with pytest.raises(IndexError) as eager_error:
+                ref(*bad)
+            with pytest.raises(IndexError, match=re.escape(message)):
+                step(*bad)
+            assert message in str(eager_error.value)
+            assert torch.equal(model.cache, ref.cache)
+        assert torch.equal(step(*make(5)), ref(*make(5)))  # the engine goes on
