@@ -282,7 +282,7 @@ struct Call {
   py::object slow_path;
   bool always_slow = false;  // nested arguments or outputs: every call takes the slow path
 
-  py::object operator()(py::args args, py::kwargs kwargs) const {
+  py::object operator()(const py::args& args, const py::kwargs& kwargs) const {
     if (!slow_path.is_none() && (always_slow || kwargs.size() != 0 || modes_epoch != ModuleModesEpoch())) {
       return slow_path(*args, **kwargs);
     }
@@ -297,6 +297,30 @@ struct Call {
       return slow_path(*args, **kwargs);
     }
     return RunChecked(std::move(inputs), args);
+  }
+
+  // The type's tp_call (Note [The call path]): a call goes from the interpreter straight here,
+  // with no method lookup and no pybind11 dispatch, also for Python subclasses (Captured), which
+  // inherit the slot.
+  static PyObject* TpCall(PyObject* self, PyObject* args, PyObject* kwargs) {
+    auto* inst = reinterpret_cast<py::detail::instance*>(self);
+    const Call* call = inst->get_value_and_holder().value_ptr<Call>();
+    if (call == nullptr || !inst->get_value_and_holder().holder_constructed()) {
+      PyErr_SetString(PyExc_TypeError, "torchreplay: this Call was not initialized (its __init__ did not run)");
+      return nullptr;
+    }
+    try {
+      static const py::kwargs& kNoKeywords = *new py::kwargs();  // never freed: outlives Python
+      const py::args a = py::reinterpret_borrow<py::args>(args);
+      py::object out = kwargs == nullptr ? (*call)(a, kNoKeywords)
+                                         : (*call)(a, py::reinterpret_borrow<py::kwargs>(kwargs));
+      return out.release().ptr();
+    } catch (py::error_already_set& e) {
+      e.restore();
+    } catch (...) {
+      py::detail::try_translate_exceptions();
+    }
+    return nullptr;
   }
 
   // The call with the graph's own flat arguments, every check done here.
@@ -765,7 +789,8 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("name", [](const replay::Engine& e) { return e.options().name; })
       .def_property_readonly("options", [](const replay::Engine& e) { return e.options(); });
 
-  py::class_<Call>(m, "Call", "One compiled graph as a C++ callable (Note [The call path]).")
+  py::class_<Call>(m, "Call", "One compiled graph as a C++ callable (Note [The call path]).",
+                   py::custom_type_setup([](PyHeapTypeObject* type) { type->ht_type.tp_call = &Call::TpCall; }))
       .def(py::init([](std::shared_ptr<replay::Engine> engine, py::list bound, std::vector<int> mutated,
                        int num_outputs, py::object fallback, py::dict fixed, const std::string& returns,
                        const std::vector<std::tuple<int, int, int>>& aliases,
@@ -826,7 +851,6 @@ PYBIND11_MODULE(_C, m) {
            py::arg("grad_checked") = std::vector<int>(), py::arg("bound_names") = std::vector<std::string>(),
            py::arg("slow_path") = py::none(),
            py::arg("always_slow") = false)
-      .def("__call__", &Call::operator())
       .def("_fast", &Call::Fast, "The call on the graph's flat arguments, with no slow path.")
       .def("_modes_checked", [](const Call& c, int64_t epoch) { c.modes_epoch = epoch; },
            "The modules' modes were found as captured at `epoch` (module_modes_epoch()).")

@@ -366,17 +366,45 @@ bool SameShape(const Instr& a, const Instr& b) {
   return true;
 }
 
+// t.data_ptr() for the dense CPU tensors a fused step reads and writes, without its checks
+// (which a step would pay for every operand of every call).
+char* DataOf(const at::Tensor& t) {
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  return static_cast<char*>(impl->storage().unsafeGetStorageImpl()->mutable_data()) +
+         impl->storage_offset() * static_cast<int64_t>(impl->itemsize());
+}
+
 class FusedStep final : public TypedCall {
  public:
   FusedStep(fused::Program program, std::vector<TensorArg> operands,
-            std::vector<std::unique_ptr<TypedCall>> exact)
+            std::vector<std::unique_ptr<TypedCall>> exact, c10::Storage arena)
       : program_(std::move(program)), operands_(std::move(operands)), exact_(std::move(exact)),
-        base_(operands_.size()) {}
+        arena_(std::move(arena)), base_(operands_.size()) {
+    // Where each operand's data is found per call: a per-call tensor's own; an arena buffer at its
+    // offset in the arena's block, which moves when the arena grows; any other constant (a
+    // parameter, whose moving recaptures the key; a wrapped number) where it is now.
+    const char* block = static_cast<const char*>(arena_.data());
+    for (const TensorArg& a : operands_) {
+      Where w;
+      if (a.slot >= 0) {
+        w.slot = a.slot;
+      } else {
+        char* p = DataOf(a.value);
+        if (block != nullptr && p >= block && p < block + arena_.nbytes()) {
+          w.arena_offset = p - block;
+        } else {
+          w.fixed = p;
+        }
+      }
+      where_.push_back(w);
+    }
+  }
 
   void Run(c10::DispatchKeySet keys, const Slots& slots) const override {
-    for (size_t k = 0; k < operands_.size(); ++k) {
-      // Constants are read every call too: an arena buffer moves when the arena grows.
-      base_[k] = static_cast<char*>(operands_[k].get(slots).data_ptr());
+    char* block = static_cast<char*>(arena_.unsafeGetStorageImpl()->mutable_data());
+    for (size_t k = 0; k < where_.size(); ++k) {
+      const Where& w = where_[k];
+      base_[k] = w.slot >= 0 ? DataOf(slots[w.slot].toTensor()) : w.fixed != nullptr ? w.fixed : block + w.arena_offset;
     }
     if (fused::Run(program_, base_.data())) return;
     // Inputs the kernel does not promise eager's bits for (two NaNs meeting, a NaN into Sleef):
@@ -386,9 +414,16 @@ class FusedStep final : public TypedCall {
   }
 
  private:
+  struct Where {
+    int slot = -1;
+    char* fixed = nullptr;
+    int64_t arena_offset = 0;
+  };
   fused::Program program_;
-  std::vector<TensorArg> operands_;
+  std::vector<TensorArg> operands_;  // held: the step's constants stay alive with it
   std::vector<std::unique_ptr<TypedCall>> exact_;
+  c10::Storage arena_;
+  std::vector<Where> where_;
   mutable std::vector<char*> base_;  // a tape runs on one thread
 };
 
@@ -424,7 +459,8 @@ std::vector<TapePlan::FusedGroup> PlanFusion(const Graph& g, const Recording& re
       if (RunsPerCall(g, plan, i)) close();
       continue;
     }
-    bool same_segment = !group.instrs.empty() && SameShape(group.instrs.back(), *in);
+    bool same_segment = !group.instrs.empty() && SameShape(group.instrs.back(), *in) &&
+                        group.segments.back().count < fused::kMaxSegment;
     for (int k = 1; same_segment && k <= in->num_inputs; ++k) {
       const ValueId v = values[k];
       if (v < 0) continue;
@@ -452,8 +488,9 @@ std::vector<TapePlan::FusedGroup> PlanFusion(const Graph& g, const Recording& re
 }
 
 std::unique_ptr<TypedCall> MakeFusedStep(fused::Program program, std::vector<TensorArg> operands,
-                                         std::vector<std::unique_ptr<TypedCall>> exact) {
-  return std::make_unique<FusedStep>(std::move(program), std::move(operands), std::move(exact));
+                                         std::vector<std::unique_ptr<TypedCall>> exact, c10::Storage arena) {
+  if (!fused::Prepare(&program)) return nullptr;
+  return std::make_unique<FusedStep>(std::move(program), std::move(operands), std::move(exact), std::move(arena));
 }
 
 }  // namespace torchreplay::capture

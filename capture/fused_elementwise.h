@@ -65,8 +65,10 @@ std::vector<TapePlan::FusedGroup> PlanFusion(const Graph& graph, const Recording
 
 // The step running `program` on `operands` (instructions' operands index into it). `exact` holds
 // the group's nodes' own calls, in order: run instead, after the kernel, on a call whose inputs
-// it does not promise eager's bits for (fused::Run returned false).
+// it does not promise eager's bits for (fused::Run returned false). `arena` is the storage of
+// the arena the step's planned buffers lie in (their data moves with its block). nullptr if the
+// kernel has no code for an instruction.
 std::unique_ptr<TypedCall> MakeFusedStep(fused::Program program, std::vector<TensorArg> operands,
-                                         std::vector<std::unique_ptr<TypedCall>> exact);
+                                         std::vector<std::unique_ptr<TypedCall>> exact, c10::Storage arena);
 
 }  // namespace torchreplay::capture

@@ -63,15 +63,24 @@ struct Instr {
 };
 
 // Consecutive instructions with one iteration shape: run piece by piece, every instruction on a
-// piece before the next piece (Note [Fused elementwise steps]).
+// piece before the next piece (Note [Fused elementwise steps]). At most kMaxSegment of them.
+constexpr int kMaxSegment = 32;
 struct Segment {
   int first = 0, count = 0;  // into Program::instrs
 };
 
+// Runs one instruction over elements [begin, end) of a piece of `len` (fused_kernels_avx2.cc).
+struct Cursor;
+using Kernel = void (*)(const Instr&, const Cursor&, int64_t len, int64_t begin, int64_t end);
+
 struct Program {
   std::vector<Instr> instrs;
   std::vector<Segment> segments;
+  std::vector<Kernel> kernels;  // per instruction, set by Prepare
 };
+
+// Picks each instruction's kernel; false if one has none (the program cannot run).
+bool Prepare(Program* program);
 
 // Runs `program` on the operands' data (`base[k]`: operand k's first element). Only on CPUs with
 // AVX2 and FMA (ATen's CPU capability AVX2 or AVX512). False if an instruction met an input its

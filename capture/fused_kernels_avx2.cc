@@ -45,6 +45,8 @@ constexpr int64_t kChunk = 512;
 
 using NanCheck = Instr::NanCheck;
 
+}  // namespace
+
 // The operands of one instruction at the first element of a piece, their inner strides, and
 // where to say that an input named by the instruction's NanCheck was met.
 struct Cursor {
@@ -57,6 +59,8 @@ struct Cursor {
   }
 };
 
+namespace {
+
 template <class T>
 bool AnyLane(const Vectorized<T>& mask) {
   if constexpr (std::is_same_v<T, float>) {
@@ -66,13 +70,12 @@ bool AnyLane(const Vectorized<T>& mask) {
   }
 }
 
-// Whether inputs `v` (n of them) are what `check` names.
+// The lanes where inputs `v` (N of them) are what `check` names.
 template <class T, int N>
-bool Flagged(NanCheck check, const Vectorized<T>* v) {
-  if (check == NanCheck::kNone) return false;
+Vectorized<T> Flagged(NanCheck check, const Vectorized<T>* v) {
   Vectorized<T> m = v[0].isnan();
   for (int k = 1; k < N; ++k) m = check == NanCheck::kNanPair ? m & v[k].isnan() : m | v[k].isnan();
-  return AnyLane(m);
+  return m;
 }
 template <class T, int N>
 bool Flagged(NanCheck check, const T* v) {
@@ -113,17 +116,17 @@ void Map(const F& f, const Cursor& c, int64_t len, int64_t begin, int64_t end, i
       return c.s[k + 1] == 0 ? bcast[k] : Vec::loadu(c.p[k + 1] + at * kSize);
     };
     const int64_t stop = std::min(end, vec_end);
-    bool flagged = false;
+    Vec flagged(T(0));  // lanes with inputs the NanCheck names, seen so far
     for (; i + Vec::size() <= stop; i += Vec::size()) {
       Vec in[N];
       for (int k = 0; k < N; ++k) in[k] = load(k, i);
-      flagged = flagged || Flagged<T, N>(check, in);
+      if (check != NanCheck::kNone) flagged = flagged | Flagged<T, N>(check, in);
       Vec r;
       if constexpr (N == 1) r = f.V(in[0]);
       if constexpr (N == 2) r = f.V(in[0], in[1]);
       r.store(c.p[0] + i * kSize);
     }
-    if (flagged) c.inexact->store(true, std::memory_order_relaxed);
+    if (check != NanCheck::kNone && AnyLane(flagged)) c.inexact->store(true, std::memory_order_relaxed);
   }
   for (; i < end; ++i) {
     T in[N];
@@ -138,53 +141,63 @@ void Map(const F& f, const Cursor& c, int64_t len, int64_t begin, int64_t end, i
 // TensorCompareKernel.cpp).
 template <class T>
 struct Neg {
+  static Neg Of(const Instr&) { return {}; }
   T S(T a) const { return -a; }
   Vectorized<T> V(Vectorized<T> a) const { return a.neg(); }
 };
 template <class T>
 struct Abs {
+  static Abs Of(const Instr&) { return {}; }
   T S(T a) const { return std::abs(a); }
   Vectorized<T> V(Vectorized<T> a) const { return a.abs(); }
 };
 template <class T>
 struct Reciprocal {
+  static Reciprocal Of(const Instr&) { return {}; }
   T S(T a) const { return static_cast<T>(1.0) / a; }
   Vectorized<T> V(Vectorized<T> a) const { return a.reciprocal(); }
 };
 template <class T>
 struct Rsqrt {
+  static Rsqrt Of(const Instr&) { return {}; }
   T S(T a) const { return static_cast<T>(1) / std::sqrt(a); }
   Vectorized<T> V(Vectorized<T> a) const { return a.rsqrt(); }
 };
 template <class T>
 struct Square {
+  static Square Of(const Instr&) { return {}; }
   T S(T a) const { return a * a; }
   Vectorized<T> V(Vectorized<T> a) const { return a * a; }
 };
 template <class T>
 struct Cube {
+  static Cube Of(const Instr&) { return {}; }
   T S(T a) const { return a * a * a; }
   Vectorized<T> V(Vectorized<T> a) const { return a * a * a; }
 };
 template <class T>
 struct InverseSquare {
+  static InverseSquare Of(const Instr&) { return {}; }
   T S(T a) const { return static_cast<T>(1.0) / (a * a); }
   Vectorized<T> V(Vectorized<T> a) const { return (a * a).reciprocal(); }
 };
 template <class T>
 struct ClampMin {
+  static ClampMin Of(const Instr& in) { return {static_cast<T>(in.p0)}; }
   T lo;
   T S(T a) const { return std::max(a, lo); }
   Vectorized<T> V(Vectorized<T> a) const { return at::vec::clamp_min(a, Vectorized<T>(lo)); }
 };
 template <class T>
 struct ClampMax {
+  static ClampMax Of(const Instr& in) { return {static_cast<T>(in.p0)}; }
   T hi;
   T S(T a) const { return std::min(a, hi); }
   Vectorized<T> V(Vectorized<T> a) const { return at::vec::clamp_max(a, Vectorized<T>(hi)); }
 };
 template <class T>
 struct Clamp {
+  static Clamp Of(const Instr& in) { return {static_cast<T>(in.p0), static_cast<T>(in.p1)}; }
   T lo, hi;
   T S(T a) const { return std::min(std::max(a, lo), hi); }
   Vectorized<T> V(Vectorized<T> a) const {
@@ -193,6 +206,7 @@ struct Clamp {
 };
 template <class T>
 struct Sigmoid {
+  static Sigmoid Of(const Instr&) { return {}; }
   T S(T a) const { return static_cast<T>(1) / (static_cast<T>(1) + std::exp(-a)); }
   Vectorized<T> V(Vectorized<T> a) const {
     return (Vectorized<T>(static_cast<T>(1)) + a.neg().exp()).reciprocal();
@@ -200,11 +214,13 @@ struct Sigmoid {
 };
 template <class T>
 struct Silu {
+  static Silu Of(const Instr&) { return {}; }
   T S(T x) const { return x / (T(1) + std::exp(-x)); }
   Vectorized<T> V(Vectorized<T> x) const { return x / (Vectorized<T>(T(1)) + x.neg().exp()); }
 };
 template <class T>
 struct Exp2 {
+  static Exp2 Of(const Instr&) { return {}; }
   T S(T a) const { return std::exp2(a); }
   Vectorized<T> V(Vectorized<T> a) const { return a.exp2(); }
 };
@@ -212,6 +228,7 @@ struct Exp2 {
 // in both lambdas of ATen's build (the vector one is vec::fmadd(other, alpha, self)).
 template <class T>
 struct Add {
+  static Add Of(const Instr& in) { return {static_cast<T>(in.p0)}; }
   T alpha;
   T S(T a, T b) const { return std::fma(alpha, b, a); }
   Vectorized<T> V(Vectorized<T> a, Vectorized<T> b) const {
@@ -220,11 +237,13 @@ struct Add {
 };
 template <class T>
 struct Mul {
+  static Mul Of(const Instr&) { return {}; }
   T S(T a, T b) const { return a * b; }
   Vectorized<T> V(Vectorized<T> a, Vectorized<T> b) const { return a * b; }
 };
 template <class T>
 struct Div {
+  static Div Of(const Instr&) { return {}; }
   T S(T a, T b) const { return a / b; }
   Vectorized<T> V(Vectorized<T> a, Vectorized<T> b) const { return a / b; }
 };
@@ -359,60 +378,89 @@ void MaskedFill(const Cursor& c, int64_t value, int64_t begin, int64_t end) {
   std::memcpy(&v, &value, sizeof(Bits));  // little-endian: the value's bytes come first
   for (int64_t i = begin; i < end; ++i) c.at<Bits>(0, i) = c.at<bool>(2, i) ? v : c.at<Bits>(1, i);
 }
-template <template <class> class F, class... A>
-void ByWidth(size_t width, A&&... a) {
+
+// Every op, as a kernel for one instruction over [begin, end) of a piece of `len` elements.
+template <class T, class F, int N>
+void MapKernel(const Instr& in, const Cursor& c, int64_t len, int64_t begin, int64_t end) {
+  Map<T, N>(F::Of(in), c, len, begin, end, in.vec_block, in.nan_check);
+}
+template <class T>
+void MklKernel(const Instr& in, const Cursor& c, int64_t, int64_t begin, int64_t end) {
+  Vml<T>(Mkl<T>{MklFn<T>(in.op)}, c, begin, end, in.nan_check);
+}
+template <class T, bool kLog1p>
+void SleefKernel(const Instr& in, const Cursor& c, int64_t, int64_t begin, int64_t end) {
+  Vml<T>(SleefMap<T>{kLog1p}, c, begin, end, in.nan_check);
+}
+template <class T>
+void CompareKernel(const Instr& in, const Cursor& c, int64_t, int64_t begin, int64_t end) {
+  Compare<T>(in.op, c, begin, end);
+}
+template <class Bits>
+void WhereKernel(const Instr&, const Cursor& c, int64_t, int64_t begin, int64_t end) {
+  Where<Bits>(c, begin, end);
+}
+template <class Bits>
+void MaskedFillKernel(const Instr& in, const Cursor& c, int64_t, int64_t begin, int64_t end) {
+  MaskedFill<Bits>(c, in.i0, begin, end);
+}
+void AddIntKernel(const Instr& in, const Cursor& c, int64_t, int64_t begin, int64_t end) {
+  AddInt(c, in.i0, begin, end);
+}
+void MulIntKernel(const Instr&, const Cursor& c, int64_t, int64_t begin, int64_t end) { MulInt(c, begin, end); }
+
+template <template <class> class K>
+Kernel ByWidth(size_t width) {
   switch (width) {
-    case 1: return F<uint8_t>::Run(std::forward<A>(a)...);
-    case 2: return F<uint16_t>::Run(std::forward<A>(a)...);
-    case 4: return F<uint32_t>::Run(std::forward<A>(a)...);
-    default: return F<uint64_t>::Run(std::forward<A>(a)...);
+    case 1: return &K<uint8_t>::Run;
+    case 2: return &K<uint16_t>::Run;
+    case 4: return &K<uint32_t>::Run;
+    default: return &K<uint64_t>::Run;
   }
 }
 template <class Bits>
 struct WhereOf {
-  static void Run(const Cursor& c, int64_t begin, int64_t end) { Where<Bits>(c, begin, end); }
+  static void Run(const Instr& in, const Cursor& c, int64_t len, int64_t b, int64_t e) { WhereKernel<Bits>(in, c, len, b, e); }
 };
 template <class Bits>
 struct MaskedFillOf {
-  static void Run(const Cursor& c, int64_t value, int64_t begin, int64_t end) { MaskedFill<Bits>(c, value, begin, end); }
+  static void Run(const Instr& in, const Cursor& c, int64_t len, int64_t b, int64_t e) { MaskedFillKernel<Bits>(in, c, len, b, e); }
 };
 
 template <class T>
-void RunFloating(const Instr& in, const Cursor& c, int64_t len, int64_t begin, int64_t end) {
-  const int b = in.vec_block;
-  const NanCheck x = in.nan_check;
-  const T p0 = static_cast<T>(in.p0), p1 = static_cast<T>(in.p1);
-  switch (in.op) {
-    case Op::kNeg: return Map<T, 1>(Neg<T>{}, c, len, begin, end, b, x);
-    case Op::kAbs: return Map<T, 1>(Abs<T>{}, c, len, begin, end, b, x);
-    case Op::kReciprocal: return Map<T, 1>(Reciprocal<T>{}, c, len, begin, end, b, x);
-    case Op::kRsqrt: return Map<T, 1>(Rsqrt<T>{}, c, len, begin, end, b, x);
-    case Op::kSquare: return Map<T, 1>(Square<T>{}, c, len, begin, end, b, x);
-    case Op::kCube: return Map<T, 1>(Cube<T>{}, c, len, begin, end, b, x);
-    case Op::kInverseSquare: return Map<T, 1>(InverseSquare<T>{}, c, len, begin, end, b, x);
-    case Op::kClampMin: return Map<T, 1>(ClampMin<T>{p0}, c, len, begin, end, b, x);
-    case Op::kClampMax: return Map<T, 1>(ClampMax<T>{p0}, c, len, begin, end, b, x);
-    case Op::kClamp: return Map<T, 1>(Clamp<T>{p0, p1}, c, len, begin, end, b, x);
-    case Op::kSigmoid: return Map<T, 1>(Sigmoid<T>{}, c, len, begin, end, b, x);
-    case Op::kSilu: return Map<T, 1>(Silu<T>{}, c, len, begin, end, b, x);
-    case Op::kExp2: return Map<T, 1>(Exp2<T>{}, c, len, begin, end, b, x);
+Kernel FloatingKernel(Op op) {
+  switch (op) {
+    case Op::kNeg: return &MapKernel<T, Neg<T>, 1>;
+    case Op::kAbs: return &MapKernel<T, Abs<T>, 1>;
+    case Op::kReciprocal: return &MapKernel<T, Reciprocal<T>, 1>;
+    case Op::kRsqrt: return &MapKernel<T, Rsqrt<T>, 1>;
+    case Op::kSquare: return &MapKernel<T, Square<T>, 1>;
+    case Op::kCube: return &MapKernel<T, Cube<T>, 1>;
+    case Op::kInverseSquare: return &MapKernel<T, InverseSquare<T>, 1>;
+    case Op::kClampMin: return &MapKernel<T, ClampMin<T>, 1>;
+    case Op::kClampMax: return &MapKernel<T, ClampMax<T>, 1>;
+    case Op::kClamp: return &MapKernel<T, Clamp<T>, 1>;
+    case Op::kSigmoid: return &MapKernel<T, Sigmoid<T>, 1>;
+    case Op::kSilu: return &MapKernel<T, Silu<T>, 1>;
+    case Op::kExp2: return &MapKernel<T, Exp2<T>, 1>;
     case Op::kExp:
     case Op::kLog:
     case Op::kSin:
     case Op::kCos:
     case Op::kTanh:
     case Op::kErf:
-    case Op::kSqrt: return Vml<T>(Mkl<T>{MklFn<T>(in.op)}, c, begin, end, x);
-    case Op::kLog1p: return Vml<T>(SleefMap<T>{true}, c, begin, end, x);
-    case Op::kExpm1: return Vml<T>(SleefMap<T>{false}, c, begin, end, x);
-    case Op::kAdd: return Map<T, 2>(Add<T>{p0}, c, len, begin, end, b, x);
-    case Op::kMul: return Map<T, 2>(Mul<T>{}, c, len, begin, end, b, x);
-    case Op::kDiv: return Map<T, 2>(Div<T>{}, c, len, begin, end, b, x);
-    default: break;
+    case Op::kSqrt: return &MklKernel<T>;
+    case Op::kLog1p: return &SleefKernel<T, true>;
+    case Op::kExpm1: return &SleefKernel<T, false>;
+    case Op::kAdd: return &MapKernel<T, Add<T>, 2>;
+    case Op::kMul: return &MapKernel<T, Mul<T>, 2>;
+    case Op::kDiv: return &MapKernel<T, Div<T>, 2>;
+    default: return nullptr;
   }
 }
 
-void RunInstr(const Instr& in, const Cursor& c, int64_t len, int64_t begin, int64_t end) {
+// The kernel of an instruction; nullptr for one it has none for.
+Kernel KernelOf(const Instr& in) {
   switch (in.op) {
     case Op::kLt:
     case Op::kLe:
@@ -421,26 +469,20 @@ void RunInstr(const Instr& in, const Cursor& c, int64_t len, int64_t begin, int6
     case Op::kEq:
     case Op::kNe:
       switch (in.dtype) {
-        case c10::kFloat: return Compare<float>(in.op, c, begin, end);
-        case c10::kDouble: return Compare<double>(in.op, c, begin, end);
-        case c10::kLong: return Compare<int64_t>(in.op, c, begin, end);
-        default: return;
+        case c10::kFloat: return &CompareKernel<float>;
+        case c10::kDouble: return &CompareKernel<double>;
+        case c10::kLong: return &CompareKernel<int64_t>;
+        default: return nullptr;
       }
-    case Op::kWhere:
-      return ByWidth<WhereOf>(c10::elementSize(in.dtype), c, begin, end);
-    case Op::kMaskedFill:
-      return ByWidth<MaskedFillOf>(c10::elementSize(in.dtype), c, in.i0, begin, end);
-    default:
-      break;
+    case Op::kWhere: return ByWidth<WhereOf>(c10::elementSize(in.dtype));
+    case Op::kMaskedFill: return ByWidth<MaskedFillOf>(c10::elementSize(in.dtype));
+    default: break;
   }
   switch (in.dtype) {
-    case c10::kFloat: return RunFloating<float>(in, c, len, begin, end);
-    case c10::kDouble: return RunFloating<double>(in, c, len, begin, end);
-    case c10::kLong:
-      if (in.op == Op::kAdd) return AddInt(c, in.i0, begin, end);
-      if (in.op == Op::kMul) return MulInt(c, begin, end);
-      return;
-    default: return;
+    case c10::kFloat: return FloatingKernel<float>(in.op);
+    case c10::kDouble: return FloatingKernel<double>(in.op);
+    case c10::kLong: return in.op == Op::kAdd ? &AddIntKernel : in.op == Op::kMul ? &MulIntKernel : nullptr;
+    default: return nullptr;
   }
 }
 
@@ -451,8 +493,7 @@ void RunRange(const Program& program, const Segment& seg, char* const* base, int
               std::atomic<bool>* inexact) {
   const Instr& shape = program.instrs[seg.first];
   const int64_t row_len = shape.shape[0];
-  Cursor cursors[8];
-  Cursor* c = seg.count <= 8 ? cursors : new Cursor[seg.count];
+  Cursor c[kMaxSegment];
   for (int64_t i = b; i < e;) {
     const int64_t row = i / row_len, col = i % row_len;
     const int64_t len = std::min(e, (row + 1) * row_len) - i;
@@ -460,7 +501,7 @@ void RunRange(const Program& program, const Segment& seg, char* const* base, int
       const Instr& in = program.instrs[seg.first + j];
       for (int k = 0; k <= in.num_inputs; ++k) {
         int64_t offset = col * in.strides[k][0], rest = row;
-        for (int d = 1; d < in.ndim; ++d) {
+        for (int d = 1; d < in.ndim && rest != 0; ++d) {
           offset += (rest % in.shape[d]) * in.strides[k][d];
           rest /= in.shape[d];
         }
@@ -471,11 +512,12 @@ void RunRange(const Program& program, const Segment& seg, char* const* base, int
     }
     for (int64_t from = 0; from < len; from += kChunk) {
       const int64_t to = std::min(len, from + kChunk);
-      for (int j = 0; j < seg.count; ++j) RunInstr(program.instrs[seg.first + j], c[j], len, from, to);
+      for (int j = 0; j < seg.count; ++j) {
+        program.kernels[seg.first + j](program.instrs[seg.first + j], c[j], len, from, to);
+      }
     }
     i += len;
   }
-  if (c != cursors) delete[] c;
 }
 
 }  // namespace
@@ -533,6 +575,15 @@ bool Run(const Program& program, char* const* base) {
     }
   }
   return !inexact.load(std::memory_order_relaxed);
+}
+
+bool Prepare(Program* program) {
+  program->kernels.clear();
+  for (const Instr& in : program->instrs) {
+    program->kernels.push_back(KernelOf(in));
+    if (program->kernels.back() == nullptr) return false;
+  }
+  return true;
 }
 
 bool MklAvailable() {

@@ -276,9 +276,10 @@ std::vector<size_t> WrappedNumbersToPrecast(c10::ScalarType out_dtype, const Slo
 class Emitter {
  public:
   Emitter(const Graph& g, const Recording& rec, const TapePlan& plan,
-          const std::vector<at::Tensor>& buffers, const CaptureOptions& options, KernelTape* tape)
-      : g_(g), rec_(rec), plan_(plan), buffers_(buffers), options_(options), tape_(tape),
-        constants_(g.values().size()) {}
+          const std::vector<at::Tensor>& buffers, c10::Storage arena_storage, const CaptureOptions& options,
+          KernelTape* tape)
+      : g_(g), rec_(rec), plan_(plan), buffers_(buffers), arena_storage_(std::move(arena_storage)),
+        options_(options), tape_(tape), constants_(g.values().size()) {}
 
   // The constant value of `v` (valid after Emit, for values the plan made constant).
   const c10::IValue& constant(ValueId v) const { return constants_[v]; }
@@ -528,7 +529,7 @@ class Emitter {
       }
       program.instrs.push_back(in);
     }
-    return MakeFusedStep(std::move(program), std::move(operands), std::move(exact));
+    return MakeFusedStep(std::move(program), std::move(operands), std::move(exact), arena_storage_);
   }
 
   void OutVariantStep(const Node& n, const OutVariant& out, Step step) {
@@ -719,6 +720,7 @@ class Emitter {
   const Recording& rec_;
   const TapePlan& plan_;
   const std::vector<at::Tensor>& buffers_;
+  c10::Storage arena_storage_;  // the arena's block, where buffers_ lie
   const CaptureOptions& options_;
   KernelTape* tape_;
   std::vector<c10::IValue> constants_;  // per value, once known
@@ -750,7 +752,7 @@ absl::StatusOr<std::unique_ptr<CapturedGraph>> CaptureKernelTape(
   tape->info_.arena_bytes = arena_plan.arena_bytes;
   tape->info_.tensor_bytes = arena_plan.tensor_bytes;
   tape->input_slots_ = plan->input_slots;
-  Emitter emitter(g, rec, *plan, buffers, options, tape.get());
+  Emitter emitter(g, rec, *plan, buffers, arena->storage(), options, tape.get());
   if (auto s = emitter.Emit(inputs); !s.ok()) return s;
   tape->info_.steps = static_cast<int>(tape->steps_.size());
   tape->slots_.resize(plan->num_slots);
