@@ -579,11 +579,6 @@ def _on_registration(module: torch.nn.Module, name: str, value: Any) -> None:
 
 
 def _watch(module: torch.nn.Module, captured: Captured) -> None:
-    if not _hooks:
-        from torch.nn.modules import module as nn_module
-        _hooks.extend([nn_module.register_module_parameter_registration_hook(_on_registration),
-                       nn_module.register_module_buffer_registration_hook(_on_registration),
-                       nn_module.register_module_module_registration_hook(_on_registration)])
     for m in module.modules():
         _watched.setdefault(m, weakref.WeakSet()).add(captured)
 
@@ -675,16 +670,23 @@ def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Option
     trace.size_exprs, trace.symbol_dims = size_exprs, symbol_dims
     captured = Captured(engine, bound, bound_names, _graph_inputs_tracked(gm, len(bound)), mutated, fixed, sizes,
                         model if isinstance(model, torch.nn.Module) else None, trace)
-    _watch_modes()
     for m in [module] + [v for v in constants.values() if isinstance(v, torch.nn.Module)]:
         _watch(m, captured)
     logger.debug("torchreplay: captured %s (%d nodes, %d bound inputs)", name, graph.num_nodes, len(bound))
     return captured
 
 
-def _watch_modes() -> None:
-    """nn.Module.train (and eval, which calls it) tells every Captured to check its modules'
-    modes on its next call (Captured._slow_call, Trace.check_modes)."""
+def _install_watchers() -> None:
+    """Once, when torchreplay is imported: the module registration hooks (_on_registration) and
+    nn.Module.train (and eval, which calls it) telling every Captured to check its modules' modes
+    on its next call (Captured._slow_call, Trace.check_modes). At import, not at the first
+    capture: Dynamo guards on the global hooks and on nn.Module.train, so installing them later
+    would recompile every function torch.compile had compiled before."""
+    if not _hooks:
+        from torch.nn.modules import module as nn_module
+        _hooks.extend([nn_module.register_module_parameter_registration_hook(_on_registration),
+                       nn_module.register_module_buffer_registration_hook(_on_registration),
+                       nn_module.register_module_module_registration_hook(_on_registration)])
     if getattr(torch.nn.Module.train, "_torchreplay", False):
         return
     train = torch.nn.Module.train
@@ -697,3 +699,6 @@ def _watch_modes() -> None:
     watched_train._torchreplay = True  # type: ignore[attr-defined]
     watched_train.__doc__ = train.__doc__
     torch.nn.Module.train = watched_train  # type: ignore[method-assign]
+
+
+_install_watchers()

@@ -4,6 +4,7 @@ compared with eager bit for bit.
     .venv/bin/python tests/python/opdb_sweep.py                 # the whole sweep, both entry points
     .venv/bin/python tests/python/opdb_sweep.py --ops add,qr --dtypes float32 --entry compile
     .venv/bin/python tests/python/opdb_sweep.py --shard 0/2 --json out.json   # half of it
+    .venv/bin/python tests/python/opdb_sweep.py --summarize a.json b.json      # shards' summary together
 
 Each case is one op, one of its first sample inputs, one dtype and one entry point:
 `torch.compile(backend=torchreplay, mode "reduce-overhead")` or `torchreplay.capture`. The case
@@ -389,11 +390,14 @@ def cases_for(op: Any, dtype_name: str, limit: int, entries: Sequence[str]) -> L
     return out
 
 
-def summarize(cases: Sequence[Case]) -> str:
+def summarize(cases: Sequence[Any]) -> str:
+    """The summary table of cases (Case objects, or the dicts --json writes)."""
     rows: Dict[Tuple[str, str], collections.Counter] = collections.defaultdict(collections.Counter)
     for c in cases:
-        if c.outcome != "skip":
-            rows[(c.entry, c.dtype_name)][c.outcome] += 1
+        entry, dtype, outcome = ((c["entry"], c["dtype"], c["outcome"]) if isinstance(c, dict)
+                                 else (c.entry, c.dtype_name, c.outcome))
+        if outcome != "skip":
+            rows[(entry, dtype)][outcome] += 1
     lines = ["| entry | dtype | cases | " + " | ".join(OUTCOMES) + " |",
              "|---|---|---:|" + "---:|" * len(OUTCOMES)]
     for entry in ENTRIES:
@@ -420,7 +424,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--quiet", action="store_true", help="print only the cases that are not bitwise")
     p.add_argument("--refusals", action="store_true",
                    help="also list the out= overloads refused while recording (Note [Checked out= kernels])")
+    p.add_argument("--summarize", nargs="+", metavar="JSON",
+                   help="print the summary of cases written by --json (several shards together) and exit")
     a = p.parse_args(argv)
+    if a.summarize:
+        cases: List[Dict[str, Any]] = []
+        for path in a.summarize:
+            with open(path) as f:
+                cases += json.load(f)
+        print(summarize(cases))
+        for c in cases:
+            if c["outcome"] in ("wrong", "error"):
+                print(f"{c['outcome']:13s} {c['op']}.{c['variant']}[{c['dtype']}#{c['sample']}]/{c['entry']} {c['detail']}")
+        return 0 if not any(c["outcome"] in ("wrong", "error") for c in cases) else 1
     torch.set_num_threads(1)
     logging_off()
     warnings.simplefilter("ignore")

@@ -631,3 +631,30 @@ def test_one_trace_per_size_class_when_threads_first_meet_it_together():
     [t.start() for t in threads]
     [t.join() for t in threads]
     assert wrong == [] and len(step.stats()["traces"]) == 2
+
+
+def test_a_capture_does_not_recompile_what_torch_compile_compiled_before():
+    """Dynamo guards on the global module hooks and nn.Module.train, which torchreplay.capture
+    relies on: they are installed when torchreplay is imported, so a capture made later does not
+    make functions compiled earlier recompile."""
+    from torch._dynamo.testing import CompileCounter
+
+    class Keeps(nn.Module):  # assigns a submodule in forward: Dynamo guards on the hooks that calls
+        def __init__(self):
+            super().__init__()
+            self.act = nn.ReLU()
+
+        def forward(self, x):
+            self.act = self.act
+            return self.act(x * 2)
+
+    counter = CompileCounter()
+    compiled = torch.compile(Keeps(), backend=counter)
+    x = torch.randn(2, 4)
+    compiled(x)
+    with torch.no_grad():
+        step = torchreplay.capture(nn.Linear(4, 3).eval(), (x,), config=config())
+        step(x)
+    nn.Linear(2, 2).train()
+    compiled(x)
+    assert counter.frame_count == 1
