@@ -12,6 +12,7 @@ what is not: docs/design.md, "torchreplay.capture".
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import itertools
 import logging
@@ -64,16 +65,20 @@ class _AsModule(torch.nn.Module):
 def _decompositions(extra: Optional[Dict[Any, Callable]]) -> Any:
     """What AOTAutograd does under torch.compile: CompositeImplicitAutograd ops decompose (linear ->
     t + addmm), the rest of ATen stays; plus the caller's own decompositions."""
+    table = dict(_cia_decompositions())
+    for op, fn in (extra or {}).items():
+        table[op] = fn
+    return table
+
+
+@functools.lru_cache(maxsize=1)
+def _cia_decompositions() -> Dict[Any, Callable]:
+    """export's default decompositions of the CompositeImplicitAutograd ops (made once: 0.1 s)."""
     from torch._export.utils import _collect_all_valid_cia_ops
 
     table = torch.export.default_decompositions()
     cia = _collect_all_valid_cia_ops()
-    for op in list(table.keys()):
-        if op not in cia:
-            table.pop(op)
-    for op, fn in (extra or {}).items():
-        table[op] = fn
-    return table
+    return {op: fn for op, fn in table.items() if op in cia}
 
 
 def _writes_back(ep: ExportedProgram, gm: torch.fx.GraphModule) -> int:
