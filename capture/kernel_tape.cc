@@ -541,11 +541,15 @@ class Emitter {
     }
     bool prepared = false;
     const std::string out_name = OperatorName(out.op);
-    if (out_name == "aten::cat.out") step.typed = CatAsCopies(n);
-    if (out_name == "aten::clone.out" || out_name == "aten::copy.out") step.typed = CopyAsCopies(n);
-    if (out_name == "aten::embedding.out") step.typed = EmbeddingAsCopies(n);
-    const bool copies = step.typed != nullptr;
-    if (whole_args && !copies) {
+    const char* own = nullptr;  // a step the tape makes itself: what it is, for profiles
+    if (out_name == "aten::cat.out") step.typed = CatAsCopies(n), own = "copies";
+    if (out_name == "aten::clone.out" || out_name == "aten::copy.out") step.typed = CopyAsCopies(n), own = "copies";
+    if (out_name == "aten::embedding.out") step.typed = EmbeddingAsCopies(n), own = "copies";
+    if (out_name == "torchreplay::_scaled_dot_product_flash_attention_for_cpu.out" && whole_args) {
+      step.typed = MakeFlashAttention(step.args, slot_of), own = "prepared attention";
+    }
+    if (step.typed == nullptr) own = nullptr;
+    if (whole_args && own == nullptr) {
       step.typed = MakeTypedCall(out.op, step.args, slot_of);
       if (options_.prepared_steps && step.typed != nullptr) {
         const TypedCall* plain = step.typed.get();
@@ -559,7 +563,7 @@ class Emitter {
     const bool reduction = out_name == "aten::sum.IntList_out" || out_name == "aten::mean.out";
     step.op_name = out_name;
     Push(std::move(step), n, prepared ? (reduction ? "prepared reduction" : "prepared pointwise")
-                             : copies ? "copies" : step.typed != nullptr ? "typed out=" : "boxed out=");
+                             : own != nullptr ? own : step.typed != nullptr ? "typed out=" : "boxed out=");
   }
 
   void FunctionalStep(const Node& n) {

@@ -68,6 +68,13 @@ std::optional<OutVariant> FindOutVariant(const c10::OperatorHandle& op) {
     }
     return std::nullopt;
   }
+  if (op.schema().name() == "aten::_scaled_dot_product_flash_attention_for_cpu") {
+    // Note [Attention on planned buffers]: an out= form of torchreplay's, through ATen's kernel.
+    if (auto out = FindOperator("torchreplay::_scaled_dot_product_flash_attention_for_cpu.out"); out.ok()) {
+      return OutVariant{*out, c10::IValue()};
+    }
+    return std::nullopt;
+  }
   if (auto out = FindOutOverload(op); out.has_value()) return OutVariant{*out, c10::IValue()};
   return std::nullopt;
 }

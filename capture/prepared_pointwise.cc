@@ -19,7 +19,10 @@
 #include <ATen/native/ReduceOps.h>
 #include <ATen/native/ReduceOpsUtils.h>
 #include <ATen/native/UnaryOps.h>
+#include <ATen/OpMathType.h>
+#include <ATen/native/transformers/attention.h>
 #include <ATen/ops/empty_strided.h>
+#include <torch/library.h>
 #endif
 #include "capture/prepared_pointwise.h"
 
@@ -275,7 +278,108 @@ class PreparedReduction final : public TypedCall {
   mutable void* built_in_ = nullptr;
 };
 
+// Note [Attention on planned buffers]: aten::_scaled_dot_product_flash_attention_for_cpu
+// allocates its two results and calls flash_attention_kernel on them (attention.cpp: the output
+// as empty_like(query).transpose(1, 2), the logsumexp as an empty (batch, q_len, heads) tensor of
+// the op-math dtype) and hands out their transposes. Its out= form, registered below as
+// torchreplay::_scaled_dot_product_flash_attention_for_cpu.out, writes into the buffers of the
+// results' recorded geometry through the same stub: the kernel sees exactly the tensors eager gives
+// it, so the bits are eager's (the recording checks them for each key, Note [Checked out=
+// kernels]); the tape calls the stub directly, with no dispatch and no allocation of its own.
+void FlashAttentionInto(const at::Tensor& output, const at::Tensor& logsumexp, const at::Tensor& q,
+                        const at::Tensor& k, const at::Tensor& v, double dropout_p, bool is_causal,
+                        const std::optional<at::Tensor>& mask, std::optional<double> scale) {
+  at::native::flash_attention_kernel(c10::kCPU, output.transpose(1, 2), logsumexp.transpose(1, 2), q, k, v,
+                                     dropout_p, is_causal, mask, scale);
+}
+
+std::tuple<at::Tensor&, at::Tensor&> FlashAttentionOut(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                       double dropout_p, bool is_causal,
+                                                       const std::optional<at::Tensor>& mask,
+                                                       std::optional<double> scale, at::Tensor& output,
+                                                       at::Tensor& logsumexp) {
+  const c10::ScalarType dtype = q.scalar_type();  // attention.cpp's checks
+  TORCH_CHECK(c10::isFloatingType(dtype) && q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && dropout_p == 0.0 &&
+                  q.size(3) == v.size(3) && k.size(3) == v.size(3) &&
+                  (!mask.has_value() || mask->scalar_type() == at::kFloat || mask->scalar_type() == dtype) &&
+                  (!mask.has_value() || mask->dim() == 2 || mask->dim() == 4),
+              "torchreplay::_scaled_dot_product_flash_attention_for_cpu.out: arguments "
+              "aten::_scaled_dot_product_flash_attention_for_cpu refuses");
+  TORCH_CHECK(output.sizes() == q.sizes() && logsumexp.dim() == 3 && logsumexp.size(0) == q.size(0) &&
+                  logsumexp.size(1) == q.size(1) && logsumexp.size(2) == q.size(2) &&
+                  logsumexp.scalar_type() == at::toOpMathType(dtype) && output.scalar_type() == dtype,
+              "torchreplay::_scaled_dot_product_flash_attention_for_cpu.out: outputs of other sizes or dtypes "
+              "than the op's");
+  FlashAttentionInto(output, logsumexp, q, k, v, dropout_p, is_causal, mask, scale);
+  return {output, logsumexp};
+}
+
+class FlashAttentionStep final : public TypedCall {
+ public:
+  FlashAttentionStep(TensorArg q, TensorArg k, TensorArg v, double dropout_p, bool is_causal,
+                     std::optional<TensorArg> mask, std::optional<double> scale, at::Tensor output,
+                     at::Tensor logsumexp)
+      : q_(std::move(q)), k_(std::move(k)), v_(std::move(v)), dropout_p_(dropout_p), is_causal_(is_causal),
+        mask_(std::move(mask)), scale_(scale), output_(std::move(output)), logsumexp_(std::move(logsumexp)) {}
+
+  void Run(c10::DispatchKeySet, const Slots& slots) const override {
+    std::optional<at::Tensor> mask;
+    if (mask_.has_value()) mask = mask_->get(slots);
+    FlashAttentionInto(output_, logsumexp_, q_.get(slots), k_.get(slots), v_.get(slots), dropout_p_, is_causal_,
+                       mask, scale_);
+  }
+
+ private:
+  TensorArg q_, k_, v_;
+  double dropout_p_;
+  bool is_causal_;
+  std::optional<TensorArg> mask_;
+  std::optional<double> scale_;
+  at::Tensor output_, logsumexp_;  // planned buffers, the results' recorded geometry
+};
+
 }  // namespace
+
+TORCH_LIBRARY_FRAGMENT(torchreplay, m) {
+  m.def("_scaled_dot_product_flash_attention_for_cpu.out(Tensor query, Tensor key, Tensor value, "
+        "float dropout_p=0., bool is_causal=False, *, Tensor? attn_mask=None, float? scale=None, "
+        "Tensor(a!) output, Tensor(b!) logsumexp) -> (Tensor(a!), Tensor(b!))");
+}
+
+TORCH_LIBRARY_IMPL(torchreplay, CPU, m) {
+  m.impl("_scaled_dot_product_flash_attention_for_cpu.out", &FlashAttentionOut);
+}
+
+std::unique_ptr<TypedCall> MakeFlashAttention(const Slots& args, const std::vector<int>& slot_of) {
+  // (query, key, value, dropout_p, is_causal, attn_mask, scale, output, logsumexp)
+  if (args.size() != 9 || slot_of[3] >= 0 || slot_of[4] >= 0 || slot_of[6] >= 0 || slot_of[7] >= 0 ||
+      slot_of[8] >= 0 || !args[3].isDouble() || !args[4].isBool() || !(args[6].isNone() || args[6].isDouble()) ||
+      !args[7].isTensor() || !args[8].isTensor()) {
+    return nullptr;
+  }
+  TensorArg qkv[3];
+  for (int i = 0; i < 3; ++i) {
+    if (slot_of[i] >= 0) {
+      qkv[i].slot = slot_of[i];
+    } else if (args[i].isTensor()) {
+      qkv[i].value = args[i].toTensor();
+    } else {
+      return nullptr;
+    }
+  }
+  std::optional<TensorArg> mask;
+  if (slot_of[5] >= 0) {
+    mask = TensorArg{at::Tensor(), slot_of[5]};
+  } else if (args[5].isTensor()) {
+    mask = TensorArg{args[5].toTensor(), -1};
+  } else if (!args[5].isNone()) {
+    return nullptr;
+  }
+  std::optional<double> scale;
+  if (args[6].isDouble()) scale = args[6].toDouble();
+  return std::make_unique<FlashAttentionStep>(qkv[0], qkv[1], qkv[2], args[3].toDouble(), args[4].toBool(),
+                                              std::move(mask), scale, args[7].toTensor(), args[8].toTensor());
+}
 
 std::unique_ptr<TypedCall> MakePrepared(const c10::OperatorHandle& op, const Slots& args,
                                         const std::vector<int>& slot_of,
@@ -345,6 +449,7 @@ std::unique_ptr<TypedCall> MakePrepared(const c10::OperatorHandle&, const Slots&
                                         const std::vector<int>&, std::unique_ptr<TypedCall> typed) {
   return typed;
 }
+std::unique_ptr<TypedCall> MakeFlashAttention(const Slots&, const std::vector<int>&) { return nullptr; }
 #endif  // TORCHREPLAY_PREPARED_STEPS
 
 }  // namespace torchreplay::capture

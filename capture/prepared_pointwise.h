@@ -28,4 +28,10 @@ std::unique_ptr<TypedCall> MakePrepared(const c10::OperatorHandle& op, const Slo
                                         const std::vector<int>& slot_of,
                                         std::unique_ptr<TypedCall> typed);
 
+// The step of torchreplay::_scaled_dot_product_flash_attention_for_cpu.out (Note [Attention on
+// planned buffers] in prepared_pointwise.cc): ATen's flash attention kernel stub called on the
+// planned buffers, no dispatch. nullptr where its arguments are not those of a typed step (or
+// where this build has no prepared steps: the out= op runs through the dispatcher then).
+std::unique_ptr<TypedCall> MakeFlashAttention(const Slots& args, const std::vector<int>& slot_of);
+
 }  // namespace torchreplay::capture

@@ -641,3 +641,34 @@ def test_index_copy_and_embedding_are_copies_with_eager_errors():
             assert message in str(eager_error.value)
             assert torch.equal(model.cache, ref.cache)
         assert torch.equal(step(*make(5)), ref(*make(5)))  # the engine goes on
+
+
+ATTENTION = {  # q, k, v (batch, heads, length, dim), as models call it
+    "decode step": lambda q, k, v, m: torch.nn.functional.scaled_dot_product_attention(q[:, :, -1:], k, v),
+    "causal": lambda q, k, v, m: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
+    "boolean mask": lambda q, k, v, m: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m),
+    "additive mask and scale": lambda q, k, v, m: torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=torch.where(m, 0.0, -1e4).to(q.dtype), scale=0.3),
+    "heads from a projection": lambda q, k, v, m: torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2).contiguous().transpose(1, 2), k, v) * 2,
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", list(ATTENTION))
+def test_attention_runs_on_planned_buffers_bitwise(name, dtype):
+    """Note [Attention on planned buffers]: flash attention on the CPU writes into planned buffers
+    through ATen's own kernel stub, bitwise as eager, and the views of its results cost nothing."""
+    fn = ATTENTION[name]
+    make = lambda: (torch.randn(1, 4, 9, 16, dtype=dtype), torch.randn(1, 4, 9, 16, dtype=dtype),  # noqa: E731
+                    torch.randn(1, 4, 9, 16, dtype=dtype), torch.rand(9, 9) > 0.3)
+    with torch.no_grad():
+        step = torchreplay.capture(fn, make(), config=config())
+        for _ in range(4):
+            args = make()
+            got, want = step(*args), fn(*args)
+            assert got.stride() == want.stride() and torch.equal(got, want)
+        rows = step.profile(*args, iterations=2)
+    at = [i for i, r in enumerate(rows) if "scaled_dot_product" in r["op"]]
+    assert len(at) == 1 and rows[at[0]]["kind"] == "prepared attention", rows
+    assert all(r["kind"] != "view" for r in rows[at[0]:]), rows  # views of its results are precomputed
