@@ -1,5 +1,6 @@
 """Eager vs torchreplay vs the torch.compile peers, per model: time per call, speedup vs eager,
-compile/capture time; correctness checked against eager before timing. Two reference rows:
+compile/capture time; correctness checked against eager before timing; the modes of a model timed
+interleaved (each of --rounds rounds times every mode once; the median over rounds). Reference rows:
 dynamo-floor (what Dynamo alone costs per call) and engine (torchreplay's C++ engines called
 directly); a summary per model then splits torchreplay's time through torch.compile into the two
 and what the torch.compile path adds on top.
@@ -336,8 +337,10 @@ def record_trace(call: Callable[[], None], device: str, path: str) -> Dict[str, 
     return {"trace": path, **{f"trace_{k}": t.median(k) for k in fields}}
 
 
-def measure(model_name: str, mode: str, device: str, min_run_time: float,
-            trace_dir: Optional[str] = None) -> Dict[str, Any]:
+def prepare(model_name: str, mode: str, device: str) -> Optional[tuple]:
+    """Compiles `model_name` in `mode` and checks it against eager on three calls: (row, step),
+    where step() runs one timed call; (row, None) when the check failed; None where the mode has
+    no version of the model."""
     factory, _desc = MODELS[model_name]
     torch.manual_seed(0)
     model, make_inputs = factory()
@@ -368,32 +371,44 @@ def measure(model_name: str, mode: str, device: str, min_run_time: float,
                 ok, bitwise = fn.check()
                 if not ok:
                     row["error"] = "an engine's outputs differ from its FX graph run eagerly"
-        if mode in NOT_CHECKED:
-            row["correct"], row["bitwise"], row["check"] = None, None, NOT_CHECKED[mode]
-        else:
-            row["correct"], row["bitwise"] = ok, bitwise
-            row["check"] = "bitwise" if bitwise else "close" if ok else "WRONG"
-        if row.get("graphs", 1) > 1:
-            row["check"] += f", {row['graphs']} graphs"
-        if not ok:
-            return row
-        inputs = [to_device(x, device) for x in make_inputs(3)]
-        step = fn.step if isinstance(fn, EngineDirect) else lambda: fn(*inputs)
+    if mode in NOT_CHECKED:
+        row["correct"], row["bitwise"], row["check"] = None, None, NOT_CHECKED[mode]
+    else:
+        row["correct"], row["bitwise"] = ok, bitwise
+        row["check"] = "bitwise" if bitwise else "close" if ok else "WRONG"
+    if row.get("graphs", 1) > 1:
+        row["check"] += f", {row['graphs']} graphs"
+    if not ok:
+        return row, None
+    inputs = [to_device(x, device) for x in make_inputs(3)]
+    call = fn.step if isinstance(fn, EngineDirect) else lambda: fn(*inputs)
 
-        def call() -> None:
-            step()
-            sync()
+    def step() -> None:
+        call()
+        sync()
 
-        timer = tbench.Timer(stmt="call()", globals={"call": call})
-        m = timer.blocked_autorange(min_run_time=min_run_time)
-        row["median_us"] = m.median * 1e6
-        row["iqr_us"] = m.iqr * 1e6
-        row["runs"] = len(m.times)
-        if device == "cuda":
-            row["host_us"] = host_overhead_us(step)
-        if trace_dir is not None:
-            row.update(record_trace(call, device, os.path.join(trace_dir, f"{model_name}.{mode}.json")))
-    return row
+    return row, step
+
+
+def time_interleaved(steps: Dict[str, Callable[[], None]], rounds: int, min_run_time: float) -> Dict[str, Dict[str, Any]]:
+    """Each round times every mode once (a block of calls of about min_run_time / rounds each),
+    so that the machine's drift reaches every mode alike; per mode the median over rounds and
+    the spread between its quartiles (us)."""
+    times: Dict[str, List[float]] = {mode: [] for mode in steps}
+    runs: Dict[str, int] = {mode: 0 for mode in steps}
+    with torch.no_grad():
+        for _ in range(rounds):
+            for mode, step in steps.items():
+                m = tbench.Timer(stmt="step()", globals={"step": step}).blocked_autorange(
+                    min_run_time=min_run_time / rounds)
+                times[mode].append(m.median * 1e6)
+                runs[mode] += len(m.times)
+    out = {}
+    for mode, ts in times.items():
+        ts.sort()
+        q = lambda f: ts[min(len(ts) - 1, int(f * len(ts)))]  # noqa: E731
+        out[mode] = {"median_us": ts[len(ts) // 2], "iqr_us": q(0.75) - q(0.25), "runs": runs[mode], "rounds": rounds}
+    return out
 
 
 def plot(rows: List[Dict[str, Any]], path: str) -> None:
@@ -436,6 +451,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="short timings, no Inductor, AOTInductor or NativeRT (under a minute on CPU)")
     p.add_argument("--aoti-models", default=",".join(AOTI_MODELS),
                    help="models timed with AOTInductor (its C++ compile takes 5-30 s a model)")
+    p.add_argument("--rounds", type=int, default=7,
+                   help="timing rounds per model: each times every mode once; the median is reported")
     p.add_argument("--out", default="bench_out", help="directory for results.json, results.csv, per_call.png")
     p.add_argument("--trace", action="store_true",
                    help=f"also record a torch.profiler trace of {TRACE_STEPS} steps per model and mode into "
@@ -470,28 +487,39 @@ def main(argv: Optional[List[str]] = None) -> int:
     if trace_dir:
         os.makedirs(trace_dir, exist_ok=True)
 
-    from tqdm import tqdm
-
     rows: List[Dict[str, Any]] = []
     aoti = set(args.aoti_models.split(",")) if args.aoti_models else set()
-    jobs = [(m, mode) for m in models for mode in modes if mode != "aotinductor" or m in aoti]
     min_run_time = 0.3 if args.quick else 1.5
-    tty = sys.stderr.isatty()  # a log file gets one line per run instead of the bar's redraws
-    for k, (model_name, mode) in enumerate(tqdm(jobs, desc="compile, capture, time", unit="run",
-                                                file=sys.stderr, disable=not tty), 1):
+    for model_name in models:
+        # Every mode of a model compiled and checked, then timed interleaved (time_interleaved).
         torch._dynamo.reset()
-        try:
-            row = measure(model_name, mode, args.device, min_run_time, trace_dir)
-            if row is None:
-                continue  # no version of this model in this mode
-            rows.append(row)
-        except Exception as e:  # a mode that fails is reported, not fatal
-            rows.append({"model": model_name, "mode": mode, "correct": False, "error": f"{type(e).__name__}: {e}"[:300]})
-        if not tty:
-            r = rows[-1]
-            why = r.get("error", "output differs from eager").splitlines()[0]
-            result = f"{r['median_us']:.1f} us" if "median_us" in r else f"WRONG: {why}"
-            print(f"[{k}/{len(jobs)}] {model_name} {mode} {result}", file=sys.stderr, flush=True)
+        steps: Dict[str, Callable[[], None]] = {}
+        model_rows: Dict[str, Dict[str, Any]] = {}
+        for mode in modes:
+            if mode == "aotinductor" and model_name not in aoti:
+                continue
+            try:
+                prepared = prepare(model_name, mode, args.device)
+                if prepared is None:
+                    continue  # no version of this model in this mode
+                model_rows[mode], step = prepared
+                if step is not None:
+                    steps[mode] = step
+            except Exception as e:  # a mode that fails is reported, not fatal
+                model_rows[mode] = {"model": model_name, "mode": mode, "correct": False,
+                                    "error": f"{type(e).__name__}: {e}"[:300]}
+            print(f"{model_name} {mode}: {model_rows[mode].get('check', model_rows[mode].get('error', ''))[:120]}",
+                  file=sys.stderr, flush=True)
+        for mode, timing in time_interleaved(steps, args.rounds, min_run_time * len(steps)).items():
+            model_rows[mode].update(timing)
+            with torch.no_grad():
+                if args.device == "cuda":
+                    model_rows[mode]["host_us"] = host_overhead_us(steps[mode])
+                if trace_dir is not None:
+                    model_rows[mode].update(record_trace(steps[mode], args.device,
+                                                         os.path.join(trace_dir, f"{model_name}.{mode}.json")))
+        rows.extend(model_rows.values())
+        steps.clear()
     for r in rows:
         base = next((b for b in rows if b["model"] == r["model"] and b["mode"] == "eager"), None)
         if base and "median_us" in r and "median_us" in base:
@@ -510,7 +538,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             "date": time.strftime("%Y-%m-%d"), "modes": {m: MODES[m] for m in modes}}
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"meta": meta, "results": rows, "summary": summary}, f, indent=2)
-    fields = ["model", "mode", "correct", "bitwise", "check", "graphs", "median_us", "iqr_us", "runs", "speedup",
+    fields = ["model", "mode", "correct", "bitwise", "check", "graphs", "median_us", "iqr_us", "runs", "rounds", "speedup",
               "compile_s", "host_us", "error",
               "trace", "trace_host_us", "trace_replays", "trace_aten_ops", "trace_kernel_launches",
               "trace_graph_launches"]
