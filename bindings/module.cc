@@ -1,4 +1,5 @@
-// bindings/module.cc: the pybind11 module torchreplay._C.
+// bindings/module.cc: the pybind11 module torchreplay._C: graphs and their builder, engines and
+// their options, the log, and the Call (call.h).
 //
 // Graph construction: the Python lowering hands each argument over as a tagged tuple,
 // ("v", value_id) for a graph value, ("l", [tagged...]) for a list with values in it, or
@@ -8,168 +9,26 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/Device.h>
 #include <torch/csrc/Dtype.h>
-#include <torch/csrc/Layout.h>
-#include <torch/csrc/MemoryFormat.h>
-#include <torch/csrc/autograd/python_variable.h>
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
-#include <atomic>
-#include <cmath>
-#include <cstdlib>
-#include <limits>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <tuple>
 
-#include "absl/container/inlined_vector.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "bindings/call.h"
+#include "bindings/convert.h"
 #include "capture/graph.h"
 #include "capture/interpreter.h"
 #include "capture/scopes.h"
-#include "guards/guard_key.h"
 #include "memory_pool/arena.h"
 #include "replay/engine.h"
 
-namespace py = pybind11;
-
 namespace torchreplay {
 namespace {
-
-// A graph int that left int64 (where Python's would not): the call may be run by Python instead.
-bool IsIntOverflow(const absl::Status& s) {
-  return s.code() == absl::StatusCode::kOutOfRange &&
-         absl::StrContains(s.message(), capture::kIntOverflow);
-}
-
-[[noreturn]] void Throw(const absl::Status& s) {
-  // An op that went to Python code (a Python kernel or decomposition) and raised there leaves
-  // that error set: it is the call's error, with the type and message eager gives.
-  if (PyErr_Occurred() != nullptr) throw py::error_already_set();
-  if (IsIntOverflow(s)) {
-    PyErr_SetString(PyExc_OverflowError, std::string(s.message()).c_str());
-    throw py::error_already_set();
-  }
-  // A kernel's error, as eager raises it (Note [Kernel errors keep their type]).
-  if (const auto type = s.GetPayload(capture::kErrorType)) {
-    static const std::pair<const char*, PyObject*> kBuiltins[] = {
-        {"IndexError", PyExc_IndexError},   {"ValueError", PyExc_ValueError},
-        {"TypeError", PyExc_TypeError},     {"NotImplementedError", PyExc_NotImplementedError},
-        {"BufferError", PyExc_BufferError},
-    };
-    py::object exc;
-    for (const auto& [name, builtin] : kBuiltins) {
-      if (*type == name) exc = py::reinterpret_borrow<py::object>(builtin);
-    }
-    if (!exc) {  // torch's own: torch.OutOfMemoryError, torch.AcceleratorError, torch.linalg.LinAlgError
-      py::object torch = py::module_::import("torch");
-      exc = *type == "LinAlgError" ? torch.attr("linalg").attr("LinAlgError")
-                                   : py::getattr(torch, std::string(*type).c_str(), py::none());
-    }
-    if (!exc.is_none()) {
-      PyErr_SetString(exc.ptr(), std::string(s.message()).c_str());
-      throw py::error_already_set();
-    }
-  }
-  if (s.code() == absl::StatusCode::kInvalidArgument || s.code() == absl::StatusCode::kNotFound ||
-      s.code() == absl::StatusCode::kOutOfRange) {
-    throw py::value_error(std::string(s.message()));
-  }
-  throw std::runtime_error(std::string(s.message()));
-}
-
-template <typename T>
-T Unwrap(absl::StatusOr<T> v) {
-  if (!v.ok()) Throw(v.status());
-  return std::move(*v);
-}
-
-// A Python int as int64, or a clear OverflowError (graphs and kernels take 64-bit integers).
-int64_t ToInt64(PyObject* o) {
-  int overflow = 0;
-  const long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
-  if (overflow != 0) {
-    PyErr_Format(PyExc_OverflowError,
-                 "torchreplay: the Python int %S does not fit in 64 bits (graph integers are int64)",
-                 o);
-    throw py::error_already_set();
-  }
-  if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
-  return static_cast<int64_t>(v);
-}
-
-c10::IValue ToIValue(py::handle obj) {
-  PyObject* o = obj.ptr();
-  if (o == Py_None) return {};
-  if (THPVariable_Check(o)) return THPVariable_Unpack(o);
-  if (PyBool_Check(o)) return o == Py_True;
-  if (PyLong_Check(o)) return ToInt64(o);
-  if (PyFloat_Check(o)) return PyFloat_AsDouble(o);
-  if (PyUnicode_Check(o)) return obj.cast<std::string>();
-  if (THPDtype_Check(o)) return reinterpret_cast<THPDtype*>(o)->scalar_type;
-  if (THPDevice_Check(o)) return reinterpret_cast<THPDevice*>(o)->device;
-  if (THPLayout_Check(o)) return reinterpret_cast<THPLayout*>(o)->layout;
-  if (THPMemoryFormat_Check(o)) return reinterpret_cast<THPMemoryFormat*>(o)->memory_format;
-  if (PyComplex_Check(o)) return c10::complex<double>(PyComplex_RealAsDouble(o), PyComplex_ImagAsDouble(o));
-  if (PyList_Check(o) || PyTuple_Check(o)) {
-    auto seq = py::reinterpret_borrow<py::sequence>(obj);
-    bool all_int = true, all_float = true, all_bool = true, all_tensor = true, all_str = true;
-    for (auto item : seq) {
-      PyObject* p = item.ptr();
-      const bool is_bool = PyBool_Check(p);
-      all_str = all_str && PyUnicode_Check(p);
-      all_bool = all_bool && is_bool;
-      all_int = all_int && PyLong_Check(p) && !is_bool;
-      all_float = all_float && (PyFloat_Check(p) || (PyLong_Check(p) && !is_bool));
-      all_tensor = all_tensor && THPVariable_Check(p);
-    }
-    if (seq.size() == 0 || all_int) {
-      std::vector<int64_t> v;
-      for (auto item : seq) v.push_back(ToInt64(item.ptr()));
-      return c10::List<int64_t>(v);
-    }
-    if (all_bool) {
-      c10::List<bool> v;
-      for (auto item : seq) v.push_back(item.ptr() == Py_True);
-      return v;
-    }
-    if (all_float) {
-      c10::List<double> v;
-      for (auto item : seq) v.push_back(item.cast<double>());
-      return v;
-    }
-    if (all_str) {
-      c10::List<std::string> v;
-      for (auto item : seq) v.push_back(item.cast<std::string>());
-      return v;
-    }
-    if (all_tensor) {
-      c10::List<at::Tensor> v;
-      for (auto item : seq) v.push_back(THPVariable_Unpack(item.ptr()));
-      return v;
-    }
-  }
-  throw py::type_error("torchreplay: cannot use a constant of type " +
-                       std::string(Py_TYPE(o)->tp_name) + " in a graph");
-}
-
-py::object FromIValue(const c10::IValue& v) {
-  if (v.isTensor()) return py::reinterpret_steal<py::object>(THPVariable_Wrap(v.toTensor()));
-  if (v.isNone()) return py::none();
-  if (v.isInt()) return py::int_(v.toInt());
-  if (v.isDouble()) return py::float_(v.toDouble());
-  if (v.isBool()) return py::bool_(v.toBool());
-  if (v.isTensorList()) {
-    py::list l;
-    for (const at::Tensor& t : v.toTensorVector()) {
-      l.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(t)));
-    }
-    return l;
-  }
-  throw py::type_error("torchreplay: cannot return a value of kind " + std::string(v.tagKind()));
-}
 
 capture::Arg ToArg(py::handle tagged) {
   auto t = tagged.cast<py::tuple>();
@@ -191,346 +50,36 @@ capture::ValueType ValueTypeFromName(const std::string& s) {
   throw py::value_error("torchreplay: unknown input type '" + s + "'");
 }
 
-// Counts the calls of nn.Module.train (torchreplay.capture wraps it): a Call whose modules'
-// modes were last checked at another count checks them again (Call::modes_epoch).
-std::atomic<int64_t> g_module_modes_epoch{0};
-int64_t ModuleModesEpoch() { return g_module_modes_epoch.load(std::memory_order_relaxed); }
-
-// Note [The call path]
-// For an inference graph, torch.compile hands Dynamo a Call instead of AOTAutograd's runtime
-// wrapper around a Python function: Dynamo's bytecode calls straight into C++ with the call's
-// arguments as they are (no boxed list, no Python frame of ours). backend.py builds one only when
-// that wrapper would do nothing beyond what a Call does: bump the version counters of the inputs
-// the graph mutates, run with grad mode off, give outputs aliasing an input back as the input or
-// an autograd view of it, drop the graph's extra outputs (intermediate bases of aliased outputs),
-// and mark outputs' dynamic dims for later compiles (dynamic=True graphs). torchreplay.capture
-// uses it too, with the model's parameters and buffers bound once ahead of the call's arguments.
-std::string Describe(const c10::IValue& v) {
-  if (v.isInt()) return absl::StrCat(v.toInt());
-  if (v.isDouble()) {  // as Python prints it: 2.0, -0.0, 0.5
-    const double d = v.toDouble();
-    std::string text = absl::StrCat(d);
-    if (std::isfinite(d) && text.find_first_of(".e") == std::string::npos) text += ".0";
-    return text;
-  }
-  if (v.isBool()) return v.toBool() ? "True" : "False";
-  return v.tagKind();
-}
-
-// The first n values as a Python list or tuple.
-template <typename Seq>
-Seq FromIValues(const std::vector<c10::IValue>& values, size_t n) {
-  Seq seq(n);
-  for (size_t i = 0; i < n; ++i) seq[i] = FromIValue(values[i]);
-  return seq;
-}
-
-struct Call {
-  std::shared_ptr<replay::Engine> engine;
-  std::vector<c10::IValue> bound;  // leading graph inputs, fixed when the Call is built
-  std::vector<int> mutated;        // indices of call arguments the graph writes to
-  int num_outputs = -1;            // outputs returned: the graph's first num_outputs (-1: all)
-  py::object fallback;             // takes the call when an argument does not convert (an int
-                                   // beyond 64 bits); None: the OverflowError propagates
-  // What the graph was specialized on, checked every call: Python numbers (argument index,
-  // value), tensor sizes, and the module's training flag.
-  std::vector<std::pair<int, c10::IValue>> fixed;
-  // Tensor sizes: (argument, dim, lowest, highest, group, coef, offset). A dim of a group (>= 0)
-  // is coef * s + offset for the group's symbol s: dims with coef 1 and offset 0 set s (and must
-  // agree), the others must equal what s gives (2 * s0, s0 + 1).
-  struct SizeCheck {
-    int arg, dim;
-    int64_t lo, hi;
-    int group;
-    int64_t coef = 1, offset = 0;
-  };
-  std::vector<SizeCheck> sizes;
-  py::object module;  // None, or the nn.Module whose .training must equal `training`
-  bool training = false;
-  enum class Returns { kList, kTuple, kOne } returns = Returns::kList;  // kOne: the output itself
-  // Outputs that alias a call argument or another output, given back as AOTAutograd gives them:
-  // the argument itself, or an autograd view of the base (._base, shared version counter).
-  enum class AliasKind { kViewOfInput = 0, kInput = 1, kViewOfOutput = 2 };
-  struct Alias {
-    int output;
-    AliasKind kind;
-    int base;  // argument index (after `bound`) or output index
-  };
-  std::vector<Alias> aliases;
-  // Outputs whose dims Dynamo should treat as dynamic when they are fed to a later compile:
-  // (output, set of dims), added to the tensor's `_dynamo_weak_dynamic_indices` as AOTAutograd's
-  // runtime wrapper does (maybe_mark_dynamic_helper).
-  std::vector<std::pair<int, py::object>> dynamic_dims;
-  // torchreplay.capture: an argument the graph writes must not share memory with another
-  // argument (the trace assumed it does not).
-  bool check_overlap = false;
-  // Set (by torchreplay.capture's module hooks) when the model the graph was traced from has
-  // changed under it (a parameter, buffer or submodule replaced): every call raises this.
-  std::string stale;
-  // torchreplay.capture: the graph runs inference only, so with grad mode on these bound
-  // tensors (parameters, buffers an output is computed from) are refused if they require grad:
-  // eager's output would track them.
-  std::vector<int> grad_checked;
-  std::vector<std::string> bound_names;  // for errors: what each bound tensor is in the model
-  // torchreplay.capture: the modules' train/eval modes are checked in Python (the slow path)
-  // whenever any module's mode may have changed since the last check (ModuleModesEpoch).
-  mutable int64_t modes_epoch = -1;
-  // torchreplay.capture: takes the calls this one cannot (keywords, nested arguments or outputs,
-  // another argument count, a size check that fails) in Python: it flattens the arguments, checks
-  // what was specialized, picks the trace for these sizes and calls `Fast` (captured.py). None:
-  // such calls raise here.
-  py::object slow_path;
-  bool always_slow = false;  // nested arguments or outputs: every call takes the slow path
-
-  py::object operator()(const py::args& args, const py::kwargs& kwargs) const {
-    if (!slow_path.is_none() && (always_slow || kwargs.size() != 0 || modes_epoch != ModuleModesEpoch())) {
-      return slow_path(*args, **kwargs);
-    }
-    std::vector<c10::IValue> inputs;
-    try {
-      if (std::optional<py::object> done = CheckedInputs(args, kwargs, &inputs)) return *done;
-    } catch (const py::value_error&) {  // another trace may hold for these sizes: Python decides
-      if (slow_path.is_none()) throw;
-      return slow_path(*args, **kwargs);
-    } catch (const py::type_error&) {
-      if (slow_path.is_none()) throw;
-      return slow_path(*args, **kwargs);
-    }
-    return RunChecked(std::move(inputs), args);
-  }
-
-  // The type's tp_call (Note [The call path]): a call goes from the interpreter straight here,
-  // with no method lookup and no pybind11 dispatch, also for Python subclasses (Captured), which
-  // inherit the slot.
-  static PyObject* TpCall(PyObject* self, PyObject* args, PyObject* kwargs) {
-    auto* inst = reinterpret_cast<py::detail::instance*>(self);
-    const Call* call = inst->get_value_and_holder().value_ptr<Call>();
-    if (call == nullptr || !inst->get_value_and_holder().holder_constructed()) {
-      PyErr_SetString(PyExc_TypeError, "torchreplay: this Call was not initialized (its __init__ did not run)");
-      return nullptr;
-    }
-    try {
-      static const py::kwargs& kNoKeywords = *new py::kwargs();  // never freed: outlives Python
-      const py::args a = py::reinterpret_borrow<py::args>(args);
-      py::object out = kwargs == nullptr ? (*call)(a, kNoKeywords)
-                                         : (*call)(a, py::reinterpret_borrow<py::kwargs>(kwargs));
-      return out.release().ptr();
-    } catch (py::error_already_set& e) {
-      e.restore();
-    } catch (...) {
-      py::detail::try_translate_exceptions();
-    }
-    return nullptr;
-  }
-
-  // The call with the graph's own flat arguments, every check done here.
-  py::object Fast(py::args args, py::kwargs kwargs) const {
-    std::vector<c10::IValue> inputs;
-    if (std::optional<py::object> done = CheckedInputs(args, kwargs, &inputs)) return *done;
-    return RunChecked(std::move(inputs), args);
-  }
-
-  // The graph's inputs for a call, after every check (which raise ValueError or TypeError and
-  // run nothing); or the call's result, when the fallback took it (an int beyond 64 bits).
-  std::optional<py::object> CheckedInputs(const py::args& args, const py::kwargs& kwargs,
-                                          std::vector<c10::IValue>* out) const {
-    std::vector<c10::IValue>& inputs = *out;
-    if (!stale.empty()) throw py::value_error(stale);
-    if (kwargs.size() != 0) {
-      throw py::type_error(absl::StrCat("torchreplay: graph '", engine->options().name,
-                                        "' takes positional arguments only"));
-    }
-    const size_t n_args = engine->graph().inputs().size() - bound.size();
-    if (args.size() != n_args) {
-      throw py::type_error(absl::StrCat("torchreplay: graph '", engine->options().name, "' takes ",
-                                        n_args, " arguments, got ", args.size()));
-    }
-    inputs.reserve(bound.size() + args.size());
-    inputs.insert(inputs.end(), bound.begin(), bound.end());
-    try {
-      for (auto a : args) inputs.push_back(ToIValue(a));
-    } catch (py::error_already_set& e) {
-      if (!e.matches(PyExc_OverflowError) || fallback.is_none()) throw;
-      return fallback(*args);
-    }
-    if (c10::GradMode::is_enabled()) {
-      for (int i : grad_checked) {
-        if (inputs[i].isTensor() && inputs[i].toTensor().requires_grad()) {
-          throw py::value_error(absl::StrCat(
-              "torchreplay: ", i < bound_names.size() ? bound_names[i] : absl::StrCat("bound input ", i),
-              " of the captured model requires grad and grad mode is on, but graph '",
-              engine->options().name, "' runs inference only (its outputs would not track gradients "
-              "as eager's do); call it under torch.no_grad() or torch.inference_mode(), or freeze "
-              "the parameters (requires_grad_(False)); torch.compile trains"));
-        }
-      }
-      for (size_t i = bound.size(); i < inputs.size(); ++i) {
-        if (inputs[i].isTensor() && inputs[i].toTensor().requires_grad()) {
-          throw py::value_error(absl::StrCat(
-              "torchreplay: argument ", i - bound.size(), " requires grad, but graph '",
-              engine->options().name, "' runs inference only (its outputs do not track gradients); "
-              "call it under torch.no_grad() or pass a detached tensor (torch.compile trains)"));
-        }
-      }
-    }
-    if (check_overlap) CheckOverlap(inputs);
-    for (const auto& [i, want] : fixed) {
-      const c10::IValue& got = inputs[bound.size() + i];
-      const bool same = got.tagKind() == want.tagKind() &&
-                        (got.isInt()    ? got.toInt() == want.toInt()
-                         : got.isDouble() ? guards::SameFloat(got.toDouble(), want.toDouble())
-                         : got.isBool()   ? got.toBool() == want.toBool()
-                                          : true);
-      if (!same) {
-        throw py::value_error(absl::StrCat(
-            "torchreplay: argument ", i, " is ", Describe(got), ", but the graph was captured with ",
-            Describe(want), " there and computes with that value; capture again for another "
-            "value (or capture with a tensor there)"));
-      }
-    }
-    absl::InlinedVector<int64_t, 4> group_size;
-    for (const SizeCheck& c : sizes) {
-      const c10::IValue& v = inputs[bound.size() + c.arg];
-      const auto& spec = engine->graph().values()[engine->graph().inputs()[bound.size() + c.arg]].spec;
-      if (!v.isTensor() || !spec || v.toTensor().dim() != spec->dim) continue;  // the engine says what
-      const int64_t size = v.toTensor().size(c.dim);
-      std::string why;
-      if (c.lo == c.hi && size != c.lo) {
-        why = absl::StrCat("the graph was captured for size ", c.lo, " there");
-      } else if (size < c.lo || size > c.hi) {
-        why = c.hi == std::numeric_limits<int64_t>::max()
-                  ? absl::StrCat("the graph holds for sizes of at least ", c.lo, " there")
-                  : absl::StrCat("the graph holds for sizes ", c.lo, " to ", c.hi, " there");
-      } else if (c.group >= 0) {
-        if (static_cast<int>(group_size.size()) <= c.group) group_size.resize(c.group + 1, -1);
-        int64_t& symbol = group_size[c.group];
-        if (c.coef == 1 && c.offset == 0) {
-          if (symbol >= 0 && symbol != size) {
-            why = absl::StrCat("the graph needs it equal to size ", symbol, " of another dim");
-          }
-          symbol = size;
-        } else if (symbol >= 0 && size != c.coef * symbol + c.offset) {
-          why = absl::StrCat("the graph needs it to be ", c.coef * symbol + c.offset, " (", c.coef, " * ", symbol,
-                             c.offset == 0 ? "" : absl::StrCat(" + ", c.offset), ", from another dim)");
-        }
-      }
-      if (!why.empty()) {
-        throw py::value_error(absl::StrCat(
-            "torchreplay: argument ", c.arg, " has size ", size, " in dim ", c.dim, ", but ", why,
-            " (the trace depends on it); capture again for this shape",
-            c.lo == c.hi ? ", or with dynamic=True" : ""));
-      }
-    }
-    static PyObject* const kTraining = PyUnicode_InternFromString("training");
-    py::object now;
-    if (!module.is_none()) {
-      now = py::reinterpret_steal<py::object>(PyObject_GetAttr(module.ptr(), kTraining));
-      if (!now) throw py::error_already_set();
-    }
-    if (now && PyObject_IsTrue(now.ptr()) != static_cast<int>(training)) {
-      throw py::value_error(absl::StrCat(
-          "torchreplay: the model was captured in ", training ? "train" : "eval", " mode and is now in ",
-          training ? "eval" : "train", " mode (.train()/.eval() change what it computes); capture again"));
-    }
-    return std::nullopt;
-  }
-
-  py::object RunChecked(std::vector<c10::IValue> inputs, const py::args& args) const {
-    for (int i : mutated) {
-      const c10::IValue& v = inputs[bound.size() + i];
-      if (v.isTensor()) v.toTensor().unsafeGetTensorImpl()->bump_version();
-    }
-    absl::InlinedVector<c10::IValue, 2> alias_bases;
-    for (const Alias& a : aliases) {
-      if (a.kind != AliasKind::kViewOfOutput) alias_bases.push_back(inputs[bound.size() + a.base]);
-    }
-    absl::StatusOr<std::vector<c10::IValue>> out;
-    {
-      py::gil_scoped_release no_gil;
-      {
-        c10::AutoGradMode no_grad(false);
-        out = engine->Run(std::move(inputs));
-      }
-      if (out.ok() && !aliases.empty()) RegenerateAliases(alias_bases, *out);
-    }
-    if (!out.ok() && IsIntOverflow(out.status()) && !fallback.is_none() && mutated.empty()) {
-      return fallback(*args);  // Python's ints have no bound: the graph run by Python gives eager's
-    }
-    if (!out.ok()) Throw(out.status());
-    const size_t n = num_outputs < 0 ? out->size() : std::min<size_t>(num_outputs, out->size());
-    py::list result = FromIValues<py::list>(*out, n);
-    for (const auto& [i, dims] : dynamic_dims) {
-      if (static_cast<size_t>(i) < n) MarkDynamic(result[i], dims);
-    }
-    if (returns == Returns::kOne && n == 1) return result[0];
-    if (returns == Returns::kTuple) return py::tuple(result);
-    return result;
-  }
-
-  // t._dynamo_weak_dynamic_indices |= dims, or a copy of dims when t has none yet.
-  static void MarkDynamic(py::handle t, const py::object& dims) {
-    static PyObject* const kIndices = PyUnicode_InternFromString("_dynamo_weak_dynamic_indices");
-    if (!THPVariable_Check(t.ptr())) return;
-    PyObject* held = nullptr;
+// Note [One log]
+// Every message of torchreplay goes to one logger, Python's "torchreplay": the package's own
+// (lowering, capture sizes, capture) and the C++ engines' (captures, fallbacks, keys that keep
+// changing), which this module hands over through replay::SetLogSink. The package registers the
+// logger with torch._logging (bindings/torchreplay/__init__.py), so TORCH_LOGS="torchreplay"
+// (info: every capture), TORCH_LOGS="+torchreplay" (debug) and torch._logging.set_logs(
+// modules={"torchreplay": logging.INFO}) work as for torch's own logs; TORCHREPLAY_LOG_LEVEL and
+// torchreplay.set_log_level set the logger's level. Engines made from Python pass every message
+// on (their default level is debug) and the logger decides. Messages are rare (per capture, per
+// fallback, once per graph), so taking the GIL for each costs nothing a call would see; once
+// Python is finalizing they go to stderr.
+void LogToPython(replay::LogLevel level, const std::string& message) {
 #if PY_VERSION_HEX >= 0x030D0000
-    const int found = PyObject_GetOptionalAttr(t.ptr(), kIndices, &held);
+  const bool finalizing = Py_IsFinalizing();
 #else
-    const int found = _PyObject_LookupAttr(t.ptr(), kIndices, &held);
+  const bool finalizing = _Py_IsFinalizing();
 #endif
-    if (found < 0) throw py::error_already_set();
-    py::object merged = py::reinterpret_steal<py::object>(
-        found ? PyNumber_InPlaceOr(held, dims.ptr()) : PySet_New(dims.ptr()));
-    Py_XDECREF(held);
-    if (!merged || PyObject_SetAttr(t.ptr(), kIndices, merged.ptr()) < 0) throw py::error_already_set();
+  if (!Py_IsInitialized() || finalizing) {
+    std::fprintf(stderr, "[torchreplay] %s\n", message.c_str());
+    return;
   }
-
-  // Raises if an argument the graph writes shares memory with another argument.
-  void CheckOverlap(const std::vector<c10::IValue>& inputs) const {
-    auto span = [](const at::Tensor& t) {  // bytes of its storage the tensor can reach
-      int64_t hi = t.storage_offset();
-      for (int64_t d = 0; d < t.dim(); ++d) hi += (t.size(d) - 1) * std::abs(t.stride(d));
-      return std::make_pair(t.storage_offset() * t.itemsize(), (hi + 1) * t.itemsize());
-    };
-    for (int i : mutated) {
-      const c10::IValue& a = inputs[bound.size() + i];
-      if (!a.isTensor() || !a.toTensor().has_storage() || a.toTensor().numel() == 0) continue;
-      const at::Tensor& w = a.toTensor();
-      for (size_t j = bound.size(); j < inputs.size(); ++j) {
-        if (static_cast<int>(j - bound.size()) == i || !inputs[j].isTensor()) continue;
-        const at::Tensor& o = inputs[j].toTensor();
-        if (!o.defined() || !o.has_storage() || o.numel() == 0 ||
-            !o.storage().is_alias_of(w.storage())) {
-          continue;
-        }
-        const auto [wl, wh] = span(w);
-        const auto [ol, oh] = span(o);
-        if (wl < oh && ol < wh) {
-          throw py::value_error(absl::StrCat(
-              "torchreplay: argument ", i, " is written by the graph and shares memory with argument ",
-              j - bound.size(), "; the capture assumed separate tensors (pass a clone of one of them)"));
-        }
-      }
-    }
+  py::gil_scoped_acquire gil;
+  try {
+    static constexpr int kLevels[] = {10, 20, 30, 40};  // logging.DEBUG ... logging.ERROR
+    py::module_::import("logging").attr("getLogger")("torchreplay").attr("log")(
+        kLevels[static_cast<int>(level)], message);
+  } catch (py::error_already_set& e) {
+    e.discard_as_unraisable("torchreplay's log");
   }
-
-  void RegenerateAliases(const absl::InlinedVector<c10::IValue, 2>& input_bases,
-                         std::vector<c10::IValue>& out) const {
-    size_t k = 0;
-    for (const Alias& a : aliases) {
-      const c10::IValue& base_value = a.kind == AliasKind::kViewOfOutput ? out[a.base] : input_bases[k++];
-      c10::IValue& o = out[a.output];
-      if (!o.isTensor() || !base_value.isTensor()) continue;
-      if (a.kind == AliasKind::kInput) {
-        o = base_value;
-        continue;
-      }
-      const at::Tensor& base = base_value.toTensor();
-      const at::Tensor& t = o.toTensor();
-      const at::Tensor typed = t.scalar_type() == base.scalar_type() ? base : base.view(t.scalar_type());
-      o = typed.as_strided(t.sizes(), t.strides(), t.storage_offset());
-    }
-  }
-};
+}
 
 replay::LogLevel ToLogLevel(int level) {
   if (level < 0 || level > 3) {
@@ -580,11 +129,8 @@ py::dict StatsToDict(const replay::EngineStats& s) {
   return d;
 }
 
-}  // namespace
-
-PYBIND11_MODULE(_C, m) {
-  m.doc() = "torchreplay C++ runtime: graph IR, interpreter and replay engine";
-
+// Graph and GraphBuilder: the lowering builds graphs through these.
+void BindGraph(py::module_& m) {
   py::class_<capture::Graph, std::shared_ptr<capture::Graph>>(m, "Graph")
       .def("__str__", &capture::Graph::ToString)
       .def_property_readonly("num_nodes", [](const capture::Graph& g) { return g.nodes().size(); })
@@ -640,15 +186,18 @@ PYBIND11_MODULE(_C, m) {
       .def("build", [](capture::GraphBuilder& b) {
         return std::const_pointer_cast<capture::Graph>(Unwrap(b.Build()));
       });
+}
 
+// EngineOptions, by field name, and Engine.
+void BindEngine(py::module_& m) {
   py::class_<replay::EngineOptions> options(
       m, "EngineOptions",
       "Every setting of an engine, by name: EngineOptions(mode='reduce-overhead', warmup_iters=1, "
       "capture_limit=64, cache_limit=256, clone_outputs=False, preserve_outputs=False, name='graph', bound_inputs=0, "
-      "dump_dir='', prepared_steps=True, fuse_elementwise=True, log_level=2, capture_sizes=[], "
+      "dump_dir='', prepared_steps=True, fuse_elementwise=True, log_level=0, capture_sizes=[], "
       "batch_inputs=[], batch_size_inputs=[], batch_outputs=[]). Unset fields take the defaults, "
-      "with the environment's switches (TORCHREPLAY_PREPARED_ITERATORS, TORCHREPLAY_FUSE, "
-      "TORCHREPLAY_LOG_LEVEL) applied.");
+      "with the environment's switches (TORCHREPLAY_PREPARED_ITERATORS, TORCHREPLAY_FUSE) applied; "
+      "log_level is log_level() (0: every message goes to the 'torchreplay' logger, which decides).");
   options
       .def(py::init([](py::kwargs fields) {
         py::object o = py::cast(replay::EngineOptions::Defaults());
@@ -788,84 +337,29 @@ PYBIND11_MODULE(_C, m) {
       .def("stats", [](const replay::Engine& e) { return StatsToDict(e.stats()); })
       .def_property_readonly("name", [](const replay::Engine& e) { return e.options().name; })
       .def_property_readonly("options", [](const replay::Engine& e) { return e.options(); });
+}
 
-  py::class_<Call>(m, "Call", "One compiled graph as a C++ callable (Note [The call path]).",
-                   py::custom_type_setup([](PyHeapTypeObject* type) { type->ht_type.tp_call = &Call::TpCall; }))
-      .def(py::init([](std::shared_ptr<replay::Engine> engine, py::list bound, std::vector<int> mutated,
-                       int num_outputs, py::object fallback, py::dict fixed, const std::string& returns,
-                       const std::vector<std::tuple<int, int, int>>& aliases,
-                       const std::vector<std::tuple<int, int, int64_t, int64_t, int, int64_t, int64_t>>& sizes,
-                       py::object module, bool check_overlap,
-                       const std::vector<std::pair<int, py::object>>& dynamic_dims,
-                       std::vector<int> grad_checked, std::vector<std::string> bound_names,
-                       py::object slow_path, bool always_slow) {
-             Call c{std::move(engine), {}, std::move(mutated), num_outputs, std::move(fallback)};
-             if (returns == "tuple") {
-               c.returns = Call::Returns::kTuple;
-             } else if (returns == "one") {
-               c.returns = Call::Returns::kOne;
-             } else if (returns != "list") {
-               throw py::value_error("torchreplay: returns must be 'list', 'tuple' or 'one'");
-             }
-             for (auto b : bound) c.bound.push_back(ToIValue(b));
-             const int n_args = static_cast<int>(c.engine->graph().inputs().size() - c.bound.size());
-             for (const auto& [arg, dim, lo, hi, group, coef, offset] : sizes) {
-               if (arg < 0 || arg >= n_args || dim < 0) throw py::value_error("torchreplay: size check out of range");
-               c.sizes.push_back({arg, dim, lo, hi, group, coef, offset});
-             }
-             c.module = std::move(module);
-             c.check_overlap = check_overlap;
-             for (int i : grad_checked) {
-               if (i < 0 || i >= static_cast<int>(c.bound.size())) throw py::value_error("torchreplay: grad_checked out of range");
-             }
-             c.grad_checked = std::move(grad_checked);
-             c.bound_names = std::move(bound_names);
-             c.slow_path = std::move(slow_path);
-             c.always_slow = always_slow && !c.slow_path.is_none();
-             for (const auto& [o, dims] : dynamic_dims) {
-               if (o < 0) throw py::value_error("torchreplay: dynamic_dims output out of range");
-               c.dynamic_dims.emplace_back(o, py::reinterpret_steal<py::object>(PyFrozenSet_New(dims.ptr())));
-               if (!c.dynamic_dims.back().second) throw py::error_already_set();
-             }
-             if (!c.module.is_none()) c.training = c.module.attr("training").cast<bool>();
-             for (const auto& [o, kind, base] : aliases) {
-               if (kind < 0 || kind > 2) throw py::value_error("torchreplay: alias kind must be 0, 1 or 2");
-               c.aliases.push_back({o, static_cast<Call::AliasKind>(kind), base});
-             }
-             for (auto [i, v] : fixed) c.fixed.emplace_back(i.cast<int>(), ToIValue(v));
-             for (int i : c.mutated) {
-               if (i < 0 || i >= n_args) throw py::value_error("torchreplay: mutated index out of range");
-             }
-             for (const auto& f : c.fixed) {
-               if (f.first < 0 || f.first >= n_args) throw py::value_error("torchreplay: fixed index out of range");
-             }
-             return c;
-           }),
-           py::arg("engine"), py::arg("bound") = py::list(), py::arg("mutated") = std::vector<int>(),
-           py::arg("num_outputs") = -1, py::arg("fallback") = py::none(), py::arg("fixed") = py::dict(),
-           py::arg("returns") = "list",
-           py::arg("aliases") = std::vector<std::tuple<int, int, int>>(),
-           py::arg("sizes") = std::vector<std::tuple<int, int, int64_t, int64_t, int, int64_t, int64_t>>(),
-           py::arg("module") = py::none(), py::arg("check_overlap") = false,
-           py::arg("dynamic_dims") = std::vector<std::pair<int, py::object>>(),
-           py::arg("grad_checked") = std::vector<int>(), py::arg("bound_names") = std::vector<std::string>(),
-           py::arg("slow_path") = py::none(),
-           py::arg("always_slow") = false)
-      .def("_fast", &Call::Fast, "The call on the graph's flat arguments, with no slow path.")
-      .def("_modes_checked", [](const Call& c, int64_t epoch) { c.modes_epoch = epoch; },
-           "The modules' modes were found as captured at `epoch` (module_modes_epoch()).")
-      .def("_set_stale", [](Call& c, const std::string& why) { c.stale = why; },
-           "Makes every later call raise ValueError(why) (the model changed under the capture).")
-      .def_property_readonly("engine", [](const Call& c) { return c.engine; });
+}  // namespace
 
-  m.def("module_modes_changed", [] { g_module_modes_epoch.fetch_add(1, std::memory_order_relaxed); },
-        "Called by nn.Module.train (wrapped by torchreplay.capture): some module's mode may have changed.");
-  m.def("module_modes_epoch", &ModuleModesEpoch);
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "torchreplay C++ runtime: graph IR, interpreter and replay engine";
+
+  BindGraph(m);
+  BindEngine(m);
+  BindCall(m);
+
   m.def("built_with_cuda", &capture::BuiltWithCuda);
   m.def("_testing_fail_allocations", &memory_pool::FailAllocationsForTesting, py::arg("n"),
         "Test-only: the next n arena growths raise torch.OutOfMemoryError (0: off).");
-  m.def("set_log_level", [](int level) { replay::SetLogLevel(ToLogLevel(level)); });
+  m.def("set_log_level", [](int level) { replay::SetLogLevel(ToLogLevel(level)); },
+        "The level of the engines made from now on (0 debug ... 3 error): their messages below it "
+        "are dropped before they reach the \"torchreplay\" logger.");
   m.def("log_level", [] { return static_cast<int>(replay::DefaultLogLevel()); });
+  // Note [One log]: engines hand every message to the logger, which decides.
+  replay::SetLogSink(&LogToPython);
+  replay::SetLogLevel(replay::LogLevel::kDebug);
+  py::module_::import("atexit").attr("register")(
+      py::cpp_function([] { replay::SetLogSink(nullptr); }));
 }
 
 }  // namespace torchreplay

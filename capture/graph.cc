@@ -479,12 +479,46 @@ std::vector<bool> PerCallScalars(const Graph& g) {
   return per_call;
 }
 
+std::vector<bool> WrittenInputs(const Graph& g) {
+  const auto& ins = g.inputs();
+  std::vector<bool> written(ins.size(), false);
+  for (const Node& n : g.nodes()) {
+    if (!n.op.has_value()) continue;
+    const auto& args = n.op->schema().arguments();
+    for (size_t a = 0; a < args.size() && a < n.args.size(); ++a) {
+      if (args[a].alias_info() == nullptr || !args[a].alias_info()->isWrite()) continue;
+      const auto in = n.args[a].kind == Arg::Kind::kValue
+                          ? std::find(ins.begin(), ins.end(), n.args[a].value) : ins.end();
+      if (in != ins.end()) {
+        written[in - ins.begin()] = true;
+      } else {
+        written.assign(ins.size(), true);
+      }
+    }
+  }
+  return written;
+}
+
+std::vector<int> LastUse(const Graph& g) {
+  const auto& nodes = g.nodes();
+  std::vector<int> last_use(g.values().size(), -1);
+  for (int i = 0; i < static_cast<int>(nodes.size()); ++i) {
+    for (const auto& a : nodes[i].args) ForEachValueUse(a, [&](ValueId v) { last_use[v] = i; });
+  }
+  for (const auto& a : g.outputs()) {
+    ForEachValueUse(a, [&](ValueId v) { last_use[v] = static_cast<int>(nodes.size()); });
+  }
+  return last_use;
+}
+
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<const Graph>> GraphBuilder::Build() {
   if (!outputs_set_) return absl::FailedPreconditionError("graph has no outputs set");
   graph_->static_mask_.resize(graph_->inputs_.size(), false);
   graph_->per_call_scalars_ = PerCallScalars(*graph_);
+  graph_->written_inputs_ = WrittenInputs(*graph_);
+  graph_->last_use_ = LastUse(*graph_);
   std::shared_ptr<const Graph> g(std::move(graph_));
   graph_ = std::make_unique<Graph>();
   outputs_set_ = false;

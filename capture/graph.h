@@ -102,6 +102,12 @@ class Graph {
   // bound per call]). Per input position.
   const std::vector<bool>& per_call_scalars() const { return per_call_scalars_; }
   bool is_per_call_scalar(int i) const { return per_call_scalars_[i]; }
+  // Per input position: an op may write it. An op writing a value that is not an input (which
+  // may be a view of one) counts as writing every input.
+  const std::vector<bool>& written_inputs() const { return written_inputs_; }
+  // Per value: the index of the last node reading it, nodes().size() for a graph output, -1 if
+  // nothing reads it (liveness: the interpreter frees after it, the tape plans buffers by it).
+  const std::vector<int>& last_use() const { return last_use_; }
 
   // Human-readable listing: one line per input, node and output.
   std::string ToString() const;
@@ -114,7 +120,10 @@ class Graph {
   std::vector<Arg> outputs_;
   std::vector<int> static_inputs_;
   std::vector<bool> static_mask_;
+  // Facts decided once at Build(), read by the interpreter, the tape planner and the engine.
   std::vector<bool> per_call_scalars_;
+  std::vector<bool> written_inputs_;
+  std::vector<int> last_use_;
 };
 
 // Note [Scalars bound per call]

@@ -46,6 +46,11 @@ absl::Status WithContext(const absl::Status& s, absl::string_view prefix) {
   return out;
 }
 
+std::string ErrorType(const absl::Status& s) {
+  const auto type = s.GetPayload(kErrorType);
+  return type.has_value() ? std::string(*type) : std::string();
+}
+
 namespace {
 
 int64_t FloorDivInt(int64_t a, int64_t b) {  // Python: rounds toward negative infinity
@@ -122,7 +127,11 @@ absl::StatusOr<c10::IValue> EvalSymArith(SymOp op, const c10::IValue& a, const c
   int64_t r = 0;
   // Reads r after `overflow` is computed (the call's arguments have no order between them).
   auto Checked = [&r](bool overflow) -> absl::StatusOr<c10::IValue> {
-    if (overflow) return absl::OutOfRangeError(kIntOverflow);
+    if (overflow) {
+      absl::Status s = absl::OutOfRangeError("integer overflow: the result does not fit in 64 bits");
+      s.SetPayload(kErrorType, absl::Cord("OverflowError"));
+      return s;
+    }
     return c10::IValue(r);
   };
   switch (op) {
@@ -285,13 +294,7 @@ absl::Status CheckInputs(const Graph& graph, const std::vector<c10::IValue>& inp
 
 Interpreter::Interpreter(std::shared_ptr<const Graph> graph) : graph_(std::move(graph)) {
   const auto& nodes = graph_->nodes();
-  std::vector<int> last_use(graph_->values().size(), -1);
-  for (int i = 0; i < static_cast<int>(nodes.size()); ++i) {
-    for (const auto& a : nodes[i].args) ForEachValueUse(a, [&](ValueId v) { last_use[v] = i; });
-  }
-  for (const auto& a : graph_->outputs()) {
-    ForEachValueUse(a, [&](ValueId v) { last_use[v] = static_cast<int>(nodes.size()); });
-  }
+  const std::vector<int>& last_use = graph_->last_use();
   free_after_.resize(nodes.size());
   for (ValueId v = 0; v < static_cast<ValueId>(last_use.size()); ++v) {
     if (last_use[v] >= 0 && last_use[v] < static_cast<int>(nodes.size())) {

@@ -28,8 +28,8 @@ c10::IValue MaterializeArg(const Arg& arg, const c10::TypePtr& type,
 
 // Evaluates symbolic arithmetic with Python's semantics (`b` is ignored by one-operand ops).
 // InvalidArgument for division by zero and for operands that are not int, float or bool;
-// OutOfRange with kIntOverflow when an int result leaves int64 (Python's ints have no bound).
-inline constexpr char kIntOverflow[] = "integer overflow: the result does not fit in 64 bits";
+// OutOfRange of type OverflowError (ErrorType) when an int result leaves int64 (Python's ints
+// have no bound).
 absl::StatusOr<c10::IValue> EvalSymArith(SymOp op, const c10::IValue& a, const c10::IValue& b = {});
 
 // Note [Kernel errors keep their type]
@@ -41,6 +41,8 @@ absl::StatusOr<c10::IValue> EvalSymArith(SymOp op, const c10::IValue& a, const c
 inline constexpr char kErrorType[] = "torchreplay/python-error-type";
 absl::Status KernelError(const c10::Error& e, absl::string_view context);
 absl::Status WithContext(const absl::Status& s, absl::string_view prefix);
+// The Python exception `s` stands for ("IndexError", "OverflowError", ...), or "" for none.
+std::string ErrorType(const absl::Status& s);
 
 class Interpreter {
  public:

@@ -1,6 +1,6 @@
 // capture/scopes.h: multi-stream scopes inside a graph.
 //
-// Four ops, usable from a custom FX pass the way seed 004 uses torch.ops.air.*:
+// Four ops, usable from a custom FX pass the way torchair's passes use torch.ops.air.*:
 //   torchreplay::scope_enter(str[] labels, str[] stream_names) -> ()
 //       the ops up to the matching scope_exit run on the named side stream, which first waits
 //       for the work already queued on the stream it forks from;

@@ -47,196 +47,226 @@ const char* DecisionName(TapePlan::Decision d) {
   return "?";
 }
 
-}  // namespace
-
-absl::StatusOr<TapePlan> PlanTape(const Graph& g, const Recording& rec, bool fuse) {
-  if (auto s = CheckReplayable(g, rec); !s.ok()) return s;
-  const int num_nodes = static_cast<int>(g.nodes().size());
-  TapePlan plan;
-  plan.nodes.resize(num_nodes);
-  plan.values.resize(g.values().size());
-  auto& val = plan.values;
-  auto new_slot = [&](ValueId v) {
-    val[v].constant = false;
-    val[v].slot = plan.num_slots++;
-  };
-  auto root_of = [&](ValueId v) { return rec.values[v].root_or(v); };
-
-  const std::vector<bool> mutated = MutatedRoots(g, rec);
-  std::vector<bool> is_output(g.values().size(), false);  // a graph output's storage (by root)
-  for (const auto& a : g.outputs()) {
-    ForEachValueUse(a, [&](ValueId v) {
-      is_output[v] = true;
-      is_output[root_of(v)] = true;
-    });
+// PlanTape's concerns, one method each: liveness of the recorded values, the class of each input
+// (constant or rebound per call), the decision per node (and folding), and the fused groups.
+class Planner {
+ public:
+  Planner(const Graph& g, const Recording& rec)
+      : g_(g), rec_(rec), val_(plan_.values), mutated_(MutatedRoots(g, rec)),
+        is_output_(g.values().size(), false), fixed_(g.values().size(), false) {
+    plan_.nodes.resize(g.nodes().size());
+    plan_.values.resize(g.values().size());
   }
-  // Liveness of each root value, in node indices: arena buffers are planned from it.
-  std::vector<int> last_use(g.values().size(), -1);
-  auto use = [&](ValueId v, int at) {
-    last_use[root_of(v)] = std::max(last_use[root_of(v)], at);
-    last_use[v] = std::max(last_use[v], at);
-  };
-  for (int i = 0; i < num_nodes; ++i) {
-    for (const auto& a : g.nodes()[i].args) ForEachValueUse(a, [&](ValueId v) { use(v, i); });
-  }
-  for (const auto& a : g.outputs()) ForEachValueUse(a, [&](ValueId v) { use(v, num_nodes); });
 
-  // Values whose contents, not just identity, are fixed under the key: scalars, sizes, and what
-  // is folded from them. (Arena buffers and static inputs are constant tensors, but what they
-  // hold changes from call to call.)
-  std::vector<bool> fixed(g.values().size(), false);
-  auto all_args = [&](const Node& n, auto pred) {
+  TapePlan Plan(bool fuse) && {
+    Liveness();
+    ClassifyInputs();
+    for (int i = 0; i < static_cast<int>(g_.nodes().size()); ++i) Decide(i);
+    if (fuse) Fuse();
+    return std::move(plan_);
+  }
+
+ private:
+  ValueId root_of(ValueId v) const { return rec_.values[v].root_or(v); }
+
+  void NewSlot(ValueId v) {
+    val_[v].constant = false;
+    val_[v].slot = plan_.num_slots++;
+  }
+
+  template <typename Pred>
+  bool AllArgs(const Node& n, Pred pred) const {
     bool all = true;
     for (const auto& a : n.args) ForEachValueUse(a, [&](ValueId v) { all = all && pred(v); });
     return all;
-  };
-  auto all_fixed = [&](const Node& n) { return all_args(n, [&](ValueId v) { return fixed[v]; }); };
-  auto all_constant = [&](const Node& n) {
-    return all_args(n, [&](ValueId v) { return val[v].constant; });
-  };
-  auto any_arena = [&](const Node& n) {
-    return !all_args(n, [&](ValueId v) { return !val[v].in_arena; });
-  };
+  }
+  bool AllFixed(const Node& n) const { return AllArgs(n, [&](ValueId v) { return fixed_[v]; }); }
+  bool AllConstant(const Node& n) const { return AllArgs(n, [&](ValueId v) { return val_[v].constant; }); }
+  bool AnyArena(const Node& n) const { return !AllArgs(n, [&](ValueId v) { return !val_[v].in_arena; }); }
 
-  for (size_t i = 0; i < g.inputs().size(); ++i) {
-    // Static tensors and scalars are constants; other tensors, and scalars that are data (Note
-    // [Scalars bound per call]), are rebound per call.
-    const ValueId v = g.inputs()[i];
-    const bool per_call = rec.values[v].is_tensor ? !rec.baked(g, static_cast<int>(i))
-                                                  : g.is_per_call_scalar(static_cast<int>(i));
-    if (per_call) {
-      new_slot(v);
-      plan.input_slots.emplace_back(static_cast<int>(i), val[v].slot);
-    } else {
-      val[v].constant = true;
-      fixed[v] = !rec.values[v].is_tensor;
+  // Which storages the caller receives, and the last use of each root value, in node indices:
+  // arena buffers are planned from it (a view keeps its root alive).
+  void Liveness() {
+    for (const auto& a : g_.outputs()) {
+      ForEachValueUse(a, [&](ValueId v) {
+        is_output_[v] = true;
+        is_output_[root_of(v)] = true;
+      });
+    }
+    last_use_ = g_.last_use();
+    for (ValueId v = 0; v < static_cast<ValueId>(last_use_.size()); ++v) {
+      last_use_[root_of(v)] = std::max(last_use_[root_of(v)], g_.last_use()[v]);
     }
   }
-  for (int i = 0; i < num_nodes; ++i) {
-    const Node& n = g.nodes()[i];
-    TapePlan::NodePlan& np = plan.nodes[i];
+
+  // Static tensors and scalars are constants; other tensors, and scalars that are data (Note
+  // [Scalars bound per call]), are rebound per call.
+  void ClassifyInputs() {
+    for (size_t i = 0; i < g_.inputs().size(); ++i) {
+      const ValueId v = g_.inputs()[i];
+      const bool per_call = rec_.values[v].is_tensor ? !rec_.baked(g_, static_cast<int>(i))
+                                                     : g_.is_per_call_scalar(static_cast<int>(i));
+      if (per_call) {
+        NewSlot(v);
+        plan_.input_slots.emplace_back(static_cast<int>(i), val_[v].slot);
+      } else {
+        val_[v].constant = true;
+        fixed_[v] = !rec_.values[v].is_tensor;
+      }
+    }
+  }
+
+  void Decide(int i) {
+    const Node& n = g_.nodes()[i];
+    TapePlan::NodePlan& np = plan_.nodes[i];
     if (n.kind == NodeKind::kSymArith) {
-      if (all_fixed(n)) {
+      if (AllFixed(n)) {
         np.decision = TapePlan::Decision::kScalar;
-        val[n.outputs[0]].constant = fixed[n.outputs[0]] = true;
+        val_[n.outputs[0]].constant = fixed_[n.outputs[0]] = true;
       } else {
         np.decision = TapePlan::Decision::kScalarStep;
-        new_slot(n.outputs[0]);
+        NewSlot(n.outputs[0]);
       }
-      continue;
+      return;
     }
     if (n.kind == NodeKind::kGetItem) {
       np.decision = TapePlan::Decision::kGetItem;
       const ValueId list = n.args[0].value;
-      val[n.outputs[0]].in_arena = val[list].in_arena;
-      if (val[list].constant) {
-        val[n.outputs[0]].constant = true;
+      val_[n.outputs[0]].in_arena = val_[list].in_arena;
+      if (val_[list].constant) {
+        val_[n.outputs[0]].constant = true;
       } else {
-        new_slot(n.outputs[0]);
+        NewSlot(n.outputs[0]);
       }
-      continue;
+      return;
     }
     bool returns_scalar = false;
     for (ValueId o : n.outputs) {
-      returns_scalar = returns_scalar || (!rec.values[o].is_tensor && !rec.values[o].is_list);
+      returns_scalar = returns_scalar || (!rec_.values[o].is_tensor && !rec_.values[o].is_list);
     }
     if (returns_scalar) {  // a size query (CheckReplayable refused the others): fixed per key
       np.decision = TapePlan::Decision::kScalar;
-      for (ValueId o : n.outputs) val[o].constant = fixed[o] = true;
-      continue;
+      for (ValueId o : n.outputs) val_[o].constant = fixed_[o] = true;
+      return;
     }
     // Which outputs are fresh tensors, and which alias an argument?
     bool all_fresh = true, any_fresh = false;
     for (ValueId o : n.outputs) {
-      const bool fresh = (rec.values[o].is_tensor || rec.values[o].is_list) && rec.values[o].root == o;
+      const bool fresh = (rec_.values[o].is_tensor || rec_.values[o].is_list) && rec_.values[o].root == o;
       all_fresh = all_fresh && fresh;
       any_fresh = any_fresh || fresh;
     }
     const bool mutable_op = n.op->schema().is_mutable();
 
-    if (!mutable_op && !any_fresh && all_constant(n)) {
+    if (!mutable_op && !any_fresh && AllConstant(n)) {
       // A view (or list of views) of constant tensors: computed once, at capture.
       np.decision = TapePlan::Decision::kPrecompute;
-      const bool from_arena = any_arena(n);
+      const bool from_arena = AnyArena(n);
       for (ValueId o : n.outputs) {
-        val[o].constant = true;
-        val[o].in_arena = from_arena;
-        fixed[o] = all_fixed(n) && !mutated[root_of(o)];
+        val_[o].constant = true;
+        val_[o].in_arena = from_arena;
+        fixed_[o] = AllFixed(n) && !mutated_[root_of(o)];
       }
-      continue;
+      return;
     }
 
     // An out= overload the recording checked (Note [Checked out= kernels]): its results are
     // fresh CPU tensors at storage offset 0, written exactly as the functional op writes them.
-    if (!mutable_op && all_fresh) np.out = rec.out_variants[i];
+    if (!mutable_op && all_fresh) np.out = rec_.out_variants[i];
     if (np.out.has_value()) {
       np.decision = TapePlan::Decision::kOutVariant;
       for (ValueId o : n.outputs) {
-        const ValueRecord& r = rec.values[o];
+        const ValueRecord& r = rec_.values[o];
         const int64_t nbytes = static_cast<int64_t>(
             at::detail::computeStorageNbytes(r.sizes, r.strides, c10::elementSize(r.dtype)));
-        val[o].constant = val[o].in_arena = true;
-        val[o].buffer = static_cast<int>(plan.requests.size());
-        plan.requests.push_back(memory_pool::BufferRequest{nbytes, i, std::max(last_use[o], i)});
+        val_[o].constant = val_[o].in_arena = true;
+        val_[o].buffer = static_cast<int>(plan_.requests.size());
+        plan_.requests.push_back(memory_pool::BufferRequest{nbytes, i, std::max(last_use_[o], i)});
       }
-      continue;
+      return;
     }
     np.out.reset();
+    if (!mutable_op && all_fresh && Fold(i)) return;
+    Functional(i, mutable_op);
+  }
 
-    // Made from constants only (arange, scalar_tensor, a cast of a constant, ...): computed
-    // once, at capture, unless something writes into it later or the caller receives it.
-    bool foldable = !mutable_op && all_fresh && all_fixed(n) && Deterministic(*n.op);
-    for (ValueId o : n.outputs) foldable = foldable && !mutated[o] && !is_output[o];
-    if (foldable) {
-      np.decision = TapePlan::Decision::kPrecompute;
-      for (ValueId o : n.outputs) val[o].constant = fixed[o] = true;
-      continue;
-    }
+  // Made from constants only (arange, scalar_tensor, a cast of a constant, ...): computed once,
+  // at capture, unless something writes into it later or the caller receives it.
+  bool Fold(int i) {
+    const Node& n = g_.nodes()[i];
+    bool foldable = AllFixed(n) && Deterministic(*n.op);
+    for (ValueId o : n.outputs) foldable = foldable && !mutated_[o] && !is_output_[o];
+    if (!foldable) return false;
+    plan_.nodes[i].decision = TapePlan::Decision::kPrecompute;
+    for (ValueId o : n.outputs) val_[o].constant = fixed_[o] = true;
+    return true;
+  }
 
-    // Runs as it is, every call.
-    np.decision = TapePlan::Decision::kFunctional;
-    np.why = rec.out_refusals[i];
+  // Runs as it is, every call.
+  void Functional(int i, bool mutable_op) {
+    const Node& n = g_.nodes()[i];
+    plan_.nodes[i].decision = TapePlan::Decision::kFunctional;
+    plan_.nodes[i].why = rec_.out_refusals[i];
     for (ValueId out : n.outputs) {
-      const ValueRecord& r = rec.values[out];
+      const ValueRecord& r = rec_.values[out];
       // An in-place op's result is its argument: same binding, no new slot.
       if (mutable_op && r.is_tensor && r.root != out) {
         for (const auto& a : n.args) {
           if (a.kind != Arg::Kind::kValue) continue;
-          const ValueRecord& ar = rec.values[a.value];
+          const ValueRecord& ar = rec_.values[a.value];
           if (ar.root == r.root && ar.sizes == r.sizes && ar.strides == r.strides &&
               ar.storage_offset == r.storage_offset) {
-            val[out] = val[a.value];
-            val[out].buffer = -1;
-            val[out].same_as = a.value;
+            val_[out] = val_[a.value];
+            val_[out].buffer = -1;
+            val_[out].same_as = a.value;
             break;
           }
         }
       }
-      if (val[out].same_as < 0) {
-        new_slot(out);
-        val[out].in_arena = !r.is_list && r.root != out && val[r.root].in_arena;
+      if (val_[out].same_as < 0) {
+        NewSlot(out);
+        val_[out].in_arena = !r.is_list && r.root != out && val_[r.root].in_arena;
       }
     }
   }
-  if (fuse) {
-    plan.groups = PlanFusion(g, rec, plan);
-    // A fused segment runs every instruction on a piece before the next piece, so the arena
-    // buffers a group reads or writes stay live until its last node: none is reused under it.
-    for (size_t k = 0; k < plan.groups.size(); ++k) {
-      const int end = plan.groups[k].nodes.back();
-      for (int i : plan.groups[k].nodes) {
-        plan.nodes[i].group = static_cast<int>(k);
+
+  // A fused segment runs every instruction on a piece before the next piece, so the arena
+  // buffers a group reads or writes stay live until its last node: none is reused under it.
+  void Fuse() {
+    plan_.groups = PlanFusion(g_, rec_, plan_);
+    for (size_t k = 0; k < plan_.groups.size(); ++k) {
+      const int end = plan_.groups[k].nodes.back();
+      for (int i : plan_.groups[k].nodes) {
+        plan_.nodes[i].group = static_cast<int>(k);
         auto extend = [&](ValueId v) {
-          if (const int b = val[root_of(v)].buffer; b >= 0) {
-            plan.requests[b].last_use = std::max(plan.requests[b].last_use, end);
+          if (const int b = val_[root_of(v)].buffer; b >= 0) {
+            plan_.requests[b].last_use = std::max(plan_.requests[b].last_use, end);
           }
         };
-        for (const auto& a : g.nodes()[i].args) ForEachValueUse(a, extend);
-        for (ValueId o : g.nodes()[i].outputs) extend(o);
+        for (const auto& a : g_.nodes()[i].args) ForEachValueUse(a, extend);
+        for (ValueId o : g_.nodes()[i].outputs) extend(o);
       }
     }
   }
-  return plan;
+
+  const Graph& g_;
+  const Recording& rec_;
+  TapePlan plan_;
+  std::vector<TapePlan::ValuePlan>& val_;
+  const std::vector<bool> mutated_;
+  std::vector<bool> is_output_;  // a graph output's storage (by root)
+  std::vector<int> last_use_;
+  // Values whose contents, not just identity, are fixed under the key: scalars, sizes, and what
+  // is folded from them. (Arena buffers and static inputs are constant tensors, but what they
+  // hold changes from call to call.)
+  std::vector<bool> fixed_;
+};
+
+}  // namespace
+
+absl::StatusOr<TapePlan> PlanTape(const Graph& g, const Recording& rec, bool fuse) {
+  if (auto s = CheckReplayable(g, rec); !s.ok()) return s;
+  return Planner(g, rec).Plan(fuse);
 }
 
 std::string TapePlan::ToString(const Graph& g, const memory_pool::ArenaPlan* arena) const {

@@ -1,5 +1,5 @@
-"""Seed 001's test_compile.py on the CPU with torchreplay: a parameter, a buffer, a tensor input
-and a scalar input; dynamic=False by default (TEST_COMPILE_DYNAMIC=1 for dynamic=True, and
+"""torchair's reduce-overhead example (test_compile.py) on the CPU with torchreplay: a parameter,
+a buffer, a tensor input and a scalar input; dynamic=False by default (TEST_COMPILE_DYNAMIC=1 for dynamic=True, and
 TEST_COMPILE_MARK_STATIC=1 to mark the input static)."""
 import logging
 import os

@@ -2,105 +2,82 @@
 // marked where they happen (WARM-UP, CAPTURE, REPLAY), plus the eager fallback.
 #include "replay/engine.h"
 
-#include <ATen/ExpandUtils.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/empty_strided.h>
-#include <ATen/ops/from_blob.h>
 #include <ATen/record_function.h>
-#include <c10/core/StorageImpl.h>
-#include <c10/core/TensorImpl.h>
-#include <c10/util/intrusive_ptr.h>
 
 #include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdlib>
-#include <cstring>
 #include <iostream>
-#include <optional>
 
-#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "capture/cuda_graph.h"
 #include "capture/kernel_tape.h"
-#include "capture/recording.h"
-#include "guards/guard_key.h"
 #include "memory_pool/arena.h"
 #include "memory_pool/cuda_pool.h"
+#include "replay/handout.h"
 
 namespace torchreplay::replay {
 
 // ---------------------------------------------------------------- options and logging
 
 namespace {
-LogLevel LogLevelFromEnvironment() {
-  const char* env = std::getenv("TORCHREPLAY_LOG_LEVEL");
-  const int level = env != nullptr ? std::atoi(env) : static_cast<int>(LogLevel::kWarning);
-  return static_cast<LogLevel>(std::min(std::max(level, 0), 3));
-}
-std::atomic<LogLevel> g_default_log_level{LogLevelFromEnvironment()};
+const char* GetEnv(const char* name) { return std::getenv(name); }
+
+std::atomic<LogLevel> g_default_log_level{EngineOptions::FromEnvironment(&GetEnv).log_level};
+std::atomic<LogSink> g_log_sink{nullptr};
 }  // namespace
 
 void SetLogLevel(LogLevel level) { g_default_log_level = level; }
 LogLevel DefaultLogLevel() { return g_default_log_level; }
+void SetLogSink(LogSink sink) { g_log_sink = sink; }
 
-EngineOptions EngineOptions::Defaults() {
-  auto on_unless_zero = [](const char* name) {
-    const char* env = std::getenv(name);
+EngineOptions EngineOptions::FromEnvironment(const char* (*getenv)(const char* name)) {
+  auto on_unless_zero = [&](const char* name) {
+    const char* env = getenv(name);
     return env == nullptr || std::string(env) != "0";
   };
-  static const bool prepared_steps = on_unless_zero("TORCHREPLAY_PREPARED_ITERATORS");
-  static const bool fuse_elementwise = on_unless_zero("TORCHREPLAY_FUSE");
   EngineOptions o;
-  o.prepared_steps = prepared_steps;
-  o.fuse_elementwise = fuse_elementwise;
+  o.prepared_steps = on_unless_zero("TORCHREPLAY_PREPARED_ITERATORS");
+  o.fuse_elementwise = on_unless_zero("TORCHREPLAY_FUSE");
+  if (const char* level = getenv("TORCHREPLAY_LOG_LEVEL"); level != nullptr) {
+    o.log_level = static_cast<LogLevel>(std::min(std::max(std::atoi(level), 0), 3));
+  }
+  return o;
+}
+
+EngineOptions EngineOptions::Defaults() {
+  static const EngineOptions from_environment = FromEnvironment(&GetEnv);
+  EngineOptions o = from_environment;
   o.log_level = g_default_log_level;
   return o;
 }
 
 void Engine::Log(LogLevel level, const std::string& message) const {
   if (level < options_.log_level) return;
+  const std::string line = absl::StrCat("graph '", options_.name, "': ", message);
+  if (LogSink sink = g_log_sink.load(); sink != nullptr) {
+    sink(level, line);
+    return;
+  }
   static const char* kTags = "DIWE";
-  std::cerr << "[torchreplay " << kTags[static_cast<int>(level)] << "] graph '" << options_.name
-            << "': " << message << std::endl;
+  std::cerr << "[torchreplay " << kTags[static_cast<int>(level)] << "] " << line << std::endl;
 }
 
 // ---------------------------------------------------------------- state
 
-struct Engine::Entry {
-  guards::GuardKey key;
-  std::string reason;  // why this key needs a capture
-  int eager_runs = 0;
-  std::optional<capture::Recording> recording;
-  std::unique_ptr<capture::CapturedGraph> graph;
-  std::vector<std::pair<int, const void*>> static_ptrs;  // baked-in addresses
-  std::vector<bool> baked;                               // inputs baked in (static, not moving)
-  std::vector<int> moves;                                // per input: times its address moved
-  std::string fallback_reason;                           // set: this key runs eagerly
-  bool admitted = false;                                 // counts against capture_limit
-  uint64_t last_used = 0;                                // ThreadState::tick when last looked up
-};
-
 struct Engine::ThreadState {
+  ThreadState(int cache_limit, bool preserve_outputs, std::string invalidated_message)
+      : keys(cache_limit), handout(preserve_outputs, std::move(invalidated_message)) {}
   memory_pool::Arena arena;         // CPU keys
   memory_pool::CudaPool cuda_pool;  // CUDA keys: one private pool for all of them
-  absl::flat_hash_map<guards::GuardKey, std::unique_ptr<Entry>> cache;
-  guards::GuardKey last_key;
-  Entry* last = nullptr;
-  int captured = 0;                // captures done (recaptures of a key included)
-  int admitted = 0;                // keys held that may capture: at most capture_limit
+  KeyCache keys;
+  Handout handout;                  // what the latest replay handed out of the pool
+  int captured = 0;                 // captures done (recaptures of a key included)
   bool limit_logged = false;
-  uint64_t tick = 0;               // lookups so far: the cache's recency clock
-  // Consecutive misses, and per input how many of them changed it (Note [A bounded cache]).
-  int miss_streak = 0;
-  std::vector<int> changed_in_streak;
-  // Storages handed out by the last replay that alias the pool (Note [Handed-out outputs]).
-  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> handed_out;
   // Per capture size: the padded batch inputs (Note [Capture sizes]).
   absl::flat_hash_map<int64_t, std::vector<at::Tensor>> staging;
-  // cache.size() and handed_out.size(), written by this thread, read by stats() from any.
-  std::atomic<int64_t> cache_size{0}, handed_out_size{0};
 };
 
 // Note [Per-thread state lookup]
@@ -120,25 +97,9 @@ thread_local unsigned state_cache_next = 0;
 
 Engine::Engine(std::shared_ptr<const capture::Graph> graph, EngineOptions options)
     : id_(next_engine_id++), graph_(std::move(graph)), options_(std::move(options)),
-      interpreter_(graph_) {
-  // The inputs a padded call copies back: those an op writes directly, or every input when an
-  // op writes something else (which may be a view of one).
-  const auto& ins = graph_->inputs();
-  written_.assign(ins.size(), false);
-  for (const capture::Node& n : graph_->nodes()) {
-    if (!n.op.has_value()) continue;
-    const auto& args = n.op->schema().arguments();
-    for (size_t a = 0; a < args.size() && a < n.args.size(); ++a) {
-      if (args[a].alias_info() == nullptr || !args[a].alias_info()->isWrite()) continue;
-      const auto in = n.args[a].kind == capture::Arg::Kind::kValue
-                          ? std::find(ins.begin(), ins.end(), n.args[a].value) : ins.end();
-      if (in != ins.end()) {
-        written_[in - ins.begin()] = true;
-      } else {
-        written_.assign(ins.size(), true);
-      }
-    }
-  }
+      interpreter_(graph_),
+      buckets_(options_.capture_sizes, options_.batch_inputs, options_.batch_size_inputs,
+               options_.batch_outputs, graph_->written_inputs()) {
   invalidated_msg_ = absl::StrCat(
       "torchreplay: this tensor is an output of the replayed graph '", options_.name,
       "', and a later replay has reused its memory. Clone outputs you keep across calls "
@@ -148,7 +109,7 @@ Engine::Engine(std::shared_ptr<const capture::Graph> graph, EngineOptions option
 Engine::~Engine() {
   absl::MutexLock lock(&mu_);
   // The pool is freed; outputs the caller still holds keep their values (as in eager).
-  for (auto& [id, ts] : threads_) ReleaseOutputs(*ts, {}, /*copy_all=*/true);
+  for (auto& [id, ts] : threads_) ts->handout.CopyAllOut();
 }
 
 Engine::ThreadState& Engine::StateForThisThread() {
@@ -159,7 +120,10 @@ Engine::ThreadState& Engine::StateForThisThread() {
   {
     absl::MutexLock lock(&mu_);
     auto& slot = threads_[std::this_thread::get_id()];
-    if (slot == nullptr) slot = std::make_unique<ThreadState>();
+    if (slot == nullptr) {
+      slot = std::make_unique<ThreadState>(options_.cache_limit, options_.preserve_outputs,
+                                           invalidated_msg_);
+    }
     ts = slot.get();
   }
   state_cache[state_cache_next++ % state_cache.size()] = {id_, ts};
@@ -178,8 +142,8 @@ EngineStats Engine::stats() const {
   absl::MutexLock lock(&mu_);
   for (const auto& [id, ts] : threads_) {
     s.pool_bytes = std::max(s.pool_bytes, ts->arena.bytes() + ts->cuda_pool.bytes());
-    s.cache_entries += ts->cache_size.load(std::memory_order_relaxed);
-    s.handed_out += ts->handed_out_size.load(std::memory_order_relaxed);
+    s.cache_entries += ts->keys.size();
+    s.handed_out += ts->handout.size();
   }
   s.errors = errors_;
   s.last_error = last_error_;
@@ -205,98 +169,52 @@ void Engine::Fallback(Entry& e, std::string reason) {
   AppendBounded(&fallback_reasons_, std::move(reason));
 }
 
-// Note [A bounded cache]
-// Every key a thread has seen would otherwise stay in its cache with its warm-up recording, so a
-// stream of new keys (a position or step counter that decides a shape, a new batch size each
-// call) would grow memory without bound. A thread holds at most cache_limit keys; a new key
-// beyond that evicts the least recently looked-up one (never the key being run). An evicted key
-// that comes back is a new key again: warmed up and captured anew, or run eagerly past the
-// capture limit. Evicting a captured key frees its captured graph, frees its admission under
-// capture_limit (so a later key may capture), and shrinks the CPU arena to the largest need of
-// the captured keys left (outputs still handed out from it are copied out first, as when the
-// engine goes). Misses are counted with their key diff; when 8 calls in a row miss, the inputs
-// that changed on each of them are logged once: such a graph never replays.
-
 std::string Engine::NoteMiss(ThreadState& ts, const guards::GuardKey& key) {
   ++misses_;
-  std::string diff = ts.cache.empty() ? "no graph yet" : guards::Diff(ts.last_key, key);
+  KeyCache::Miss miss = ts.keys.NoteMiss(key);
   {
     absl::MutexLock lock(&mu_);
-    last_miss_ = diff;
+    last_miss_ = miss.diff;
   }
-  const std::vector<guards::InputGuard>& now = key.inputs();
-  const std::vector<guards::InputGuard>& before = ts.last_key.inputs();  // empty at first
-  if (ts.miss_streak++ == 0) ts.changed_in_streak.assign(now.size(), 0);
-  for (size_t i = 0; i < now.size() && before.size() == now.size(); ++i) {
-    ts.changed_in_streak[i] += !(before[i] == now[i]);
-  }
-  constexpr int kChurn = 8;
-  if (ts.miss_streak < kChurn || churn_logged_.exchange(true)) return diff;
+  if (!miss.churn || churn_logged_.exchange(true)) return miss.diff;
   std::vector<std::string> changing;
-  for (size_t i = 0; i < now.size(); ++i) {
-    if (ts.changed_in_streak[i] < kChurn - 1) continue;  // the first call has nothing before it
-    changing.push_back(absl::StrCat(now[i].is_scalar() ? "scalar " : "", "input ", i, " (",
+  for (int i : miss.churning) {
+    changing.push_back(absl::StrCat(key.inputs()[i].is_scalar() ? "scalar " : "", "input ", i, " (",
                                     graph_->values()[graph_->inputs()[i]].name, ")"));
   }
   Log(LogLevel::kWarning,
-      absl::StrCat("the last ", kChurn, " calls each had a new guard key",
+      absl::StrCat("the last ", KeyCache::kChurn, " calls each had a new guard key",
                    changing.empty() ? "" : absl::StrCat(" (", absl::StrJoin(changing, ", "),
                                                         " changed on each)"),
                    ", so each ran eagerly; a graph whose key changes on every call never "
-                   "replays. Latest change: ", diff, ". A scalar that decides a shape is guarded by "
+                   "replays. Latest change: ", miss.diff, ". A scalar that decides a shape is guarded by "
                    "its value; config.reduce_overhead.capture_sizes pads batch sizes to a few."));
-  return diff;
+  return miss.diff;
 }
 
-void Engine::Evict(ThreadState& ts, const Entry* keep) {
-  auto victim = ts.cache.end();
-  for (auto it = ts.cache.begin(); it != ts.cache.end(); ++it) {
-    if (it->second.get() == keep) continue;
-    if (victim == ts.cache.end() || it->second->last_used < victim->second->last_used) victim = it;
-  }
-  if (victim == ts.cache.end()) return;
-  const Entry& e = *victim->second;
-  ts.admitted -= e.admitted;
-  if (ts.last == &e) ts.last = nullptr;
-  const bool captured = e.graph != nullptr;
-  ts.cache.erase(victim);
-  ts.cache_size.store(static_cast<int64_t>(ts.cache.size()), std::memory_order_relaxed);
-  ++evictions_;
-  if (!captured) return;
-  int64_t need = 0;
-  for (const auto& [key, entry] : ts.cache) {
-    if (entry->graph != nullptr) need = std::max(need, entry->graph->info().arena_bytes);
-  }
-  if (need < ts.arena.bytes()) {
-    ReleaseOutputs(ts, {}, /*copy_all=*/true);  // handed-out outputs may live in what goes
-    ts.arena.Shrink(need);
-  }
-}
-
-absl::StatusOr<Engine::Entry*> Engine::Lookup(ThreadState& ts,
-                                              const std::vector<c10::IValue>& inputs) {
+absl::StatusOr<Entry*> Engine::Lookup(ThreadState& ts, const std::vector<c10::IValue>& inputs) {
   guards::GuardKey key = guards::GuardKey::FromInputs(inputs, graph_->per_call_scalars());
-  auto it = ts.cache.find(key);
-  if (it != ts.cache.end()) {
-    ts.last_key = key;
-    it->second->last_used = ++ts.tick;
-    ts.miss_streak = 0;
-    return it->second.get();
-  }
+  if (Entry* held = ts.keys.Find(key)) return held;
   if (auto s = CheckInputs(inputs); !s.ok()) return s;
   auto entry = std::make_unique<Entry>();
   entry->reason = NoteMiss(ts, key);
-  entry->key = key;
-  entry->last_used = ++ts.tick;
   for (int i = 0; i < static_cast<int>(inputs.size()); ++i) {
     entry->baked.push_back(graph_->is_static_input(i));
   }
   entry->moves.assign(inputs.size(), 0);
-  Entry* e = entry.get();
-  ts.cache.emplace(key, std::move(entry));
-  ts.cache_size.store(static_cast<int64_t>(ts.cache.size()), std::memory_order_relaxed);
-  ts.last_key = std::move(key);
-  while (static_cast<int>(ts.cache.size()) > std::max(1, options_.cache_limit)) Evict(ts, e);
+  std::vector<std::unique_ptr<Entry>> evicted;
+  Entry* e = ts.keys.Insert(std::move(key), std::move(entry), &evicted);
+  evictions_ += static_cast<int64_t>(evicted.size());
+  const bool any_captured = std::any_of(evicted.begin(), evicted.end(),
+                                        [](const auto& v) { return v->graph != nullptr; });
+  evicted.clear();  // their captured graphs go before the pool shrinks
+  if (any_captured) {  // the arena shrinks to what the captured keys left need
+    const int64_t need = ts.keys.LargestArenaNeed();
+    if (need < ts.arena.bytes()) {
+      ts.handout.CopyAllOut();  // handed-out outputs may live in what goes
+      ts.arena.Shrink(need);
+    }
+  }
   // A tensor that is not plain dense strided memory (a lazy conjugate or negative view, sparse,
   // nested, a subclass or wrapper) means what its dispatch keys make of it, and a captured kernel
   // runs below them: calls with one run eagerly (the guard gives all of them one key per input).
@@ -309,8 +227,8 @@ absl::StatusOr<Engine::Entry*> Engine::Lookup(ThreadState& ts,
   }
   // Keys are admitted when first seen, not when captured: several new keys can be warming up
   // at once, and all of them together must stay within the limit.
-  if (ts.admitted < options_.capture_limit) {
-    ++ts.admitted;
+  if (ts.keys.admitted < options_.capture_limit) {
+    ++ts.keys.admitted;
     e->admitted = true;
   } else {
     std::string reason = absl::StrCat("capture limit (", options_.capture_limit,
@@ -339,66 +257,10 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::RunEager(const std::vector<c10:
   return out;
 }
 
-// Note [Handed-out outputs]
-// A replay hands its pool outputs out through storages of their own, one per pool buffer (each
-// a new StorageImpl over the buffer's bytes, Note [One storage per buffer]), aliasing the pool: the caller sees what eager would give (a
-// tensor at offset 0 of its own storage, views of one buffer sharing it), so an output fed back
-// as the next input has the same guard key as a fresh tensor. Before the pool is reused (the
-// next capture or replay of any key on this thread), every handed-out storage still alive is
-//   - copied out, given memory of its own with the same bytes, if this call reads it (an output
-//     fed back: h = f(x, h)) or the engine preserves outputs (training: autograd's saved
-//     activations and gradients); or else
-//   - invalidated: its data released, so that touching it raises invalidated_msg_.
-// Either way no replay writes under a tensor the caller can still read. The copy happens only
-// for outputs kept alive, and only once. When the engine (and its pool) goes away, every
-// handed-out storage still alive is copied out.
-
-namespace {
-
-at::Tensor BytesOf(const c10::StorageImpl& s) {
-  return at::from_blob(const_cast<void*>(s.data()), {static_cast<int64_t>(s.nbytes())},
-                       at::TensorOptions().dtype(at::kByte).device(s.device()));
-}
-
-// Moves a handed-out storage to memory of its own, keeping its bytes (all its views follow).
-void CopyOut(c10::StorageImpl& s) {
-  at::Tensor fresh = at::empty({static_cast<int64_t>(s.nbytes())},
-                               at::TensorOptions().dtype(at::kByte).device(s.device()));
-  fresh.copy_(BytesOf(s));
-  s.set_data_ptr_noswap(fresh.storage().unsafeGetStorageImpl()->set_data_ptr(c10::DataPtr()));
-}
-
-bool ReadBy(const std::vector<c10::IValue>& inputs, const c10::StorageImpl* s) {
-  for (const auto& v : inputs) {
-    if (v.isTensor() && v.toTensor().defined() && v.toTensor().has_storage() &&
-        v.toTensor().storage().unsafeGetStorageImpl() == s) {
-      return true;
-    }
-  }
-  return false;
-}
-
-}  // namespace
-
-void Engine::ReleaseOutputs(ThreadState& ts, const std::vector<c10::IValue>& inputs,
-                            bool copy_all) {
-  for (auto& weak : ts.handed_out) {
-    auto strong = weak.lock();
-    if (!strong) continue;
-    if (copy_all || options_.preserve_outputs || ReadBy(inputs, strong.get())) {
-      CopyOut(*strong);
-    } else {
-      strong->release_data_and_set_meta_custom_data_ptr_error_msg_(invalidated_msg_);
-    }
-  }
-  ts.handed_out.clear();
-  ts.handed_out_size.store(0, std::memory_order_relaxed);
-}
-
 // CAPTURE: build the CapturedGraph for this key from the recording of its last warm-up run.
 absl::Status Engine::Capture(ThreadState& ts, Entry& e, const std::vector<c10::IValue>& inputs) {
   RECORD_FUNCTION("torchreplay::capture", std::vector<c10::IValue>());
-  ReleaseOutputs(ts, inputs);  // the pool may grow, and replays below will reuse it
+  ts.handout.Release(inputs);  // the pool may grow, and replays below will reuse it
   const auto t0 = std::chrono::steady_clock::now();
   const bool cuda = capture::Interpreter::CudaDevice(inputs).has_value();
   capture::CaptureOptions options;
@@ -453,51 +315,15 @@ absl::Status Engine::Capture(ThreadState& ts, Entry& e, const std::vector<c10::I
 absl::StatusOr<std::vector<c10::IValue>> Engine::Replay(ThreadState& ts, Entry& e,
                                                         std::vector<c10::IValue>& inputs) {
   RECORD_FUNCTION("torchreplay::replay", std::vector<c10::IValue>());
-  ReleaseOutputs(ts, inputs);
-  // An input still in the pool that is not a handed-out output (memory shared through NumPy or
-  // DLPack) would be overwritten while it is read: the replay reads a copy (same geometry, so
-  // the key still holds).
-  for (auto& v : inputs) {
-    if (!v.isTensor()) continue;
-    const at::Tensor& t = v.toTensor();
-    if (t.defined() && t.has_storage() &&
-        ts.arena.Overlaps(t.storage().data(), static_cast<int64_t>(t.storage().nbytes()))) {
-      at::Tensor bytes = BytesOf(*t.storage().unsafeGetStorageImpl()).clone();
-      v = at::empty({0}, t.options()).set_(bytes.storage(), t.storage_offset(), t.sizes(), t.strides());
-    }
-  }
+  ts.handout.Release(inputs);
+  CopyInputsOutOf(ts.arena, inputs);
   std::vector<c10::IValue> outs;
   auto s = e.graph->Replay(inputs, &outs);
   if (!s.ok()) {
     return capture::WithContext(s, absl::StrCat("graph '", options_.name, "': "));
   }
   ++replays_;
-  // Pool outputs are handed out through storages of their own, one per pool buffer (Note
-  // [Handed-out outputs]); `made` holds this call's, for outputs that share a buffer.
-  absl::InlinedVector<std::pair<const char*, c10::intrusive_ptr<c10::StorageImpl>>, 4> made;
-  for (size_t i = 0; i < outs.size(); ++i) {
-    if (!e.graph->OutputInPool(i) || !outs[i].isTensor() || !outs[i].toTensor().defined()) continue;
-    const at::Tensor& t = outs[i].toTensor();
-    const c10::StorageImpl* pool = t.storage().unsafeGetStorageImpl();
-    const char* base = static_cast<const char*>(pool->data());
-    auto same = std::find_if(made.begin(), made.end(), [&](const auto& m) { return m.first == base; });
-    if (same == made.end()) {
-      auto storage = c10::make_intrusive<c10::StorageImpl>(
-          c10::StorageImpl::use_byte_size_t(), pool->nbytes(),
-          c10::DataPtr(const_cast<char*>(base), t.device()), nullptr, /*resizable=*/false);
-      if (options_.clone_outputs) {
-        CopyOut(*storage);  // a copy per buffer: outputs that alias each other still do
-      } else {
-        ts.handed_out.emplace_back(storage);
-        ts.handed_out_size.store(static_cast<int64_t>(ts.handed_out.size()), std::memory_order_relaxed);
-      }
-      made.emplace_back(base, std::move(storage));
-      same = made.end() - 1;
-    }
-    auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(same->second), t.key_set(), t.dtype());
-    impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
-    outs[i] = at::Tensor(std::move(impl));
-  }
+  ts.handout.HandOut(*e.graph, options_.clone_outputs, outs);
   return outs;
 }
 
@@ -509,12 +335,12 @@ absl::Status Engine::Precapture(std::vector<std::vector<c10::IValue>> input_sets
     }
     return n;
   };
-  if (!options_.capture_sizes.empty()) {
+  if (buckets_.enabled()) {
     std::vector<std::vector<c10::IValue>> sized;
     for (const auto& inputs : input_sets) {
-      const int64_t n = BatchSize(inputs);
+      const int64_t n = buckets_.BatchSize(inputs);
       if (n < 0) return absl::InvalidArgumentError("precapture: an input set has no batch input");
-      for (int64_t size : options_.capture_sizes) sized.push_back(Resized(inputs, n, size, nullptr));
+      for (int64_t size : buckets_.sizes()) sized.push_back(buckets_.Resized(inputs, n, size, nullptr));
     }
     input_sets = std::move(sized);
   }
@@ -541,101 +367,17 @@ absl::StatusOr<std::vector<capture::StepTime>> Engine::ProfileSteps(std::vector<
         "graph '", options_.name, "': this key is not replayed: ",
         (*e)->fallback_reason.empty() ? "it is not captured yet" : (*e)->fallback_reason));
   }
-  ReleaseOutputs(ts, inputs, /*copy_all=*/true);
+  ts.handout.CopyAllOut();
   return (*e)->graph->ProfileReplay(inputs, iterations);
 }
 
-// Note [Capture sizes]
-// Serving loops see a new batch size on most steps; capturing each one costs a capture per size
-// and a key per size in the cache. With capture_sizes (vLLM's name; torchair's "gears"), only
-// those batch sizes are captured: a call with n rows, n not a capture size, is padded up to the
-// next one b (its batch inputs copied into per-thread staging tensors of b rows in the caller's
-// dim order, rows n.. copies of row n - 1, so padding raises nothing a real row does not (an
-// integer division by a zero row would); its batch-size inputs set to b), replayed under b's
-// key, and its batch outputs narrowed back to n rows (views of the pool, as any output). A batch
-// output that aliases a staging tensor is cloned (the staging is reused by the next call); batch
-// inputs an op writes are copied back (rows 0..n), so writes reach the caller's tensor. Rows must
-// be independent (each output row a function of the same input row): torch.compile's backend
-// checks that on the graph before it sets the batch fields (bindings/torchreplay/capture_sizes.py);
-// for an engine built by hand it is the caller's promise. A batch above the largest capture size
-// runs eagerly, with that reason. A call whose batch inputs are not all dense (a strided slice,
-// an expanded tensor) is not padded but run under its own key: the dense staging copy could send
-// a kernel down another path than eager's (a strided reduction sums in another order).
-// All sizes share one pool, sized by the largest (PlanArena per key, one arena per thread).
-
-int64_t Engine::BatchSize(const std::vector<c10::IValue>& inputs) const {
-  for (int i : options_.batch_inputs) {
-    if (i < static_cast<int>(inputs.size()) && inputs[i].isTensor() &&
-        inputs[i].toTensor().defined() && inputs[i].toTensor().dim() > 0) {
-      return inputs[i].toTensor().size(0);
-    }
-  }
-  return -1;
-}
-
-bool Engine::BatchInputsDense(const std::vector<c10::IValue>& inputs) const {
-  for (int i : options_.batch_inputs) {
-    if (i < static_cast<int>(inputs.size()) && inputs[i].isTensor() && inputs[i].toTensor().defined() &&
-        !inputs[i].toTensor().is_non_overlapping_and_dense()) {
-      return false;
-    }
-  }
-  return true;
-}
-
-std::vector<c10::IValue> Engine::Resized(const std::vector<c10::IValue>& inputs, int64_t n,
-                                         int64_t size, std::vector<at::Tensor>* staging) const {
-  std::vector<c10::IValue> out = inputs;
-  const size_t num = options_.batch_inputs.size();
-  if (staging != nullptr) staging->resize(num);
-  for (size_t k = 0; k < num; ++k) {
-    const int i = options_.batch_inputs[k];
-    if (i >= static_cast<int>(inputs.size()) || !inputs[i].isTensor()) continue;
-    const at::Tensor& t = inputs[i].toTensor();
-    if (!t.defined() || t.dim() == 0 || t.size(0) != n) continue;  // CheckInputs or the key says
-    std::vector<int64_t> sizes = t.sizes().vec();
-    sizes[0] = size;
-    at::Tensor fresh;
-    at::Tensor& s = staging != nullptr ? (*staging)[k] : fresh;
-    // Dense, in the caller's dim order (a channels-last batch stays channels-last).
-    const std::vector<int64_t> strides = at::infer_dense_strides(sizes, t.strides());
-    if (!s.defined() || s.sizes() != c10::IntArrayRef(sizes) || s.strides() != c10::IntArrayRef(strides) ||
-        s.dtype() != t.dtype() || s.device() != t.device()) {
-      s = at::empty_strided(sizes, strides, t.options());
-    }
-    const int64_t rows = std::min(n, size);
-    if (s.is_cpu() && t.is_contiguous() && s.is_contiguous()) {  // no dispatch on the fast path
-      const size_t row_bytes = s.numel() == 0 ? 0 : s.nbytes() / size;
-      char* dst = static_cast<char*>(s.data_ptr());
-      std::memcpy(dst, t.const_data_ptr(), rows * row_bytes);
-      for (int64_t r = rows; r < size; ++r) {
-        if (rows > 0) std::memcpy(dst + r * row_bytes, dst + (rows - 1) * row_bytes, row_bytes);
-        else std::memset(dst + r * row_bytes, 0, row_bytes);
-      }
-    } else {
-      s.narrow(0, 0, rows).copy_(t.narrow(0, 0, rows));
-      if (size > rows) {
-        at::Tensor pad = s.narrow(0, rows, size - rows);
-        rows > 0 ? pad.copy_(t.narrow(0, rows - 1, 1).expand_as(pad)) : pad.zero_();
-      }
-    }
-    out[i] = s;
-  }
-  for (int i : options_.batch_size_inputs) {
-    if (i < static_cast<int>(out.size()) && out[i].isInt() && out[i].toInt() == n) out[i] = size;
-  }
-  return out;
-}
-
 absl::StatusOr<std::vector<c10::IValue>> Engine::RunPadded(std::vector<c10::IValue> inputs,
-                                                           int64_t n) {
-  const auto& sizes = options_.capture_sizes;
-  const auto bucket = std::lower_bound(sizes.begin(), sizes.end(), n);
-  if (bucket == sizes.end()) {
+                                                           int64_t n, int64_t size) {
+  if (size < 0) {  // above the largest capture size
     RECORD_FUNCTION("torchreplay::eager_fallback", std::vector<c10::IValue>());
     if (!oversize_logged_.exchange(true)) {
       std::string reason = absl::StrCat("batch size ", n, " is above the largest capture size (",
-                                        sizes.back(), "); such calls run eagerly");
+                                        buckets_.sizes().back(), "); such calls run eagerly");
       Log(LogLevel::kWarning, reason);
       absl::MutexLock lock(&mu_);
       AppendBounded(&fallback_reasons_, std::move(reason));
@@ -647,32 +389,11 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::RunPadded(std::vector<c10::IVal
   ThreadState& ts = StateForThisThread();
   // The replay sees the staging tensors, not the caller's: outputs of earlier calls fed back in
   // are recognised here, before the pool is reused.
-  ReleaseOutputs(ts, inputs);
-  std::vector<at::Tensor>& staging = ts.staging[*bucket];
+  ts.handout.Release(inputs);
+  std::vector<at::Tensor>& staging = ts.staging[size];
   absl::StatusOr<std::vector<c10::IValue>> out =
-      RunKeyed(Resized(inputs, n, *bucket, &staging));
-  if (!out.ok()) return out;
-  for (size_t k = 0; k < staging.size(); ++k) {
-    const int i = options_.batch_inputs[k];
-    if (staging[k].defined() && written_[i] && inputs[i].isTensor()) {
-      inputs[i].toTensor().copy_(staging[k].narrow(0, 0, n));
-    }
-  }
-  for (int o : options_.batch_outputs) {
-    if (o >= static_cast<int>(out->size()) || !(*out)[o].isTensor()) continue;
-    const at::Tensor& t = (*out)[o].toTensor();
-    if (!t.defined() || t.dim() == 0 || t.size(0) != *bucket) continue;
-    // Its first n rows, as a tensor of its own over the same memory (no dispatch).
-    auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(t.storage()), t.key_set(), t.dtype());
-    std::vector<int64_t> rows = t.sizes().vec();
-    rows[0] = n;
-    impl->set_sizes_and_strides(rows, t.strides(), t.storage_offset());
-    at::Tensor narrowed(std::move(impl));
-    for (const at::Tensor& s : staging) {
-      if (s.defined() && t.is_alias_of(s)) narrowed = narrowed.clone();
-    }
-    (*out)[o] = std::move(narrowed);
-  }
+      RunKeyed(buckets_.Resized(inputs, n, size, &staging));
+  if (out.ok()) buckets_.CutBack(inputs, n, size, staging, *out);
   return out;
 }
 
@@ -700,11 +421,10 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::RunOnce(std::vector<c10::IValue
     if (auto s = CheckInputs(inputs); !s.ok()) return s;
     return RunEager(inputs);
   }
-  if (!options_.capture_sizes.empty()) {
-    const int64_t n = BatchSize(inputs);
-    if (n >= 0 && !std::binary_search(options_.capture_sizes.begin(), options_.capture_sizes.end(), n) &&
-        BatchInputsDense(inputs)) {
-      return RunPadded(std::move(inputs), n);
+  if (buckets_.enabled()) {
+    const int64_t n = buckets_.BatchSize(inputs);
+    if (const int64_t size = buckets_.PadTo(inputs, n); size != 0) {
+      return RunPadded(std::move(inputs), n, size);
     }
   }
   return RunKeyed(std::move(inputs));
@@ -712,15 +432,11 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::RunOnce(std::vector<c10::IValue
 
 absl::StatusOr<std::vector<c10::IValue>> Engine::RunKeyed(std::vector<c10::IValue> inputs) {
   ThreadState& ts = StateForThisThread();
-  Entry* e = nullptr;
-  if (ts.last != nullptr && ts.last->key.Matches(inputs)) {
-    e = ts.last;  // the common case: same key as the previous call, checked without allocating
-    ts.miss_streak = 0;
-  } else {
+  Entry* e = ts.keys.Last(inputs);  // the common case: the previous call's key
+  if (e == nullptr) {
     auto found = Lookup(ts, inputs);
     if (!found.ok()) return found.status();
     e = *found;
-    ts.last = e;
   }
   if (!e->fallback_reason.empty()) {
     RECORD_FUNCTION("torchreplay::eager_fallback", std::vector<c10::IValue>());
@@ -759,11 +475,13 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::RunKeyed(std::vector<c10::IValu
         return capture::WithContext(out.status(), absl::StrCat("graph '", options_.name, "': "));
       }
       ++e->eager_runs;
-      if (options_.warmup_iters <= 0) {
-        if (auto s = Capture(ts, *e, inputs); !s.ok()) Fallback(*e, std::string(s.message()));
-      }
+      if (options_.warmup_iters > 0) return out;
+      // CAPTURE with warmup_iters 0: from this call's own recording, right after it; the call's
+      // outputs are the warm-up run's, and the next call replays.
+      if (auto s = Capture(ts, *e, inputs); !s.ok()) Fallback(*e, std::string(s.message()));
       return out;
     }
+    // CAPTURE from the last warm-up's recording; this call replays what was captured.
     if (auto s = Capture(ts, *e, inputs); !s.ok()) {
       Fallback(*e, std::string(s.message()));
       RECORD_FUNCTION("torchreplay::eager_fallback", std::vector<c10::IValue>());
@@ -771,6 +489,7 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::RunKeyed(std::vector<c10::IValu
       return RunEager(inputs);
     }
   }
+  // REPLAY
   return Replay(ts, *e, inputs);
 }
 

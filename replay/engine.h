@@ -1,7 +1,10 @@
-// replay/engine.h: the engine behind one compiled graph.
+// replay/engine.h: the engine behind one compiled graph: the warm-up -> capture -> replay
+// machine, its options and stats. Its parts, one file each: the bounded per-thread key cache
+// (key_cache.h), the hand-out of pool outputs (handout.h), batch-size buckets (buckets.h).
 //
 // Per call: guard key of the inputs -> (miss) warm-up eager run(s), then capture a CapturedGraph
-// for the key -> (hit) bind inputs, replay, hand out outputs. The semantics it keeps (DESIGN.md):
+// for the key -> (hit) bind inputs, replay, hand out outputs. The semantics it keeps
+// (docs/design.md):
 //   - replay equals eager; one captured graph per key, at most `capture_limit` keys, after which
 //     new keys run eagerly and that is logged once;
 //   - memory is bounded under any stream of keys: at most `cache_limit` keys are held, the least
@@ -18,6 +21,11 @@
 //   - every key of the engine shares one pool, sized by the largest.
 // Captured state, pools included, is per thread (like Static Runtime's per-thread runtimes):
 // threads calling one engine never see each other's pool reused under them.
+//
+// Ownership: the engine shares the graph (read-only) and owns, per thread that called it, the
+// pool (Arena, CudaPool), the key cache with every captured graph, and the hand-out record; the
+// caller owns the outputs (Note [Handed-out outputs]). Destroying the engine copies out every
+// output still alive, then frees the pools.
 #pragma once
 
 #include <ATen/core/ivalue.h>
@@ -32,10 +40,11 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "capture/captured_graph.h"
 #include "capture/graph.h"
 #include "capture/interpreter.h"
-#include "capture/captured_graph.h"
-#include "guards/guard_key.h"
+#include "replay/buckets.h"
+#include "replay/key_cache.h"
 
 namespace torchreplay::replay {
 
@@ -83,11 +92,13 @@ struct EngineOptions {
   std::vector<int> batch_size_inputs;  // int inputs holding the batch size
   std::vector<int> batch_outputs;      // outputs whose dim 0 is the batch
 
-  // The defaults with the environment's switches applied, read once per process:
-  // TORCHREPLAY_PREPARED_ITERATORS=0 turns prepared steps off, TORCHREPLAY_FUSE=0 fused
-  // elementwise steps; TORCHREPLAY_LOG_LEVEL=0..3 sets
-  // log_level (SetLogLevel overrides it for engines made afterwards).
+  // The defaults with the environment's switches applied (FromEnvironment of the process's
+  // environment, read once per process); log_level is DefaultLogLevel().
   static EngineOptions Defaults();
+  // The defaults with the switches `getenv` gives: TORCHREPLAY_PREPARED_ITERATORS=0 turns
+  // prepared steps off, TORCHREPLAY_FUSE=0 fused elementwise steps, TORCHREPLAY_LOG_LEVEL=0..3
+  // sets log_level (clamped).
+  static EngineOptions FromEnvironment(const char* (*getenv)(const char* name));
 };
 
 struct CaptureRecord {
@@ -127,8 +138,7 @@ class Engine {
   // bytes), so that on CUDA the smaller keys reuse the largest one's pool memory. Each set runs
   // warmup_iters + 1 times, like that many real calls (mutations included). With capture_sizes,
   // each set is first resized to every capture size (its batch rows cut, or padded with copies
-  // of its last row). The
-  // one implementation of precapture: torchreplay.precapture comes here too.
+  // of its last row). The one implementation of precapture: torchreplay.precapture comes here too.
   absl::Status Precapture(std::vector<std::vector<c10::IValue>> input_sets);
 
   // Where a replay's time goes: runs `inputs` until their key is captured (warm-up, capture, as
@@ -143,27 +153,17 @@ class Engine {
   const EngineOptions& options() const { return options_; }
 
  private:
-  struct Entry;
   struct ThreadState;
 
   ThreadState& StateForThisThread();
   // Run, with errors as statuses: mode, capture sizes, then RunKeyed.
   absl::StatusOr<std::vector<c10::IValue>> RunOnce(std::vector<c10::IValue>& inputs);
+  // A call whose batch size n is not a capture size: padded to `size`, replayed, cut back.
+  absl::StatusOr<std::vector<c10::IValue>> RunPadded(std::vector<c10::IValue> inputs, int64_t n,
+                                                     int64_t size);
   // Run after the mode and capture-size decisions: one key, warm-up / capture / replay.
   absl::StatusOr<std::vector<c10::IValue>> RunKeyed(std::vector<c10::IValue> inputs);
-  // The batch size of a call (dim 0 of the first batch input), or -1 if it has none.
-  int64_t BatchSize(const std::vector<c10::IValue>& inputs) const;
-  // Every batch input is dense (no gaps, no broadcast dims). Only such calls are padded: the
-  // staging copy is dense, and a kernel may take another path (and round otherwise) on a dense
-  // tensor than on the caller's strided or expanded one. Others run unpadded, their own key.
-  bool BatchInputsDense(const std::vector<c10::IValue>& inputs) const;
-  // `inputs` with their batch (n rows) resized to `size`: cut, or padded with copies of the last
-  // row (zeros for an empty batch) into `staging` (per batch input, reused) when given, else into
-  // new tensors.
-  std::vector<c10::IValue> Resized(const std::vector<c10::IValue>& inputs, int64_t n, int64_t size,
-                                   std::vector<at::Tensor>* staging) const;
-  // A call whose batch size n is not a capture size: padded, replayed, sliced back.
-  absl::StatusOr<std::vector<c10::IValue>> RunPadded(std::vector<c10::IValue> inputs, int64_t n);
+  // The entry of the inputs' key: held, or new (checked, admitted under capture_limit or not).
   absl::StatusOr<Entry*> Lookup(ThreadState& ts, const std::vector<c10::IValue>& inputs);
   // Arity, kinds, dtypes, devices and ranks, checked when a call's key is new: InvalidArgument
   // naming the graph and the input.
@@ -172,28 +172,22 @@ class Engine {
   absl::Status Capture(ThreadState& ts, Entry& e, const std::vector<c10::IValue>& inputs);
   absl::StatusOr<std::vector<c10::IValue>> Replay(ThreadState& ts, Entry& e,
                                                   std::vector<c10::IValue>& inputs);
-  // Before the pool is reused: copies out or invalidates what the last replay handed out
-  // (copy_all: everything still alive is copied out, as when the pool is freed).
-  void ReleaseOutputs(ThreadState& ts, const std::vector<c10::IValue>& inputs,
-                      bool copy_all = false);
   void Fallback(Entry& e, std::string reason);
-  // A call whose key is not held: counts it, logs once a graph whose key keeps changing, and
-  // returns why the key is new (the diff from the previous call's key).
+  // Counts a call whose key is not held, logs once a graph whose key keeps changing, and returns
+  // why the key is new (the diff from the previous call's key).
   std::string NoteMiss(ThreadState& ts, const guards::GuardKey& key);
-  // Drops the least recently used key other than `keep`, shrinking the pool to what is left.
-  void Evict(ThreadState& ts, const Entry* keep);
   void Log(LogLevel level, const std::string& message) const;
 
   const uint64_t id_;  // unique in the process (Note [Per-thread state lookup])
   std::shared_ptr<const capture::Graph> graph_;
   EngineOptions options_;
   capture::Interpreter interpreter_;
+  const Buckets buckets_;
   std::string invalidated_msg_;
 
   std::atomic<int64_t> calls_{0}, replays_{0}, captures_{0}, warmups_{0}, eager_fallbacks_{0},
       misses_{0}, evictions_{0};
   std::atomic<bool> churn_logged_{false}, oversize_logged_{false};
-  std::vector<bool> written_;  // per input: an op may write it (padded batch inputs are copied back)
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::thread::id, std::unique_ptr<ThreadState>> threads_ ABSL_GUARDED_BY(mu_);
   std::vector<CaptureRecord> capture_log_ ABSL_GUARDED_BY(mu_);
@@ -206,5 +200,12 @@ class Engine {
 // The log level engines made from now on get (EngineOptions::Defaults), and the current one.
 void SetLogLevel(LogLevel level);
 LogLevel DefaultLogLevel();
+
+// Where engines' messages go (those at or above their options' log_level): "graph 'NAME': ...".
+// Without a sink (a C++ program), stderr as "[torchreplay W] graph ...". The Python module
+// installs one handing them to Python's "torchreplay" logger (Note [One log]). The sink is
+// called with no engine lock held, from the calling thread.
+using LogSink = void (*)(LogLevel level, const std::string& message);
+void SetLogSink(LogSink sink);
 
 }  // namespace torchreplay::replay

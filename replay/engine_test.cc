@@ -11,6 +11,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "memory_pool/arena.h"
@@ -215,12 +216,62 @@ TEST(EngineTest, DumpDirGetsEachCapturedKeysPlan) {
   EXPECT_THAT(text.str(), HasSubstr("arena: "));
 }
 
-TEST(EngineTest, DefaultsTakeTheEnvironmentsSwitchesAndSetLogLevel) {
+// A fake environment for EngineOptions::FromEnvironment.
+std::map<std::string, std::string> g_env;
+const char* FakeGetEnv(const char* name) {
+  auto it = g_env.find(name);
+  return it == g_env.end() ? nullptr : it->second.c_str();
+}
+
+TEST(EngineTest, SwitchesComeFromTheEnvironment) {
+  g_env = {};
+  EngineOptions o = EngineOptions::FromEnvironment(&FakeGetEnv);
+  EXPECT_TRUE(o.prepared_steps);
+  EXPECT_TRUE(o.fuse_elementwise);
+  EXPECT_EQ(o.log_level, LogLevel::kWarning);
+  g_env = {{"TORCHREPLAY_FUSE", "0"}, {"TORCHREPLAY_LOG_LEVEL", "1"}};
+  o = EngineOptions::FromEnvironment(&FakeGetEnv);
+  EXPECT_TRUE(o.prepared_steps);
+  EXPECT_FALSE(o.fuse_elementwise);
+  EXPECT_EQ(o.log_level, LogLevel::kInfo);
+  g_env = {{"TORCHREPLAY_PREPARED_ITERATORS", "0"}, {"TORCHREPLAY_FUSE", "1"},
+           {"TORCHREPLAY_LOG_LEVEL", "7"}};
+  o = EngineOptions::FromEnvironment(&FakeGetEnv);
+  EXPECT_FALSE(o.prepared_steps);
+  EXPECT_TRUE(o.fuse_elementwise);
+  EXPECT_EQ(o.log_level, LogLevel::kError);  // clamped
+}
+
+TEST(EngineTest, SetLogLevelSetsTheLevelOfEnginesMadeAfterwards) {
   const LogLevel before = DefaultLogLevel();
   SetLogLevel(LogLevel::kError);
   EXPECT_EQ(EngineOptions::Defaults().log_level, LogLevel::kError);
+  SetLogLevel(LogLevel::kDebug);
+  EXPECT_EQ(EngineOptions::Defaults().log_level, LogLevel::kDebug);
   SetLogLevel(before);
-  EXPECT_EQ(EngineOptions::Defaults().log_level, before);
+}
+
+std::vector<std::pair<LogLevel, std::string>> g_logged;
+void KeepLogged(LogLevel level, const std::string& message) { g_logged.emplace_back(level, message); }
+
+TEST(EngineTest, MessagesAtOrAboveTheEnginesLevelGoToTheSink) {
+  g_logged.clear();
+  SetLogSink(&KeepLogged);
+  EngineOptions o = Options();
+  o.capture_limit = 1;
+  o.log_level = LogLevel::kInfo;
+  Engine e(Model(), o);
+  const at::Tensor w = at::randn({8, 8});
+  for (int64_t rows : {2, 2, 3}) RunOne(e, w, at::randn({rows, 8}));  // capture, then over the limit
+  o.log_level = LogLevel::kError;
+  Engine quiet(Model(), o);
+  for (int64_t rows : {2, 2, 3}) RunOne(quiet, w, at::randn({rows, 8}));
+  SetLogSink(nullptr);
+  ASSERT_EQ(g_logged.size(), 2u);
+  EXPECT_EQ(g_logged[0].first, LogLevel::kInfo);
+  EXPECT_THAT(g_logged[0].second, HasSubstr("graph 'model': captured key"));
+  EXPECT_EQ(g_logged[1].first, LogLevel::kWarning);
+  EXPECT_THAT(g_logged[1].second, HasSubstr("capture limit (1 keys) reached"));
 }
 
 }  // namespace

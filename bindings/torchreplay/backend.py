@@ -5,8 +5,6 @@ import functools
 import itertools
 import logging
 import operator
-import os
-import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import torch
@@ -20,13 +18,13 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from . import _C
 from .capture_sizes import batch_fields
 from .config import CompilerConfig
+from .engines import dump_graph, new_engine
 from .lowering import LoweringError, lower
 from .passes import run_passes
 
 logger = logging.getLogger("torchreplay")
 
 _graph_ids = itertools.count()
-_all_engines: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
 def _static_input_indices(kind: str, example_inputs: Sequence[Any]) -> List[int]:
@@ -46,18 +44,9 @@ _PLAIN_OUTPUTS = (OutputType.non_alias, OutputType.unsafe_view_alias, OutputType
 _NOT_VIEWS = (torch.ops.aten.detach.default, torch.ops.aten.alias.default)
 
 
-def engine_options(config: CompilerConfig, name: str, **fields: Any) -> Any:
-    """The C++ engine's options for one graph compiled with `config` (plus `fields`)."""
-    ro, dump = config.reduce_overhead, config.debug.graph_dump
-    return _C.EngineOptions(mode=config.mode, warmup_iters=ro.warmup_iters, capture_limit=ro.capture_limit,
-                            cache_limit=ro.cache_limit, clone_outputs=ro.clone_outputs, name=name,
-                            dump_dir=os.path.abspath(dump.path) if dump.type in ("txt", "dot") else "",
-                            **fields)
-
-
 def _direct_call(aot_fn: Callable, engine: Any, ctx: Any, num_graph_inputs: int, producers: List[Any],
                  example_inputs: Sequence[Any]) -> Union[Any, str]:
-    """The engine as a C++ callable for Dynamo (Note [The call path] in bindings/module.cc), or
+    """The engine as a C++ callable for Dynamo (Note [The call path] in bindings/call.h), or
     why not: AOTAutograd's runtime wrapper has work a Call does not do."""
     meta = ctx.fw_metadata if ctx is not None else None
     if meta is None:
@@ -81,58 +70,18 @@ def _direct_call(aot_fn: Callable, engine: Any, ctx: Any, num_graph_inputs: int,
         if producers[i] in _NOT_VIEWS:
             return "outputs that alias an input without being views of it (detach, alias)"
         if o.output_type == OutputType.is_input:
-            aliases.append((i, 1, o.base_idx))
+            aliases.append(_C.Alias(i, _C.AliasKind.INPUT, o.base_idx))
         elif o.output_type == OutputType.alias_of_input:
-            aliases.append((i, 0, o.base_idx))
+            aliases.append(_C.Alias(i, _C.AliasKind.VIEW_OF_INPUT, o.base_idx))
         elif o.output_type == OutputType.alias_of_intermediate_base_is_user_output:
-            aliases.append((i, 2, o.base_idx))
+            aliases.append(_C.Alias(i, _C.AliasKind.VIEW_OF_OUTPUT, o.base_idx))
         else:  # alias_of_intermediate(_save_as_output): the base is an extra output at the end
-            aliases.append((i, 2, meta.num_outputs + o.base_idx))
+            aliases.append(_C.Alias(i, _C.AliasKind.VIEW_OF_OUTPUT, meta.num_outputs + o.base_idx))
     mutated = list(meta.mutated_graph_handled_indices_seen_by_autograd)
     # Outputs with dynamic dims get them in `_dynamo_weak_dynamic_indices`, as the wrapper does.
     dynamic_dims = [(i, o.dynamic_dims) for i, o in enumerate(meta.output_info) if o.dynamic_dims]
-    return _C.Call(engine, mutated=mutated, num_outputs=meta.num_outputs, fallback=aot_fn, aliases=aliases,
-                   dynamic_dims=dynamic_dims)
-
-
-def _dump(config: CompilerConfig, name: str, gm: torch.fx.GraphModule, graph: Optional[Any]) -> None:
-    kind = config.debug.graph_dump.type
-    if kind is None:
-        return
-    directory = config.debug.graph_dump.path
-    os.makedirs(directory, exist_ok=True)
-    if kind == "dot":
-        # The IR as text and as a DOT graph. With "txt" or "dot", each captured key follows at
-        # capture time (written by the engine): torchreplay_{name}.keyK.txt, the CPU tape's plan,
-        # or torchreplay_{name}.keyK.dot, the CUDA graph.
-        with open(os.path.join(directory, f"torchreplay_{name}.txt"), "w") as f:
-            f.write(str(graph) if graph is not None else str(gm.graph))
-    path = os.path.join(directory, f"torchreplay_{name}.{kind}")
-    with open(path, "w") as f:
-        if kind == "txt":
-            f.write(str(graph) if graph is not None else str(gm.graph))
-        elif kind == "dot":
-            f.write(_fx_to_dot(gm, name))
-        else:  # "py": the ATen graph as runnable Python
-            f.write(f"# torchreplay graph {name}, mode {config.mode!r}\n")
-            f.write("import torch\nfrom math import inf, nan\nfrom torch import device\n")
-            f.write(gm.code)
-    logger.info("torchreplay: dumped graph %s to %s", name, path)
-
-
-def _fx_to_dot(gm: torch.fx.GraphModule, name: str) -> str:
-    """The ATen graph in Graphviz DOT: one box per node, an edge per use."""
-    def q(s: str) -> str:
-        return '"' + s.replace('"', '\\"') + '"'
-
-    lines = [f"digraph {q('torchreplay_' + name)} {{", "  node [shape=box, fontname=monospace];"]
-    for node in gm.graph.nodes:
-        label = node.name if node.op in ("placeholder", "output") else f"{node.name}\\n{node.target}"
-        lines.append(f"  {q(node.name)} [label={q(label)}];")
-        for user in node.users:
-            lines.append(f"  {q(node.name)} -> {q(user.name)};")
-    lines.append("}")
-    return "\n".join(lines) + "\n"
+    return _C.Call(engine, mutated=mutated, num_outputs=meta.num_outputs,
+                   aot=_C.AotEpilogue(aliases=aliases, dynamic_dims=dynamic_dims, fallback=aot_fn))
 
 
 class Backend:
@@ -178,24 +127,23 @@ class Backend:
         name = f"g{graph_id}.{kind}"
         run_passes(gm, example_inputs, config)
         if config.debug.run_eagerly:
-            _dump(config, name, gm, None)
+            dump_graph(config, name, gm, None)
             logger.info("torchreplay: %s runs eagerly (debug.run_eagerly)", name)
             return make_boxed_func(gm.forward)
         try:
             with unset_fake_temporarily():  # constants must be real tensors
                 graph = lower(gm, example_inputs, _static_input_indices(kind, example_inputs))
         except LoweringError as e:  # e.g. torch.cond, a constant beyond int64: eager, logged
-            _dump(config, name, gm, None)
+            dump_graph(config, name, gm, None)
             logger.warning("torchreplay: %s runs eagerly: %s", name, e)
             self.eager_graphs[name] = str(e)
             return make_boxed_func(gm.forward)
-        _dump(config, name, gm, graph)
+        dump_graph(config, name, gm, graph)
         # Training graphs preserve outputs still alive at the next call (autograd keeps saved
         # activations and gradients); inference outputs kept across calls are invalidated.
         batch = batch_fields(gm, config, name) if kind == "inference" else {}
-        engine = _C.Engine(graph, engine_options(config, name, preserve_outputs=kind != "inference", **batch))
+        engine = new_engine(graph, config, name, preserve_outputs=kind != "inference", **batch)
         self.engines.append(engine)
-        _all_engines.add(engine)
         logger.debug("torchreplay: compiled %s (%d nodes, static inputs %s) in mode %s",
                      name, graph.num_nodes, graph.static_inputs, config.mode)
         if kind == "inference":
@@ -247,42 +195,3 @@ def named_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                   options: Optional[Dict[str, Any]] = None, **_: Any) -> Any:
     """torch.compile(model, backend="torchreplay", options={...})."""
     return Backend(CompilerConfig.from_options(options))(gm, example_inputs)
-
-
-def precapture(fn: Callable, input_sets: Sequence[Sequence[Any]]) -> None:
-    """Warms up and captures a compiled model for shapes known ahead, largest first (by tensor
-    bytes), so that on CUDA (untested) the smaller shapes reuse the largest one's pool memory.
-
-    How many runs make a capture is the engine's to decide (config.reduce_overhead.warmup_iters
-    warm-ups, then capture). A model from torchreplay.capture goes straight to its engine's
-    precapture. A torch.compile'd model's engines sit behind Dynamo's guards and AOTAutograd's
-    wrapper, which only a call of the model passes (and the first call compiles), so each input set
-    is called until a call runs no warm-up in any engine: warmup_iters + 1 calls for a new shape,
-    the last of them the capture (one more, a replay, when warmup_iters is 0), none past that for a
-    shape already captured. These are real calls: in-place updates (KV caches, BN statistics)
-    happen once per call. Compile with dynamic=True (or mark dynamic dims) so that all shapes share
-    one graph and one pool."""
-    from .captured import Captured
-
-    target = fn if isinstance(fn, Captured) else getattr(fn, "captured", None)
-    if isinstance(target, Captured):
-        target.precapture(input_sets)
-        return
-
-    def nbytes(inputs: Sequence[Any]) -> int:
-        return sum(t.numel() * t.element_size() for t in inputs if isinstance(t, torch.Tensor))
-
-    def warmups() -> Dict[int, int]:
-        return {id(e): e.stats()["warmups"] for e in list(_all_engines)}
-
-    for inputs in sorted(input_sets, key=nbytes, reverse=True):
-        while True:
-            before = warmups()
-            fn(*inputs)
-            if all(n == before.get(k, 0) for k, n in warmups().items()):
-                break
-
-
-def stats() -> List[Dict[str, Any]]:
-    """Stats of every live engine in the process."""
-    return [dict(e.stats(), name=e.name) for e in list(_all_engines)]

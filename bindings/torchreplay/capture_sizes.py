@@ -1,5 +1,5 @@
 """Which graphs batch-size buckets apply to (config.reduce_overhead.capture_sizes; Note [Capture
-sizes] in replay/engine.cc), decided once per graph when it is compiled.
+sizes] in replay/buckets.h), decided once per graph when it is compiled.
 
 A padded call is right only if every output row is computed from the same input row alone: rows
 must be independent. That is checked here on the ATen graph, op by op, instead of taken on

@@ -30,9 +30,9 @@ from torch.export.graph_signature import InputKind, OutputKind
 from torch.utils import _pytree as pytree
 
 from . import _C
-from .backend import _all_engines, _dump, engine_options
 from .capture_sizes import batch_fields
 from .config import CompilerConfig
+from .engines import dump_graph, new_engine
 from .lowering import lower
 from .passes import run_passes
 
@@ -199,7 +199,7 @@ class Captured(_C.Call):
     def __init__(self, engine: Any, bound: List[Any], bound_names: List[str], grad_checked: List[int],
                  mutated: List[int], fixed: Dict[int, Any], sizes: List[Any], module: Optional[torch.nn.Module],
                  trace: "_Trace") -> None:
-        returns = "one" if trace.out_spec.is_leaf() else "tuple"
+        returns = _C.Returns.ONE if trace.out_spec.is_leaf() else _C.Returns.TUPLE
         flat_out = trace.out_spec.is_leaf() or (
             trace.out_spec.type is tuple and all(c.is_leaf() for c in trace.out_spec.children()))
         flat_in = (all(c.is_leaf() for c in trace.in_spec.children()[0].children())
@@ -207,12 +207,14 @@ class Captured(_C.Call):
         # The C++ call holds the slow path without holding this object (it would be a reference
         # cycle through C++, which the garbage collector cannot see: the model never freed).
         me = weakref.ref(self)
-        super().__init__(engine, bound=bound, mutated=mutated, num_outputs=trace.num_outputs, fixed=fixed,
-                         returns=returns, sizes=sizes, module=module, check_overlap=True,
-                         grad_checked=grad_checked, bound_names=bound_names,
-                         slow_path=lambda *a, **k: me()._slow_call(*a, **k),
-                         always_slow=not (flat_in and flat_out) or bool(trace.size_exprs))
-        self._bound, self._trace = bound, trace
+        checks = _C.CaptureChecks(fixed=fixed, sizes=[_C.SizeCheck(*s) for s in sizes], module=module,
+                                  grad_checked=grad_checked, bound_names=bound_names,
+                                  slow_path=lambda *a, **k: me()._slow_call(*a, **k),
+                                  always_slow=not (flat_in and flat_out) or bool(trace.size_exprs))
+        super().__init__(engine, bound=bound, mutated=mutated, num_outputs=trace.num_outputs, returns=returns,
+                         checks=checks)
+        # The engine's Python object too: torchreplay.stats() lists it while this lives.
+        self._bound, self._trace, self._engine = bound, trace, engine
         self._variants: Dict[Any, "Captured"] = {}
         self._lock = threading.Lock()
         if trace.dynamic:
@@ -666,9 +668,8 @@ def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Option
         [n for i, n in enumerate(names) if i not in constants]
     with torch._subclasses.fake_tensor.unset_fake_temporarily():
         graph = lower(gm, [n.meta.get("val") for n in placeholders], list(range(len(bound))), input_names)
-    _dump(config, name, gm, graph)
-    engine = _C.Engine(graph, engine_options(config, name, bound_inputs=len(bound), **batch))
-    _all_engines.add(engine)
+    dump_graph(config, name, gm, graph)
+    engine = new_engine(graph, config, name, bound_inputs=len(bound), **batch)
     trace = _Trace(model, module, args, kwargs, in_spec, constants, names, dynamic,
                    lambda a, k: capture(model, a, k, config=config, dynamic=True, decompositions=decompositions))
     trace.example, trace.out_spec, trace.num_outputs = list(leaves), ep.call_spec.out_spec, num_outputs

@@ -1,5 +1,5 @@
 """FX passes run on the ATen graph before lowering: the user's pre pass, the built-in passes, the
-user's post pass (seed 004's post_grad_custom_pre_pass / post_grad_custom_post_pass)."""
+user's post pass (config.post_grad_custom_pre_pass / post_grad_custom_post_pass, as in torchair)."""
 from __future__ import annotations
 
 from typing import Any, Dict, Sequence

@@ -1,3 +1,4 @@
+import logging
 import os
 import sys
 
@@ -17,3 +18,15 @@ def _fresh_dynamo():
     yield
     torch._dynamo.reset()
     torch._dynamo.config.load_config(saved)
+
+
+@pytest.fixture
+def replay_log(caplog):
+    """caplog for the "torchreplay" logger, which does not propagate to the root logger (Note [One
+    log]): its records, C++ engines' included, reach caplog through a handler of its own."""
+    log = logging.getLogger("torchreplay")
+    log.addHandler(caplog.handler)
+    try:
+        yield caplog
+    finally:
+        log.removeHandler(caplog.handler)

@@ -2,6 +2,7 @@
 torch.compile path (input mutation, output aliasing, stale outputs, clone_outputs, fallback with
 a reason, stats, profiler ranges, precapture) and clear errors for bad calls."""
 import copy
+import gc
 import os
 import sys
 
@@ -658,3 +659,13 @@ def test_a_capture_does_not_recompile_what_torch_compile_compiled_before():
     nn.Linear(2, 2).train()
     compiled(x)
     assert counter.frame_count == 1
+
+
+def test_stats_list_a_captured_models_engine_while_it_lives():
+    f = torchreplay.capture(lambda x: x.tan() - 1, (torch.randn(2),), config=config())
+    f(torch.randn(2))
+    assert [s["name"] for s in torchreplay.stats()].count(f.name) == 1
+    name = f.name
+    del f
+    gc.collect()
+    assert name not in [s["name"] for s in torchreplay.stats()]

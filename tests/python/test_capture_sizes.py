@@ -1,4 +1,4 @@
-"""Batch-size buckets (Note [Capture sizes] in replay/engine.cc): with
+"""Batch-size buckets (Note [Capture sizes] in replay/buckets.h): with
 config.reduce_overhead.capture_sizes, a batch that is not a capture size is padded up to the next
 one, replayed, and sliced back; one above the largest runs eagerly. Graphs whose rows are not
 independent are captured per size (bindings/torchreplay/capture_sizes.py)."""
@@ -202,12 +202,12 @@ MIXING = {
 
 
 @pytest.mark.parametrize("name", list(MIXING))
-def test_a_graph_whose_rows_mix_is_captured_per_size_and_right(name, caplog):
-    with caplog.at_level(logging.WARNING, logger="torchreplay"):
+def test_a_graph_whose_rows_mix_is_captured_per_size_and_right(name, replay_log):
+    with replay_log.at_level(logging.WARNING, logger="torchreplay"):
         f, make = MIXING[name] if isinstance(MIXING[name], tuple) else (MIXING[name], lambda n: (torch.randn(n, 4),))
         s = calls_of(f, make, [3, 3, 3, 2, 2, 2])
     assert sum(e["captures"] for e in s) == 2 and sum(e["cache_entries"] for e in s) == 2, s  # keys 3 and 2, not 4
-    assert "capture_sizes do not apply" in caplog.text
+    assert "capture_sizes do not apply" in replay_log.text
 
 
 def test_a_cache_written_at_batch_indices_is_not_padded():
@@ -293,15 +293,15 @@ def test_a_channels_last_batch_stays_channels_last_when_padded():
     assert b.stats()[0]["replays"] >= 1
 
 
-def test_a_row_broadcast_across_columns_by_index_put_is_not_padded(caplog):
+def test_a_row_broadcast_across_columns_by_index_put_is_not_padded(replay_log):
     def f(x, v):
         x = x.clone()
         x[:, torch.tensor([0, 2])] = v  # v[j] goes to column j of every row: v's n is not rows
         return x
 
-    with caplog.at_level(logging.WARNING, logger="torchreplay"):
+    with replay_log.at_level(logging.WARNING, logger="torchreplay"):
         calls_of(f, lambda n: (torch.zeros(n, 3), torch.arange(n, dtype=torch.float32) + 1), [2, 2, 2])
-    assert "capture_sizes do not apply" in caplog.text
+    assert "capture_sizes do not apply" in replay_log.text
 
 
 @torch.no_grad()
@@ -442,7 +442,7 @@ def test_ops_listed_as_bitwise_give_rows_that_ignore_the_row_count():
 
 
 @torch.no_grad()
-def test_padding_that_would_change_bits_is_refused_unless_allowed(caplog):
+def test_padding_that_would_change_bits_is_refused_unless_allowed(replay_log):
     """F.silu gives padded rows other bits (its vector and scalar code round differently): by
     default its sizes are captured one by one, bitwise; capture_sizes_bitwise=False pads them."""
     x = torch.randn(5, 4)
@@ -450,7 +450,7 @@ def test_padding_that_would_change_bits_is_refused_unless_allowed(caplog):
         torch._dynamo.reset()
         b = backend(capture_sizes=[1, 2, 4, 8], capture_sizes_bitwise=bitwise)
         c = torch.compile(F.silu, backend=b, dynamic=True)
-        with caplog.at_level(logging.INFO, logger="torchreplay"):
+        with replay_log.at_level(logging.INFO, logger="torchreplay"):
             for n in (5, 6, 7, 5, 6, 7):
                 x = torch.randn(n, 4)
                 got = c(x)
@@ -459,9 +459,9 @@ def test_padding_that_would_change_bits_is_refused_unless_allowed(caplog):
                 else:
                     torch.testing.assert_close(got, F.silu(x))
         assert b.stats()[0]["cache_entries"] == (3 if bitwise else 1)
-    assert "aten.silu.default give a row other bits" in caplog.text
-    assert "capture_sizes_bitwise = False to pad anyway" in caplog.text
-    assert "its padded rows are close to eager, not bitwise (aten.silu.default" in caplog.text
+    assert "aten.silu.default give a row other bits" in replay_log.text
+    assert "capture_sizes_bitwise = False to pad anyway" in replay_log.text
+    assert "its padded rows are close to eager, not bitwise (aten.silu.default" in replay_log.text
 
 
 @torch.no_grad()

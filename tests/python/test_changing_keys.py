@@ -2,22 +2,16 @@
 call (one capture, then replays, bitwise equal to eager); scalars that decide shapes stay in the
 guard key; the per-thread cache is bounded (LRU eviction, the pool shrunk, RSS flat) and says
 why calls miss (Note [Scalars bound per call] in capture/graph.h, Note [A bounded cache] in
-replay/engine.cc)."""
+replay/key_cache.h)."""
+import logging
 import random
 
 import pytest
 import torch
 import torch.nn as nn
-from torch.fx.experimental.proxy_tensor import make_fx
 
 from configs import backend
-from torchreplay import _C
-from torchreplay.lowering import lower
-
-
-def engine_for(fn, example_inputs, **opts):
-    gm = make_fx(fn)(*example_inputs)
-    return _C.Engine(lower(gm, example_inputs), _C.EngineOptions(**opts))
+from differential import engine_for
 
 
 def counts(stats):
@@ -82,7 +76,7 @@ def test_int_arithmetic_at_the_edges_of_int64_is_python_s(f, edge):
 
 
 class DemoModel(nn.Module):
-    """Seed 001's model: a parameter, a buffer, a tensor input and a scalar input."""
+    """A parameter, a buffer, a tensor input and a scalar input."""
 
     def __init__(self):
         super().__init__()
@@ -170,14 +164,14 @@ def test_an_evicted_key_frees_its_place_under_the_capture_limit():
     assert s["captures"] == 2 and s["replays"] == 2 and s["eager_fallbacks"] == 1
 
 
-def test_a_graph_whose_key_changes_every_call_is_logged_once(capfd):
+def test_a_graph_whose_key_changes_every_call_is_logged_once(replay_log):
     e = engine_for(lambda x: x + 1, [torch.randn(4)])
     base = torch.randn(64)
     for i in range(20):
         e.run([base[i:i + 4]])
-    err = capfd.readouterr().err
-    assert err.count("each had a new guard key") == 1
-    assert "input 0 (" in err and "storage offset" in err
+    churn = [r for r in replay_log.records if "each had a new guard key" in r.getMessage()]
+    assert len(churn) == 1 and churn[0].levelno == logging.WARNING and churn[0].name == "torchreplay"
+    assert "input 0 (" in churn[0].getMessage() and "storage offset" in churn[0].getMessage()
     s = e.stats()
     assert s["misses"] == 20 and s["replays"] == 0
 
@@ -202,7 +196,7 @@ def test_a_hundred_thousand_new_keys_keep_memory_flat():
     assert grown < 5 * 2**20, f"RSS grew {grown / 2**20:.1f} MB"
 
 
-def test_the_benchmark_s_scalar_loop_replays_every_timed_call():
+def test_a_scalar_changing_every_call_replays_every_timed_call():
     from torchreplay.bench.buckets import scalar_loop
 
     eager, ours = scalar_loop(50)   # outputs checked bitwise inside

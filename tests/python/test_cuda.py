@@ -20,19 +20,11 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device here (torch.cuda.is_available() is False); "
                 "tools/gpu_check.sh runs these tests on a GPU machine", allow_module_level=True)
 
+from differential import engine_for, run  # noqa: E402
 from fuzz_graphs import C, bitwise_equal, make_inputs, make_program  # noqa: E402
 from scope_pass import compile_with_scopes  # noqa: E402
 
 DEV = "cuda"
-
-
-def engine_for(fn, example_inputs, static=(), **opts):
-    gm = make_fx(fn)(*example_inputs)
-    return _C.Engine(lower(gm, example_inputs, static), _C.EngineOptions(**opts))
-
-
-def run(engine, *inputs):
-    return engine.run(list(inputs))
 
 
 # ------------------------------------------------------------------------------ differential
@@ -266,7 +258,7 @@ def test_scopes_make_parallel_branches_in_the_captured_graph(tmp_path):
     assert g1 not in _ancestors(edges, g2) and g2 not in _ancestors(edges, g1)   # parallel
 
 
-def test_seed004_pass_with_dot_dump_through_torch_compile(tmp_path):
+def test_a_multi_stream_scope_pass_with_a_dot_dump_through_torch_compile(tmp_path):
     from torchreplay.bench.models import MmAbsModel
 
     model = MmAbsModel()

@@ -8,18 +8,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import torchreplay
 from configs import backend, config
+from differential import engine_for, run
 from torchreplay import _C
 from torchreplay.lowering import lower
-
-
-def engine_for(fn, example_inputs, static=(), **opts):
-    """Traces fn to an ATen graph (in-place ops kept) and wraps it in an engine."""
-    gm = make_fx(fn)(*example_inputs)
-    return _C.Engine(lower(gm, example_inputs, static), _C.EngineOptions(**opts))
-
-
-def run(engine, *inputs):
-    return engine.run(list(inputs))
 
 
 def test_one_capture_per_key_and_keys_come_back():

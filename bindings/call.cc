@@ -1,0 +1,397 @@
+// The Call (Note [The call path] in call.h) and its bindings.
+#include "bindings/call.h"
+
+#include <pybind11/stl.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <c10/core/GradMode.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "bindings/convert.h"
+#include "guards/guard_key.h"
+
+namespace torchreplay {
+namespace {
+
+std::atomic<int64_t> g_module_modes_epoch{0};
+
+// t._dynamo_weak_dynamic_indices |= dims, or a copy of dims when t has none yet.
+void MarkDynamic(py::handle t, const py::object& dims) {
+  static PyObject* const kIndices = PyUnicode_InternFromString("_dynamo_weak_dynamic_indices");
+  if (!THPVariable_Check(t.ptr())) return;
+  PyObject* held = nullptr;
+#if PY_VERSION_HEX >= 0x030D0000
+  const int found = PyObject_GetOptionalAttr(t.ptr(), kIndices, &held);
+#else
+  const int found = _PyObject_LookupAttr(t.ptr(), kIndices, &held);
+#endif
+  if (found < 0) throw py::error_already_set();
+  py::object merged = py::reinterpret_steal<py::object>(
+      found ? PyNumber_InPlaceOr(held, dims.ptr()) : PySet_New(dims.ptr()));
+  Py_XDECREF(held);
+  if (!merged || PyObject_SetAttr(t.ptr(), kIndices, merged.ptr()) < 0) throw py::error_already_set();
+}
+
+}  // namespace
+
+void ModuleModesChanged() { g_module_modes_epoch.fetch_add(1, std::memory_order_relaxed); }
+int64_t ModuleModesEpoch() { return g_module_modes_epoch.load(std::memory_order_relaxed); }
+
+void Call::Validate() const {
+  const int n_args = static_cast<int>(engine->graph().inputs().size() - bound.size());
+  auto in_args = [&](int i) { return i >= 0 && i < n_args; };
+  for (int i : mutated) {
+    if (!in_args(i)) throw py::value_error("torchreplay: mutated index out of range");
+  }
+  if (checks.has_value()) {
+    for (const SizeCheck& c : checks->sizes) {
+      if (!in_args(c.arg) || c.dim < 0) throw py::value_error("torchreplay: size check out of range");
+    }
+    for (int i : checks->grad_checked) {
+      if (i < 0 || i >= static_cast<int>(bound.size())) {
+        throw py::value_error("torchreplay: grad_checked out of range");
+      }
+    }
+    for (const auto& f : checks->fixed) {
+      if (!in_args(f.first)) throw py::value_error("torchreplay: fixed index out of range");
+    }
+  }
+  if (aot.has_value()) {
+    for (const auto& [o, dims] : aot->dynamic_dims) {
+      if (o < 0) throw py::value_error("torchreplay: dynamic_dims output out of range");
+    }
+  }
+}
+
+py::object Call::operator()(const py::args& args, const py::kwargs& kwargs) const {
+  const bool slow = checks.has_value() && !checks->slow_path.is_none();
+  if (slow && (checks->always_slow || kwargs.size() != 0 || checks->modes_epoch != ModuleModesEpoch())) {
+    return checks->slow_path(*args, **kwargs);
+  }
+  std::vector<c10::IValue> inputs;
+  try {
+    if (std::optional<py::object> done = CheckedInputs(args, kwargs, &inputs)) return *done;
+  } catch (const py::value_error&) {  // another trace may hold for these sizes: Python decides
+    if (!slow) throw;
+    return checks->slow_path(*args, **kwargs);
+  } catch (const py::type_error&) {
+    if (!slow) throw;
+    return checks->slow_path(*args, **kwargs);
+  }
+  return RunChecked(std::move(inputs), args);
+}
+
+PyObject* Call::TpCall(PyObject* self, PyObject* args, PyObject* kwargs) {
+  auto* inst = reinterpret_cast<py::detail::instance*>(self);
+  const Call* call = inst->get_value_and_holder().value_ptr<Call>();
+  if (call == nullptr || !inst->get_value_and_holder().holder_constructed()) {
+    PyErr_SetString(PyExc_TypeError, "torchreplay: this Call was not initialized (its __init__ did not run)");
+    return nullptr;
+  }
+  try {
+    static const py::kwargs& kNoKeywords = *new py::kwargs();  // never freed: outlives Python
+    const py::args a = py::reinterpret_borrow<py::args>(args);
+    py::object out = kwargs == nullptr ? (*call)(a, kNoKeywords)
+                                       : (*call)(a, py::reinterpret_borrow<py::kwargs>(kwargs));
+    return out.release().ptr();
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (...) {
+    py::detail::try_translate_exceptions();
+  }
+  return nullptr;
+}
+
+py::object Call::Fast(const py::args& args, const py::kwargs& kwargs) const {
+  std::vector<c10::IValue> inputs;
+  if (std::optional<py::object> done = CheckedInputs(args, kwargs, &inputs)) return *done;
+  return RunChecked(std::move(inputs), args);
+}
+
+std::optional<py::object> Call::CheckedInputs(const py::args& args, const py::kwargs& kwargs,
+                                              std::vector<c10::IValue>* out) const {
+  std::vector<c10::IValue>& inputs = *out;
+  if (checks.has_value() && !checks->stale.empty()) throw py::value_error(checks->stale);
+  if (kwargs.size() != 0) {
+    throw py::type_error(absl::StrCat("torchreplay: graph '", engine->options().name,
+                                      "' takes positional arguments only"));
+  }
+  const size_t n_args = engine->graph().inputs().size() - bound.size();
+  if (args.size() != n_args) {
+    throw py::type_error(absl::StrCat("torchreplay: graph '", engine->options().name, "' takes ",
+                                      n_args, " arguments, got ", args.size()));
+  }
+  inputs.reserve(bound.size() + args.size());
+  inputs.insert(inputs.end(), bound.begin(), bound.end());
+  try {
+    for (auto a : args) inputs.push_back(ToIValue(a));
+  } catch (py::error_already_set& e) {
+    if (!e.matches(PyExc_OverflowError) || !aot.has_value() || aot->fallback.is_none()) throw;
+    return aot->fallback(*args);
+  }
+  if (checks.has_value()) Check(inputs);
+  return std::nullopt;
+}
+
+void Call::Check(const std::vector<c10::IValue>& inputs) const {
+  const CaptureChecks& c = *checks;
+  if (c10::GradMode::is_enabled()) {
+    for (int i : c.grad_checked) {
+      if (inputs[i].isTensor() && inputs[i].toTensor().requires_grad()) {
+        throw py::value_error(absl::StrCat(
+            "torchreplay: ", i < static_cast<int>(c.bound_names.size()) ? c.bound_names[i] : absl::StrCat("bound input ", i),
+            " of the captured model requires grad and grad mode is on, but graph '",
+            engine->options().name, "' runs inference only (its outputs would not track gradients "
+            "as eager's do); call it under torch.no_grad() or torch.inference_mode(), or freeze "
+            "the parameters (requires_grad_(False)); torch.compile trains"));
+      }
+    }
+    for (size_t i = bound.size(); i < inputs.size(); ++i) {
+      if (inputs[i].isTensor() && inputs[i].toTensor().requires_grad()) {
+        throw py::value_error(absl::StrCat(
+            "torchreplay: argument ", i - bound.size(), " requires grad, but graph '",
+            engine->options().name, "' runs inference only (its outputs do not track gradients); "
+            "call it under torch.no_grad() or pass a detached tensor (torch.compile trains)"));
+      }
+    }
+  }
+  CheckOverlap(inputs);
+  for (const auto& [i, want] : c.fixed) {
+    const c10::IValue& got = inputs[bound.size() + i];
+    const bool same = got.tagKind() == want.tagKind() &&
+                      (got.isInt()      ? got.toInt() == want.toInt()
+                       : got.isDouble() ? guards::SameFloat(got.toDouble(), want.toDouble())
+                       : got.isBool()   ? got.toBool() == want.toBool()
+                                        : true);
+    if (!same) {
+      throw py::value_error(absl::StrCat(
+          "torchreplay: argument ", i, " is ", Describe(got), ", but the graph was captured with ",
+          Describe(want), " there and computes with that value; capture again for another "
+          "value (or capture with a tensor there)"));
+    }
+  }
+  CheckSizes(inputs);
+  static PyObject* const kTraining = PyUnicode_InternFromString("training");
+  if (!c.module.is_none()) {
+    py::object now = py::reinterpret_steal<py::object>(PyObject_GetAttr(c.module.ptr(), kTraining));
+    if (!now) throw py::error_already_set();
+    if (PyObject_IsTrue(now.ptr()) != static_cast<int>(c.training)) {
+      throw py::value_error(absl::StrCat(
+          "torchreplay: the model was captured in ", c.training ? "train" : "eval", " mode and is now in ",
+          c.training ? "eval" : "train", " mode (.train()/.eval() change what it computes); capture again"));
+    }
+  }
+}
+
+void Call::CheckSizes(const std::vector<c10::IValue>& inputs) const {
+  absl::InlinedVector<int64_t, 4> group_size;
+  for (const SizeCheck& c : checks->sizes) {
+    const c10::IValue& v = inputs[bound.size() + c.arg];
+    const auto& spec = engine->graph().values()[engine->graph().inputs()[bound.size() + c.arg]].spec;
+    if (!v.isTensor() || !spec || v.toTensor().dim() != spec->dim) continue;  // the engine says what
+    const int64_t size = v.toTensor().size(c.dim);
+    std::string why;
+    if (c.lo == c.hi && size != c.lo) {
+      why = absl::StrCat("the graph was captured for size ", c.lo, " there");
+    } else if (size < c.lo || size > c.hi) {
+      why = c.hi == std::numeric_limits<int64_t>::max()
+                ? absl::StrCat("the graph holds for sizes of at least ", c.lo, " there")
+                : absl::StrCat("the graph holds for sizes ", c.lo, " to ", c.hi, " there");
+    } else if (c.group >= 0) {
+      if (static_cast<int>(group_size.size()) <= c.group) group_size.resize(c.group + 1, -1);
+      int64_t& symbol = group_size[c.group];
+      if (c.coef == 1 && c.offset == 0) {
+        if (symbol >= 0 && symbol != size) {
+          why = absl::StrCat("the graph needs it equal to size ", symbol, " of another dim");
+        }
+        symbol = size;
+      } else if (symbol >= 0 && size != c.coef * symbol + c.offset) {
+        why = absl::StrCat("the graph needs it to be ", c.coef * symbol + c.offset, " (", c.coef, " * ", symbol,
+                           c.offset == 0 ? "" : absl::StrCat(" + ", c.offset), ", from another dim)");
+      }
+    }
+    if (!why.empty()) {
+      throw py::value_error(absl::StrCat(
+          "torchreplay: argument ", c.arg, " has size ", size, " in dim ", c.dim, ", but ", why,
+          " (the trace depends on it); capture again for this shape",
+          c.lo == c.hi ? ", or with dynamic=True" : ""));
+    }
+  }
+}
+
+// Raises if an argument the graph writes shares memory with another argument: the trace assumed
+// separate tensors.
+void Call::CheckOverlap(const std::vector<c10::IValue>& inputs) const {
+  auto span = [](const at::Tensor& t) {  // bytes of its storage the tensor can reach
+    int64_t hi = t.storage_offset();
+    for (int64_t d = 0; d < t.dim(); ++d) hi += (t.size(d) - 1) * std::abs(t.stride(d));
+    return std::make_pair(t.storage_offset() * t.itemsize(), (hi + 1) * t.itemsize());
+  };
+  for (int i : mutated) {
+    const c10::IValue& a = inputs[bound.size() + i];
+    if (!a.isTensor() || !a.toTensor().has_storage() || a.toTensor().numel() == 0) continue;
+    const at::Tensor& w = a.toTensor();
+    for (size_t j = bound.size(); j < inputs.size(); ++j) {
+      if (static_cast<int>(j - bound.size()) == i || !inputs[j].isTensor()) continue;
+      const at::Tensor& o = inputs[j].toTensor();
+      if (!o.defined() || !o.has_storage() || o.numel() == 0 || !o.storage().is_alias_of(w.storage())) {
+        continue;
+      }
+      const auto [wl, wh] = span(w);
+      const auto [ol, oh] = span(o);
+      if (wl < oh && ol < wh) {
+        throw py::value_error(absl::StrCat(
+            "torchreplay: argument ", i, " is written by the graph and shares memory with argument ",
+            j - bound.size(), "; the capture assumed separate tensors (pass a clone of one of them)"));
+      }
+    }
+  }
+}
+
+py::object Call::RunChecked(std::vector<c10::IValue> inputs, const py::args& args) const {
+  for (int i : mutated) {
+    const c10::IValue& v = inputs[bound.size() + i];
+    if (v.isTensor()) v.toTensor().unsafeGetTensorImpl()->bump_version();
+  }
+  absl::InlinedVector<c10::IValue, 2> alias_bases;
+  const bool aliases = aot.has_value() && !aot->aliases.empty();
+  if (aliases) {
+    for (const Alias& a : aot->aliases) {
+      if (a.kind != AliasKind::kViewOfOutput) alias_bases.push_back(inputs[bound.size() + a.base]);
+    }
+  }
+  absl::StatusOr<std::vector<c10::IValue>> out;
+  {
+    py::gil_scoped_release no_gil;
+    {
+      c10::AutoGradMode no_grad(false);
+      out = engine->Run(std::move(inputs));
+    }
+    if (out.ok() && aliases) RegenerateAliases(alias_bases, *out);
+  }
+  if (!out.ok() && IsIntOverflow(out.status()) && aot.has_value() && !aot->fallback.is_none() &&
+      mutated.empty()) {
+    return aot->fallback(*args);  // Python's ints have no bound: the graph run by Python gives eager's
+  }
+  if (!out.ok()) Throw(out.status());
+  const size_t n = num_outputs < 0 ? out->size() : std::min<size_t>(num_outputs, out->size());
+  py::list result = FromIValues<py::list>(*out, n);
+  if (aot.has_value()) {
+    for (const auto& [i, dims] : aot->dynamic_dims) {
+      if (static_cast<size_t>(i) < n) MarkDynamic(result[i], dims);
+    }
+  }
+  if (returns == Returns::kOne && n == 1) return result[0];
+  if (returns == Returns::kTuple) return py::tuple(result);
+  return result;
+}
+
+void Call::RegenerateAliases(const absl::InlinedVector<c10::IValue, 2>& input_bases,
+                             std::vector<c10::IValue>& out) const {
+  size_t k = 0;
+  for (const Alias& a : aot->aliases) {
+    const c10::IValue& base_value = a.kind == AliasKind::kViewOfOutput ? out[a.base] : input_bases[k++];
+    c10::IValue& o = out[a.output];
+    if (!o.isTensor() || !base_value.isTensor()) continue;
+    if (a.kind == AliasKind::kInput) {
+      o = base_value;
+      continue;
+    }
+    const at::Tensor& base = base_value.toTensor();
+    const at::Tensor& t = o.toTensor();
+    const at::Tensor typed = t.scalar_type() == base.scalar_type() ? base : base.view(t.scalar_type());
+    o = typed.as_strided(t.sizes(), t.strides(), t.storage_offset());
+  }
+}
+
+void BindCall(py::module_& m) {
+  py::enum_<Returns>(m, "Returns", "How a Call returns the graph's outputs.")
+      .value("LIST", Returns::kList)
+      .value("TUPLE", Returns::kTuple)
+      .value("ONE", Returns::kOne, "the one output itself");
+  py::enum_<AliasKind>(m, "AliasKind", "What an output aliases (AOTAutograd's output types).")
+      .value("VIEW_OF_INPUT", AliasKind::kViewOfInput)
+      .value("INPUT", AliasKind::kInput)
+      .value("VIEW_OF_OUTPUT", AliasKind::kViewOfOutput);
+  py::class_<Alias>(m, "Alias", "An output given back as its base argument or an autograd view of it.")
+      .def(py::init([](int output, AliasKind kind, int base) { return Alias{output, kind, base}; }),
+           py::arg("output"), py::arg("kind"), py::arg("base"))
+      .def_readonly("output", &Alias::output)
+      .def_readonly("kind", &Alias::kind)
+      .def_readonly("base", &Alias::base);
+  py::class_<AotEpilogue>(m, "AotEpilogue", "What AOTAutograd's runtime wrapper does after the graph.")
+      .def(py::init([](std::vector<Alias> aliases, const std::vector<std::pair<int, py::object>>& dynamic_dims,
+                       py::object fallback) {
+             AotEpilogue e{std::move(aliases), {}, std::move(fallback)};
+             for (const auto& [o, dims] : dynamic_dims) {
+               e.dynamic_dims.emplace_back(o, py::reinterpret_steal<py::object>(PyFrozenSet_New(dims.ptr())));
+               if (!e.dynamic_dims.back().second) throw py::error_already_set();
+             }
+             return e;
+           }),
+           py::arg("aliases") = std::vector<Alias>(),
+           py::arg("dynamic_dims") = std::vector<std::pair<int, py::object>>(),
+           py::arg("fallback") = py::none());
+  py::class_<SizeCheck>(m, "SizeCheck", "A size of a tensor argument the trace assumed.")
+      .def(py::init([](int arg, int dim, int64_t lo, int64_t hi, int group, int64_t coef, int64_t offset) {
+             return SizeCheck{arg, dim, lo, hi, group, coef, offset};
+           }),
+           py::arg("arg"), py::arg("dim"), py::arg("lo"), py::arg("hi"), py::arg("group") = -1,
+           py::arg("coef") = 1, py::arg("offset") = 0);
+  py::class_<CaptureChecks>(m, "CaptureChecks", "What torchreplay.capture's trace assumed, checked per call.")
+      .def(py::init([](py::dict fixed, std::vector<SizeCheck> sizes, py::object module,
+                       std::vector<int> grad_checked, std::vector<std::string> bound_names,
+                       py::object slow_path, bool always_slow) {
+             CaptureChecks c;
+             for (auto [i, v] : fixed) c.fixed.emplace_back(i.cast<int>(), ToIValue(v));
+             c.sizes = std::move(sizes);
+             c.module = std::move(module);
+             if (!c.module.is_none()) c.training = c.module.attr("training").cast<bool>();
+             c.grad_checked = std::move(grad_checked);
+             c.bound_names = std::move(bound_names);
+             c.slow_path = std::move(slow_path);
+             c.always_slow = always_slow && !c.slow_path.is_none();
+             return c;
+           }),
+           py::arg("fixed") = py::dict(), py::arg("sizes") = std::vector<SizeCheck>(),
+           py::arg("module") = py::none(), py::arg("grad_checked") = std::vector<int>(),
+           py::arg("bound_names") = std::vector<std::string>(), py::arg("slow_path") = py::none(),
+           py::arg("always_slow") = false);
+
+  py::class_<Call>(m, "Call", "One compiled graph as a C++ callable (Note [The call path]).",
+                   py::custom_type_setup([](PyHeapTypeObject* type) { type->ht_type.tp_call = &Call::TpCall; }))
+      .def(py::init([](std::shared_ptr<replay::Engine> engine, py::list bound, std::vector<int> mutated,
+                       int num_outputs, Returns returns, std::optional<AotEpilogue> aot,
+                       std::optional<CaptureChecks> checks) {
+             Call c{std::move(engine), {}, std::move(mutated), num_outputs, returns, std::move(aot),
+                    std::move(checks)};
+             for (auto b : bound) c.bound.push_back(ToIValue(b));
+             c.Validate();
+             return c;
+           }),
+           py::arg("engine"), py::arg("bound") = py::list(), py::arg("mutated") = std::vector<int>(),
+           py::arg("num_outputs") = -1, py::arg("returns") = Returns::kList, py::arg("aot") = py::none(),
+           py::arg("checks") = py::none())
+      .def("_fast", &Call::Fast, "The call on the graph's flat arguments, with no slow path.")
+      .def("_modes_checked",
+           [](const Call& c, int64_t epoch) {
+             if (c.checks.has_value()) c.checks->modes_epoch = epoch;
+           },
+           "The modules' modes were found as captured at `epoch` (module_modes_epoch()).")
+      .def("_set_stale",
+           [](Call& c, const std::string& why) {
+             if (!c.checks.has_value()) throw py::value_error("torchreplay: only a capture's Call goes stale");
+             c.checks->stale = why;
+           },
+           "Makes every later call raise ValueError(why) (the model changed under the capture).")
+      .def_property_readonly("engine", [](const Call& c) { return c.engine; });
+
+  m.def("module_modes_changed", &ModuleModesChanged,
+        "Called by nn.Module.train (wrapped by torchreplay.capture): some module's mode may have changed.");
+  m.def("module_modes_epoch", &ModuleModesEpoch);
+}
+
+}  // namespace torchreplay

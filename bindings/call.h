@@ -1,0 +1,136 @@
+// bindings/call.h: one compiled graph as a C++ callable (Note [The call path]): what every call
+// does, AOTAutograd's runtime epilogue (torch.compile), and torchreplay.capture's per-call checks,
+// each a typed part built from Python by name.
+//
+// Ownership: a Call shares its engine (the compiled function or Captured that holds the Call owns
+// it, with the engine's registry holding it weakly); it holds the bound tensors (parameters,
+// buffers) strongly, as the model does; the Python callables it keeps (fallback, slow path) must
+// not hold the Call (captured.py hands a weak reference), or the cycle through C++ is never freed.
+#pragma once
+
+#include <pybind11/pybind11.h>
+#include <ATen/core/ivalue.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/inlined_vector.h"
+#include "replay/engine.h"
+
+namespace torchreplay {
+namespace py = pybind11;
+
+// Note [The call path]
+// For an inference graph, torch.compile hands Dynamo a Call instead of AOTAutograd's runtime
+// wrapper around a Python function: Dynamo's bytecode calls straight into C++ with the call's
+// arguments as they are (no boxed list, no Python frame of ours). backend.py builds one only when
+// that wrapper would do nothing beyond what a Call does: bump the version counters of the inputs
+// the graph mutates, run with grad mode off, give outputs aliasing an input back as the input or
+// an autograd view of it, drop the graph's extra outputs (intermediate bases of aliased outputs),
+// and mark outputs' dynamic dims for later compiles (dynamic=True graphs): the AotEpilogue.
+// torchreplay.capture uses it too, with the model's parameters and buffers bound once ahead of
+// the call's arguments, and the checks of what its trace assumed: the CaptureChecks. The type's
+// tp_call is the call itself (no method lookup, no pybind11 dispatch), also for Python subclasses
+// (Captured), which inherit the slot.
+
+// How outputs are returned: the list, a tuple, or the one output itself.
+enum class Returns { kList, kTuple, kOne };
+
+// An output that aliases a call argument or another output, given back as AOTAutograd gives it:
+// the argument itself, or an autograd view of the base (._base, shared version counter).
+enum class AliasKind { kViewOfInput, kInput, kViewOfOutput };
+struct Alias {
+  int output = 0;
+  AliasKind kind = AliasKind::kViewOfInput;
+  int base = 0;  // argument index (after the bound inputs) or output index
+};
+
+// What AOTAutograd's runtime wrapper would do after the graph runs (torch.compile).
+struct AotEpilogue {
+  std::vector<Alias> aliases;
+  // Outputs whose dims Dynamo should treat as dynamic when they are fed to a later compile:
+  // (output, frozenset of dims), added to the tensor's `_dynamo_weak_dynamic_indices` as
+  // AOTAutograd's runtime wrapper does (maybe_mark_dynamic_helper).
+  std::vector<std::pair<int, py::object>> dynamic_dims;
+  // Takes a call whose ints leave 64 bits (an argument, or the graph's own int arithmetic when it
+  // writes no input): Python's ints have no bound. None: the OverflowError propagates.
+  py::object fallback = py::none();
+};
+
+// A size of a tensor argument the trace assumed: dim `dim` of argument `arg` lies in [lo, hi];
+// within a group (>= 0) it is coef * s + offset for the group's symbol s: dims with coef 1 and
+// offset 0 set s (and must agree), the others must equal what s gives (2 * s0, s0 + 1).
+struct SizeCheck {
+  int arg = 0, dim = 0;
+  int64_t lo = 0, hi = 0;
+  int group = -1;
+  int64_t coef = 1, offset = 0;
+};
+
+// What torchreplay.capture's trace assumed, checked every call before anything runs (ValueError or
+// TypeError), plus the way to its Python slow path.
+struct CaptureChecks {
+  std::vector<std::pair<int, c10::IValue>> fixed;  // Python numbers: (argument, value)
+  std::vector<SizeCheck> sizes;
+  py::object module = py::none();  // None, or the nn.Module whose .training must equal `training`
+  bool training = false;
+  // Bound tensors (parameters, buffers an output is computed from) refused if they require grad
+  // while grad mode is on: the graph runs inference only, and eager's output would track them.
+  std::vector<int> grad_checked;
+  std::vector<std::string> bound_names;  // for errors: what each bound tensor is in the model
+  // Takes the calls the fast path cannot (keywords, nested arguments or outputs, another argument
+  // count, a size check that fails) in Python: it flattens the arguments, checks what was
+  // specialized, picks the trace for these sizes and calls Call::Fast (captured.py).
+  py::object slow_path = py::none();
+  bool always_slow = false;  // nested arguments or outputs: every call takes the slow path
+  // Set (by the module hooks) when the model changed under the capture: every call raises it.
+  std::string stale;
+  // The modules' modes were last checked (in Python) at this count of nn.Module.train calls.
+  mutable int64_t modes_epoch = -1;
+};
+
+struct Call {
+  std::shared_ptr<replay::Engine> engine;
+  std::vector<c10::IValue> bound;  // leading graph inputs, fixed when the Call is built
+  std::vector<int> mutated;        // call arguments the graph writes: their versions are bumped
+  int num_outputs = -1;            // outputs returned: the graph's first num_outputs (-1: all)
+  Returns returns = Returns::kList;
+  std::optional<AotEpilogue> aot;       // torch.compile
+  std::optional<CaptureChecks> checks;  // torchreplay.capture
+
+  // Checks what the Call was built from against its engine's graph: ValueError if out of range.
+  void Validate() const;
+
+  py::object operator()(const py::args& args, const py::kwargs& kwargs) const;
+  // The call with the graph's own flat arguments, every check done here (no slow path).
+  py::object Fast(const py::args& args, const py::kwargs& kwargs) const;
+  static PyObject* TpCall(PyObject* self, PyObject* args, PyObject* kwargs);
+
+ private:
+  // The graph's inputs for a call, after every check (which raise ValueError or TypeError and
+  // run nothing); or the call's result, when the fallback took it (an int beyond 64 bits).
+  std::optional<py::object> CheckedInputs(const py::args& args, const py::kwargs& kwargs,
+                                          std::vector<c10::IValue>* inputs) const;
+  // torchreplay.capture's checks of the converted inputs.
+  void Check(const std::vector<c10::IValue>& inputs) const;
+  void CheckSizes(const std::vector<c10::IValue>& inputs) const;
+  void CheckOverlap(const std::vector<c10::IValue>& inputs) const;
+  py::object RunChecked(std::vector<c10::IValue> inputs, const py::args& args) const;
+  void RegenerateAliases(const absl::InlinedVector<c10::IValue, 2>& input_bases,
+                         std::vector<c10::IValue>& out) const;
+};
+
+// Counts the calls of nn.Module.train (torchreplay.capture wraps it): a Call whose modules'
+// modes were last checked at another count checks them again (CaptureChecks::modes_epoch).
+void ModuleModesChanged();
+int64_t ModuleModesEpoch();
+
+// Registers Returns, AliasKind, Alias, AotEpilogue, SizeCheck, CaptureChecks and Call.
+void BindCall(py::module_& m);
+
+}  // namespace torchreplay

@@ -1,0 +1,95 @@
+// The hand-out of pool outputs (Note [Handed-out outputs] in handout.h).
+#include "replay/handout.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <c10/core/TensorImpl.h>
+
+#include <algorithm>
+
+#include "absl/container/inlined_vector.h"
+
+namespace torchreplay::replay {
+namespace {
+
+at::Tensor BytesOf(const c10::StorageImpl& s) {
+  return at::from_blob(const_cast<void*>(s.data()), {static_cast<int64_t>(s.nbytes())},
+                       at::TensorOptions().dtype(at::kByte).device(s.device()));
+}
+
+// Moves a handed-out storage to memory of its own, keeping its bytes (all its views follow).
+void CopyOut(c10::StorageImpl& s) {
+  at::Tensor fresh = at::empty({static_cast<int64_t>(s.nbytes())},
+                               at::TensorOptions().dtype(at::kByte).device(s.device()));
+  fresh.copy_(BytesOf(s));
+  s.set_data_ptr_noswap(fresh.storage().unsafeGetStorageImpl()->set_data_ptr(c10::DataPtr()));
+}
+
+bool ReadBy(const std::vector<c10::IValue>& inputs, const c10::StorageImpl* s) {
+  for (const auto& v : inputs) {
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().has_storage() &&
+        v.toTensor().storage().unsafeGetStorageImpl() == s) {
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+void Handout::HandOut(const capture::CapturedGraph& graph, bool clone,
+                      std::vector<c10::IValue>& outs) {
+  // `made` holds this call's storages, for outputs that share a buffer.
+  absl::InlinedVector<std::pair<const char*, c10::intrusive_ptr<c10::StorageImpl>>, 4> made;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    if (!graph.OutputInPool(i) || !outs[i].isTensor() || !outs[i].toTensor().defined()) continue;
+    const at::Tensor& t = outs[i].toTensor();
+    const c10::StorageImpl* pool = t.storage().unsafeGetStorageImpl();
+    const char* base = static_cast<const char*>(pool->data());
+    auto same = std::find_if(made.begin(), made.end(), [&](const auto& m) { return m.first == base; });
+    if (same == made.end()) {
+      auto storage = c10::make_intrusive<c10::StorageImpl>(
+          c10::StorageImpl::use_byte_size_t(), pool->nbytes(),
+          c10::DataPtr(const_cast<char*>(base), t.device()), nullptr, /*resizable=*/false);
+      if (clone) {
+        CopyOut(*storage);
+      } else {
+        handed_out_.emplace_back(storage);
+        size_.store(static_cast<int64_t>(handed_out_.size()), std::memory_order_relaxed);
+      }
+      made.emplace_back(base, std::move(storage));
+      same = made.end() - 1;
+    }
+    auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(same->second), t.key_set(), t.dtype());
+    impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+    outs[i] = at::Tensor(std::move(impl));
+  }
+}
+
+void Handout::ReleaseAll(const std::vector<c10::IValue>* inputs) {
+  for (auto& weak : handed_out_) {
+    auto strong = weak.lock();
+    if (!strong) continue;
+    if (inputs == nullptr || preserve_ || ReadBy(*inputs, strong.get())) {
+      CopyOut(*strong);
+    } else {
+      strong->release_data_and_set_meta_custom_data_ptr_error_msg_(invalidated_message_);
+    }
+  }
+  handed_out_.clear();
+  size_.store(0, std::memory_order_relaxed);
+}
+
+void CopyInputsOutOf(const memory_pool::Arena& arena, std::vector<c10::IValue>& inputs) {
+  for (auto& v : inputs) {
+    if (!v.isTensor()) continue;
+    const at::Tensor& t = v.toTensor();
+    if (t.defined() && t.has_storage() &&
+        arena.Overlaps(t.storage().data(), static_cast<int64_t>(t.storage().nbytes()))) {
+      at::Tensor bytes = BytesOf(*t.storage().unsafeGetStorageImpl()).clone();
+      v = at::empty({0}, t.options()).set_(bytes.storage(), t.storage_offset(), t.sizes(), t.strides());
+    }
+  }
+}
+
+}  // namespace torchreplay::replay

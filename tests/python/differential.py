@@ -1,0 +1,256 @@
+"""The differential harness every test compares with: a compiled function or module against eager
+(or aot_eager) on identical fresh inputs, call by call, checking outputs, inputs after the call
+(mutations), aliasing between outputs and inputs, parameters, buffers and grads, and that the case
+really replayed (assert_exercised). Bitwise (NaNs equal) unless a case says otherwise.
+"""
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils import _pytree as pytree
+
+from configs import backend
+from torchreplay import _C
+from torchreplay.lowering import lower
+
+CALLS = 6
+# reduce_overhead settings that change how outputs are handed out and when capture happens
+RO_VARIANTS = {"default": {}, "clone_outputs": dict(clone_outputs=True), "warmup0": dict(warmup_iters=0)}
+
+
+@pytest.fixture(autouse=True)
+def recompile_limits():
+    """Cases that change Python ints, modes or sizes recompile: never hit Dynamo's limit. (Autouse
+    in the test files that import it.)"""
+    with torch._dynamo.config.patch(cache_size_limit=64):
+        yield
+
+
+def engine_for(fn, example_inputs, static=(), **opts):
+    """Traces fn to an ATen graph (in-place ops kept) and wraps it in an engine."""
+    gm = make_fx(fn)(*example_inputs)
+    return _C.Engine(lower(gm, example_inputs, static), _C.EngineOptions(**opts))
+
+
+def run(engine, *inputs):
+    return engine.run(list(inputs))
+
+
+def total(backend, key):
+    return sum(s[key] for s in backend.stats())
+
+
+def gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def rn(g, *shape, dtype=torch.float32):
+    return torch.randn(shape, generator=g).to(dtype)
+
+
+def ri(g, lo, hi, *shape, dtype=torch.int64):
+    return torch.randint(lo, hi, shape, generator=g).to(dtype)
+
+
+def assert_same(got, want, exact=True, rtol=None, atol=None, what="output"):
+    """Recursive comparison; exact means bitwise equal values (NaNs in the same places)."""
+    if isinstance(want, torch.Tensor):
+        assert isinstance(got, torch.Tensor), f"{what}: got {type(got).__name__}, want a tensor"
+        assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != eager's {want.dtype}"
+        assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != eager's {tuple(want.shape)}"
+        got, want = got.detach(), want.detach()
+        if exact:
+            torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True,
+                                       msg=lambda m: f"{what} (bitwise): {m}")
+        else:
+            torch.testing.assert_close(got, want, rtol=rtol, atol=atol, equal_nan=True,
+                                       msg=lambda m: f"{what}: {m}")
+    elif isinstance(want, (tuple, list)):
+        assert isinstance(got, (tuple, list)), f"{what}: got {type(got).__name__}, want a sequence"
+        assert len(got) == len(want), f"{what}: {len(got)} values, eager has {len(want)}"
+        for k, (g, w) in enumerate(zip(got, want)):
+            assert_same(g, w, exact, rtol, atol, f"{what}[{k}]")
+    elif isinstance(want, dict):
+        assert isinstance(got, dict) and got.keys() == want.keys(), f"{what}: keys differ"
+        for k in want:
+            assert_same(got[k], want[k], exact, rtol, atol, f"{what}[{k!r}]")
+    elif isinstance(want, float) and math.isnan(want):
+        assert isinstance(got, float) and math.isnan(got), f"{what}: {got!r} != nan"
+    else:
+        assert got == want, f"{what}: {got!r} != eager's {want!r}"
+
+
+def _tensors(tree):
+    return [t for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
+
+
+def _sid(t):
+    return t.untyped_storage().data_ptr()
+
+
+def check_aliasing(got, want, args, args_ref, what):
+    """An output is a view of input j exactly when eager's is (same offset and strides), an
+    output eager computes fresh never shares memory with an input, and two outputs share memory
+    exactly when eager's do (so writing through one shows in the other as in eager)."""
+    gi, wi = _tensors(args), _tensors(args_ref)
+    go, wo = _tensors(got), _tensors(want)
+    for k, (g, w) in enumerate(zip(go, wo)):
+        if w.numel() == 0:
+            continue
+        assert g.stride() == w.stride(), f"{what}: output {k} strides {g.stride()} != eager's {w.stride()}"
+        w_out = [j for j, o in enumerate(wo) if j != k and o.numel() and _sid(o) == _sid(w)]
+        g_out = [j for j, o in enumerate(go) if j != k and o.numel() and _sid(o) == _sid(g)]
+        assert g_out == w_out, (f"{what}: output {k} shares memory with outputs {g_out}, "
+                                f"eager's with {w_out}")
+        w_alias = [j for j, a in enumerate(wi) if a.numel() and _sid(a) == _sid(w)]
+        g_alias = [j for j, a in enumerate(gi) if a.numel() and _sid(a) == _sid(g)]
+        assert g_alias == w_alias, (f"{what}: output {k} shares memory with inputs {g_alias}, "
+                                    f"eager's with {w_alias}")
+        if w_alias:
+            assert (g.storage_offset(), g.stride()) == (w.storage_offset(), w.stride()), (
+                f"{what}: output {k} is a different view of its input: offset/strides "
+                f"{g.storage_offset()}/{g.stride()} vs eager's {w.storage_offset()}/{w.stride()}")
+
+
+def run_diff(fn, make_inputs, *, calls=CALLS, dynamic=False, exact=True, rtol=None, atol=None,
+             ro=None, ref=None, seed=0, check_alias=True, require_replay=True, eager_reason=None):
+    """Compiles fn with torchreplay and compares it, call by call, with `ref` (eager fn, or
+    "aot_eager") on identical fresh inputs made by make_inputs(i, generator). With eager_reason,
+    the graph is expected to run eagerly, the backend saying why (a reason containing it)."""
+    b = backend(**(ro or {}))
+    compiled = torch.compile(fn, backend=b, dynamic=dynamic)
+    if ref == "aot_eager":
+        reference = torch.compile(fn, backend="aot_eager", dynamic=dynamic)
+    else:
+        reference = ref or fn
+    for i in range(calls):
+        args = make_inputs(i, gen(seed * 1000 + i))
+        args_ref = make_inputs(i, gen(seed * 1000 + i))
+        want = reference(*args_ref)
+        got = compiled(*args)
+        assert_same(got, want, exact, rtol, atol, f"call {i}: output")
+        assert_same(args, args_ref, exact, rtol, atol, f"call {i}: inputs after the call")
+        if check_alias:
+            check_aliasing(got, want, args, args_ref, f"call {i}")
+    if eager_reason is None:
+        assert_exercised(b, require_replay)
+    else:
+        assert any(eager_reason in r for r in b.eager_graphs.values()), b.eager_graphs
+    return b
+
+
+def assert_state(model, eager, exact=True, rtol=None, atol=None, what="", grads=False):
+    got = dict(model.named_parameters())
+    got.update(model.named_buffers())
+    want = dict(eager.named_parameters())
+    want.update(eager.named_buffers())
+    assert got.keys() == want.keys(), f"{what}: state names differ"
+    for k in want:
+        assert_same(got[k], want[k], exact, rtol, atol, f"{what}: {k}")
+        if grads:
+            gg, wg = got[k].grad, want[k].grad
+            assert (gg is None) == (wg is None), f"{what}: {k}.grad is {gg} vs eager's {wg}"
+            if wg is not None:
+                assert_same(gg, wg, exact, rtol, atol, f"{what}: {k}.grad")
+
+
+def run_module_diff(make_model, make_inputs, *, calls=CALLS, dynamic=False, exact=True, rtol=None,
+                    atol=None, ro=None, seed=0, grad=False, ref=None):
+    """Compiles a deep copy of make_model() and compares outputs, inputs and every parameter and
+    buffer with the eager model (or the model compiled with ref="aot_eager") after each call."""
+    torch.manual_seed(seed)
+    eager = make_model()
+    model = copy.deepcopy(eager)
+    b = backend(**(ro or {}))
+    compiled = torch.compile(model, backend=b, dynamic=dynamic)
+    reference = torch.compile(eager, backend="aot_eager", dynamic=dynamic) if ref == "aot_eager" else eager
+    with torch.set_grad_enabled(grad):
+        for i in range(calls):
+            args = make_inputs(i, gen(seed * 1000 + i))
+            args_ref = make_inputs(i, gen(seed * 1000 + i))
+            want = reference(*args_ref)
+            got = compiled(*args)
+            assert_same(got, want, exact, rtol, atol, f"call {i}: output")
+            assert_same(args, args_ref, exact, rtol, atol, f"call {i}: inputs after the call")
+            assert_state(model, eager, exact, rtol, atol, f"call {i}")
+    assert_exercised(b)
+    return b
+
+
+def assert_exercised(b, require_replay=True):
+    """The case really ran through torchreplay (Dynamo did not hand everything back to eager)."""
+    assert total(b, "calls") > 0, "torchreplay never ran: Dynamo compiled nothing"
+    if require_replay:
+        assert total(b, "replays") > 0, f"torchreplay never replayed: {b.stats()}"
+
+
+def touch_or_documented_error(t, want, what):
+    """Default config: an output kept across a later call either still holds its value or raises
+    the documented error; it never silently shows other data."""
+    try:
+        value = t.clone()
+    except RuntimeError as e:
+        assert "reused its memory" in str(e), f"{what}: unexpected error {e}"
+        return False
+    assert_same(value, want, what=what)
+    return True
+
+
+# Shared cases: a training step, a counter module.
+
+
+def mlp(act=nn.ReLU):
+    return lambda: nn.Sequential(nn.Linear(6, 16), act(), nn.Linear(16, 3))
+
+
+def xy(i, g):
+    return rn(g, 8, 6), rn(g, 8, 3)
+
+
+def step_basic(f, m, opt, batch, i):
+    x, y = batch
+    opt.zero_grad()
+    loss = F.mse_loss(f(x), y)
+    loss.backward()
+    opt.step()
+    return loss.detach()
+
+
+def train_compare(make_model, make_batch, step, *, steps=6, seed=0, lr=0.05, exact=True, rtol=None,
+                  atol=None, ro=None):
+    """Runs step(callable, module, optimizer, batch, i) with the eager model and with the compiled
+    copy; compares what it returns, the batch (and its .grad), parameters, grads and buffers."""
+    torch.manual_seed(seed)
+    eager = make_model()
+    model = copy.deepcopy(eager)
+    b = backend(**(ro or {}))
+    compiled = torch.compile(model, backend=b)
+    opt_e = torch.optim.SGD(eager.parameters(), lr=lr, momentum=0.5)
+    opt_c = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.5)
+    for i in range(steps):
+        batch_e, batch_c = make_batch(i, gen(seed * 1000 + i)), make_batch(i, gen(seed * 1000 + i))
+        want = step(eager, eager, opt_e, batch_e, i)
+        got = step(compiled, model, opt_c, batch_c, i)
+        assert_same(got, want, exact, rtol, atol, f"step {i}: returned values")
+        assert_same(batch_c, batch_e, exact, rtol, atol, f"step {i}: batch")
+        for k, (tc, te) in enumerate(zip(_tensors(batch_c), _tensors(batch_e))):
+            assert (tc.grad is None) == (te.grad is None), f"step {i}: batch tensor {k}.grad presence"
+            if te.grad is not None:
+                assert_same(tc.grad, te.grad, exact, rtol, atol, f"step {i}: batch tensor {k}.grad")
+        assert_state(model, eager, exact, rtol, atol, f"step {i}", grads=True)
+    assert_exercised(b)
+    return b
+
+
+class CounterModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("count", torch.zeros(()))
+
+    def forward(self, x):
+        self.count += 1
+        return x * self.count

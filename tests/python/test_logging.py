@@ -1,0 +1,62 @@
+"""One log (Note [One log] in bindings/module.cc): the C++ engines' messages and the package's go
+to Python's "torchreplay" logger, which torch._logging knows (TORCH_LOGS), at the levels asked."""
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torchreplay
+from configs import config
+
+SCRIPT = """
+import torch, torchreplay
+cfg = torchreplay.CompilerConfig(); cfg.mode = "reduce-overhead"
+f = torchreplay.capture(lambda x: x.sin() + 1, (torch.randn(3),), config=cfg)
+for _ in range(3):
+    f(torch.randn(3))
+"""
+
+
+def test_a_capture_is_logged_at_info_by_the_engine(replay_log):
+    f = torchreplay.capture(lambda x: x.cos() * 2, (torch.randn(4),), config=config())
+    with replay_log.at_level(logging.INFO, logger="torchreplay"):
+        for _ in range(3):
+            f(torch.randn(4))
+    captured = [r for r in replay_log.records if "captured key" in r.getMessage()]
+    assert len(captured) == 1 and f.stats()["captures"] == 1
+    assert captured[0].name == "torchreplay" and captured[0].levelno == logging.INFO
+    assert captured[0].getMessage().startswith(f"graph '{f.name}': captured key")
+
+
+def test_below_the_loggers_level_nothing_is_logged(replay_log):
+    f = torchreplay.capture(lambda x: x.cos() * 3, (torch.randn(4),), config=config())
+    with replay_log.at_level(logging.WARNING, logger="torchreplay"):
+        for _ in range(3):
+            f(torch.randn(4))
+    assert f.stats()["captures"] == 1 and not replay_log.records
+
+
+def test_set_log_level_sets_the_loggers_level():
+    log = logging.getLogger("torchreplay")
+    saved = log.level
+    try:
+        for level, want in [(0, logging.DEBUG), (1, logging.INFO), (2, logging.WARNING), (3, logging.ERROR)]:
+            torchreplay.set_log_level(level)
+            assert log.level == want
+        with pytest.raises(ValueError, match="log level must be"):
+            torchreplay.set_log_level(4)
+    finally:
+        log.setLevel(saved)
+
+
+@pytest.mark.parametrize("env, lines", [({}, 0), ({"TORCH_LOGS": "torchreplay"}, 1),
+                                        ({"TORCHREPLAY_LOG_LEVEL": "1"}, 1)])
+def test_torch_logs_and_the_environment_show_captures_once(env, lines):
+    clean = {k: v for k, v in os.environ.items() if k not in ("TORCH_LOGS", "TORCHREPLAY_LOG_LEVEL")}
+    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300,
+                         env=dict(clean, **env))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stderr.count("captured key") == lines, out.stderr[-3000:]
