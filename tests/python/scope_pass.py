@@ -1,11 +1,12 @@
-"""Seed 004's custom FX pass, written with torchreplay's multi-stream scope ops."""
+"""A custom FX pass that puts mm and abs on a side stream with torchreplay's multi-stream scope ops
+(as torchair's passes do with torch.ops.air.*)."""
 import torch
 
 import torchreplay
 
 
-def seed004_scope_pass(gm, example_inputs, config):
-    """Seed 004's pass with torchreplay's scope ops: mm and abs on stream_1, sub waits for them."""
+def side_stream_pass(gm, example_inputs, config):
+    """mm and abs on stream_1, sub waits for them."""
     g, record_node = gm.graph, None
     for node in list(g.nodes):
         if node.target == torch.ops.aten.mm.default:
@@ -25,7 +26,7 @@ def compile_with_scopes(model, mode, dump_type, dump_path):
     """`model` through torch.compile with the pass above and a graph dump."""
     config = torchreplay.CompilerConfig()
     config.mode = mode
-    config.post_grad_custom_pre_pass = seed004_scope_pass
+    config.post_grad_custom_pre_pass = side_stream_pass
     config.debug.graph_dump.type = dump_type
     config.debug.graph_dump.path = str(dump_path)
     return torch.compile(model, backend=torchreplay.get_backend(compiler_config=config))

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 import torchreplay
 from configs import backend
+from differential import total
 
 aten = torch.ops.aten
 SIZES = [1, 2, 4, 8, 16, 32]
@@ -21,10 +22,6 @@ SIZES = [1, 2, 4, 8, 16, 32]
 def mlp():
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 32)).eval()
-
-
-def total(b, key):
-    return sum(s[key] for s in b.stats())
 
 
 @torch.no_grad()

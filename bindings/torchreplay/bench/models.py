@@ -6,7 +6,7 @@ import torch.nn as nn
 
 
 class DemoModel(nn.Module):
-    """Seed 001's model: a parameter, a buffer, a tensor input and a scalar input."""
+    """torchair's example model: a parameter, a buffer, a tensor input and a scalar input."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -20,7 +20,7 @@ class DemoModel(nn.Module):
 
 
 class MmAbsModel(nn.Module):
-    """Seed 004's model: mm, abs, add, sub; two outputs."""
+    """mm, abs, add, sub; two outputs (the model of the custom-pass and multi-stream examples)."""
 
     def forward(self, x: torch.Tensor):
         mm = torch.mm(x, x)

@@ -1,0 +1,245 @@
+"""Training steps: forward and backward replayed, gradients and optimizer state equal to eager's.
+
+Compiled with torchreplay's "reduce-overhead" mode against eager, call by call, through the
+differential harness (differential.py: outputs, mutated inputs, aliasing, state, replays)."""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from differential import (  # noqa: F401 (recompile_limits is autouse)
+    recompile_limits, RO_VARIANTS, total, rn, ri, mlp, xy, step_basic, train_compare)
+
+
+@pytest.mark.parametrize("act", [nn.ReLU, nn.GELU, nn.Tanh, nn.SiLU], ids=["relu", "gelu", "tanh", "silu"])
+def test_train_mlp_steps(act):
+    b = train_compare(mlp(act), xy, step_basic, seed=20)
+    assert total(b, "replays") >= 6
+
+
+def test_train_small_convnet():
+    def make():
+        return nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Conv2d(4, 4, 3), nn.Flatten(), nn.Linear(16, 3))
+
+    def batch(i, g):
+        return rn(g, 2, 2, 8, 8), ri(g, 0, 3, 2)
+
+    def step(f, m, opt, b, i):
+        x, y = b
+        opt.zero_grad()
+        loss = F.cross_entropy(f(x), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    train_compare(make, batch, step, seed=21)
+
+
+@pytest.mark.parametrize("ro", list(RO_VARIANTS))
+@pytest.mark.parametrize("accum", [2, 3])
+def test_train_gradient_accumulation(accum, ro):
+    def batch(i, g):
+        return [xy(i, g) for _ in range(accum)]
+
+    def step(f, m, opt, micro, i):
+        opt.zero_grad()
+        losses = []
+        for x, y in micro:
+            loss = F.mse_loss(f(x), y) / accum
+            loss.backward()
+            losses.append(loss.detach())
+        opt.step()
+        return losses
+
+    train_compare(mlp(), batch, step, seed=22, ro=RO_VARIANTS[ro])
+
+
+@pytest.mark.parametrize("ro", list(RO_VARIANTS))
+def test_train_two_forwards_one_backward(ro):
+    def batch(i, g):
+        return xy(i, g) + xy(i, g)
+
+    def step(f, m, opt, b, i):
+        x1, y1, x2, y2 = b
+        opt.zero_grad()
+        loss = F.mse_loss(f(x1), y1) + F.mse_loss(f(x2), y2)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    train_compare(mlp(), batch, step, seed=23, ro=RO_VARIANTS[ro])
+
+
+def test_train_bptt_rnn_cell_three_steps_one_backward():
+    def batch(i, g):
+        return rn(g, 3, 3, 4), rn(g, 3, 5)
+
+    def step(f, m, opt, b, i):
+        xs, target = b
+        opt.zero_grad()
+        h = torch.zeros(3, 5)
+        for t in range(3):
+            h = f(xs[t], h)
+        loss = F.mse_loss(h, target)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    train_compare(lambda: nn.RNNCell(4, 5), batch, step, seed=24)
+
+
+def test_train_retain_graph_double_backward_of_sum():
+    def step(f, m, opt, b, i):
+        x, y = b
+        opt.zero_grad()
+        loss = (f(x) * y).sum()
+        loss.backward(retain_graph=True)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    train_compare(mlp(), xy, step, seed=25)
+
+
+def test_train_no_grad_inference_interleaved():
+    def batch(i, g):
+        return xy(i, g) + (rn(g, 5, 6),)
+
+    def step(f, m, opt, b, i):
+        x, y, x_eval = b
+        with torch.no_grad():
+            before = f(x_eval)
+            before = before.clone()
+        opt.zero_grad()
+        loss = F.mse_loss(f(x), y)
+        loss.backward()
+        opt.step()
+        with torch.no_grad():
+            after = f(x_eval)
+        return before, loss.detach(), after
+
+    train_compare(mlp(), batch, step, seed=26)
+
+
+def test_train_detach_inside_loss():
+    def step(f, m, opt, b, i):
+        x, y = b
+        opt.zero_grad()
+        out = f(x)
+        loss = ((out - out.detach().mean(0)) ** 2).mean() + F.mse_loss(out, y)
+        loss.backward()
+        opt.step()
+        return loss.detach(), out.detach()
+
+    train_compare(mlp(), xy, step, seed=27)
+
+
+def test_train_input_requires_grad():
+    def batch(i, g):
+        x, y = xy(i, g)
+        return x.requires_grad_(), y
+
+    def step(f, m, opt, b, i):
+        x, y = b
+        opt.zero_grad()
+        loss = F.mse_loss(f(x), y) + x.pow(2).mean()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    train_compare(mlp(nn.Tanh), batch, step, seed=28)
+
+
+def test_train_autograd_grad_wrt_input_only():
+    def batch(i, g):
+        return (rn(g, 8, 6).requires_grad_(),)
+
+    def step(f, m, opt, b, i):
+        (x,) = b
+        out = f(x)
+        (gx,) = torch.autograd.grad(out.square().sum(), x)
+        return out.detach(), gx
+
+    train_compare(mlp(nn.SiLU), batch, step, seed=29)
+
+
+def test_train_eval_train_switching_with_batchnorm():
+    def make():
+        return nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Dropout(0.0), nn.Linear(8, 3))
+
+    def batch(i, g):
+        return xy(i, g) + (rn(g, 4, 6),)
+
+    def step(f, m, opt, b, i):
+        x, y, x_eval = b
+        m.train()
+        opt.zero_grad()
+        loss = F.mse_loss(f(x), y)
+        loss.backward()
+        opt.step()
+        m.eval()
+        with torch.no_grad():
+            ev = f(x_eval)
+        m.train()
+        return loss.detach(), ev
+
+    train_compare(make, batch, step, seed=30)
+
+
+def test_train_layernorm_embedding_cross_entropy():
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(10, 8)
+            self.ln = nn.LayerNorm(8)
+            self.out = nn.Linear(8, 10)
+
+        def forward(self, tok):
+            return self.out(F.gelu(self.ln(self.emb(tok))))
+
+    def batch(i, g):
+        return ri(g, 0, 10, 4, 5), ri(g, 0, 10, 4, 5)
+
+    def step(f, m, opt, b, i):
+        tok, tgt = b
+        opt.zero_grad()
+        loss = F.cross_entropy(f(tok).flatten(0, 1), tgt.flatten())
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    train_compare(Tiny, batch, step, seed=31)
+
+
+def test_train_frozen_first_layer_and_nonscalar_backward():
+    def make():
+        m = mlp()()
+        m[0].weight.requires_grad_(False)
+        return m
+
+    def batch(i, g):
+        return rn(g, 8, 6), rn(g, 8, 3)
+
+    def step(f, m, opt, b, i):
+        x, gout = b
+        opt.zero_grad()
+        out = f(x)
+        out.backward(gout)
+        opt.step()
+        return out.detach()
+
+    train_compare(make, batch, step, seed=32)
+
+
+def test_train_output_used_in_two_losses():
+    def step(f, m, opt, b, i):
+        x, y = b
+        opt.zero_grad()
+        out = f(x)
+        loss = out.sum() * 0.01 + F.mse_loss(out, y) + out.abs().max()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    train_compare(mlp(nn.GELU), xy, step, seed=33)
