@@ -188,8 +188,8 @@ void BindGraph(py::module_& m) {
       });
 }
 
-// EngineOptions, by field name, and Engine.
-void BindEngine(py::module_& m) {
+// EngineOptions, every field by name.
+void BindEngineOptions(py::module_& m) {
   py::class_<replay::EngineOptions> options(
       m, "EngineOptions",
       "Every setting of an engine, by name: EngineOptions(mode='reduce-overhead', warmup_iters=1, "
@@ -271,6 +271,10 @@ void BindEngine(py::module_& m) {
         });
   }
 
+}
+
+// Engine: run (AOTAutograd's boxed convention), precapture, profile, stats.
+void BindEngine(py::module_& m) {
   py::class_<replay::Engine, std::shared_ptr<replay::Engine>>(m, "Engine")
       .def(py::init([](std::shared_ptr<capture::Graph> g, std::optional<replay::EngineOptions> o) {
              return std::make_shared<replay::Engine>(std::move(g),
@@ -345,6 +349,7 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "torchreplay C++ runtime: graph IR, interpreter and replay engine";
 
   BindGraph(m);
+  BindEngineOptions(m);
   BindEngine(m);
   BindCall(m);
 

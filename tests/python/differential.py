@@ -116,6 +116,18 @@ def check_aliasing(got, want, args, args_ref, what):
                 f"{g.storage_offset()}/{g.stride()} vs eager's {w.storage_offset()}/{w.stride()}")
 
 
+def compare_call(compiled, reference, make_inputs, i, seed, exact, rtol, atol):
+    """Call i of a differential run: both sides on identical fresh inputs (make_inputs(i, a
+    generator seeded from seed and i)); outputs and the inputs after the call compared."""
+    args = make_inputs(i, gen(seed * 1000 + i))
+    args_ref = make_inputs(i, gen(seed * 1000 + i))
+    want = reference(*args_ref)
+    got = compiled(*args)
+    assert_same(got, want, exact, rtol, atol, f"call {i}: output")
+    assert_same(args, args_ref, exact, rtol, atol, f"call {i}: inputs after the call")
+    return got, want, args, args_ref
+
+
 def run_diff(fn, make_inputs, *, calls=CALLS, dynamic=False, exact=True, rtol=None, atol=None,
              ro=None, ref=None, seed=0, check_alias=True, require_replay=True, eager_reason=None):
     """Compiles fn with torchreplay and compares it, call by call, with `ref` (eager fn, or
@@ -128,12 +140,7 @@ def run_diff(fn, make_inputs, *, calls=CALLS, dynamic=False, exact=True, rtol=No
     else:
         reference = ref or fn
     for i in range(calls):
-        args = make_inputs(i, gen(seed * 1000 + i))
-        args_ref = make_inputs(i, gen(seed * 1000 + i))
-        want = reference(*args_ref)
-        got = compiled(*args)
-        assert_same(got, want, exact, rtol, atol, f"call {i}: output")
-        assert_same(args, args_ref, exact, rtol, atol, f"call {i}: inputs after the call")
+        got, want, args, args_ref = compare_call(compiled, reference, make_inputs, i, seed, exact, rtol, atol)
         if check_alias:
             check_aliasing(got, want, args, args_ref, f"call {i}")
     if eager_reason is None:
@@ -170,12 +177,7 @@ def run_module_diff(make_model, make_inputs, *, calls=CALLS, dynamic=False, exac
     reference = torch.compile(eager, backend="aot_eager", dynamic=dynamic) if ref == "aot_eager" else eager
     with torch.set_grad_enabled(grad):
         for i in range(calls):
-            args = make_inputs(i, gen(seed * 1000 + i))
-            args_ref = make_inputs(i, gen(seed * 1000 + i))
-            want = reference(*args_ref)
-            got = compiled(*args)
-            assert_same(got, want, exact, rtol, atol, f"call {i}: output")
-            assert_same(args, args_ref, exact, rtol, atol, f"call {i}: inputs after the call")
+            compare_call(compiled, reference, make_inputs, i, seed, exact, rtol, atol)
             assert_state(model, eager, exact, rtol, atol, f"call {i}")
     assert_exercised(b)
     return b
