@@ -193,7 +193,7 @@ def out_by_hand(model: nn.Module):
 # name -> (factory returning (model, make_inputs(i)), description)
 MODELS = {
     "mlp": (lambda: (MLP().eval(), lambda i: (torch.randn(1, 64),)), "3-layer MLP, batch 1"),
-    "demo": (lambda: (DemoModel().eval(), lambda i: (torch.randn(100, 128), 100)), "seed DemoModel"),
+    "demo": (lambda: (DemoModel().eval(), lambda i: (torch.randn(100, 128), 100)), "torchair's example model"),
     "attention_decode": (lambda: (DecodeAttention().eval(), lambda i: (torch.randn(1, 1, 64), torch.tensor([i % 32]))),
                          "decode step, static KV cache"),
     "convnet": (lambda: (ConvBN().eval(), lambda i: (torch.randn(1, 3, 16, 16),)), "small conv net + BN"),
