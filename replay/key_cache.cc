@@ -5,12 +5,6 @@
 
 namespace torchreplay::replay {
 
-Entry* KeyCache::Last(const std::vector<c10::IValue>& inputs) {
-  if (last_ == nullptr || !last_->key.Matches(inputs)) return nullptr;
-  miss_streak_ = 0;
-  return last_;
-}
-
 Entry* KeyCache::Find(const guards::GuardKey& key) {
   auto it = entries_.find(key);
   if (it == entries_.end()) return nullptr;

@@ -56,7 +56,12 @@ class KeyCache {
   explicit KeyCache(int limit) : limit_(limit < 1 ? 1 : limit) {}
 
   // The previous call's entry if `inputs` match its key (checked without allocating), else null.
-  Entry* Last(const std::vector<c10::IValue>& inputs);
+  // Every call asks this first: inline, on the replay path.
+  Entry* Last(const std::vector<c10::IValue>& inputs) {
+    if (last_ == nullptr || !last_->key.Matches(inputs)) return nullptr;
+    miss_streak_ = 0;
+    return last_;
+  }
   // The held entry of `key`, now the most recently used and the previous call's; null if none.
   Entry* Find(const guards::GuardKey& key);
 

@@ -213,13 +213,19 @@ def xy(i, g):
     return rn(g, 8, 6), rn(g, 8, 3)
 
 
-def step_basic(f, m, opt, batch, i):
-    x, y = batch
-    opt.zero_grad()
-    loss = F.mse_loss(f(x), y)
-    loss.backward()
-    opt.step()
-    return loss.detach()
+def step_with(loss_fn):
+    """A training step: zero the grads, loss_fn(f(x), y), backward, optimizer step; the loss."""
+    def step(f, m, opt, batch, i):
+        x, y = batch
+        opt.zero_grad()
+        loss = loss_fn(f(x), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    return step
+
+
+step_basic = step_with(F.mse_loss)
 
 
 def train_compare(make_model, make_batch, step, *, steps=6, seed=0, lr=0.05, exact=True, rtol=None,

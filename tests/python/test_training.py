@@ -8,7 +8,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from differential import (  # noqa: F401 (recompile_limits is autouse)
-    recompile_limits, RO_VARIANTS, total, rn, ri, mlp, xy, step_basic, train_compare)
+    recompile_limits, RO_VARIANTS, total, rn, ri, mlp, xy, step_basic, step_with, train_compare)
 
 
 @pytest.mark.parametrize("act", [nn.ReLU, nn.GELU, nn.Tanh, nn.SiLU], ids=["relu", "gelu", "tanh", "silu"])
@@ -25,15 +25,7 @@ def test_train_small_convnet():
     def batch(i, g):
         return rn(g, 2, 2, 8, 8), ri(g, 0, 3, 2)
 
-    def step(f, m, opt, b, i):
-        x, y = b
-        opt.zero_grad()
-        loss = F.cross_entropy(f(x), y)
-        loss.backward()
-        opt.step()
-        return loss.detach()
-
-    train_compare(make, batch, step, seed=21)
+    train_compare(make, batch, step_with(F.cross_entropy), seed=21)
 
 
 @pytest.mark.parametrize("ro", list(RO_VARIANTS))

@@ -242,6 +242,15 @@ class Exported:
         return self._unflatten(outs, self._out_spec)
 
 
+def fresh_dynamo(num_modes: int) -> None:
+    """Before a model's modes are compiled: an empty Dynamo cache, and room for every mode. Each
+    torch.compile mode of a model compiles the same code objects (its forward, and code models
+    share: transformers' forward decorators, torchvision's blocks), which hold one cache entry per
+    backend; past the recompile limit a frame runs eagerly."""
+    torch._dynamo.reset()
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 4 * num_modes)
+
+
 def compile_for(mode: str, model: torch.nn.Module, example_inputs: List[Any]) -> Optional[Callable]:
     """The callable to time for this mode, or None where the mode has no version of the model."""
     if mode in ("aotinductor", "nativert"):
@@ -490,12 +499,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     rows: List[Dict[str, Any]] = []
     aoti = set(args.aoti_models.split(",")) if args.aoti_models else set()
     min_run_time = 0.3 if args.quick else 1.5
-    # Every torch.compile mode of a model compiles the same forward's code object, which holds one
-    # Dynamo cache entry per backend: more than the default 8 would run eagerly.
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 4 * len(modes))
     for model_name in models:
         # Every mode of a model compiled and checked, then timed interleaved (time_interleaved).
-        torch._dynamo.reset()
+        fresh_dynamo(len(modes))
         steps: Dict[str, Callable[[], None]] = {}
         model_rows: Dict[str, Dict[str, Any]] = {}
         for mode in modes:

@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from torchreplay.bench.__main__ import compile_for, same
+from torchreplay.bench.__main__ import compile_for, fresh_dynamo, same
 
 MODES = ["eager", "torchreplay-reduce-overhead", "torchreplay-capture", "inductor"]
 
@@ -119,11 +119,7 @@ def _time_block(fn: Callable[..., Any], inputs: tuple, seconds: float) -> float:
 
 
 def measure(name: str, modes: List[str], rounds: int, seconds: float) -> Dict[str, Any]:
-    # Models share code objects (transformers' forward decorators, torchvision's blocks), and each
-    # holds one Dynamo cache entry per model and backend: past the recompile limit a frame runs
-    # eagerly, so every model starts from an empty cache, with room for each of its modes.
-    torch._dynamo.reset()
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 4 * len(modes))
+    fresh_dynamo(len(modes))
     torch.manual_seed(0)
     model, make_inputs = MODELS[name]()
     reference = copy.deepcopy(model)
