@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
@@ -343,6 +344,106 @@ void BindEngine(py::module_& m) {
       .def_property_readonly("options", [](const replay::Engine& e) { return e.options(); });
 }
 
+// Note [Watching the random generators]
+// torchreplay.capture refuses a model that sets a generator's state while torch.export traces it
+// (torch.manual_seed, Generator.set_state...: done once while traced, never in the replays). It
+// watches with a profile function on the tracing thread, which sees every call of a C function.
+// A Python one (sys.setprofile) runs Python code on every call and return of the whole trace and
+// made the export of the tiny Llama step 2.4x slower (0.65 s against 0.27 s); this one returns at
+// once unless a C method named like a setter is called on a torch.Generator, so the trace runs at
+// its own speed. Such a call counts when the first frame calling it that is not torch's own is
+// not torchreplay's either (export's bookkeeping is not the model's). A profiler already on the
+// thread (cProfile) keeps seeing every event, and is put back by Stop.
+class GeneratorWatch {
+ public:
+  GeneratorWatch(py::object generator_type, std::vector<std::string> setters, std::string torch_dir,
+                 std::string own_dir)
+      : generator_type_(std::move(generator_type)),
+        setters_(std::move(setters)),
+        torch_dir_(std::move(torch_dir)),
+        own_dir_(std::move(own_dir)) {}
+  ~GeneratorWatch() { Stop(); }
+
+  void Start() {
+    if (self_) throw py::value_error("torchreplay: the generator watch is running already");
+    PyThreadState* thread = PyThreadState_Get();
+    previous_ = thread->c_profilefunc;
+    previous_object_ = py::reinterpret_borrow<py::object>(thread->c_profileobj);
+    self_ = py::capsule(this);
+    PyEval_SetProfile(&GeneratorWatch::Event, self_.ptr());
+  }
+
+  void Stop() {
+    if (!self_) return;
+    PyEval_SetProfile(previous_, previous_object_.ptr());
+    previous_ = nullptr;
+    previous_object_ = py::object();
+    self_ = py::object();
+  }
+
+  // What the model called ("called Generator.manual_seed"), or "" if nothing.
+  const std::string& touched() const { return touched_; }
+
+ private:
+  static int Event(PyObject* capsule, PyFrameObject* frame, int what, PyObject* arg) {
+    auto* self = static_cast<GeneratorWatch*>(PyCapsule_GetPointer(capsule, nullptr));
+    if (self->previous_ != nullptr) {
+      const int r = self->previous_(self->previous_object_.ptr(), frame, what, arg);
+      if (r != 0) return r;
+    }
+    if (what == PyTrace_C_CALL && self->touched_.empty() && PyCFunction_Check(arg)) self->Saw(frame, arg);
+    return 0;
+  }
+
+  void Saw(PyFrameObject* frame, PyObject* function) {
+    const char* name = reinterpret_cast<PyCFunctionObject*>(function)->m_ml->ml_name;
+    if (std::find(setters_.begin(), setters_.end(), name) == setters_.end()) return;
+    PyObject* generator = PyCFunction_GET_SELF(function);
+    if (generator == nullptr || PyObject_IsInstance(generator, generator_type_.ptr()) != 1) {
+      PyErr_Clear();
+      return;
+    }
+    py::object f = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(frame));
+    while (f && !f.is_none()) {
+      auto* code = PyFrame_GetCode(reinterpret_cast<PyFrameObject*>(f.ptr()));
+      const char* file = PyUnicode_AsUTF8(code->co_filename);
+      Py_DECREF(code);
+      if (file == nullptr) {
+        PyErr_Clear();
+        return;
+      }
+      const std::string_view path(file);
+      if (path.substr(0, torch_dir_.size()) != torch_dir_) {
+        if (path.substr(0, own_dir_.size()) != own_dir_) {
+          const std::string type = Py_TYPE(generator)->tp_name;  // "torch._C.Generator"
+          touched_ = absl::StrCat("called ", type.substr(type.rfind('.') + 1), ".", name);
+        }
+        return;
+      }
+      f = py::reinterpret_steal<py::object>(
+          reinterpret_cast<PyObject*>(PyFrame_GetBack(reinterpret_cast<PyFrameObject*>(f.ptr()))));
+    }
+  }
+
+  py::object generator_type_;
+  std::vector<std::string> setters_;
+  std::string torch_dir_;
+  std::string own_dir_;
+  std::string touched_;
+  py::object self_;  // the capsule handed to the thread while watching
+  Py_tracefunc previous_ = nullptr;
+  py::object previous_object_;
+};
+
+void BindGeneratorWatch(py::module_& m) {
+  py::class_<GeneratorWatch>(m, "GeneratorWatch", "Note [Watching the random generators] (module.cc)")
+      .def(py::init<py::object, std::vector<std::string>, std::string, std::string>(), py::arg("generator_type"),
+           py::arg("setters"), py::arg("torch_dir"), py::arg("own_dir"))
+      .def("start", &GeneratorWatch::Start, "Watches this thread until stop().")
+      .def("stop", &GeneratorWatch::Stop, "Puts back the profile function the thread had before start().")
+      .def_property_readonly("touched", &GeneratorWatch::touched);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -352,6 +453,7 @@ PYBIND11_MODULE(_C, m) {
   BindEngineOptions(m);
   BindEngine(m);
   BindCall(m);
+  BindGeneratorWatch(m);
 
   m.def("built_with_cuda", &capture::BuiltWithCuda);
   m.def("_testing_fail_allocations", &memory_pool::FailAllocationsForTesting, py::arg("n"),

@@ -17,7 +17,6 @@ import inspect
 import itertools
 import logging
 import os
-import sys
 import threading
 import warnings
 import weakref
@@ -309,32 +308,26 @@ class _RandomStateWatch:
     """Sees a model set the state of a random generator while it is traced (torch.manual_seed,
     torch.set_rng_state, a Generator's manual_seed/seed/set_state, also inside fork_rng), and then
     puts the CPU generator back as it was. (Random ops in the model are graph ops, traced on fake
-    tensors: they draw nothing while traced.) The calls are seen by a profile hook on C functions
-    of this thread, counted only when the code calling them (past torch's own Python wrappers) is
-    not torch's or torchreplay's: export's own bookkeeping is not the model's. Python's `random`
-    module is not watched: its values are constants of the trace, as any Python value is."""
+    tensors: they draw nothing while traced.) The calls are seen by a C profile function on this
+    thread (Note [Watching the random generators] in bindings/module.cc), counted only when the code
+    calling them (past torch's own Python wrappers) is not torch's or torchreplay's: export's own
+    bookkeeping is not the model's. Python's `random` module is not watched: its values are
+    constants of the trace, as any Python value is."""
 
-    _SETTERS = {"manual_seed", "seed", "set_state", "graphsafe_set_state"}
+    _SETTERS = ["manual_seed", "seed", "set_state", "graphsafe_set_state"]
 
     def __enter__(self) -> "_RandomStateWatch":
-        self.touched = ""
         self._state = torch.random.get_rng_state()
-        self._previous = sys.getprofile()
-        sys.setprofile(self._hook)
+        self._watch = _C.GeneratorWatch(torch.Generator, self._SETTERS, _TORCH_DIR, _PACKAGE_DIR)
+        self._watch.start()
         return self
 
-    def _hook(self, frame: Any, event: str, arg: Any) -> None:
-        if event != "c_call" or self.touched or getattr(arg, "__name__", "") not in self._SETTERS:
-            return
-        if not isinstance(getattr(arg, "__self__", None), torch.Generator):
-            return
-        while frame is not None and frame.f_code.co_filename.startswith(_TORCH_DIR):
-            frame = frame.f_back
-        if frame is not None and not frame.f_code.co_filename.startswith(_PACKAGE_DIR):
-            self.touched = f"called {type(arg.__self__).__name__}.{arg.__name__}"
+    @property
+    def touched(self) -> str:
+        return self._watch.touched
 
     def __exit__(self, *exc: Any) -> None:
-        sys.setprofile(self._previous)
+        self._watch.stop()
         if self.touched:  # else the state is left alone: another thread may be drawing from it
             torch.random.set_rng_state(self._state)
 

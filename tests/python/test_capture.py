@@ -463,6 +463,43 @@ def test_a_model_that_seeds_the_random_generator_is_refused():
     assert step.stats()["replays"] == 2    # warm-up, capture and replay, replay
 
 
+def test_a_capture_runs_under_a_profiler_and_gives_it_back():
+    """The generator watch (Note [Watching the random generators]) chains to the profiler already
+    on the thread: cProfile sees the export's calls, and gets its place back afterwards; a seed
+    set inside the model is still seen under it. A Python profile function is put back too."""
+    import cProfile
+    import pstats
+    import sys
+
+    def seeded(x):
+        torch.manual_seed(1)
+        return x + 1
+
+    fn = lambda x: (x * 2).relu()  # noqa: E731
+    x = torch.randn(5)
+    profiler = cProfile.Profile()
+    with profiler:
+        step = torchreplay.capture(fn, (x,), config=config())
+        with pytest.raises(ValueError, match=r"called Generator.manual_seed while it was traced"):
+            torchreplay.capture(seeded, (x,), config=config())
+        after = sys.getprofile()
+    assert after is profiler          # given back
+    seen = {f[2] for f in pstats.Stats(profiler).stats}
+    assert "export" in seen and "seeded" in seen
+    events = []
+    sys.setprofile(lambda frame, event, arg: events.append(event))
+    try:
+        step = torchreplay.capture(fn, (x,), config=config())
+        assert sys.getprofile() is not None
+    finally:
+        sys.setprofile(None)
+    assert len(events) > 1000         # the Python profile function saw the export too
+    for _ in range(3):
+        x = torch.randn(5)
+        assert torch.equal(step(x), fn(x))
+    assert step.stats()["replays"] == 2    # capture and replay, replay
+
+
 def test_a_replay_is_profiled_step_by_step():
     """Captured.profile: one row per tape step, in order, saying what each step is; the steps of
     the MLP are its three GEMMs (typed) and two relus (fused elementwise steps of one clamp_min
