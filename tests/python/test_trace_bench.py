@@ -274,3 +274,18 @@ def test_harness_times_the_ahead_of_time_peers(tmp_path, capsys):
         assert r["correct"] and r["median_us"] > 0 and r["compile_s"] > 0, r
         assert r["check"] in ("bitwise", "close"), r
     assert ("mlp", "aotinductor") not in results
+
+
+def test_harness_conv_bound_times_the_convolutions_of_the_tape(tmp_path):
+    """The conv-bound reference: the captured convnet, checked like the capture, timed as its tape's
+    convolution steps alone; a model without convolutions has no such row."""
+    rc = bench.main(["--quick", "--models", "convnet,mlp", "--modes", "eager,torchreplay-capture,conv-bound",
+                     "--out", str(tmp_path)])
+    assert rc == 0
+    results = {(r["model"], r["mode"]): r for r in json.load(open(tmp_path / "results.json"))["results"]}
+    bound = results[("convnet", "conv-bound")]
+    assert bound["bitwise"] and bound["median_us"] > 0, bound
+    assert ("mlp", "conv-bound") not in results and ("mlp", "torchreplay-capture") in results
+    model, make_inputs = bench.MODELS["convnet"][0]()
+    convs = sum(isinstance(m, torch.nn.Conv2d) for m in model.modules())
+    assert convs > 0 and bench.ConvBound(model, list(make_inputs(0))).steps == convs

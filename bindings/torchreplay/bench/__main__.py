@@ -2,11 +2,13 @@
 compile/capture time; correctness checked against eager before timing; the modes of a model timed
 interleaved (each of --rounds rounds times every mode once; the median over rounds). Reference rows:
 dynamo-floor (what Dynamo alone costs per call) and engine (torchreplay's C++ engines called
-directly); a summary per model then splits torchreplay's time through torch.compile into the two
-and what the torch.compile path adds on top.
+directly); conv-bound (the convolutions of the captured tape alone, on models with convolutions:
+the floor under a replay bitwise equal to eager); a summary per model then splits torchreplay's
+time through torch.compile into the two and what the torch.compile path adds on top. One thread
+unless --threads says otherwise.
 
     python -m torchreplay.bench [--device cpu|cuda] [--models mlp,demo] [--modes eager,replay]
-                                [--quick] [--out DIR] [--trace]
+                                [--quick] [--threads N] [--out DIR] [--trace]
 Writes DIR/results.json, DIR/results.csv and DIR/per_call.png; with --trace, also one
 torch.profiler trace per model and mode in DIR/traces (see python -m torchreplay.trace).
 """
@@ -49,6 +51,9 @@ MODES = {
     "aotinductor": "AOTInductor: torch.export, aoti_compile_and_package, then aoti_load_package(...).loader.run "
                    "on the tensors (no Python wrapper, no Dynamo; only --aoti-models, its C++ compile is slow)",
     "nativert": "NativeRT: torch.export, package_pt2, then torch._C._nativert.PyModelRunner on the tensors",
+    "conv-bound": "the convolution steps of torchreplay.capture's tape alone, timed step by step "
+                  "(Captured.profile; models with convolutions): the floor under any replay bitwise equal to "
+                  "eager, which must run eager's convolutions (Inductor's give other bits)",
     "cuda-graph-by-hand": "torch.cuda.CUDAGraph captured once, replayed from Python with the input copy",
     "cudagraphs": "torch.compile(backend='cudagraphs')",
     "inductor-reduce-overhead": "torch.compile(mode='reduce-overhead')",
@@ -56,7 +61,7 @@ MODES = {
 CUDA_ONLY = {"cuda-graph-by-hand", "cudagraphs", "inductor-reduce-overhead"}
 NOT_CHECKED = {"dynamo-floor": "floor (not checked)"}  # mode -> what its check column says
 # Rows that are references, not what a user would pick: drawn apart in the plot.
-REFERENCES = {"dynamo-floor", "engine", "floor+engine", "out-by-hand", "cuda-graph-by-hand", "dynamo-eager",
+REFERENCES = {"conv-bound", "dynamo-floor", "engine", "floor+engine", "out-by-hand", "cuda-graph-by-hand", "dynamo-eager",
               "aot_eager", "torchreplay-default"}
 AOTI_MODELS = ["chain64", "attention_decode", "llama_decode"]  # --aoti-models by default
 _CUSTOM: Dict[str, Callable[[torch.nn.Module], Callable]] = {}
@@ -242,6 +247,31 @@ class Exported:
         return self._unflatten(outs, self._out_spec)
 
 
+class ConvBound:
+    """Mode "conv-bound": the model captured with torchreplay.capture (called for the checks), timed
+    as the sum of its tape's convolution steps alone (Captured.profile over a block of replays)."""
+
+    OPS = ("aten::convolution", "aten::_convolution", "aten::mkldnn_convolution")
+
+    def __init__(self, model: torch.nn.Module, example_inputs: List[Any]) -> None:
+        self.captured = compile_for("torchreplay-capture", model, example_inputs)
+        self.steps = sum(1 for s in self.captured.profile(*example_inputs, iterations=1) if self._conv(s))
+
+    def _conv(self, step: Dict[str, Any]) -> bool:
+        return step["op"].split("(")[0] in self.OPS
+
+    def __call__(self, *inputs: Any) -> Any:
+        return self.captured(*inputs)
+
+    def time_us(self, inputs: List[Any], seconds: float) -> float:
+        """The convolution steps' mean microseconds per replay, over replays lasting about `seconds`."""
+        t0 = time.perf_counter()
+        self.captured.profile(*inputs, iterations=1)
+        once = time.perf_counter() - t0
+        steps = self.captured.profile(*inputs, iterations=max(1, int(seconds / max(once, 1e-9))))
+        return sum(s["us"] for s in steps if self._conv(s))
+
+
 def fresh_dynamo(num_modes: int) -> None:
     """Before a model's modes are compiled: an empty Dynamo cache, and room for every mode. Each
     torch.compile mode of a model compiles the same code objects (its forward, and code models
@@ -255,6 +285,11 @@ def compile_for(mode: str, model: torch.nn.Module, example_inputs: List[Any]) ->
     """The callable to time for this mode, or None where the mode has no version of the model."""
     if mode in ("aotinductor", "nativert"):
         return Exported(mode, model, example_inputs)
+    if mode == "conv-bound":
+        if not any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules()):
+            return None
+        bound = ConvBound(model, example_inputs)
+        return bound if bound.steps else None
     if mode == "inductor-cpp-wrapper":
         return torch.compile(model, options={"cpp_wrapper": True})
     if mode == "torchreplay-capture":
@@ -396,6 +431,8 @@ def prepare(model_name: str, mode: str, device: str) -> Optional[tuple]:
         call()
         sync()
 
+    if isinstance(fn, ConvBound):
+        step.time_us = lambda seconds: fn.time_us(inputs, seconds)  # type: ignore[attr-defined]
     return row, step
 
 
@@ -408,6 +445,10 @@ def time_interleaved(steps: Dict[str, Callable[[], None]], rounds: int, min_run_
     with torch.no_grad():
         for _ in range(rounds):
             for mode, step in steps.items():
+                if hasattr(step, "time_us"):  # a reference timed its own way (ConvBound)
+                    times[mode].append(step.time_us(min_run_time / rounds))
+                    runs[mode] += 1
+                    continue
                 m = tbench.Timer(stmt="step()", globals={"step": step}).blocked_autorange(
                     min_run_time=min_run_time / rounds)
                 times[mode].append(m.median * 1e6)
@@ -460,6 +501,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="short timings, no Inductor, AOTInductor or NativeRT (under a minute on CPU)")
     p.add_argument("--aoti-models", default=",".join(AOTI_MODELS),
                    help="models timed with AOTInductor (its C++ compile takes 5-30 s a model)")
+    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for every mode (default 1)")
     p.add_argument("--rounds", type=int, default=7,
                    help="timing rounds per model: each times every mode once; the median is reported")
     p.add_argument("--out", default="bench_out", help="directory for results.json, results.csv, per_call.png")
@@ -467,6 +509,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help=f"also record a torch.profiler trace of {TRACE_STEPS} steps per model and mode into "
                         "OUT/traces (read them with python -m torchreplay.trace)")
     args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print("torchreplay.bench: --device cuda, but no CUDA device is available", file=sys.stderr)
