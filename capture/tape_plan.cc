@@ -170,6 +170,9 @@ class Planner {
       return;
     }
 
+    // Made from fixed values only (a mask from arange and the sizes): once, at capture, even
+    // where an out= step could compute it every call.
+    if (!mutable_op && all_fresh && Fold(i)) return;
     // An out= overload the recording checked (Note [Checked out= kernels]): its results are
     // fresh CPU tensors at storage offset 0, written exactly as the functional op writes them.
     if (!mutable_op && all_fresh) np.out = rec_.out_variants[i];
@@ -186,7 +189,6 @@ class Planner {
       return;
     }
     np.out.reset();
-    if (!mutable_op && all_fresh && Fold(i)) return;
     Functional(i, mutable_op);
   }
 

@@ -333,6 +333,27 @@ def test_values_made_from_constants_are_folded_once_and_random_ones_are_not():
     assert "aten::rand" in log["functional_ops"] and "aten::arange" not in log["functional_ops"]
 
 
+def test_values_made_from_constants_with_out_overloads_are_folded_too():
+    """A causal mask made from sizes alone (arange, cumsum, comparisons: ops with out= overloads,
+    as transformers builds its masks) is computed once at capture, not by a step every call."""
+    def fn(x):
+        pos = torch.arange(x.shape[-1]).cumsum(0)
+        mask = pos[None, :] <= pos[:, None]
+        return x.masked_fill(~mask, 0.0) * 2
+
+    cfg = config()
+    cfg.mode = "reduce-overhead"
+    step = torchreplay.capture(fn, (torch.randn(6, 6),), config=cfg)
+    for _ in range(3):
+        x = torch.randn(6, 6)
+        assert torch.equal(step(x), fn(x))
+    assert step.stats()["replays"] == 2
+    ops = [r["op"] for r in step.profile(torch.randn(6, 6), iterations=2)]
+    assert len(ops) == 1 and ops[0].startswith("fused:"), ops     # masked_fill and mul: one step
+    log = step.stats()["capture_log"][0]
+    assert log["precomputed"] >= 5, log
+
+
 def test_a_constant_written_in_place_later_is_not_folded():
     def fn(x):
         acc = torch.zeros(3)
