@@ -46,8 +46,9 @@ struct CaptureInfo {
 struct StepTime {
   std::string node;    // the graph node it runs ("addmm_1")
   std::string op;      // the kernel it calls ("aten::addmm.out")
-  std::string kind;    // "fused elementwise", "prepared pointwise", "prepared reduction", "typed out=", "copies",
-                       // "boxed out=", "functional", "in place", "view", "getitem", "scalar"
+  std::string kind;    // "fused elementwise", "prepared pointwise", "prepared reduction", "prepared attention",
+                       // "prepared layer norm", "typed out=", "copies", "boxed out=", "functional", "in place",
+                       // "view", "getitem", "scalar"
   std::string shapes;  // its results ("Float[1, 64]")
   double us = 0;       // mean time per replay
 };

@@ -548,6 +548,9 @@ class Emitter {
     if (out_name == "torchreplay::_scaled_dot_product_flash_attention_for_cpu.out" && whole_args) {
       step.typed = MakeFlashAttention(step.args, slot_of), own = "prepared attention";
     }
+    if (out_name == "torchreplay::native_layer_norm.out" && whole_args) {
+      step.typed = MakeLayerNorm(step.args, slot_of), own = "prepared layer norm";
+    }
     if (step.typed == nullptr) own = nullptr;
     if (whole_args && own == nullptr) {
       step.typed = MakeTypedCall(out.op, step.args, slot_of);

@@ -75,6 +75,11 @@ std::optional<OutVariant> FindOutVariant(const c10::OperatorHandle& op) {
     }
     return std::nullopt;
   }
+  if (op.schema().name() == "aten::native_layer_norm") {
+    // Note [Layer norm on planned buffers]: ATen's out= overload has no CPU kernel; ours does.
+    if (auto out = FindOperator("torchreplay::native_layer_norm.out"); out.ok()) return OutVariant{*out, c10::IValue()};
+    return std::nullopt;
+  }
   if (auto out = FindOutOverload(op); out.has_value()) return OutVariant{*out, c10::IValue()};
   return std::nullopt;
 }

@@ -20,6 +20,7 @@
 #include <ATen/native/ReduceOpsUtils.h>
 #include <ATen/native/UnaryOps.h>
 #include <ATen/OpMathType.h>
+#include <ATen/native/layer_norm.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/ops/empty_strided.h>
 #include <torch/library.h>
@@ -338,16 +339,78 @@ class FlashAttentionStep final : public TypedCall {
   at::Tensor output_, logsumexp_;  // planned buffers, the results' recorded geometry
 };
 
+// Note [Layer norm on planned buffers]: aten::native_layer_norm (layer_norm_cpu) runs
+// LayerNormKernel on the input and the parameters (made contiguous) into empty_like(input) and two
+// (M,) statistics of the parameters' dtype, and hands the statistics out as views shaped like the
+// input with the normalized dims 1. ATen's out= overload has no CPU kernel of its own (allocate,
+// compute, copy); torchreplay::native_layer_norm.out, registered below, calls the same stub on the
+// buffers of the results' recorded geometry: the same kernel on the same data, so eager's bits
+// (checked on the recording run, Note [Checked out= kernels]). Taken where the input and the
+// parameters are contiguous and of one dtype; elsewhere the op runs functionally.
+std::pair<int64_t, int64_t> LayerNormChecked(const at::Tensor& input, at::IntArrayRef normalized_shape,
+                                             const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& out,
+                                             const at::Tensor& mean, const at::Tensor& rstd) {
+  const auto ours = [&](const at::Tensor& t) {
+    return !t.defined() || (t.is_contiguous() && t.scalar_type() == input.scalar_type());
+  };
+  TORCH_CHECK(input.is_contiguous() && ours(weight) && ours(bias),
+              "torchreplay::native_layer_norm.out: a non-contiguous input, or parameters of another dtype or "
+              "layout than the input (aten::native_layer_norm takes those)");
+  const auto [M, N] = at::native::_check_layer_norm_inputs(input, normalized_shape, weight, bias);
+  TORCH_CHECK(out.sizes() == input.sizes() && out.is_contiguous() && out.scalar_type() == input.scalar_type() &&
+                  mean.numel() == M && rstd.numel() == M && mean.is_contiguous() && rstd.is_contiguous() &&
+                  mean.scalar_type() == input.scalar_type() && rstd.scalar_type() == input.scalar_type(),
+              "torchreplay::native_layer_norm.out: outputs of other sizes, layouts or dtypes than the op's");
+  return {M, N};
+}
+
+std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> LayerNormOut(const at::Tensor& input, at::IntArrayRef normalized_shape,
+                                                               const std::optional<at::Tensor>& weight,
+                                                               const std::optional<at::Tensor>& bias, double eps,
+                                                               at::Tensor& out, at::Tensor& mean, at::Tensor& rstd) {
+  const at::Tensor w = weight.value_or(at::Tensor()), b = bias.value_or(at::Tensor());
+  const auto [M, N] = LayerNormChecked(input, normalized_shape, w, b, out, mean, rstd);
+  at::Tensor mean_m = mean.view({M}), rstd_m = rstd.view({M});
+  at::native::LayerNormKernel(c10::kCPU, input, w, b, M, N, eps, &out, &mean_m, &rstd_m);
+  return {out, mean, rstd};
+}
+
+class LayerNormStep final : public TypedCall {
+ public:
+  LayerNormStep(TensorArg input, std::optional<TensorArg> weight, std::optional<TensorArg> bias, int64_t M, int64_t N,
+                double eps, at::Tensor out, at::Tensor mean, at::Tensor rstd)
+      : input_(std::move(input)), weight_(std::move(weight)), bias_(std::move(bias)), M_(M), N_(N), eps_(eps),
+        out_(std::move(out)), mean_(mean.view({M})), rstd_(rstd.view({M})) {}
+
+  void Run(c10::DispatchKeySet, const Slots& slots) const override {
+    const at::Tensor& x = input_.get(slots);
+    TORCH_CHECK(x.is_contiguous(), "torchreplay: a layer norm's input is no longer contiguous");
+    static const at::Tensor kNone;
+    at::native::LayerNormKernel(c10::kCPU, x, weight_.has_value() ? weight_->get(slots) : kNone,
+                                bias_.has_value() ? bias_->get(slots) : kNone, M_, N_, eps_, &out_, &mean_, &rstd_);
+  }
+
+ private:
+  TensorArg input_;
+  std::optional<TensorArg> weight_, bias_;
+  int64_t M_, N_;
+  double eps_;
+  mutable at::Tensor out_, mean_, rstd_;  // planned buffers; the statistics as (M,) views
+};
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(torchreplay, m) {
   m.def("_scaled_dot_product_flash_attention_for_cpu.out(Tensor query, Tensor key, Tensor value, "
         "float dropout_p=0., bool is_causal=False, *, Tensor? attn_mask=None, float? scale=None, "
         "Tensor(a!) output, Tensor(b!) logsumexp) -> (Tensor(a!), Tensor(b!))");
+  m.def("native_layer_norm.out(Tensor input, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, *, "
+        "Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2) -> (Tensor(a!), Tensor(b!), Tensor(c!))");
 }
 
 TORCH_LIBRARY_IMPL(torchreplay, CPU, m) {
   m.impl("_scaled_dot_product_flash_attention_for_cpu.out", &FlashAttentionOut);
+  m.impl("native_layer_norm.out", &LayerNormOut);
 }
 
 std::unique_ptr<TypedCall> MakeFlashAttention(const Slots& args, const std::vector<int>& slot_of) {
@@ -379,6 +442,35 @@ std::unique_ptr<TypedCall> MakeFlashAttention(const Slots& args, const std::vect
   if (args[6].isDouble()) scale = args[6].toDouble();
   return std::make_unique<FlashAttentionStep>(qkv[0], qkv[1], qkv[2], args[3].toDouble(), args[4].toBool(),
                                               std::move(mask), scale, args[7].toTensor(), args[8].toTensor());
+}
+
+std::unique_ptr<TypedCall> MakeLayerNorm(const Slots& args, const std::vector<int>& slot_of) {
+  // (input, normalized_shape, weight, bias, eps, out0, out1, out2)
+  if (args.size() != 8 || slot_of[1] >= 0 || slot_of[4] >= 0 || slot_of[5] >= 0 || slot_of[6] >= 0 ||
+      slot_of[7] >= 0 || !args[1].isIntList() || !args[4].isDouble() || !args[5].isTensor() || !args[6].isTensor() ||
+      !args[7].isTensor() || (slot_of[0] < 0 && !args[0].isTensor())) {
+    return nullptr;
+  }
+  TensorArg input{slot_of[0] >= 0 ? at::Tensor() : args[0].toTensor(), slot_of[0]};
+  std::optional<TensorArg> params[2];
+  for (int k = 0; k < 2; ++k) {
+    const int a = 2 + k;
+    if (slot_of[a] >= 0) {
+      params[k] = TensorArg{at::Tensor(), slot_of[a]};
+    } else if (args[a].isTensor()) {
+      params[k] = TensorArg{args[a].toTensor(), -1};
+    } else if (!args[a].isNone()) {
+      return nullptr;
+    }
+  }
+  const at::Tensor& out = args[5].toTensor();
+  const std::vector<int64_t> normalized = args[1].toIntVector();
+  const int64_t axis = out.dim() - static_cast<int64_t>(normalized.size());
+  if (axis < 0) return nullptr;
+  const int64_t M = c10::multiply_integers(out.sizes().begin(), out.sizes().begin() + axis);
+  const int64_t N = c10::multiply_integers(normalized);
+  return std::make_unique<LayerNormStep>(std::move(input), std::move(params[0]), std::move(params[1]), M, N,
+                                         args[4].toDouble(), out, args[6].toTensor(), args[7].toTensor());
 }
 
 std::unique_ptr<TypedCall> MakePrepared(const c10::OperatorHandle& op, const Slots& args,
@@ -450,6 +542,7 @@ std::unique_ptr<TypedCall> MakePrepared(const c10::OperatorHandle&, const Slots&
   return typed;
 }
 std::unique_ptr<TypedCall> MakeFlashAttention(const Slots&, const std::vector<int>&) { return nullptr; }
+std::unique_ptr<TypedCall> MakeLayerNorm(const Slots&, const std::vector<int>&) { return nullptr; }
 #endif  // TORCHREPLAY_PREPARED_STEPS
 
 }  // namespace torchreplay::capture

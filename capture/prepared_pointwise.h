@@ -34,4 +34,9 @@ std::unique_ptr<TypedCall> MakePrepared(const c10::OperatorHandle& op, const Slo
 // where this build has no prepared steps: the out= op runs through the dispatcher then).
 std::unique_ptr<TypedCall> MakeFlashAttention(const Slots& args, const std::vector<int>& slot_of);
 
+// The step of torchreplay::native_layer_norm.out (Note [Layer norm on planned buffers] in
+// prepared_pointwise.cc): ATen's LayerNormKernel stub called on the planned buffers, no dispatch.
+// nullptr where its arguments are not those of a typed step, or where this build has none.
+std::unique_ptr<TypedCall> MakeLayerNorm(const Slots& args, const std::vector<int>& slot_of);
+
 }  // namespace torchreplay::capture

@@ -684,3 +684,46 @@ def test_attention_runs_on_planned_buffers_bitwise(name, dtype):
     at = [i for i, r in enumerate(rows) if "scaled_dot_product" in r["op"]]
     assert len(at) == 1 and rows[at[0]]["kind"] == "prepared attention", rows
     assert all(r["kind"] != "view" for r in rows[at[0]:]), rows  # views of its results are precomputed
+
+
+LAYER_NORMS = {  # (module or function, input shape, runs on planned buffers)
+    "affine": (lambda: torch.nn.LayerNorm(16), (3, 5, 16), True),
+    "no affine": (lambda: torch.nn.LayerNorm(16, elementwise_affine=False), (3, 5, 16), True),
+    "weight, no bias": (lambda: torch.nn.LayerNorm(16, bias=False), (7, 16), True),
+    "two normalized dims": (lambda: torch.nn.LayerNorm([5, 16]), (3, 5, 16), True),
+    "one row": (lambda: torch.nn.LayerNorm(16), (1, 16), True),
+    "no rows": (lambda: torch.nn.LayerNorm(16), (0, 16), True),
+    "non-contiguous input": (lambda: (lambda x: torch.nn.functional.layer_norm(x.transpose(0, 1), (16,))),
+                             (3, 5, 16), False),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("name", list(LAYER_NORMS))
+def test_layer_norm_runs_on_planned_buffers_bitwise(name, dtype):
+    """Note [Layer norm on planned buffers]: native_layer_norm writes into planned buffers through
+    ATen's own kernel stub, bitwise as eager, with its statistics too; a non-contiguous input (which
+    eager copies first) runs functionally, bitwise all the same."""
+    make_model, shape, planned = LAYER_NORMS[name]
+    torch.manual_seed(0)
+    model = make_model()
+    if isinstance(model, torch.nn.Module):
+        model = model.to(dtype)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.normal_()
+    fn = lambda x: torch.ops.aten.native_layer_norm(  # noqa: E731
+        x, list(model.normalized_shape), model.weight, model.bias, model.eps) if isinstance(
+        model, torch.nn.Module) else (model(x),)
+    make = lambda: torch.randn(*shape).mul(3).add(1).to(dtype)  # noqa: E731
+    with torch.no_grad():
+        step = torchreplay.capture(fn, (make(),), config=config())
+        for _ in range(4):
+            x = make()
+            got, want = step(x), fn(x)
+            assert len(got) == len(want)
+            for g, w in zip(got, want):
+                assert g.shape == w.shape and g.stride() == w.stride() and torch.equal(g, w), name
+        kinds = [r["kind"] for r in step.profile(make(), iterations=2)]
+    assert step.stats()["replays"] >= 3
+    assert ("prepared layer norm" in kinds) == planned, kinds
