@@ -491,20 +491,23 @@ Kernel KernelOf(const Instr& in) {
 // row and is one vectorized_loop call, with its own scalar tail.
 void RunRange(const Program& program, const Segment& seg, char* const* base, int64_t b, int64_t e,
               std::atomic<bool>* inexact) {
-  const Instr& shape = program.instrs[seg.first];
+  const Instr& shape = program.instrs[seg.first];  // every instruction of a segment has its shape
   const int64_t row_len = shape.shape[0];
   Cursor c[kMaxSegment];
+  // The index of the current row in dims 1.. (TensorIterator's counter), advanced row by row.
+  int64_t index[kMaxDims] = {};
+  int64_t col = b % row_len;
+  for (int64_t d = 1, rest = b / row_len; d < shape.ndim; ++d) {
+    index[d] = rest % shape.shape[d];
+    rest /= shape.shape[d];
+  }
   for (int64_t i = b; i < e;) {
-    const int64_t row = i / row_len, col = i % row_len;
-    const int64_t len = std::min(e, (row + 1) * row_len) - i;
+    const int64_t len = std::min(e - i, row_len - col);
     for (int j = 0; j < seg.count; ++j) {
       const Instr& in = program.instrs[seg.first + j];
       for (int k = 0; k <= in.num_inputs; ++k) {
-        int64_t offset = col * in.strides[k][0], rest = row;
-        for (int d = 1; d < in.ndim && rest != 0; ++d) {
-          offset += (rest % in.shape[d]) * in.strides[k][d];
-          rest /= in.shape[d];
-        }
+        int64_t offset = col * in.strides[k][0];
+        for (int d = 1; d < in.ndim; ++d) offset += index[d] * in.strides[k][d];
         c[j].p[k] = base[in.operand[k]] + offset;
         c[j].s[k] = in.strides[k][0];
       }
@@ -517,6 +520,8 @@ void RunRange(const Program& program, const Segment& seg, char* const* base, int
       }
     }
     i += len;
+    col = 0;
+    for (int d = 1; d < shape.ndim && ++index[d] == shape.shape[d]; ++d) index[d] = 0;
   }
 }
 

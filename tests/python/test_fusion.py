@@ -193,6 +193,23 @@ def test_large_tensors_are_cut_where_eager_cuts_them_on_each_thread_count(name, 
         torch.set_num_threads(saved)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_strided_iteration_spaces_are_walked_row_by_row_from_any_start(threads):
+    """A three-dim strided iteration space above the grain: on two threads each range starts in
+    the middle of a row and of the dims above it; the kernel walks every row from there."""
+    fn = lambda x: torch.sigmoid(x.permute(2, 0, 1) * 0.5 + 1).neg()  # noqa: E731
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for shape in [(37, 41, 29), (5, 3000, 7)]:
+            n = shape[0] * shape[1] * shape[2]
+            log = capture_and_compare(fn, lambda k: (special(n, torch.float32, k).view(shape),),
+                                      fuse_expected=False)
+            assert log["fused_nodes"] == 4 and log["fused_steps"] == 1, log  # the permute of the input: a view step
+    finally:
+        torch.set_num_threads(saved)
+
+
 CHAINS = {
     "rms norm tail": lambda x, w: w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)),
     "swiglu": lambda x, w: torch.nn.functional.silu(x) * w,
