@@ -136,7 +136,9 @@ void BindGraph(py::module_& m) {
       .def("__str__", &capture::Graph::ToString)
       .def_property_readonly("num_nodes", [](const capture::Graph& g) { return g.nodes().size(); })
       .def_property_readonly("num_inputs", [](const capture::Graph& g) { return g.inputs().size(); })
-      .def_property_readonly("static_inputs", &capture::Graph::static_inputs);
+      .def_property_readonly("static_inputs", &capture::Graph::static_inputs)
+      .def_property_readonly("communicates", &capture::Graph::communicates,
+                             "Whether a node is a collective (Note [Collectives] in replay/engine.h).");
 
   py::class_<capture::GraphBuilder>(m, "GraphBuilder")
       .def(py::init<>())

@@ -519,6 +519,12 @@ absl::StatusOr<std::shared_ptr<const Graph>> GraphBuilder::Build() {
   graph_->per_call_scalars_ = PerCallScalars(*graph_);
   graph_->written_inputs_ = WrittenInputs(*graph_);
   graph_->last_use_ = LastUse(*graph_);
+  for (const Node& n : graph_->nodes_) {
+    if (n.kind != NodeKind::kOp) continue;
+    const std::string& name = n.op->schema().name();
+    graph_->communicates_ = graph_->communicates_ || name.rfind("_c10d_functional::", 0) == 0 ||
+                            name.rfind("c10d::", 0) == 0;
+  }
   std::shared_ptr<const Graph> g(std::move(graph_));
   graph_ = std::make_unique<Graph>();
   outputs_set_ = false;

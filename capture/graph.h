@@ -108,6 +108,9 @@ class Graph {
   // Per value: the index of the last node reading it, nodes().size() for a graph output, -1 if
   // nothing reads it (liveness: the interpreter frees after it, the tape plans buffers by it).
   const std::vector<int>& last_use() const { return last_use_; }
+  // Whether a node is a collective of torch.distributed (_c10d_functional::*, c10d::*): every rank
+  // must issue it once per call (Note [Collectives] in replay/engine.h).
+  bool communicates() const { return communicates_; }
 
   // Human-readable listing: one line per input, node and output.
   std::string ToString() const;
@@ -124,6 +127,7 @@ class Graph {
   std::vector<bool> per_call_scalars_;
   std::vector<bool> written_inputs_;
   std::vector<int> last_use_;
+  bool communicates_ = false;
 };
 
 // Note [Scalars bound per call]

@@ -267,6 +267,11 @@ absl::Status Engine::Capture(ThreadState& ts, Entry& e, const std::vector<c10::I
   options.prepared_steps = options_.prepared_steps;
   options.fuse_elementwise = options_.fuse_elementwise;
   options.keep_graph = !options_.dump_dir.empty();
+  if (cuda && graph_->communicates()) {  // Note [Collectives]
+    return absl::FailedPreconditionError(
+        "the graph has collectives, which a CUDA graph captures only when every rank captures and "
+        "replays the same graphs in the same order (not built yet): it runs eagerly");
+  }
   absl::StatusOr<std::unique_ptr<capture::CapturedGraph>> graph;
   try {  // an allocation that fails half-way (out of memory) fails the capture, not the call
     graph = cuda ? capture::CaptureCudaGraph(graph_, *e.recording, inputs, &ts.cuda_pool, options)

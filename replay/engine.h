@@ -19,6 +19,8 @@
 //     invalidated, raising a clear error when touched (or are clones, with `clone_outputs`);
 //     outputs that alias inputs are views of the caller's tensors (Note [Handed-out outputs]);
 //   - every key of the engine shares one pool, sized by the largest.
+//   - a graph with collectives issues each of them exactly once per call on every path (Note
+//     [Collectives]).
 // Captured state, pools included, is per thread (like Static Runtime's per-thread runtimes):
 // threads calling one engine never see each other's pool reused under them.
 //
@@ -26,6 +28,22 @@
 // pool (Arena, CudaPool), the key cache with every captured graph, and the hand-out record; the
 // caller owns the outputs (Note [Handed-out outputs]). Destroying the engine copies out every
 // output still alive, then frees the pools.
+//
+// Note [Collectives]
+// A graph may hold torch.distributed's collectives (_c10d_functional::all_reduce, ... and their
+// wait_tensor; Graph::communicates()). Ranks run their engines independently: one may warm up a
+// new key while another replays, falls back to eager or recaptures, and each collective pairs
+// with the same collective on the other ranks, so every path must issue each collective of the
+// graph exactly once per call, in the graph's order. On the CPU every path does: a warm-up or
+// eager call runs the graph once through the interpreter; capture plans the tape from the
+// previous warm-up's recording and runs nothing of it (collectives are never folded: only aten
+// ops are, tape_plan.cc); the capture call and every later call replay the tape once, each
+// collective a functional step at its place, its wait at the graph's wait_tensor.
+// tests/python/test_collectives.py pins this with ranks at different stages (counted by the
+// process group's sequence number). CUDA: capturing NCCL collectives into a CUDA graph needs every
+// rank to capture and launch the same graphs in the same order; until that is built and run on a
+// GPU, a CUDA graph that communicates is not captured: each call runs it through the interpreter,
+// the reason in the stats' fallback reasons (untested: no GPU run yet).
 #pragma once
 
 #include <ATen/core/ivalue.h>
