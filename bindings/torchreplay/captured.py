@@ -17,6 +17,7 @@ import inspect
 import itertools
 import logging
 import os
+import sys
 import threading
 import warnings
 import weakref
@@ -601,6 +602,7 @@ def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Option
     # objects) are specialized: left out of the trace, put back in place by _Flat, checked per call.
     constants = {i: a for i, a in enumerate(flat_args) if not isinstance(a, (torch.Tensor, bool, int, float))}
     leaves = tuple(a for i, a in enumerate(flat_args) if i not in constants)
+    _refuse_dtensors(module, leaves)
     traced = _Flat(module, in_spec, constants, len(flat_args))
     dynamic_shapes = None
     if dynamic:  # every dimension of every tensor (one entry: forward's *leaves)
@@ -673,6 +675,25 @@ def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Option
         _watch(m, captured)
     logger.debug("torchreplay: captured %s (%d nodes, %d bound inputs)", name, graph.num_nodes, len(bound))
     return captured
+
+
+def _refuse_dtensors(module: torch.nn.Module, leaves: Sequence[Any]) -> None:
+    """torch.export (torch 2.11) cannot trace DTensors (tensor parallelism): a clear error that says
+    the way around, instead of export's own about pytree leaves."""
+    dtensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
+    if dtensor is None:  # nobody made a DTensor in this process
+        return
+    named = [(f"argument {i}", a) for i, a in enumerate(leaves)]
+    named += [(f"parameter '{n}'", p) for n, p in module.named_parameters()]
+    named += [(f"buffer '{n}'", b) for n, b in module.named_buffers()]
+    for what, value in named:
+        if isinstance(value, dtensor):
+            raise NotImplementedError(
+                f"torchreplay.capture: {what} is a DTensor, and torch.export cannot trace tensor-parallel "
+                "modules. Compile the model instead: torch.compile(model, backend=torchreplay.get_backend("
+                "compiler_config=config)), where AOTAutograd turns DTensors into local shards and collectives, "
+                "which replay; or capture a model written on local shards with "
+                "torch.distributed._functional_collectives")
 
 
 def _install_watchers() -> None:

@@ -187,6 +187,48 @@ def _case_names():
             "dist.all_reduce into the input"]
 
 
+def _tensor_parallel_mlp(rank, world):
+    """A Colwise -> Rowwise MLP (DTensor): through torch.compile, bitwise per rank, replayed, one
+    all_reduce a call; through torchreplay.capture, the clear error."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    import torchreplay
+
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
+    model = parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    cfg = torchreplay.CompilerConfig()
+    cfg.mode = "reduce-overhead"
+    backend = torchreplay.get_backend(compiler_config=cfg)
+    compiled = torch.compile(model, backend=backend)
+    bitwise, issued, expected = True, [], []
+    with torch.no_grad():
+        for k in range(4):
+            x = torch.randn(3, 16, generator=torch.Generator().manual_seed(k))  # the same on every rank
+            s0 = _seq()
+            want = model(x)
+            s1 = _seq()
+            got = compiled(x)
+            bitwise = bitwise and torch.equal(got, want)
+            expected.append(s1 - s0)
+            issued.append(_seq() - s1)
+        try:
+            torchreplay.capture(model, (x,), config=cfg)
+            refused = ""
+        except NotImplementedError as e:
+            refused = str(e)
+    return {"bitwise": bitwise, "issued": issued, "expected": expected,
+            "replays": sum(s["replays"] for s in backend.stats()), "refused": refused}
+
+
+def test_a_tensor_parallel_dtensor_mlp_replays_through_torch_compile(tmp_path):
+    for rank, r in enumerate(spawn(_tensor_parallel_mlp, 2, tmp_path)):
+        assert r["bitwise"] and r["replays"] == 3, (rank, r)
+        assert r["issued"] == r["expected"] and min(r["expected"]) >= 1, (rank, r)
+        assert "parameter '0.weight' is a DTensor" in r["refused"] and "torch.compile(model" in r["refused"], r
+
+
 def _lose_a_rank(rank, world):
     import torch.distributed._functional_collectives as fc
     import torchreplay
