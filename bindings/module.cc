@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -349,13 +350,18 @@ void BindEngine(py::module_& m) {
 // Note [Watching the random generators]
 // torchreplay.capture refuses a model that sets a generator's state while torch.export traces it
 // (torch.manual_seed, Generator.set_state...: done once while traced, never in the replays). It
-// watches with a profile function on the tracing thread, which sees every call of a C function.
-// A Python one (sys.setprofile) runs Python code on every call and return of the whole trace and
-// made the export of the tiny Llama step 2.4x slower (0.65 s against 0.27 s); this one returns at
-// once unless a C method named like a setter is called on a torch.Generator, so the trace runs at
-// its own speed. Such a call counts when the first frame calling it that is not torch's own is
-// not torchreplay's either (export's bookkeeping is not the model's). A profiler already on the
-// thread (cProfile) keeps seeing every event, and is put back by Stop.
+// watches with a profile function on the tracing thread, which sees every call of a C function
+// made from Python. A Python one (sys.setprofile) runs Python code on every call and return of
+// the whole trace and made the export of the tiny Llama step 2.4x slower (0.65 s against 0.27
+// s); this one returns at once unless a C method named like a setter is called on a
+// torch.Generator, so the trace costs only what any profile function costs CPython (0.44 s).
+// Such a call counts when the first frame calling it that is not torch's own is not
+// torchreplay's either (export's bookkeeping is not the model's). A profiler already on the
+// thread (cProfile) keeps seeing every event, and is put back by Stop. What sys.getprofile()
+// shows while watching is a builtin function that does the same when called from Python, so a
+// model that saves and restores the profile function puts the watch back. Calls made from C
+// (map(gen.manual_seed, ...)) raise no event: captured.py also compares the CPU generator's
+// state before and after.
 class GeneratorWatch {
  public:
   GeneratorWatch(py::object generator_type, std::vector<std::string> setters, std::string torch_dir,
@@ -371,7 +377,9 @@ class GeneratorWatch {
     PyThreadState* thread = PyThreadState_Get();
     previous_ = thread->c_profilefunc;
     previous_object_ = py::reinterpret_borrow<py::object>(thread->c_profileobj);
-    self_ = py::capsule(this);
+    static PyMethodDef def = {"torchreplay_generator_watch", reinterpret_cast<PyCFunction>(&FromPython),
+                              METH_VARARGS, "torchreplay's generator watch, as a profile function"};
+    self_ = py::reinterpret_steal<py::object>(PyCFunction_New(&def, py::capsule(this).ptr()));
     PyEval_SetProfile(&GeneratorWatch::Event, self_.ptr());
   }
 
@@ -387,14 +395,37 @@ class GeneratorWatch {
   const std::string& touched() const { return touched_; }
 
  private:
-  static int Event(PyObject* capsule, PyFrameObject* frame, int what, PyObject* arg) {
-    auto* self = static_cast<GeneratorWatch*>(PyCapsule_GetPointer(capsule, nullptr));
-    if (self->previous_ != nullptr) {
-      const int r = self->previous_(self->previous_object_.ptr(), frame, what, arg);
+  // An event: first to the profiler that was on the thread, then to Saw.
+  int Handle(PyFrameObject* frame, int what, PyObject* arg) {
+    if (previous_ != nullptr) {
+      const int r = previous_(previous_object_.ptr(), frame, what, arg);
       if (r != 0) return r;
     }
-    if (what == PyTrace_C_CALL && self->touched_.empty() && PyCFunction_Check(arg)) self->Saw(frame, arg);
+    if (what == PyTrace_C_CALL && touched_.empty() && PyCFunction_Check(arg)) Saw(frame, arg);
     return 0;
+  }
+
+  static int Event(PyObject* function, PyFrameObject* frame, int what, PyObject* arg) {
+    auto* self = static_cast<GeneratorWatch*>(PyCapsule_GetPointer(PyCFunction_GET_SELF(function), nullptr));
+    return self->Handle(frame, what, arg);
+  }
+
+  // The watch called as a Python profile function, (frame, event, arg).
+  static PyObject* FromPython(PyObject* capsule, PyObject* args) {
+    PyObject *frame, *event, *arg;
+    if (!PyArg_ParseTuple(args, "O!UO", &PyFrame_Type, &frame, &event, &arg)) return nullptr;
+    static const std::pair<const char*, int> kEvents[] = {
+        {"call", PyTrace_CALL},     {"return", PyTrace_RETURN},     {"exception", PyTrace_EXCEPTION},
+        {"c_call", PyTrace_C_CALL}, {"c_return", PyTrace_C_RETURN}, {"c_exception", PyTrace_C_EXCEPTION}};
+    const char* name = PyUnicode_AsUTF8(event);
+    if (name == nullptr) return nullptr;
+    auto* self = static_cast<GeneratorWatch*>(PyCapsule_GetPointer(capsule, nullptr));
+    for (const auto& [e, what] : kEvents) {
+      if (std::strcmp(name, e) == 0 && self->Handle(reinterpret_cast<PyFrameObject*>(frame), what, arg) != 0) {
+        return nullptr;
+      }
+    }
+    Py_RETURN_NONE;
   }
 
   void Saw(PyFrameObject* frame, PyObject* function) {
@@ -432,7 +463,7 @@ class GeneratorWatch {
   std::string torch_dir_;
   std::string own_dir_;
   std::string touched_;
-  py::object self_;  // the capsule handed to the thread while watching
+  py::object self_;  // the builtin function handed to the thread while watching
   Py_tracefunc previous_ = nullptr;
   py::object previous_object_;
 };

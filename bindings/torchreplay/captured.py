@@ -312,28 +312,37 @@ class _RandomStateWatch:
     tensors: they draw nothing while traced.) The calls are seen by a C profile function on this
     thread (Note [Watching the random generators] in bindings/module.cc), counted only when the code
     calling them (past torch's own Python wrappers) is not torch's or torchreplay's: export's own
-    bookkeeping is not the model's. Python's `random` module is not watched: its values are
-    constants of the trace, as any Python value is."""
+    bookkeeping is not the model's. A seed no profile function sees (manual_seed called from C, as
+    through map or functools.partial, or from another thread) shows in the CPU generator's initial
+    seed, compared before and after (not its state: other threads may draw from it meanwhile).
+    Python's `random` module is not watched: its values are constants of the trace, as any Python
+    value is."""
 
     _SETTERS = ["manual_seed", "seed", "set_state", "graphsafe_set_state"]
 
     def __enter__(self) -> "_RandomStateWatch":
         self._state = torch.random.get_rng_state()
+        self._seed = torch.initial_seed()
+        self._changed = ""
         self._watch = _C.GeneratorWatch(torch.Generator, self._SETTERS, _TORCH_DIR, _PACKAGE_DIR)
         self._watch.start()
         return self
 
     @property
     def touched(self) -> str:
-        return self._watch.touched
+        return self._watch.touched or self._changed
 
     def __exit__(self, *exc: Any) -> None:
         self._watch.stop()
+        if not self.touched and torch.initial_seed() != self._seed:
+            self._changed = "seeded the CPU generator"
         if self.touched:  # else the state is left alone: another thread may be drawing from it
             torch.random.set_rng_state(self._state)
 
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_TRACE_LOCK = threading.Lock()   # torch.export traces one model at a time in a process
+_tracing = threading.local()     # .active while this thread traces (nested captures are refused)
 _PACKAGE_DIR = os.path.dirname(__file__) + os.sep
 
 
@@ -608,17 +617,25 @@ def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Option
     if dynamic:  # every dimension of every tensor (one entry: forward's *leaves)
         dynamic_shapes = (tuple({d: torch.export.Dim.AUTO for d in range(a.dim())} if isinstance(a, torch.Tensor)
                                 else None for a in leaves),)
-    with warnings.catch_warnings():
+    if getattr(_tracing, "active", False):
+        raise RuntimeError("torchreplay.capture: called while another capture is tracing its model (from inside "
+                           "that model's forward?); torch.export does not nest: capture the inner model first, "
+                           "outside, and call the result from the outer one")
+    with _TRACE_LOCK, warnings.catch_warnings():  # torch.export is not thread-safe: one trace at a time
         # torch.export's own use of a deprecated pytree API (nothing a caller can change)
         warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
-        with _RandomStateWatch() as rng, torch.no_grad():
-            ep = torch.export.export(traced, leaves, dynamic_shapes=dynamic_shapes, strict=False)
-        if rng.touched:
-            raise ValueError(f"torchreplay.capture: the model {rng.touched} while it was traced; a capture "
-                             "replays the graph's ops, not that (its replays would draw other numbers than eager): "
-                             "seed outside the captured model")
-        with torch.no_grad():
-            ep = ep.run_decompositions(_decompositions(decompositions))
+        _tracing.active = True
+        try:
+            with _RandomStateWatch() as rng, torch.no_grad():
+                ep = torch.export.export(traced, leaves, dynamic_shapes=dynamic_shapes, strict=False)
+            if rng.touched:
+                raise ValueError(f"torchreplay.capture: the model {rng.touched} while it was traced; a capture "
+                                 "replays the graph's ops, not that (its replays would draw other numbers than "
+                                 "eager): seed outside the captured model")
+            with torch.no_grad():
+                ep = ep.run_decompositions(_decompositions(decompositions))
+        finally:
+            _tracing.active = False
     gm = ep.graph_module
     num_outputs = _writes_back(ep, gm)
     sig = ep.graph_signature

@@ -500,6 +500,75 @@ def test_a_capture_runs_under_a_profiler_and_gives_it_back():
     assert step.stats()["replays"] == 2    # capture and replay, replay
 
 
+def test_the_generator_watch_holds_when_the_model_saves_and_restores_the_profile_function():
+    """A model that saves sys.getprofile() and puts it back gets the watch back (a callable);
+    seeding from C code (map, functools.partial), which no profile function sees, is caught by
+    the generator's state."""
+    import functools
+    import sys
+
+    def restores(x):
+        old = sys.getprofile()
+        sys.setprofile(None)
+        y = x + 1
+        sys.setprofile(old)
+        return y * 2
+
+    def restores_then_seeds(x):
+        old = sys.getprofile()
+        sys.setprofile(None)
+        sys.setprofile(old)
+        torch.manual_seed(3)
+        return x + torch.rand_like(x)
+
+    x = torch.randn(3)
+    step = torchreplay.capture(restores, (x,), config=config())
+    for _ in range(3):
+        x = torch.randn(3)
+        assert torch.equal(step(x), restores(x))
+    assert step.stats()["replays"] == 2 and sys.getprofile() is None
+    with pytest.raises(ValueError, match=r"called Generator.manual_seed while it was traced"):
+        torchreplay.capture(restores_then_seeds, (x,), config=config())
+    torch.manual_seed(1)
+    before = torch.random.get_rng_state()
+    for seeds in (lambda: list(map(torch.default_generator.manual_seed, [0])),
+                  lambda: functools.partial(torch.default_generator.manual_seed, 0)()):
+        fn = lambda x, seeds=seeds: (seeds(), x + torch.rand_like(x))[1]  # noqa: E731
+        with pytest.raises(ValueError, match=r"seeded the CPU generator while it was traced"):
+            torchreplay.capture(fn, (x,), config=config())
+        assert torch.equal(torch.random.get_rng_state(), before)
+
+
+def test_captures_from_two_threads_take_turns_and_a_nested_capture_is_a_clear_error():
+    import threading
+
+    fns = [lambda x: (x * 2).relu(), lambda x: x.sin() + 1, lambda x: x.exp() * 3, lambda x: x - 1]
+    results, errors = {}, []
+
+    def run(k):
+        try:
+            step = torchreplay.capture(fns[k], (torch.randn(8),), config=config())
+            x = torch.randn(8)
+            results[k] = torch.equal(step(x), fns[k](x)) and torch.equal(step(x), fns[k](x))
+        except Exception as e:  # noqa: BLE001
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and results == {0: True, 1: True, 2: True, 3: True}, (errors, results)
+
+    inner = lambda x: x * 2  # noqa: E731
+
+    def outer(x):
+        return torchreplay.capture(inner, (x,), config=config())(x) + 1
+
+    with pytest.raises(RuntimeError, match="torch.export does not nest"):
+        torchreplay.capture(outer, (torch.randn(3),), config=config())
+
+
 def test_a_replay_is_profiled_step_by_step():
     """Captured.profile: one row per tape step, in order, saying what each step is; the steps of
     the MLP are its three GEMMs (typed) and two relus (fused elementwise steps of one clamp_min
