@@ -341,7 +341,7 @@ class _RandomStateWatch:
 
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_TRACE_LOCK = threading.Lock()   # torch.export traces one model at a time in a process
+_TRACE_LOCK = threading.Lock()   # one torch.export trace at a time in a process
 _tracing = threading.local()     # .active while this thread traces (nested captures are refused)
 _PACKAGE_DIR = os.path.dirname(__file__) + os.sep
 
@@ -621,7 +621,7 @@ def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Option
         raise RuntimeError("torchreplay.capture: called while another capture is tracing its model (from inside "
                            "that model's forward?); torch.export does not nest: capture the inner model first, "
                            "outside, and call the result from the outer one")
-    with _TRACE_LOCK, warnings.catch_warnings():  # torch.export is not thread-safe: one trace at a time
+    with _TRACE_LOCK, warnings.catch_warnings():  # one trace at a time: torch.export keeps global state
         # torch.export's own use of a deprecated pytree API (nothing a caller can change)
         warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
         _tracing.active = True
