@@ -361,7 +361,7 @@ void BindEngine(py::module_& m) {
 // shows while watching is a builtin function that does the same when called from Python, so a
 // model that saves and restores the profile function puts the watch back. Calls made from C
 // (map(gen.manual_seed, ...)) raise no event: captured.py also compares the CPU generator's
-// state before and after.
+// initial seed before and after.
 class GeneratorWatch {
  public:
   GeneratorWatch(py::object generator_type, std::vector<std::string> setters, std::string torch_dir,

@@ -377,22 +377,20 @@ std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> LayerNormOut(const at::Tensor&
 
 class LayerNormStep final : public TypedCall {
  public:
-  LayerNormStep(TensorArg input, std::optional<TensorArg> weight, std::optional<TensorArg> bias, int64_t M, int64_t N,
-                double eps, at::Tensor out, at::Tensor mean, at::Tensor rstd)
+  LayerNormStep(TensorArg input, TensorArg weight, TensorArg bias, int64_t M, int64_t N, double eps, at::Tensor out,
+                at::Tensor mean, at::Tensor rstd)
       : input_(std::move(input)), weight_(std::move(weight)), bias_(std::move(bias)), M_(M), N_(N), eps_(eps),
         out_(std::move(out)), mean_(mean.view({M})), rstd_(rstd.view({M})) {}
 
   void Run(c10::DispatchKeySet, const Slots& slots) const override {
     const at::Tensor& x = input_.get(slots);
     TORCH_CHECK(x.is_contiguous(), "torchreplay: a layer norm's input is no longer contiguous");
-    static const at::Tensor kNone;
-    at::native::LayerNormKernel(c10::kCPU, x, weight_.has_value() ? weight_->get(slots) : kNone,
-                                bias_.has_value() ? bias_->get(slots) : kNone, M_, N_, eps_, &out_, &mean_, &rstd_);
+    at::native::LayerNormKernel(c10::kCPU, x, weight_.get(slots), bias_.get(slots), M_, N_, eps_, &out_, &mean_,
+                                &rstd_);
   }
 
  private:
-  TensorArg input_;
-  std::optional<TensorArg> weight_, bias_;
+  TensorArg input_, weight_, bias_;  // a None weight or bias: an undefined constant, as ATen takes it
   int64_t M_, N_;
   double eps_;
   mutable at::Tensor out_, mean_, rstd_;  // planned buffers; the statistics as (M,) views
@@ -452,16 +450,11 @@ std::unique_ptr<TypedCall> MakeLayerNorm(const Slots& args, const std::vector<in
     return nullptr;
   }
   TensorArg input{slot_of[0] >= 0 ? at::Tensor() : args[0].toTensor(), slot_of[0]};
-  std::optional<TensorArg> params[2];
+  TensorArg params[2];  // weight, bias
   for (int k = 0; k < 2; ++k) {
     const int a = 2 + k;
-    if (slot_of[a] >= 0) {
-      params[k] = TensorArg{at::Tensor(), slot_of[a]};
-    } else if (args[a].isTensor()) {
-      params[k] = TensorArg{args[a].toTensor(), -1};
-    } else if (!args[a].isNone()) {
-      return nullptr;
-    }
+    if (slot_of[a] < 0 && !args[a].isTensor() && !args[a].isNone()) return nullptr;
+    params[k] = TensorArg{slot_of[a] < 0 && args[a].isTensor() ? args[a].toTensor() : at::Tensor(), slot_of[a]};
   }
   const at::Tensor& out = args[5].toTensor();
   const std::vector<int64_t> normalized = args[1].toIntVector();

@@ -341,9 +341,9 @@ class _RandomStateWatch:
 
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_PACKAGE_DIR = os.path.dirname(__file__) + os.sep
 _TRACE_LOCK = threading.Lock()   # one torch.export trace at a time in a process
 _tracing = threading.local()     # .active while this thread traces (nested captures are refused)
-_PACKAGE_DIR = os.path.dirname(__file__) + os.sep
 
 
 class _Flat(torch.nn.Module):
