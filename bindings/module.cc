@@ -118,6 +118,7 @@ py::dict StatsToDict(const replay::EngineStats& s) {
     r["typed_steps"] = i.typed_steps;
     r["prepared_steps"] = i.prepared_steps;
     r["fused_steps"] = i.fused_steps;
+    r["collective_steps"] = i.collective_steps;
     r["fused_nodes"] = i.fused_nodes;
     r["functional_steps"] = i.functional_steps;
     r["precomputed"] = i.precomputed;

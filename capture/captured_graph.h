@@ -35,6 +35,7 @@ struct CaptureInfo {
   int prepared_steps = 0;     // ... of those, on a TensorIterator built once (CPU pointwise)
   int fused_steps = 0;        // ... of those, fused elementwise steps (CPU)
   int fused_nodes = 0;        // nodes those fused steps compute
+  int collective_steps = 0;   // ... of which start a collective (Note [Collective steps])
   int functional_steps = 0;   // ... of which allocate their result (no out= variant, or dynamic)
   int precomputed = 0;        // nodes decided once at capture (views of static tensors, sizes)
   int64_t arena_bytes = 0;    // this key's plan
@@ -47,8 +48,8 @@ struct StepTime {
   std::string node;    // the graph node it runs ("addmm_1")
   std::string op;      // the kernel it calls ("aten::addmm.out")
   std::string kind;    // "fused elementwise", "prepared pointwise", "prepared reduction", "prepared attention",
-                       // "prepared layer norm", "typed out=", "copies", "boxed out=", "functional", "in place",
-                       // "view", "getitem", "scalar"
+                       // "prepared layer norm", "typed out=", "copies", "boxed out=", "collective", "wait",
+                       // "functional", "in place", "view", "getitem", "scalar"
   std::string shapes;  // its results ("Float[1, 64]")
   double us = 0;       // mean time per replay
 };

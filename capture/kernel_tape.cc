@@ -15,6 +15,7 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "capture/collective_steps.h"
 #include "capture/fused_elementwise.h"
 #include "capture/interpreter.h"
 #include "capture/prepared_pointwise.h"
@@ -83,6 +84,9 @@ class KernelTape final : public CapturedGraph {
   std::vector<Output> outputs_;
   std::vector<bool> output_in_pool_;
   std::vector<c10::IValue> slots_;
+  // Per collective step: its work while in flight (Note [Collective steps]); a failed call waits
+  // for them before it returns.
+  std::vector<std::shared_ptr<PendingWork>> pending_;
   torch::jit::Stack stack_;
   c10::DispatchKeySet keys_{c10::DispatchKey::CPU};
 };
@@ -212,6 +216,7 @@ void KernelTape::DropCallValues(Step* failed) {
   }
   for (auto& v : slots_) v = c10::IValue();
   stack_.clear();
+  for (auto& p : pending_) DrainPending(p.get());
 }
 
 absl::StatusOr<std::string> KernelTape::Dump(const std::string& path_stem) const {
@@ -220,18 +225,6 @@ absl::StatusOr<std::string> KernelTape::Dump(const std::string& path_stem) const
   f << listing_;
   if (!f) return absl::InternalError(absl::StrCat("cannot write ", path));
   return path;
-}
-
-// Whether a recorded tensor's elements lie in row-major order one after another (as
-// is_contiguous(): a dim of size 1 may have any stride).
-bool Contiguous(const ValueRecord& r) {
-  int64_t expected = 1;
-  for (int64_t d = static_cast<int64_t>(r.sizes.size()) - 1; d >= 0; --d) {
-    if (r.sizes[d] == 1) continue;
-    if (r.strides[d] != expected) return false;
-    expected *= r.sizes[d];
-  }
-  return true;
 }
 
 // A planned buffer: a tensor of the recorded geometry on a storage of its own over its bytes of
@@ -313,6 +306,12 @@ class Emitter {
           break;
         case TapePlan::Decision::kFunctional:
           FunctionalStep(n);
+          break;
+        case TapePlan::Decision::kCollective:
+          if (auto s = CollectiveStep(i); !s.ok()) return s;
+          break;
+        case TapePlan::Decision::kWait:
+          WaitStep(i);
           break;
       }
     }
@@ -596,6 +595,41 @@ class Emitter {
     Push(std::move(step), n, any_fresh ? "functional" : in_place ? "in place" : "view");
   }
 
+  // Note [Collective steps]: the collective into its planned buffer, its work handle shared with
+  // its wait's step.
+  absl::Status CollectiveStep(int i) {
+    const Node& n = g_.nodes()[i];
+    Step step;
+    BuildArgs(n, &step);
+    const ValueId out = n.outputs[0];
+    constants_[out] = buffers_[plan_.values[out].buffer];
+    std::shared_ptr<PendingWork> pending = NewPendingWork();
+    try {
+      step.typed = MakeCollectiveStep(*plan_.nodes[i].collective, step.args, TensorArgOf(n.args[0].value),
+                                      constants_[out].toTensor(), pending);
+    } catch (const c10::Error& e) {
+      return KernelError(e, absl::StrCat("node '", n.name, "' failed at capture: "));
+    }
+    pending_of_wait_[plan_.nodes[i].partner] = pending;
+    tape_->pending_.push_back(std::move(pending));
+    step.args.clear();
+    step.patches.clear();
+    step.op_name = OperatorName(*n.op);
+    ++tape_->info_.collective_steps;
+    Push(std::move(step), n, "collective");
+    return absl::OkStatus();
+  }
+
+  void WaitStep(int i) {
+    const Node& n = g_.nodes()[i];
+    Step step;
+    step.name = n.name;
+    step.typed = MakeWaitStep(pending_of_wait_.at(i));
+    constants_[n.outputs[0]] = constants_[n.args[0].value];
+    step.op_name = OperatorName(*n.op);
+    Push(std::move(step), n, "wait");
+  }
+
   // Note [Copies]: self.index_copy_(dim, index, source) with one int64 index, all of one dtype.
   std::unique_ptr<TypedCall> IndexCopyAsCopies(const Node& n) {
     if (n.args.size() != 4 || n.args[1].kind != Arg::Kind::kConstant || !n.args[1].constant.isInt() ||
@@ -626,7 +660,7 @@ class Emitter {
     const ValueRecord& indices = rec_.values[n.args[1].value];
     std::optional<CatInput> weight = CopiedInput(n.args[0], out.dtype);
     if (!weight.has_value() || weight->sizes.size() != 2 || !indices.is_tensor || indices.dtype != c10::kLong ||
-        !Contiguous(indices) || !Contiguous(out)) {
+        !indices.contiguous() || !out.contiguous()) {
       return nullptr;
     }
     return MakeEmbeddingRows(*std::move(weight), TensorArgOf(n.args[1].value),
@@ -734,6 +768,7 @@ class Emitter {
   std::vector<std::pair<int, at::Tensor>> holders_;  // (slot, wrapped number): see Holder
   absl::flat_hash_map<int, int> sym_step_of_slot_;   // slot -> the kSymArith step giving it
   std::vector<Step> group_stacks_;  // the stacks of the open fused group's nodes so far
+  absl::flat_hash_map<int, std::shared_ptr<PendingWork>> pending_of_wait_;  // wait node -> its work
 };
 
 }  // namespace

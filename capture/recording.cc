@@ -13,6 +13,17 @@
 #include "absl/strings/str_cat.h"
 
 namespace torchreplay::capture {
+
+bool ValueRecord::contiguous() const {
+  int64_t expected = 1;
+  for (int64_t d = static_cast<int64_t>(sizes.size()) - 1; d >= 0; --d) {
+    if (sizes[d] == 1) continue;
+    if (strides[d] != expected) return false;
+    expected *= sizes[d];
+  }
+  return true;
+}
+
 namespace {
 
 void RecordTensor(const at::Tensor& t, ValueRecord* r) {

@@ -36,6 +36,9 @@ struct ValueRecord {
 
   // The value whose storage this one shares (itself when it has no root).
   ValueId root_or(ValueId self) const { return root >= 0 ? root : self; }
+  // Whether its elements lie in row-major order one after another (as is_contiguous(): a dim of
+  // size 1 may have any stride).
+  bool contiguous() const;
 };
 
 // Note [Checked out= kernels]

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <sstream>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -43,6 +44,8 @@ const char* DecisionName(TapePlan::Decision d) {
     case TapePlan::Decision::kGetItem: return "getitem";
     case TapePlan::Decision::kOutVariant: return "out=";
     case TapePlan::Decision::kFunctional: return "functional";
+    case TapePlan::Decision::kCollective: return "collective";
+    case TapePlan::Decision::kWait: return "wait";
   }
   return "?";
 }
@@ -129,6 +132,7 @@ class Planner {
       }
       return;
     }
+    if (const auto c = waits_.find(i); c != waits_.end()) return Wait(i, c->second);
     if (n.kind == NodeKind::kGetItem) {
       np.decision = TapePlan::Decision::kGetItem;
       const ValueId list = n.args[0].value;
@@ -170,6 +174,7 @@ class Planner {
       return;
     }
 
+    if (Collective(i)) return;
     // Made from fixed values only (a mask from arange and the sizes): once, at capture, even
     // where an out= step could compute it every call.
     if (!mutable_op && all_fresh && Fold(i)) return;
@@ -202,6 +207,71 @@ class Planner {
     plan_.nodes[i].decision = TapePlan::Decision::kPrecompute;
     for (ValueId o : n.outputs) val_[o].constant = fixed_[o] = true;
     return true;
+  }
+
+  // Note [Collective steps]: a collective of one real tensor, its other arguments fixed,
+  // whose result only its wait_tensor reads. The result is a planned buffer, and the buffers of
+  // the input and the result live until the wait.
+  bool Collective(int i) {
+    const Node& n = g_.nodes()[i];
+    const std::optional<CollectiveKind> kind = CollectiveKindOf(*n.op);
+    if (!kind.has_value() || n.outputs.size() != 1 || n.args.empty() || n.args[0].kind != Arg::Kind::kValue) {
+      return false;
+    }
+    const ValueId in = n.args[0].value, out = n.outputs[0];
+    const ValueRecord& r = rec_.values[in];
+    // all_reduce and broadcast copy their input into the result first; the others read it as it is
+    const bool copies = *kind == CollectiveKind::kAllReduce || *kind == CollectiveKind::kBroadcast;
+    if (!r.is_tensor || c10::isComplexType(r.dtype) || (!copies && !r.contiguous()) || rec_.values[out].root != out ||
+        !rec_.values[out].contiguous()) {
+      return false;
+    }
+    for (const auto& a : g_.outputs()) {  // returned unwaited
+      bool returned = false;
+      ForEachValueUse(a, [&](ValueId v) { returned = returned || v == out; });
+      if (returned) return false;
+    }
+    for (size_t a = 1; a < n.args.size(); ++a) {
+      bool fixed = true;
+      ForEachValueUse(n.args[a], [&](ValueId v) { fixed = fixed && fixed_[v]; });
+      if (!fixed) return false;
+    }
+    int wait = -1, readers = 0;
+    for (int j = i + 1; j < static_cast<int>(g_.nodes().size()); ++j) {
+      const Node& m = g_.nodes()[j];
+      bool reads = false;
+      for (const auto& a : m.args) ForEachValueUse(a, [&](ValueId v) { reads = reads || v == out; });
+      if (!reads) continue;
+      ++readers;
+      if (m.kind == NodeKind::kOp && IsWaitTensor(*m.op) && m.outputs.size() == 1) wait = j;
+    }
+    if (readers != 1 || wait < 0) return false;
+    TapePlan::NodePlan& np = plan_.nodes[i];
+    np.decision = TapePlan::Decision::kCollective;
+    np.collective = kind;
+    np.partner = wait;
+    waits_[wait] = i;
+    const ValueRecord& o = rec_.values[out];
+    const int64_t nbytes = static_cast<int64_t>(
+        at::detail::computeStorageNbytes(o.sizes, o.strides, c10::elementSize(o.dtype)));
+    const int end = std::max({last_use_[out], last_use_[g_.nodes()[wait].outputs[0]], wait});
+    val_[out].constant = val_[out].in_arena = true;
+    val_[out].buffer = static_cast<int>(plan_.requests.size());
+    plan_.requests.push_back(memory_pool::BufferRequest{nbytes, i, end});
+    if (const int b = val_[root_of(in)].buffer; b >= 0) {
+      plan_.requests[b].last_use = std::max(plan_.requests[b].last_use, wait);
+    }
+    return true;
+  }
+
+  // The wait of collective c: its result is the collective's buffer.
+  void Wait(int i, int c) {
+    const ValueId out = g_.nodes()[i].outputs[0], in = g_.nodes()[c].outputs[0];
+    plan_.nodes[i].decision = TapePlan::Decision::kWait;
+    plan_.nodes[i].partner = c;
+    val_[out] = val_[in];
+    val_[out].buffer = -1;
+    val_[out].same_as = in;
   }
 
   // Runs as it is, every call.
@@ -258,6 +328,7 @@ class Planner {
   const std::vector<bool> mutated_;
   std::vector<bool> is_output_;  // a graph output's storage (by root)
   std::vector<int> last_use_;
+  absl::flat_hash_map<int, int> waits_;  // wait node -> its kCollective node
   // Values whose contents, not just identity, are fixed under the key: scalars, sizes, and what
   // is folded from them. (Arena buffers and static inputs are constant tensors, but what they
   // hold changes from call to call.)

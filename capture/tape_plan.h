@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "capture/collective_steps.h"
 #include "capture/fused_kernels.h"
 #include "capture/graph.h"
 #include "capture/out_variants.h"
@@ -42,12 +43,16 @@ struct TapePlan {
     kGetItem,     // an element of a list: taken once if the list is constant, else a step
     kOutVariant,  // a step writing into planned arena buffers through the op's out= overload
     kFunctional,  // a step running the op as it is (allocating its result, or in place)
+    kCollective,  // a collective started into a planned buffer (Note [Collective steps])
+    kWait,        // the wait of a kCollective: its result is the collective's buffer
   };
   struct NodePlan {
     Decision decision = Decision::kFunctional;
     std::optional<OutVariant> out;  // kOutVariant
     std::string why;                // kFunctional: why an out= overload was refused, if one was
     int group = -1;                 // kOutVariant: its fused group, if in one
+    int partner = -1;               // kCollective: its wait's node; kWait: its collective's
+    std::optional<CollectiveKind> collective;  // kCollective
   };
   // A run of out= nodes computed by one fused elementwise step (Note [Fused elementwise steps]
   // in fused_elementwise.h): the step runs where the last of them is. An instruction's operands

@@ -38,7 +38,9 @@
 // eager call runs the graph once through the interpreter; capture plans the tape from the
 // previous warm-up's recording and runs nothing of it (collectives are never folded: only aten
 // ops are, tape_plan.cc); the capture call and every later call replay the tape once, each
-// collective a functional step at its place, its wait at the graph's wait_tensor.
+// collective a step at its place, its wait at the graph's wait_tensor (Note [Collective steps]
+// in capture/collective_steps.h; the sink_waits pass moves a wait down to its result's first
+// reader, and never a collective).
 // tests/python/test_collectives.py pins this with ranks at different stages (counted by the
 // process group's sequence number). CUDA: capturing NCCL collectives into a CUDA graph needs every
 // rank to capture and launch the same graphs in the same order; until that is built and run on a
