@@ -140,7 +140,8 @@ void Call::Check(const std::vector<c10::IValue>& inputs) const {
   const CaptureChecks& c = *checks;
   if (c10::GradMode::is_enabled()) {
     for (int i : c.grad_checked) {
-      if (inputs[i].isTensor() && inputs[i].toTensor().requires_grad()) {
+      const bool owned = i < static_cast<int>(c.grad_owners.size()) && c.grad_owners[i].defined();
+      if (owned ? c.grad_owners[i].requires_grad() : inputs[i].isTensor() && inputs[i].toTensor().requires_grad()) {
         throw py::value_error(absl::StrCat(
             "torchreplay: ", i < static_cast<int>(c.bound_names.size()) ? c.bound_names[i] : absl::StrCat("bound input ", i),
             " of the captured model requires grad and grad mode is on, but graph '",
@@ -343,14 +344,15 @@ void BindCall(py::module_& m) {
            py::arg("coef") = 1, py::arg("offset") = 0);
   py::class_<CaptureChecks>(m, "CaptureChecks", "What torchreplay.capture's trace assumed, checked per call.")
       .def(py::init([](py::dict fixed, std::vector<SizeCheck> sizes, py::object module,
-                       std::vector<int> grad_checked, std::vector<std::string> bound_names,
-                       py::object slow_path, bool always_slow) {
+                       std::vector<int> grad_checked, std::vector<std::optional<at::Tensor>> grad_owners,
+                       std::vector<std::string> bound_names, py::object slow_path, bool always_slow) {
              CaptureChecks c;
              for (auto [i, v] : fixed) c.fixed.emplace_back(i.cast<int>(), ToIValue(v));
              c.sizes = std::move(sizes);
              c.module = std::move(module);
              if (!c.module.is_none()) c.training = c.module.attr("training").cast<bool>();
              c.grad_checked = std::move(grad_checked);
+             for (auto& t : grad_owners) c.grad_owners.push_back(t.has_value() ? *std::move(t) : at::Tensor());
              c.bound_names = std::move(bound_names);
              c.slow_path = std::move(slow_path);
              c.always_slow = always_slow && !c.slow_path.is_none();
@@ -358,6 +360,7 @@ void BindCall(py::module_& m) {
            }),
            py::arg("fixed") = py::dict(), py::arg("sizes") = std::vector<SizeCheck>(),
            py::arg("module") = py::none(), py::arg("grad_checked") = std::vector<int>(),
+           py::arg("grad_owners") = std::vector<std::optional<at::Tensor>>(),
            py::arg("bound_names") = std::vector<std::string>(), py::arg("slow_path") = py::none(),
            py::arg("always_slow") = false);
 

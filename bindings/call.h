@@ -82,6 +82,9 @@ struct CaptureChecks {
   // Bound tensors (parameters, buffers an output is computed from) refused if they require grad
   // while grad mode is on: the graph runs inference only, and eager's output would track them.
   std::vector<int> grad_checked;
+  // Per bound tensor, the tensor whose requires_grad stands for it (a DTensor parameter for its
+  // local shard, which never requires grad); undefined: the bound tensor itself.
+  std::vector<at::Tensor> grad_owners;
   std::vector<std::string> bound_names;  // for errors: what each bound tensor is in the model
   // Takes the calls the fast path cannot (keywords, nested arguments or outputs, another argument
   // count, a size check that fails) in Python: it flattens the arguments, checks what was

@@ -6,18 +6,21 @@
 # it prints a table and a per-model summary and writes JSON, CSV and a PNG plot to bench_out/ (or
 # --out DIR). Last, batch-size buckets in a decode-style loop (python -m torchreplay.bench.buckets:
 # capture_sizes against one capture per size, eager and Inductor; then a Python int changing
-# every call, eager against torchreplay).
+# every call, eager against torchreplay). Then tensor parallelism (python -m torchreplay.bench.tp: the
+# tiny Llama step sharded over 2 ranks with DTensor, gloo on 127.0.0.1: eager, torch.compile and
+# capture against the step's communication floor, and compute overlapping an all_reduce).
 # Arguments go to `python -m torchreplay.bench` (try --help).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
 min_time=1
 buckets=()
+tp=()
 prev= help=
 for a in "$@"; do
   case "$a" in -h|--help) help=1 ;; esac
-  [ "$a" = "--quick" ] && min_time=0.2 && buckets+=(--rounds 5 --no-inductor)
-  [ "$prev" = "--out" ] && buckets+=(--out "$a")
+  [ "$a" = "--quick" ] && min_time=0.2 && buckets+=(--rounds 5 --no-inductor) && tp+=(--rounds 2 --calls 20)
+  [ "$prev" = "--out" ] && buckets+=(--out "$a") && tp+=(--out "$a")
   prev=$a
 done
 bazel build --noshow_progress --ui_event_filters=-info,-stdout //bench:chain_bench 2>&1 \
@@ -31,3 +34,6 @@ echo "== Python harness: python -m torchreplay.bench $*"
 echo
 echo "== Batch-size buckets: python -m torchreplay.bench.buckets ${buckets[*]}"
 .venv/bin/python -m torchreplay.bench.buckets "${buckets[@]}"
+echo
+echo "== Tensor parallelism: python -m torchreplay.bench.tp ${tp[*]}"
+.venv/bin/python -m torchreplay.bench.tp "${tp[@]}"

@@ -3,8 +3,9 @@
     step = torchreplay.capture(model, (x, pos), config=cfg)
     out = step(x, pos)         # straight into C++: the engine's guard key, then replay
 
-torch.export traces the model once (functional ATen graph, input mutations as extra outputs);
-the same passes, lowering and engine as the torch.compile path then run it. Parameters and buffers
+torch.export traces the model once (functional ATen graph, input mutations as extra outputs; a
+model with DTensors, which export cannot trace, goes through AOTAutograd's export instead:
+_trace_subclassed); the same passes, lowering and engine as the torch.compile path then run it. Parameters and buffers
 are bound once as static inputs; the writes the model makes to buffers and inputs are put back
 into the graph as in-place updates, so they land in the real tensors. What is checked per call and
 what is not: docs/design.md, "torchreplay.capture".
@@ -21,7 +22,7 @@ import sys
 import threading
 import warnings
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.fx
@@ -198,7 +199,7 @@ class Captured(_C.Call):
 
     def __init__(self, engine: Any, bound: List[Any], bound_names: List[str], grad_checked: List[int],
                  mutated: List[int], fixed: Dict[int, Any], sizes: List[Any], module: Optional[torch.nn.Module],
-                 trace: "_Trace") -> None:
+                 trace: "_Trace", grad_owners: Sequence[Optional[torch.Tensor]] = ()) -> None:
         returns = _C.Returns.ONE if trace.out_spec.is_leaf() else _C.Returns.TUPLE
         flat_out = trace.out_spec.is_leaf() or (
             trace.out_spec.type is tuple and all(c.is_leaf() for c in trace.out_spec.children()))
@@ -208,7 +209,7 @@ class Captured(_C.Call):
         # cycle through C++, which the garbage collector cannot see: the model never freed).
         me = weakref.ref(self)
         checks = _C.CaptureChecks(fixed=fixed, sizes=[_C.SizeCheck(*s) for s in sizes], module=module,
-                                  grad_checked=grad_checked, bound_names=bound_names,
+                                  grad_checked=grad_checked, grad_owners=list(grad_owners), bound_names=bound_names,
                                   slow_path=lambda *a, **k: me()._slow_call(*a, **k),
                                   always_slow=not (flat_in and flat_out) or bool(trace.size_exprs))
         super().__init__(engine, bound=bound, mutated=mutated, num_outputs=trace.num_outputs, returns=returns,
@@ -316,24 +317,37 @@ class _RandomStateWatch:
     through map or functools.partial, or from another thread) shows in the CPU generator's initial
     seed, compared before and after (not its state: other threads may draw from it meanwhile).
     Python's `random` module is not watched: its values are constants of the trace, as any Python
-    value is."""
+    value is. With calls=False only the initial seed is compared (a trace through Dynamo, whose
+    generated code sets generator states of its own)."""
 
     _SETTERS = ["manual_seed", "seed", "set_state", "graphsafe_set_state"]
+
+    def __init__(self, calls: bool = True) -> None:
+        self._calls = calls
 
     def __enter__(self) -> "_RandomStateWatch":
         self._state = torch.random.get_rng_state()
         self._seed = torch.initial_seed()
         self._changed = ""
         self._watch = _C.GeneratorWatch(torch.Generator, self._SETTERS, _TORCH_DIR, _PACKAGE_DIR)
-        self._watch.start()
+        if self._calls:
+            self._watch.start()
         return self
 
     @property
     def touched(self) -> str:
-        return self._watch.touched or self._changed
+        return (self._watch.touched if self._calls else "") or self._changed
+
+    def check(self) -> None:
+        """Raises if the model touched a generator while it was traced."""
+        if self.touched:
+            raise ValueError(f"torchreplay.capture: the model {self.touched} while it was traced; a capture "
+                             "replays the graph's ops, not that (its replays would draw other numbers than "
+                             "eager): seed outside the captured model")
 
     def __exit__(self, *exc: Any) -> None:
-        self._watch.stop()
+        if self._calls:
+            self._watch.stop()
         if not self.touched and torch.initial_seed() != self._seed:
             self._changed = "seeded the CPU generator"
         if self.touched:  # else the state is left alone: another thread may be drawing from it
@@ -601,7 +615,9 @@ def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Option
     per call. dynamic=True lets every tensor dimension take any size (one capture per shape; sizes
     0 and 1, which export specializes, get a trace of their own when first seen); otherwise other
     shapes are a clear error from the engine's input check or a new key. Inference only: with grad
-    mode on, a parameter an output is computed from that requires grad is refused per call."""
+    mode on, a parameter an output is computed from that requires grad is refused per call. A
+    model with DTensor parameters (tensor parallelism) is traced through AOTAutograd instead of
+    torch.export (Dynamo once, here), one shape per capture."""
     config = config if config is not None else CompilerConfig()
     module = model if isinstance(model, torch.nn.Module) else _AsModule(model)
     args = tuple(example_args)
@@ -611,12 +627,7 @@ def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Option
     # objects) are specialized: left out of the trace, put back in place by _Flat, checked per call.
     constants = {i: a for i, a in enumerate(flat_args) if not isinstance(a, (torch.Tensor, bool, int, float))}
     leaves = tuple(a for i, a in enumerate(flat_args) if i not in constants)
-    _refuse_dtensors(module, leaves)
     traced = _Flat(module, in_spec, constants, len(flat_args))
-    dynamic_shapes = None
-    if dynamic:  # every dimension of every tensor (one entry: forward's *leaves)
-        dynamic_shapes = (tuple({d: torch.export.Dim.AUTO for d in range(a.dim())} if isinstance(a, torch.Tensor)
-                                else None for a in leaves),)
     if getattr(_tracing, "active", False):
         raise RuntimeError("torchreplay.capture: called while another capture is tracing its model (from inside "
                            "that model's forward?); torch.export does not nest: capture the inner model first, "
@@ -626,52 +637,28 @@ def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Option
         warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
         _tracing.active = True
         try:
-            with _RandomStateWatch() as rng, torch.no_grad():
-                ep = torch.export.export(traced, leaves, dynamic_shapes=dynamic_shapes, strict=False)
-            if rng.touched:
-                raise ValueError(f"torchreplay.capture: the model {rng.touched} while it was traced; a capture "
-                                 "replays the graph's ops, not that (its replays would draw other numbers than "
-                                 "eager): seed outside the captured model")
-            with torch.no_grad():
-                ep = ep.run_decompositions(_decompositions(decompositions))
+            if _dtensors(module, leaves):
+                if dynamic:
+                    raise NotImplementedError("torchreplay.capture: dynamic=True with DTensors (tensor parallelism) "
+                                              "is not supported; capture once per shape")
+                program = _trace_subclassed(traced, leaves, decompositions)
+            else:
+                program = _trace_exported(traced, leaves, dynamic, decompositions)
         finally:
             _tracing.active = False
-    gm = ep.graph_module
-    num_outputs = _writes_back(ep, gm)
-    sig = ep.graph_signature
+    gm, bound, bound_names = program.gm, program.bound, program.bound_names
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     example = [n.meta.get("val") for n in placeholders]
     run_passes(gm, example, config)
-
-    # Bound inputs: the module's own parameters, buffers and constants, in the graph's order.
-    state = dict(traced.named_parameters(remove_duplicate=False))
-    state.update(traced.named_buffers(remove_duplicate=False))
-    bound: List[Any] = []
-    bound_names: List[str] = []  # as the caller knows them: "parameter 'fc1.weight'"
-    user_specs = []
-    for spec in sig.input_specs:
-        if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
-            bound.append(state[spec.target])
-            fqn = spec.target[len("model."):] if spec.target.startswith("model.") else spec.target
-            bound_names.append(f"{spec.kind.name.lower()} '{fqn}'")
-        elif spec.kind == InputKind.CONSTANT_TENSOR:
-            bound.append(ep.constants[spec.target])
-            bound_names.append(f"constant '{spec.target}'")
-        elif spec.kind == InputKind.USER_INPUT:
-            user_specs.append(spec)
-        else:
-            raise NotImplementedError(f"torchreplay.capture: export input kind {spec.kind.name}")
-    if len(bound) + len(user_specs) != len(placeholders) or len(user_specs) != len(leaves):
+    if len(placeholders) != len(bound) + len(leaves):
         raise AssertionError("torchreplay.capture: graph inputs and signature disagree")
-    user = list(zip(leaves, placeholders[len(bound):], user_specs))
+    user = list(zip(leaves, placeholders[len(bound):]))
     # Python numbers and tensor sizes export specialized on: checked per call, since the graph
     # computes with them (x * x.shape[0]).
-    fixed = {k: a for k, (a, n, _) in enumerate(user)
+    fixed = {k: a for k, (a, n) in enumerate(user)
              if isinstance(a, (bool, int, float)) and not isinstance(n.meta.get("val"), torch.SymInt)}
     sizes, size_exprs, symbol_dims = _size_checks(
-        [n.meta["val"] if isinstance(a, torch.Tensor) else None for a, n, _ in user], ep.range_constraints)
-    mutated_names = {s.target for s in sig.output_specs if s.kind == OutputKind.USER_INPUT_MUTATION}
-    mutated = [k for k, (_, _, spec) in enumerate(user) if spec.arg.name in mutated_names]
+        [n.meta["val"] if isinstance(a, torch.Tensor) else None for a, n in user], program.ranges)
 
     name = f"c{next(_capture_ids)}.{type(module).__name__ if module is model else getattr(model, '__name__', 'fn')}"
     batch = batch_fields(gm, config, name) if dynamic else {}
@@ -684,33 +671,144 @@ def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Option
     engine = new_engine(graph, config, name, bound_inputs=len(bound), **batch)
     trace = _Trace(model, module, args, kwargs, in_spec, constants, names, dynamic,
                    lambda a, k: capture(model, a, k, config=config, dynamic=True, decompositions=decompositions))
-    trace.example, trace.out_spec, trace.num_outputs = list(leaves), ep.call_spec.out_spec, num_outputs
+    trace.example, trace.out_spec, trace.num_outputs = list(leaves), program.out_spec, program.num_outputs
     trace.size_exprs, trace.symbol_dims = size_exprs, symbol_dims
-    captured = Captured(engine, bound, bound_names, _graph_inputs_tracked(gm, len(bound)), mutated, fixed, sizes,
-                        model if isinstance(model, torch.nn.Module) else None, trace)
+    captured = Captured(engine, bound, bound_names, _graph_inputs_tracked(gm, len(bound)), program.mutated, fixed, sizes,
+                        model if isinstance(model, torch.nn.Module) else None, trace, program.grad_owners)
     for m in [module] + [v for v in constants.values() if isinstance(v, torch.nn.Module)]:
         _watch(m, captured)
     logger.debug("torchreplay: captured %s (%d nodes, %d bound inputs)", name, graph.num_nodes, len(bound))
     return captured
 
 
-def _refuse_dtensors(module: torch.nn.Module, leaves: Sequence[Any]) -> None:
-    """torch.export (torch 2.11) cannot trace DTensors (tensor parallelism): a clear error that says
-    the way around, instead of export's own about pytree leaves."""
+class _Program(NamedTuple):
+    """A traced model, as capture() uses it: the graph (bound inputs first, then one per flat
+    argument leaf), the bound tensors and what errors call them, the leaves the graph writes, the
+    user outputs, their structure, and the size ranges of a dynamic trace."""
+    gm: torch.fx.GraphModule
+    bound: List[Any]
+    bound_names: List[str]
+    mutated: List[int]
+    num_outputs: int
+    out_spec: Any
+    ranges: Dict[Any, Any]
+    grad_owners: List[Optional[torch.Tensor]]  # per bound tensor: whose requires_grad stands for it
+
+
+def _bound_name(kind: str, target: str) -> str:
+    fqn = target[len("model."):] if target.startswith("model.") else target
+    return f"{kind} '{fqn}'"
+
+
+def _trace_exported(traced: "_Flat", leaves: Tuple[Any, ...], dynamic: bool,
+                    decompositions: Optional[Dict[Any, Callable]]) -> _Program:
+    """torch.export's trace (non-strict), decomposed; the writes to buffers and inputs put back
+    into the graph (_writes_back)."""
+    dynamic_shapes = None
+    if dynamic:  # every dimension of every tensor (one entry: forward's *leaves)
+        dynamic_shapes = (tuple({d: torch.export.Dim.AUTO for d in range(a.dim())} if isinstance(a, torch.Tensor)
+                                else None for a in leaves),)
+    with _RandomStateWatch() as rng, torch.no_grad():
+        ep = torch.export.export(traced, leaves, dynamic_shapes=dynamic_shapes, strict=False)
+    rng.check()
+    with torch.no_grad():
+        ep = ep.run_decompositions(_decompositions(decompositions))
+    gm = ep.graph_module
+    num_outputs = _writes_back(ep, gm)
+    state = dict(traced.named_parameters(remove_duplicate=False))
+    state.update(traced.named_buffers(remove_duplicate=False))
+    bound: List[Any] = []
+    bound_names: List[str] = []  # as the caller knows them: "parameter 'fc1.weight'"
+    user_specs = []
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
+            bound.append(state[spec.target])
+            bound_names.append(_bound_name(spec.kind.name.lower(), spec.target))
+        elif spec.kind == InputKind.CONSTANT_TENSOR:
+            bound.append(ep.constants[spec.target])
+            bound_names.append(f"constant '{spec.target}'")
+        elif spec.kind == InputKind.USER_INPUT:
+            user_specs.append(spec)
+        else:
+            raise NotImplementedError(f"torchreplay.capture: export input kind {spec.kind.name}")
+    if len(user_specs) != len(leaves):
+        raise AssertionError("torchreplay.capture: graph inputs and signature disagree")
+    mutated_names = {s.target for s in ep.graph_signature.output_specs if s.kind == OutputKind.USER_INPUT_MUTATION}
+    mutated = [k for k, spec in enumerate(user_specs) if spec.arg.name in mutated_names]
+    return _Program(gm, bound, bound_names, mutated, num_outputs, ep.call_spec.out_spec, ep.range_constraints,
+                    [None] * len(bound))
+
+
+def _dtensors(module: torch.nn.Module, leaves: Sequence[Any]) -> bool:
+    """Whether a parameter, buffer or argument is a DTensor (tensor parallelism)."""
     dtensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
     if dtensor is None:  # nobody made a DTensor in this process
-        return
-    named = [(f"argument {i}", a) for i, a in enumerate(leaves)]
-    named += [(f"parameter '{n}'", p) for n, p in module.named_parameters()]
-    named += [(f"buffer '{n}'", b) for n, b in module.named_buffers()]
-    for what, value in named:
-        if isinstance(value, dtensor):
-            raise NotImplementedError(
-                f"torchreplay.capture: {what} is a DTensor, and torch.export cannot trace tensor-parallel "
-                "modules. Compile the model instead: torch.compile(model, backend=torchreplay.get_backend("
-                "compiler_config=config)), where AOTAutograd turns DTensors into local shards and collectives, "
-                "which replay; or capture a model written on local shards with "
-                "torch.distributed._functional_collectives")
+        return False
+    values = itertools.chain(leaves, module.parameters(), module.buffers())
+    return any(isinstance(v, dtensor) for v in values)
+
+
+def _trace_subclassed(traced: "_Flat", leaves: Tuple[Any, ...],
+                      decompositions: Optional[Dict[Any, Callable]]) -> _Program:
+    """A model with DTensors, which torch.export (torch 2.11) cannot trace: AOTAutograd's export
+    with descriptors (Dynamo once, at capture) traces its local computation, the subclasses taken
+    apart as under torch.compile: the graph reads each DTensor parameter's local shard and holds
+    the collectives its redistributions make. Each graph input's descriptor says what it is: a
+    parameter or buffer (or the local tensor of one), or the i-th argument leaf."""
+    import contextlib
+    from torch._functorch._aot_autograd import descriptors as d
+    from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
+
+    with _RandomStateWatch(calls=False) as rng, torch.no_grad(), contextlib.ExitStack() as stack:
+        # writes into buffers and arguments stay in the graph (copy_ into the input), as under torch.compile
+        joint = aot_export_joint_with_descriptors(stack, traced, leaves, keep_inference_input_mutations=True,
+                                                  decompositions=_decompositions(decompositions))
+    rng.check()
+    gm = joint.graph_module
+    state = dict(traced.named_parameters(remove_duplicate=False))
+    state.update(traced.named_buffers(remove_duplicate=False))
+
+    def tensor_of(desc: Any) -> Tuple[Any, str, Any]:
+        """The tensor a graph input is, what errors call it, and the parameter or buffer it is of."""
+        if isinstance(desc, d.SubclassGetAttrAOTInput):
+            value, name, owner = tensor_of(desc.base)
+            return getattr(value, desc.attr), f"{name} (its {desc.attr})", owner
+        if isinstance(desc, (d.ParamAOTInput, d.BufferAOTInput)):
+            kind = "parameter" if isinstance(desc, d.ParamAOTInput) else "buffer"
+            return state[desc.target], _bound_name(kind, desc.target), state[desc.target]
+        raise NotImplementedError(f"torchreplay.capture: a graph input of kind {type(desc).__name__} "
+                                  "(from tensor parallelism) is not supported")
+
+    bound: List[Any] = []
+    bound_names: List[str] = []
+    grad_owners: List[Optional[torch.Tensor]] = []
+    plain = []
+    written = {n.args[0] for n in gm.graph.nodes if n.op == "call_function" and n.target is aten.copy_.default}
+    mutated = []
+    for n in gm.graph.nodes:
+        if n.op != "placeholder":
+            continue
+        desc = n.meta.get("desc")
+        if isinstance(desc, d.PlainAOTInput):
+            if n in written:
+                mutated.append(len(plain))
+            plain.append(desc.idx)
+        elif plain:
+            raise NotImplementedError("torchreplay.capture: a bound input after the arguments in a DTensor "
+                                      "model's graph")
+        else:
+            value, name, owner = tensor_of(desc)
+            bound.append(value)
+            bound_names.append(name)
+            grad_owners.append(owner if owner is not value else None)
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    if plain != list(range(len(leaves))) or \
+            not all(isinstance(o, d.PlainAOTOutput) for o in output.meta.get("desc", [])):
+        raise NotImplementedError(
+            "torchreplay.capture: this DTensor model returns DTensors, which a capture does not support; "
+            "return local tensors (to_local(), or the parallel styles' use_local_output=True), or compile "
+            "it: torch.compile(model, backend=torchreplay.get_backend(...))")
+    return _Program(gm, bound, bound_names, mutated, len(output.args[0]), joint.out_spec, {}, grad_owners)
 
 
 def _install_watchers() -> None:

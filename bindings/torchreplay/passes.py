@@ -87,7 +87,35 @@ def _users_closure(node: torch.fx.Node) -> set:
     return seen
 
 
-BUILTIN_PASSES = (reinplace_input_updates, remove_dead_code)
+def sink_waits(gm: torch.fx.GraphModule) -> int:
+    """Moves the wait of each collective down to the first node that reads its result.
+
+    A trace puts `wait_tensor` right after its collective, so nothing could run while the
+    collective is in flight. Moved down, the nodes between run meanwhile: compute overlaps with
+    communication (Note [Collective steps] in capture/collective_steps.h). The collectives are
+    issued where they were, in the same order on every rank; only waits move. A wait stops before
+    any node that writes memory (the process group may still be reading the collective's input)
+    and before the output. Returns how many waits moved."""
+    wait = getattr(getattr(torch.ops, "_c10d_functional", None), "wait_tensor", None)
+    if wait is None:
+        return 0
+    moved = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not wait.default:
+            continue
+        at = node.next
+        while at.op == "call_function" and node not in at.all_input_nodes:
+            schema = getattr(at.target, "_schema", None)
+            if schema is None or schema.is_mutable:
+                break
+            at = at.next
+        if at is not node.next:
+            at.prepend(node)
+            moved += 1
+    return moved
+
+
+BUILTIN_PASSES = (reinplace_input_updates, remove_dead_code, sink_waits)
 
 
 def run_passes(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Any) -> None:

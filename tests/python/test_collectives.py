@@ -3,68 +3,18 @@ as processes (spawned, bounded in time, always torn down). Every case compares e
 with the same rank's eager run bit for bit, checks that replays happened, and counts the
 collectives each call issues (the process group's sequence number) against eager's count: ranks
 must never disagree on how many collectives a call makes, whatever stage each is at."""
-import datetime
 import json
 import os
-import socket
 import time
-import traceback
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-TIMEOUT_S = 30   # the process group's timeout: a lost peer is an error within it
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def spawn(worker, world, tmp_path, *args, deadline_s=240):
-    """Runs worker(rank, world, *args) on `world` processes joined in one gloo group; returns each
-    rank's JSON result (what the worker returned). A rank that raises fails the test with its
-    traceback; ranks still running at the deadline are killed."""
-    ctx = mp.start_processes(_entry, args=(worker, world, _free_port(), str(tmp_path), args), nprocs=world,
-                             join=False, start_method="spawn")
-    end = time.monotonic() + deadline_s
-    try:
-        while not ctx.join(timeout=max(1.0, end - time.monotonic())):
-            if time.monotonic() > end:
-                raise AssertionError(f"ranks still running after {deadline_s} s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-    results = []
-    for rank in range(world):
-        with open(os.path.join(tmp_path, f"rank{rank}.json")) as f:
-            r = json.load(f)
-        assert "error" not in r, f"rank {rank}: {r['error']}"
-        results.append(r["result"])
-    return results
-
-
-def _entry(rank, worker, world, port, out, args):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=TIMEOUT_S))
-    try:
-        record = {"result": worker(rank, world, *args)}
-    except BaseException:  # noqa: BLE001 - reported to the parent
-        record = {"error": traceback.format_exc()}
-    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-        json.dump(record, f)
-    if "error" not in record:
-        dist.barrier()
-    dist.destroy_process_group()
-
-
-def _seq():
-    return dist.group.WORLD._get_sequence_number_for_group()
+from torchreplay.bench import ranks
+from torchreplay.bench.ranks import spawn
+from torchreplay.bench.ranks import sequence as _seq
 
 
 def _cases(world):
@@ -144,8 +94,11 @@ def _compare_cases(rank, world, stages, names, modes):
                     bitwise = bitwise and torch.equal(got, want)
                     expected.append(s1 - s0)
                     issued.append(s2 - s1)
-                out[f"{name} | {entry} | {mode}"] = {"bitwise": bitwise, "issued": issued, "expected": expected,
-                                                     "replays": sum(s["replays"] for s in stats())}
+                out[f"{name} | {entry} | {mode}"] = {
+                    "bitwise": bitwise, "issued": issued, "expected": expected,
+                    "replays": sum(s["replays"] for s in stats()),
+                    # per capture: the collectives that ran as steps of their own (Note [Collective steps])
+                    "collective_steps": [c["collective_steps"] for s in stats() for c in s["capture_log"]]}
     return out
 
 
@@ -158,6 +111,8 @@ def _check(results, stages):
             if "reduce-overhead" in case and limit > 0:
                 # two keys of 3 calls each: warmed up, captured (the capture call replays), replayed
                 assert r["replays"] == min(2, limit) * (3 - max(warmup, 1)), (rank, case, r)
+                want = 2 if case.startswith("two collectives") else 1
+                assert r["collective_steps"] == [want] * min(2, limit), (rank, case, r)
             else:
                 assert r["replays"] == 0, (rank, case, r)   # mode default, or over the capture limit: eager
 
@@ -182,8 +137,8 @@ def test_ranks_at_different_stages_issue_the_same_collectives_on_three_ranks(tmp
 
 
 def _tensor_parallel_mlp(rank, world):
-    """A Colwise -> Rowwise MLP (DTensor): through torch.compile, bitwise per rank, replayed, one
-    all_reduce a call; through torchreplay.capture, the clear error."""
+    """A Colwise -> Rowwise MLP (DTensor) through both entry points: bitwise per rank, replayed,
+    one all_reduce a call, run as a collective step."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
     import torchreplay
@@ -194,33 +149,81 @@ def _tensor_parallel_mlp(rank, world):
     model = parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
     cfg = torchreplay.CompilerConfig()
     cfg.mode = "reduce-overhead"
-    backend = torchreplay.get_backend(compiler_config=cfg)
-    compiled = torch.compile(model, backend=backend)
-    bitwise, issued, expected = True, [], []
+    out = {}
     with torch.no_grad():
-        for k in range(4):
-            x = torch.randn(3, 16, generator=torch.Generator().manual_seed(k))  # the same on every rank
+        x = torch.randn(3, 16, generator=torch.Generator().manual_seed(0))  # the same on every rank
+        for entry in ("compile", "capture"):
+            if entry == "compile":
+                backend = torchreplay.get_backend(compiler_config=cfg)
+                run, stats = torch.compile(model, backend=backend), backend.stats
+            else:
+                captured = torchreplay.capture(model, (x,), config=cfg)
+                run, stats = captured, lambda: [captured.stats()]  # noqa: E731
+            bitwise, issued, expected = True, [], []
+            for k in range(4):
+                x = torch.randn(3, 16, generator=torch.Generator().manual_seed(k))
+                s0 = _seq()
+                want = model(x)
+                s1 = _seq()
+                got = run(x)
+                bitwise = bitwise and torch.equal(got, want)
+                expected.append(s1 - s0)
+                issued.append(_seq() - s1)
+            out[entry] = {"bitwise": bitwise, "issued": issued, "expected": expected,
+                          "replays": sum(s["replays"] for s in stats()),
+                          "collective_steps": [c["collective_steps"] for s in stats() for c in s["capture_log"]]}
+    # With grad mode on, eager's output tracks the DTensor parameters: the capture (inference only)
+    # refuses, naming the parameter, though its local shard does not require grad.
+    try:
+        captured(x)
+        out["grad"] = "not refused"
+    except ValueError as e:
+        out["grad"] = str(e)
+    return out
+
+
+def test_a_tensor_parallel_dtensor_mlp_replays_through_both_entry_points(tmp_path):
+    for rank, per_entry in enumerate(spawn(_tensor_parallel_mlp, 2, tmp_path)):
+        assert "parameter '0.weight' (its _local_tensor)" in per_entry.pop("grad"), per_entry
+        for entry, r in per_entry.items():
+            assert r["bitwise"] and r["replays"] == 3 and r["collective_steps"] == [1], (rank, entry, r)
+            assert r["issued"] == r["expected"] and min(r["expected"]) >= 1, (rank, entry, r)
+
+
+def _fail_in_flight(rank, world):
+    """A call that fails while its collective is in flight (an index out of range between the
+    all_reduce and its wait), then calls that succeed: as eager on every call."""
+    import torch.distributed._functional_collectives as fc
+    import torchreplay
+
+    cfg = torchreplay.CompilerConfig()
+    cfg.mode = "reduce-overhead"
+    table = torch.randn(8, 4)
+    fn = lambda x, i: fc.all_reduce(x * 2, "sum", dist.group.WORLD) + torch.index_select(table, 0, i).sum()  # noqa: E731
+    x, good, bad = torch.randn(4), torch.tensor([1, 5]), torch.tensor([1, 9])
+    f = torchreplay.capture(fn, (x, good), config=cfg)
+    calls = []
+    for k in range(6):
+        i = bad if k == 3 else good
+        got = []
+        for run in (fn, f):
             s0 = _seq()
-            want = model(x)
-            s1 = _seq()
-            got = compiled(x)
-            bitwise = bitwise and torch.equal(got, want)
-            expected.append(s1 - s0)
-            issued.append(_seq() - s1)
-        try:
-            torchreplay.capture(model, (x,), config=cfg)
-            refused = ""
-        except NotImplementedError as e:
-            refused = str(e)
-    return {"bitwise": bitwise, "issued": issued, "expected": expected,
-            "replays": sum(s["replays"] for s in backend.stats()), "refused": refused}
+            try:
+                got.append(run(x + k, i))
+            except (IndexError, RuntimeError) as e:
+                got.append(type(e).__name__)
+            got.append(_seq() - s0)
+        calls.append({"failed": isinstance(got[0], str), "both_failed": isinstance(got[0], str) == isinstance(got[2], str),
+                      "bitwise": isinstance(got[0], str) or torch.equal(got[0], got[2]), "issued": [got[1], got[3]]})
+    stats = f.stats()
+    return {"calls": calls, "replays": stats["replays"], "collective_steps": stats["capture_log"][0]["collective_steps"]}
 
 
-def test_a_tensor_parallel_dtensor_mlp_replays_through_torch_compile(tmp_path):
-    for rank, r in enumerate(spawn(_tensor_parallel_mlp, 2, tmp_path)):
-        assert r["bitwise"] and r["replays"] == 3, (rank, r)
-        assert r["issued"] == r["expected"] and min(r["expected"]) >= 1, (rank, r)
-        assert "parameter '0.weight' is a DTensor" in r["refused"] and "torch.compile(model" in r["refused"], r
+def test_a_call_that_fails_with_a_collective_in_flight_leaves_the_next_calls_right(tmp_path):
+    for rank, r in enumerate(spawn(_fail_in_flight, 2, tmp_path)):
+        assert [c["failed"] for c in r["calls"]] == [False, False, False, True, False, False], (rank, r)
+        assert all(c["both_failed"] and c["bitwise"] and c["issued"] == [1, 1] for c in r["calls"]), (rank, r)
+        assert r["replays"] >= 3 and r["collective_steps"] == 1, (rank, r)
 
 
 def _lose_a_rank(rank, world):
@@ -246,9 +249,9 @@ def _lose_a_rank(rank, world):
 
 def test_a_rank_that_dies_makes_the_others_fail_with_an_error_not_hang(tmp_path):
     world = 2
-    ctx = mp.start_processes(_entry, args=(_lose_a_rank, world, _free_port(), str(tmp_path), ()), nprocs=world,
-                             join=False, start_method="spawn")
-    end = time.monotonic() + TIMEOUT_S + 120
+    ctx = mp.start_processes(ranks._entry, args=(_lose_a_rank, world, ranks._free_port(), str(tmp_path), 1, ()),
+                             nprocs=world, join=False, start_method="spawn")
+    end = time.monotonic() + ranks.TIMEOUT_S + 120
     for p in ctx.processes:
         p.join(timeout=max(1.0, end - time.monotonic()))
     alive = [p.pid for p in ctx.processes if p.is_alive()]
@@ -262,7 +265,7 @@ def test_a_rank_that_dies_makes_the_others_fail_with_an_error_not_hang(tmp_path)
     result = r.get("result") or {}
     assert "error" in r or result.get("error"), r
     if "result" in r:
-        assert result["error"] and result["seconds"] < TIMEOUT_S + 5, result
+        assert result["error"] and result["seconds"] < ranks.TIMEOUT_S + 5, result
 
 
 def test_a_graph_knows_it_communicates():
@@ -281,3 +284,23 @@ def test_a_graph_knows_it_communicates():
             assert lower(make_fx(fn)(x), [x], ()).communicates is communicates
     finally:
         dist.destroy_process_group()
+
+
+def test_the_tensor_parallel_llama_step_replays_bitwise_through_both_entry_points(tmp_path):
+    """The harness's tensor-parallel tiny Llama (DTensor, 2 ranks): eager, torch.compile and capture
+    bitwise per rank, eager's collectives per call, replayed; the overlap steps too."""
+    pytest.importorskip("transformers")
+    from torchreplay.bench import tp
+
+    assert tp.main(["--rounds", "1", "--calls", "3", "--out", str(tmp_path)]) == 0
+    with open(tmp_path / "tp.json") as f:
+        ranks_ = json.load(f)["ranks"]
+    for rank, r in enumerate(ranks_):
+        for mode in ("eager", "compile", "capture"):
+            m = r["modes"][mode]
+            assert m["bitwise"] and m["collectives_match"] and m["collectives"] == 4, (rank, mode, m)
+        assert r["modes"]["compile"]["replays"] == 3 and r["modes"]["capture"]["replays"] == 3, (rank, r["modes"])
+        assert r["modes"]["comm-floor"]["collectives"] == 4
+        for row in ("communication", "compute", "both", "both, every rank computing"):
+            assert r["overlap"][row]["bitwise"], (rank, row, r["overlap"])
+        assert r["overlap"]["both"]["replays"] == 3, (rank, r["overlap"])

@@ -1,6 +1,8 @@
 """The model zoo shared by the tests and the benchmark harness."""
 from __future__ import annotations
 
+from typing import Callable, Optional
+
 import torch
 import torch.nn as nn
 
@@ -120,13 +122,17 @@ class ElementwiseChain(nn.Module):
         return x
 
 
-def _llama_decode():
-    """A tiny randomly initialised Llama decode step with a static cache (needs transformers)."""
+def _llama_decode(shard: Optional[Callable[[nn.Module], None]] = None):
+    """A tiny randomly initialised Llama decode step with a static cache (needs transformers).
+    `shard(model)`, if given, parallelizes the model before its cache is made (the cache takes the
+    sizes of the first step's keys and values: a rank's heads, under tensor parallelism)."""
     from transformers import LlamaConfig, LlamaForCausalLM, StaticCache  # noqa: WPS433
 
     cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     model = LlamaForCausalLM(cfg).eval()
+    if shard is not None:
+        shard(model)
     cache = StaticCache(config=cfg, max_batch_size=1, max_cache_len=64)
 
     class Step(nn.Module):
