@@ -4,6 +4,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/view_as_real.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
 #include <mutex>
@@ -98,6 +99,10 @@ std::string CheckOutVariant(const Node& n, const OutVariant& out, const std::vec
     CountingWarningHandler warnings;
     try {
       c10::WarningUtils::WarningHandlerGuard guard(&warnings);
+      // The probe is not the model's computation: Python dispatch modes (AOTAutograd's check of a
+      // training graph's first call, a user's) neither see it nor turn its errors into Python's.
+      c10::impl::ExcludeDispatchKeyGuard no_python(
+          c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
       out.op.callBoxed(&stack);
     } catch (const c10::Error& e) {
       why = absl::StrCat("it raised: ", e.what_without_backtrace());

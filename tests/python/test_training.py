@@ -2,6 +2,8 @@
 
 Compiled with torchreplay's "reduce-overhead" mode against eager, call by call, through the
 differential harness (differential.py: outputs, mutated inputs, aliasing, state, replays)."""
+import copy
+
 import pytest
 import torch
 import torch.nn as nn
@@ -235,3 +237,40 @@ def test_train_output_used_in_two_losses():
         return loss.detach()
 
     train_compare(mlp(nn.GELU), xy, step, seed=33)
+
+
+@pytest.mark.parametrize("loss_fn", [F.mse_loss, F.l1_loss, F.smooth_l1_loss], ids=["mse", "l1", "smooth_l1"])
+def test_train_whole_step_compiled_with_the_loss_and_backward_inside(loss_fn):
+    """The step as users write it for small models: loss and loss.backward() inside the compiled
+    function (Dynamo breaks the graph at backward). The forward graph's first call runs under
+    AOTAutograd's custom-op aliasing check (a Python dispatch mode), which once turned the
+    recording's probe of mse_loss.out into the call's error."""
+    from configs import backend
+
+    torch.manual_seed(3)
+    eager = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 4))
+    model = copy.deepcopy(eager)
+
+    def stepper(m):
+        def step(x, y):
+            loss = loss_fn(m(x), y)
+            loss.backward()
+            return loss.detach()
+        return step
+
+    b = backend()
+    compiled = torch.compile(stepper(model), backend=b)
+    reference = stepper(eager)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (eager, model)]
+    for i in range(6):
+        g = torch.Generator().manual_seed(i)
+        x, y = torch.randn(16, 32, generator=g), torch.randn(16, 4, generator=g)
+        for opt in opts:
+            opt.zero_grad()
+        want, got = reference(x, y), compiled(x, y)
+        assert torch.equal(got, want), i
+        for (n, pe), pc in zip(eager.named_parameters(), model.parameters()):
+            assert torch.equal(pc.grad, pe.grad), (i, n)
+        for opt in opts:
+            opt.step()
+    assert total(b, "replays") >= 8
