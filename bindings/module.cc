@@ -23,6 +23,7 @@
 #include "absl/strings/str_join.h"
 #include "bindings/call.h"
 #include "bindings/convert.h"
+#include "bindings/training.h"
 #include "capture/graph.h"
 #include "capture/interpreter.h"
 #include "capture/scopes.h"
@@ -487,6 +488,7 @@ PYBIND11_MODULE(_C, m) {
   BindEngineOptions(m);
   BindEngine(m);
   BindCall(m);
+  BindTraining(m);
   BindGeneratorWatch(m);
 
   m.def("built_with_cuda", &capture::BuiltWithCuda);

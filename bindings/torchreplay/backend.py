@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 import torch
 import torch.fx
 from torch._dynamo.backends.common import aot_autograd
-from torch._functorch._aot_autograd.schemas import OutputType
+from torch._functorch._aot_autograd.schemas import OutputType, PlainTensorMeta
 from torch._functorch.aot_autograd import make_boxed_func
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
@@ -84,10 +84,73 @@ def _direct_call(aot_fn: Callable, engine: Any, ctx: Any, num_graph_inputs: int,
                    aot=_C.AotEpilogue(aliases=aliases, dynamic_dims=dynamic_dims, fallback=aot_fn))
 
 
+def _training_call(fw_engine: Any, ctx: Any, num_graph_inputs: int, producers: List[Any], fw_returns: int,
+                   bw_engine: Any, bw_returns: int, example_inputs: Sequence[Any]) -> Union[Any, str]:
+    """The forward and backward engines joined by a C++ autograd node (Note [Training calls] in
+    bindings/training.h), or why not: AOTAutograd's autograd.Function has work it does not do."""
+    meta = ctx.fw_metadata if ctx is not None else None
+    if meta is None:
+        return "no AOTAutograd metadata"
+    if num_graph_inputs != len(example_inputs) or bw_returns != len(example_inputs):
+        return "AOTAutograd changed the inputs (duplicated, merged or lifted)"
+    if not all(isinstance(x, torch.Tensor) and not is_traceable_wrapper_subclass(x) for x in example_inputs):
+        return "inputs other than plain tensors (sizes, numbers, subclasses)"
+    if meta.num_mutated_inp_runtime_indices or meta.indices_of_inputs_that_requires_grad_with_mutations_in_bw:
+        return "input mutations"
+    if meta.tokens or meta.num_backward_tokens or meta.is_rng_op_functionalized or \
+            torch._functorch.config.functionalize_rng_ops:
+        return "effect tokens or functionalized RNG"
+    if meta.grad_enabled_mutation is not None:
+        return "a grad-mode change to restore"
+    if meta.num_intermediate_bases or meta.num_outputs_aliased or meta.num_unsafe_view_outputs:
+        return "outputs that alias inputs, other outputs or intermediates"
+    if meta.num_symints_saved_for_bw or meta.num_opaque_objects_saved_for_bw or meta.dynamic_saved_tensors_idxs:
+        return "sizes or objects saved for the backward"
+    if meta.num_forward_returns != meta.num_outputs:
+        return "forward returns other than outputs and saved tensors"
+    outs = meta.output_info
+    if any(o.output_type != OutputType.non_alias or not issubclass(o.raw_type, torch.Tensor) or o.dynamic_dims
+           for o in outs):
+        return "outputs that are no plain tensors"
+    if len(set(producers)) != len(producers) or any(p is None for p in producers):
+        return "an output returned twice, or an input returned"
+    returns = range(fw_returns)
+    vc, no_vc = returns[meta.tensors_saved_for_backwards_with_vc_check_slice], \
+        returns[meta.tensors_saved_for_backwards_no_vc_check_slice]
+    begin = meta.num_outputs
+    vc_end = vc.stop if len(vc) else begin
+    end = no_vc.stop if len(no_vc) else vc_end
+    if (len(vc) and vc.start != begin) or (len(no_vc) and no_vc.start != vc_end) or end != fw_returns:
+        return "the forward's returns are not (outputs, saved tensors)"
+    if len(meta.subclass_tangent_meta) != sum(o.requires_grad for o in outs):
+        return "tangents other than the outputs' gradients"
+    sizes, strides = [], []
+    for m in meta.subclass_tangent_meta:  # per output that requires grad: the layout traced
+        fmt = m.memory_format if isinstance(m, PlainTensorMeta) else None
+        if fmt is None:
+            return "tangents of subclasses"
+        if fmt.memory_format is not None:
+            if fmt.memory_format != torch.contiguous_format:
+                return "tangents expected in a memory format other than contiguous"
+            sizes.append([]), strides.append([])
+        elif all(isinstance(v, int) for v in list(fmt.size) + list(fmt.stride)):
+            sizes.append(list(fmt.size)), strides.append(list(fmt.stride))
+        else:
+            return "tangents of symbolic sizes"
+    spec = _C.TrainingSpec(num_inputs=len(example_inputs),
+                           mutated=list(meta.mutated_graph_handled_indices_seen_by_autograd),
+                           output_requires_grad=[o.requires_grad for o in outs],
+                           saved_begin=begin, saved_vc_end=vc_end, saved_end=end, tangent_sizes=sizes,
+                           tangent_strides=strides)
+    return _C.TrainingCall(fw_engine, bw_engine, spec)
+
+
 class Backend:
     """A torch.compile backend; one instance per CompilerConfig. Callable as
     backend(gm, example_inputs). Keeps the engines it created, for stats(), and in eager_graphs
     the graphs that run eagerly (cannot be lowered, or were given an int beyond 64 bits) and why."""
+
+    direct_training = True  # training graphs as a TrainingCall where they can be (False: AOTAutograd's wrapper)
 
     def __init__(self, config: Optional[CompilerConfig] = None,
                  custom_decompositions: Optional[Dict[Any, Callable]] = None) -> None:
@@ -95,7 +158,8 @@ class Backend:
         self.decompositions = dict(custom_decompositions or {})
         self.engines: List[Any] = []
         self.eager_graphs: Dict[str, str] = {}  # graph name -> why it runs eagerly
-        # inference graph name -> "direct" (Dynamo calls the C++ engine) or why it is not
+        # graph name ("g0.inference", "g1.training") -> "direct" (Dynamo calls the C++ engines,
+        # Note [The call path], Note [Training calls]) or why it is not
         self.call_paths: Dict[str, str] = {}
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **_: Any) -> Any:
@@ -103,17 +167,26 @@ class Backend:
         built: Dict[str, Any] = {}
         compiler = functools.partial(self._compile, graph_id=graph_id, built=built)
         autocast = torch._C._is_any_autocast_enabled()
-        aot_fn = aot_autograd(
-            fw_compiler=functools.partial(compiler, kind="forward"),
-            bw_compiler=functools.partial(compiler, kind="backward"),
-            inference_compiler=functools.partial(compiler, kind="inference"),
-            decompositions=self.decompositions,
-            keep_inference_input_mutations=self.config.keep_inference_input_mutations,
-        )(gm, example_inputs)
-        if "inference" not in built:
-            return aot_fn  # a training graph, or a graph that runs eagerly
-        call = "autocast is on" if autocast else _direct_call(aot_fn, *built["inference"], example_inputs)
-        name = f"g{graph_id}.inference"
+        # The backward is compiled with the forward (not at the first backward), so that a
+        # training graph's call can join both engines (Note [Training calls]).
+        with torch._functorch.config.patch(force_non_lazy_backward_lowering=True):
+            aot_fn = aot_autograd(
+                fw_compiler=functools.partial(compiler, kind="forward"),
+                bw_compiler=functools.partial(compiler, kind="backward"),
+                inference_compiler=functools.partial(compiler, kind="inference"),
+                decompositions=self.decompositions,
+                keep_inference_input_mutations=self.config.keep_inference_input_mutations,
+            )(gm, example_inputs)
+        if "forward" in built and "backward" in built:
+            name = f"g{graph_id}.training"
+            call = "autocast is on" if autocast else \
+                "the backend keeps AOTAutograd's wrapper" if not self.direct_training else \
+                _training_call(*built["forward"], *built["backward"], example_inputs)
+        elif "inference" in built:
+            name = f"g{graph_id}.inference"
+            call = "autocast is on" if autocast else _direct_call(aot_fn, *built["inference"][:4], example_inputs)
+        else:
+            return aot_fn  # a graph that runs eagerly
         if isinstance(call, str):
             logger.info("torchreplay: %s is called through AOTAutograd's runtime wrapper: %s", name, call)
             self.call_paths[name] = f"AOTAutograd wrapper: {call}"
@@ -146,10 +219,18 @@ class Backend:
         self.engines.append(engine)
         logger.debug("torchreplay: compiled %s (%d nodes, static inputs %s) in mode %s",
                      name, graph.num_nodes, graph.static_inputs, config.mode)
+        outputs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
         if kind == "inference":
-            outputs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
             producers = [getattr(o, "target", None) for o in outputs]
             built[kind] = (engine, torch._guards.TracingContext.try_get(), len(example_inputs), producers)
+        elif kind == "forward":  # the user outputs' nodes (None: an input, returned as it is)
+            ctx = torch._guards.TracingContext.try_get()
+            meta = ctx.fw_metadata if ctx is not None else None
+            users = outputs[:meta.num_outputs] if meta is not None else []
+            producers = [o if isinstance(o, torch.fx.Node) and o.op != "placeholder" else None for o in users]
+            built[kind] = (engine, ctx, len(example_inputs), producers, len(outputs))
+        else:
+            built[kind] = (engine, len(outputs))
         run = engine.run
         forward = gm.forward
         # Int arithmetic inside the graph can leave int64 where Python's ints would not: such a

@@ -45,16 +45,26 @@ def test_inference_graph_is_called_straight_into_cpp():
     assert ours == [], ours
 
 
-def test_training_graph_keeps_the_aot_wrapper():
+def test_training_graph_is_a_training_call_without_python_between_the_engines():
+    """Note [Training calls]: Dynamo calls a TrainingCall; the autograd node it makes runs the
+    backward engine (no Python frame of AOTAutograd's in either); gradients are eager's bits."""
     torch._dynamo.reset()
+    torch.manual_seed(0)
     model = nn.Linear(4, 3)
+    eager = nn.Linear(4, 3)
+    eager.load_state_dict(model.state_dict())
     b = backend()
     compiled = torch.compile(model, backend=b)
     x = torch.randn(2, 4)
     for _ in range(3):
-        compiled(x).sum().backward()
-    assert b.call_paths == {}  # no inference graph: forward and backward engines under autograd
+        out = compiled(x)
+        assert out.grad_fn.name() == "TorchreplayBackward"
+        out.sum().backward()
+        eager(x).sum().backward()
+        assert torch.equal(model.weight.grad, eager.weight.grad) and torch.equal(model.bias.grad, eager.bias.grad)
+    assert list(b.call_paths.values()) == ["direct"], b.call_paths
     assert {e.name.split(".")[1] for e in b.engines} == {"forward", "backward"}
+    assert all(s["replays"] >= 2 for s in b.stats()), b.stats()
 
 
 def test_direct_call_bumps_versions_of_mutated_inputs():

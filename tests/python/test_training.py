@@ -9,8 +9,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from configs import backend
 from differential import (  # noqa: F401 (recompile_limits is autouse)
-    recompile_limits, RO_VARIANTS, total, rn, ri, mlp, xy, step_basic, step_with, train_compare)
+    recompile_limits, RO_VARIANTS, gen, total, rn, ri, mlp, xy, step_basic, step_with, train_compare)
 
 
 @pytest.mark.parametrize("act", [nn.ReLU, nn.GELU, nn.Tanh, nn.SiLU], ids=["relu", "gelu", "tanh", "silu"])
@@ -245,8 +246,6 @@ def test_train_whole_step_compiled_with_the_loss_and_backward_inside(loss_fn):
     function (Dynamo breaks the graph at backward). The forward graph's first call runs under
     AOTAutograd's custom-op aliasing check (a Python dispatch mode), which once turned the
     recording's probe of mse_loss.out into the call's error."""
-    from configs import backend
-
     torch.manual_seed(3)
     eager = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 4))
     model = copy.deepcopy(eager)
@@ -274,3 +273,79 @@ def test_train_whole_step_compiled_with_the_loss_and_backward_inside(loss_fn):
         for opt in opts:
             opt.step()
     assert total(b, "replays") >= 8
+
+
+def _training_paths(b):
+    return {k: v for k, v in b.call_paths.items() if k.endswith(".training")}
+
+
+def test_train_graph_is_one_direct_call_and_its_gradients_are_eager_bits():
+    """Note [Training calls]: an MLP's training graph runs as a TrainingCall (forward and backward
+    engines joined by a C++ autograd node), gradients bitwise over steps, replayed."""
+    b = train_compare(mlp(nn.Tanh), xy, step_basic, seed=31)
+    assert list(_training_paths(b).values()) == ["direct"], b.call_paths
+    assert total(b, "replays") >= 8
+
+
+def test_train_graph_with_batchnorm_runs_direct_and_bumps_the_stats_versions():
+    """BatchNorm in train mode writes its running stats inside the graph: the TrainingCall runs it
+    and bumps their version counters, as AOTAutograd's wrapper does (bitwise, stats included)."""
+    def make():
+        return nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+
+    b = train_compare(make, xy, step_basic, seed=32)
+    assert list(_training_paths(b).values()) == ["direct"], b.call_paths
+    torch.manual_seed(0)
+    model = make()
+    compiled = torch.compile(model, backend=backend())
+    stats = model[1].running_mean
+    before = stats._version
+    F.mse_loss(compiled(torch.randn(8, 6)), torch.randn(8, 3)).backward()
+    assert stats._version > before
+
+
+def test_train_graph_returning_a_view_of_its_input_keeps_aotautograds_wrapper_with_the_reason():
+    """An output aliasing an input: AOTAutograd's wrapper regenerates it, so the graph keeps the
+    wrapper, the reason in call_paths; still bitwise."""
+    class Head(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(6, 3)
+
+        def forward(self, x):
+            return self.lin(x), x[:, :3]
+
+    def step(f, m, opt, batch, i):
+        x, y = batch
+        opt.zero_grad()
+        out, part = f(x)
+        loss = F.mse_loss(out + part, y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    b = train_compare(Head, xy, step, seed=33)
+    paths = list(_training_paths(b).values())
+    assert paths == ["AOTAutograd wrapper: outputs that alias inputs, other outputs or intermediates"], b.call_paths
+
+
+def test_train_create_graph_gives_first_order_gradients_and_refuses_double_backward():
+    """create_graph=True through a replayed training graph: the first-order gradients are eager's
+    bits; a backward through them raises AOTAutograd's error for double backward, as with
+    AOTAutograd's own wrapper."""
+    torch.manual_seed(5)
+    eager = mlp(nn.Tanh)()
+    model = copy.deepcopy(eager)
+    b = backend()
+    compiled = torch.compile(model, backend=b)
+    for i in range(3):
+        x, y = xy(i, gen(40 + i))
+        want = torch.autograd.grad(F.mse_loss(eager(x), y), list(eager.parameters()), create_graph=True)
+        got = torch.autograd.grad(F.mse_loss(compiled(x), y), list(model.parameters()), create_graph=True)
+        for w, g in zip(want, got):
+            assert torch.equal(g, w), i
+            assert g.requires_grad
+        with pytest.raises(RuntimeError, match="does not currently support double backward"):
+            sum(g.sum() for g in got).backward()
+    assert list(_training_paths(b).values()) == ["direct"], b.call_paths
+    assert total(b, "replays") >= 1

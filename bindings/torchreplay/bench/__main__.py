@@ -123,7 +123,10 @@ def _tensors(out: Any) -> List[torch.Tensor]:
 
 class RecordingBackend(torchreplay.Backend):
     """The torchreplay backend, recording for the latest call each graph it ran: the engine's run
-    (or the graph's eager fallback), the argument list it got, the FX graph and its outputs."""
+    (or the graph's eager fallback), the argument list it got, the FX graph and its outputs.
+    Training graphs keep AOTAutograd's wrapper, which calls each engine from Python."""
+
+    direct_training = False
 
     def __init__(self, config: torchreplay.CompilerConfig) -> None:
         super().__init__(config)

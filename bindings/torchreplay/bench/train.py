@@ -1,10 +1,12 @@
-"""A training step, whole: where its time goes, against eager and the peers.
+"""Training steps, whole: against eager and the peers, with and without a compiled optimizer, and
+where torchreplay's step spends its time.
 
-    python -m torchreplay.bench.train [--rounds 7] [--seconds 6]
+    python -m torchreplay.bench.train [--models mlp,llama] [--rounds 7] [--seconds 6]
 
-The step as a user writes it for a small model: `loss = mse_loss(model(x), y); loss.backward()`
-inside the compiled function (Dynamo breaks the graph at backward), the MLP 32-64-64-4 with tanh,
-batch 16, one thread. Modes, timed interleaved in rounds (µs per step, median of rounds):
+The step as a user writes it: the loss and `loss.backward()` inside the compiled function (Dynamo
+breaks the graph at backward). Models: `mlp`, the MLP 32-64-64-4 with tanh, batch 16, MSE; `llama`,
+the harness's tiny Llama (transformers) on 2 sequences of 16 tokens, its own cross-entropy loss.
+One thread. Modes, timed interleaved in rounds (µs per step, median of rounds):
 
   eager          the step as it is
   torchreplay    torch.compile(step, backend=torchreplay), mode reduce-overhead
@@ -12,16 +14,17 @@ batch 16, one thread. Modes, timed interleaved in rounds (µs per step, median o
   aot_eager      torch.compile(step, backend="aot_eager")
 
 Every mode's gradients are compared with eager's after each of three steps (bitwise, or close
-for Inductor). Then the breakdown of the torchreplay step, each part timed on its own:
+for Inductor). The second table adds an Adam update (foreach) after each step, compiled with the
+same backend as the step (`torch.compile(opt.step)`; eager: Adam as it is); parameters after three
+updates are compared with aot_eager's (AOTAutograd's decomposition of Adam gives other bits than
+eager's Adam).
 
-  eager forward + loss, eager backward (the step less the forward)
-  Dynamo's floor for this step: a backend whose graph returns the first call's loss as a fresh
-    leaf, so the frames on both sides of the break run and backward has one node
-  forward engine, backward engine: each engine run on the arguments it got (no Dynamo, no
-    AOTAutograd, no autograd engine)
-  forward engine with the previous run's outputs still alive (the saved activations and the
-    loss autograd keeps): what copying them out of the pool costs
-  AOTAutograd and autograd: the step less all of the above
+Then the breakdown of torchreplay's step, each part timed on its own: Dynamo's floor for this
+step (a backend whose graphs return the first call's outputs as fresh leaves, so the frames on
+both sides of the break run and backward has one node), each engine run on the arguments it got
+(no Dynamo, no autograd), the forward engine with its previous outputs still alive (what copying
+them out of the pool costs), and the rest: the training call, its autograd node and the autograd
+engine with its gradient accumulation.
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ import copy
 import statistics
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -38,16 +41,36 @@ import torch.nn.functional as F
 import torchreplay
 from torchreplay.bench.__main__ import RecordingBackend, fresh_dynamo
 
+MODES = ["eager", "torchreplay", "inductor", "aot_eager"]
 
-def _mlp() -> torch.nn.Module:
+
+def _mlp() -> Tuple[torch.nn.Module, tuple, Callable[..., torch.Tensor]]:
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh(),
-                               torch.nn.Linear(64, 4))
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh(),
+                                torch.nn.Linear(64, 4))
+    g = torch.Generator().manual_seed(1)
+    return model, (torch.randn(16, 32, generator=g), torch.randn(16, 4, generator=g)), \
+        lambda m, x, y: F.mse_loss(m(x), y)
 
 
-def _stepper(model: torch.nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        loss = F.mse_loss(model(x), y)
+def _llama() -> Tuple[torch.nn.Module, tuple, Callable[..., torch.Tensor]]:
+    from transformers import LlamaConfig, LlamaForCausalLM  # noqa: WPS433
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = LlamaForCausalLM(cfg).train()
+    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
+    return model, (ids,), lambda m, ids: m(input_ids=ids, labels=ids, use_cache=False).loss
+
+
+MODELS = {"mlp": (_mlp, "MLP 32-64-64-4, tanh, batch 16, MSE"),
+          "llama": (_llama, "tiny Llama (transformers), 2 x 16 tokens, cross-entropy")}
+
+
+def _stepper(model: torch.nn.Module, loss_fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    def step(*inputs: Any) -> torch.Tensor:
+        loss = loss_fn(model, *inputs)
         loss.backward()
         return loss.detach()
     return step
@@ -60,7 +83,8 @@ def _floor_backend(gm: torch.fx.GraphModule, example_inputs: List[Any]) -> Calla
 
     def run(*args: Any) -> Any:
         if not first:
-            first.extend(gm(*args))
+            out = gm(*args)
+            first.extend(out if isinstance(out, (list, tuple)) else [out])
         return [o.detach().requires_grad_(o.requires_grad) if isinstance(o, torch.Tensor) else o for o in first]
     return run
 
@@ -80,88 +104,153 @@ def _interleaved(fns: Dict[str, Callable[[], Any]], rounds: int, seconds: float)
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m torchreplay.bench.train", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--seconds", type=float, default=6.0, help="per mode, over all rounds")
-    a = p.parse_args(argv)
-    torch.set_num_threads(1)
-    fresh_dynamo(5)
-    g = torch.Generator().manual_seed(1)
-    x, y = torch.randn(16, 32, generator=g), torch.randn(16, 4, generator=g)
-    cfg = torchreplay.CompilerConfig()
-    cfg.mode = "reduce-overhead"
-    backends = {"eager": None, "torchreplay": torchreplay.get_backend(compiler_config=cfg), "inductor": "inductor",
-                "aot_eager": "aot_eager"}
-    models = {m: _mlp() for m in backends}
-    steps = {m: _stepper(models[m]) if b is None else torch.compile(_stepper(models[m]), backend=b)
-             for m, b in backends.items()}
+def _agreement(got: List[torch.Tensor], want: List[torch.Tensor]) -> str:
+    if all(torch.equal(u, v) for u, v in zip(got, want)):
+        return "bitwise"
+    return "close" if all(torch.allclose(u, v, rtol=1e-3, atol=1e-5) for u, v in zip(got, want)) else "WRONG"
+
+
+def _worst(a: str, b: str) -> str:
+    return min(a, b, key=["WRONG", "close", "bitwise"].index)
+
+
+def _backend(mode: str) -> Any:
+    if mode == "torchreplay":
+        cfg = torchreplay.CompilerConfig()
+        cfg.mode = "reduce-overhead"
+        return torchreplay.get_backend(compiler_config=cfg)
+    return {"inductor": "inductor", "aot_eager": "aot_eager"}.get(mode)
+
+
+def _table(title: str, timed: Dict[str, float], checks: Dict[str, str]) -> None:
+    print(title)
+    print(f"  {'mode':<14}{'µs':>10}{'vs eager':>10}  check")
+    for mode, us in timed.items():
+        print(f"  {mode:<14}{us:>10.1f}{timed['eager'] / us:>9.2f}x  {checks.get(mode, 'reference')}")
+
+
+def bench_model(name: str, rounds: int, seconds: float) -> bool:
+    factory, desc = MODELS[name]
+    fresh_dynamo(12)
+    model0, inputs, loss_fn = factory()
+    backends = {m: _backend(m) for m in MODES}
+    models = {m: copy.deepcopy(model0) for m in MODES}
+    steps = {m: _stepper(models[m], loss_fn) if backends[m] is None
+             else torch.compile(_stepper(models[m], loss_fn), backend=backends[m]) for m in MODES}
     checks: Dict[str, str] = {}
-    for i in range(3):
+    for _ in range(3):
         for m in models.values():
             m.zero_grad(set_to_none=True)
         for s in steps.values():
-            s(x, y)
-        for mode, m in models.items():
-            if mode == "eager":
-                continue
-            pairs = [(p.grad, q.grad) for p, q in zip(m.parameters(), models["eager"].parameters())]
-            exact = all(torch.equal(u, v) for u, v in pairs)
-            close = all(torch.allclose(u, v, rtol=1e-4, atol=1e-5) for u, v in pairs)
-            checks[mode] = min(checks.get(mode, "bitwise"), "bitwise" if exact else "close" if close else "WRONG",
-                               key=["WRONG", "close", "bitwise"].index)
-    timed = _interleaved({m: (lambda s=s: s(x, y)) for m, s in steps.items()}, a.rounds, a.seconds)
-    eager_us = timed["eager"]
-    print(f"Training step (MLP 32-64-64-4, tanh, batch 16, MSE, backward inside; one thread), µs per step")
-    print(f"  {'mode':<14}{'µs':>9}{'vs eager':>10}  gradients")
-    for mode, us in timed.items():
-        print(f"  {mode:<14}{us:>9.1f}{eager_us / us:>9.2f}x  {checks.get(mode, 'reference')}")
+            s(*inputs)
+        want = [p.grad for p in models["eager"].parameters()]
+        for mode in MODES[1:]:
+            got = _agreement([p.grad for p in models[mode].parameters()], want)
+            checks[mode] = _worst(checks.get(mode, "bitwise"), got)
+    timed = _interleaved({m: (lambda s=s: s(*inputs)) for m, s in steps.items()}, rounds, seconds)
+    paths = [v for v in backends["torchreplay"].call_paths.values()]
+    checks["torchreplay"] += f" gradients; call paths: {', '.join(paths)}"
+    for mode in ("inductor", "aot_eager"):
+        checks[mode] += " gradients"
+    _table(f"{name}: training step ({desc}; backward inside; one thread), µs per step", timed, checks)
 
-    # The breakdown of the torchreplay step: the same step compiled again, each engine's run
-    # recorded (the recording costs Python per call: this copy is not timed whole).
-    recording = RecordingBackend(cfg)
-    recorded = torch.compile(_stepper(_mlp()), backend=recording)
+    # With a compiled Adam update after each step.
+    opt_models = {m: copy.deepcopy(model0) for m in MODES}
+    opts = {m: torch.optim.Adam(opt_models[m].parameters(), lr=1e-3, foreach=True) for m in MODES}
+    opt_steps = {m: opts[m].step if backends[m] is None else torch.compile(opts[m].step, backend=_backend(m))
+                 for m in MODES}
+    train = {m: _stepper(opt_models[m], loss_fn) if backends[m] is None
+             else torch.compile(_stepper(opt_models[m], loss_fn), backend=_backend(m)) for m in MODES}
+
+    def update(m: str) -> None:
+        opts[m].zero_grad(set_to_none=True)
+        train[m](*inputs)
+        opt_steps[m]()
+
     for _ in range(3):
-        recorded(x, y)
+        for m in MODES:
+            update(m)
+    want = [p.detach() for p in opt_models["aot_eager"].parameters()]
+    opt_checks = {m: f"{_agreement([p.detach() for p in opt_models[m].parameters()], want)} vs aot_eager"
+                  for m in MODES if m != "aot_eager"}
+    opt_checks["aot_eager"] = "reference for the parameters"
+    timed_opt = _interleaved({m: (lambda m=m: update(m)) for m in MODES}, rounds, seconds)
+    print()
+    _table(f"{name}: training step + Adam (foreach) compiled with the same backend, µs per step", timed_opt,
+           {m: f"parameters after 3 updates {c}" for m, c in opt_checks.items()})
+    _breakdown(model0, inputs, loss_fn, rounds, seconds)
+    return all("WRONG" not in c for c in list(checks.values()) + list(opt_checks.values()))
+
+
+def _breakdown(model0: torch.nn.Module, inputs: tuple, loss_fn: Callable[..., torch.Tensor], rounds: int,
+               seconds: float) -> None:
+    """Each part of torchreplay's step timed on its own (interleaved). The engines' arguments come
+    from a copy of the step compiled with a recording backend, which keeps AOTAutograd's wrapper
+    (Python-visible engine calls): the engines' own work is the same either way."""
+    cfg = torchreplay.CompilerConfig()
+    cfg.mode = "reduce-overhead"
+    recording = RecordingBackend(cfg)
+    recorded = torch.compile(_stepper(copy.deepcopy(model0), loss_fn), backend=recording)
+    for _ in range(3):
+        recorded(*inputs)
     recording.calls.clear()
-    recorded(x, y)
+    recorded(*inputs)
     runs = []  # (engine name, run, arguments): the step's graphs in order
     for run, args, _, _ in recording.calls:
         args = [t.detach().clone() if isinstance(t, torch.Tensor) else t for t in args]
-        runs.append((getattr(getattr(run, "__self__", None), "name", "eager graph"), run, args))
-    model = models["eager"]
-    floor_step = torch.compile(_stepper(_mlp()), backend=_floor_backend)
+        runs.append((getattr(getattr(run, "__self__", None), "name", "an eager graph"), run, args))
+    direct = _backend("torchreplay")
+    step = torch.compile(_stepper(copy.deepcopy(model0), loss_fn), backend=direct)
+    floor_step = torch.compile(_stepper(copy.deepcopy(model0), loss_fn), backend=_floor_backend)
+    eager = copy.deepcopy(model0)
     kept: List[Any] = []
     parts: Dict[str, Callable[[], Any]] = {
-        "eager forward + loss": lambda: F.mse_loss(model(x), y),
-        "eager step": lambda: steps["eager"](x, y),
-        "torchreplay step": lambda: steps["torchreplay"](x, y),
-        "dynamo floor": lambda: floor_step(x, y),
+        "eager forward + loss": lambda: loss_fn(eager, *inputs),
+        "eager step": lambda s=_stepper(eager, loss_fn): s(*inputs),
+        "torchreplay step": lambda: step(*inputs),
+        "dynamo floor": lambda: floor_step(*inputs),
     }
     for name, run, args in runs:
         parts[name] = lambda r=run, a_=args: kept.clear() or r(list(a_))
     forward = next((name for name, _, _ in runs if name.endswith(".forward")), None)
     if forward is not None:
-        run, args = next((r, a_) for n, r, a_ in runs if n == forward)
-        parts[forward + ", outputs kept"] = lambda: kept.__setitem__(slice(None), run(list(args)))
-    us = _interleaved(parts, a.rounds, a.seconds)
+        fw_run, fw_args = next((r, a_) for n, r, a_ in runs if n == forward)
+        parts[forward + ", outputs kept"] = lambda: kept.__setitem__(slice(None), fw_run(list(fw_args)))
+    us = _interleaved(parts, rounds, seconds)
     kept.clear()
     engines = sum(us[name] for name, _, _ in runs)
     copies = us[forward + ", outputs kept"] - us[forward] if forward is not None else 0.0
-    print()
-    print("Breakdown (µs per step, each part timed on its own, interleaved):")
     rows = [("eager: forward + loss", us["eager forward + loss"]),
             ("eager: backward (the step less the forward)", us["eager step"] - us["eager forward + loss"]),
             ("torchreplay step", us["torchreplay step"]),
             ("  Dynamo's floor (the frames on both sides of the break)", us["dynamo floor"])]
     rows += [(f"  engine {name} (replay)", us[name]) for name, _, _ in runs]
     rows += [("  copying out the forward's outputs kept alive", copies),
-             ("  AOTAutograd's wrappers and the autograd engine (the rest)",
+             ("  the rest: training call, autograd node and engine, accumulation",
               us["torchreplay step"] - us["dynamo floor"] - engines - copies)]
+    print()
+    print(f"Breakdown (µs per step, each part timed on its own; call paths: "
+          f"{', '.join(f'{k} {v}' for k, v in direct.call_paths.items())}):")
     for name, v in rows:
-        print(f"  {name:<62}{v:>9.1f}")
-    return 0 if all(c != "WRONG" for c in checks.values()) else 1
+        print(f"  {name:<66}{v:>9.1f}")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m torchreplay.bench.train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default=",".join(MODELS), help="comma-separated: " + ", ".join(MODELS))
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--seconds", type=float, default=6.0, help="per mode and table, over all rounds")
+    a = p.parse_args(argv)
+    torch.set_num_threads(1)
+    ok = True
+    for i, name in enumerate(a.models.split(",")):
+        if name not in MODELS:
+            p.error(f"unknown model {name}")
+        if i:
+            print()
+        ok = bench_model(name, a.rounds, a.seconds) and ok
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
