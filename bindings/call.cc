@@ -301,6 +301,10 @@ void Call::RegenerateAliases(const absl::InlinedVector<c10::IValue, 2>& input_ba
       o = base_value;
       continue;
     }
+    if (a.kind == AliasKind::kDetachOfInput) {
+      o = base_value.toTensor().detach();
+      continue;
+    }
     const at::Tensor& base = base_value.toTensor();
     const at::Tensor& t = o.toTensor();
     const at::Tensor typed = t.scalar_type() == base.scalar_type() ? base : base.view(t.scalar_type());
@@ -316,7 +320,8 @@ void BindCall(py::module_& m) {
   py::enum_<AliasKind>(m, "AliasKind", "What an output aliases (AOTAutograd's output types).")
       .value("VIEW_OF_INPUT", AliasKind::kViewOfInput)
       .value("INPUT", AliasKind::kInput)
-      .value("VIEW_OF_OUTPUT", AliasKind::kViewOfOutput);
+      .value("VIEW_OF_OUTPUT", AliasKind::kViewOfOutput)
+      .value("DETACH_OF_INPUT", AliasKind::kDetachOfInput);
   py::class_<Alias>(m, "Alias", "An output given back as its base argument or an autograd view of it.")
       .def(py::init([](int output, AliasKind kind, int base) { return Alias{output, kind, base}; }),
            py::arg("output"), py::arg("kind"), py::arg("base"))

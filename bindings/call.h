@@ -42,8 +42,9 @@ namespace py = pybind11;
 enum class Returns { kList, kTuple, kOne };
 
 // An output that aliases a call argument or another output, given back as AOTAutograd gives it:
-// the argument itself, or an autograd view of the base (._base, shared version counter).
-enum class AliasKind { kViewOfInput, kInput, kViewOfOutput };
+// the argument itself, an autograd view of the base (._base, shared version counter), or the
+// argument detached (`return loss.detach()`: shared memory and version counter, no ._base).
+enum class AliasKind { kViewOfInput, kInput, kViewOfOutput, kDetachOfInput };
 struct Alias {
   int output = 0;
   AliasKind kind = AliasKind::kViewOfInput;

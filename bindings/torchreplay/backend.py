@@ -67,8 +67,11 @@ def _direct_call(aot_fn: Callable, engine: Any, ctx: Any, num_graph_inputs: int,
     for i, o in enumerate(meta.output_info):
         if o.output_type in _PLAIN_OUTPUTS:
             continue
+        if producers[i] is torch.ops.aten.detach.default and o.output_type == OutputType.alias_of_input:
+            aliases.append(_C.Alias(i, _C.AliasKind.DETACH_OF_INPUT, o.base_idx))  # `return loss.detach()`
+            continue
         if producers[i] in _NOT_VIEWS:
-            return "outputs that alias an input without being views of it (detach, alias)"
+            return "outputs that alias an input without being views of it (alias, or detach of a view)"
         if o.output_type == OutputType.is_input:
             aliases.append(_C.Alias(i, _C.AliasKind.INPUT, o.base_idx))
         elif o.output_type == OutputType.alias_of_input:

@@ -113,18 +113,37 @@ def test_aliasing_outputs_are_autograd_views_as_in_eager():
     assert list(b.call_paths.values()) == ["direct"]
 
 
-def test_detached_outputs_keep_the_aot_wrapper():
-    """x.detach() shares x's memory but is no view of it in eager (._base is None): such graphs
-    keep AOTAutograd's wrapper, which gives it back as eager does."""
+def test_detached_inputs_are_given_back_detached_by_the_direct_call():
+    """x.detach() shares x's memory and version counter but is no view of it in eager (._base is
+    None): the direct call gives back x detached, as AOTAutograd's wrapper does (the step after
+    a training graph's break at backward is often just `return loss.detach()`)."""
     torch._dynamo.reset()
     b = backend()
-    compiled = torch.compile(lambda x: (x.detach(), x + 1), backend=b)
+    compiled = torch.compile(lambda x: (x.detach(), x.detach() + 1), backend=b)
+    x = torch.randn(3, requires_grad=True)   # as a loss after its backward: no output requires grad
+    for _ in range(3):
+        d, y = compiled(x)
+        want = x.detach()
+        assert d._base is None and d.data_ptr() == x.data_ptr() and not d.requires_grad
+        assert d._version == want._version and torch.equal(y, want + 1)
+        with torch.no_grad():
+            x.add_(1)
+        assert d._version == x._version  # shares x's version counter, as eager's does
+    assert list(b.call_paths.values()) == ["direct"], b.call_paths
+
+
+def test_an_alias_output_keeps_the_aot_wrapper():
+    """aten.alias of an input (no view, no detach): the graph keeps AOTAutograd's wrapper."""
+    torch._dynamo.reset()
+    b = backend()
+    compiled = torch.compile(lambda x: (torch.ops.aten.alias(x), x + 1), backend=b)
     x = torch.randn(3)
     with torch.no_grad():
         for _ in range(3):
-            d, y = compiled(x)
-    assert d._base is None and d.data_ptr() == x.data_ptr() and torch.equal(y, x + 1)
-    assert "detach" in next(iter(b.call_paths.values()))
+            a, y = compiled(x)
+    assert a.data_ptr() == x.data_ptr() and torch.equal(y, x + 1)
+    paths = list(b.call_paths.values())
+    assert len(paths) == 1 and "alias" in paths[0], b.call_paths
 
 
 def test_dynamic_graphs_are_called_directly_and_mark_outputs_dynamic_as_aot_does():
