@@ -361,7 +361,11 @@ absl::Status Engine::Precapture(std::vector<std::vector<c10::IValue>> input_sets
 
 absl::StatusOr<std::vector<capture::StepTime>> Engine::ProfileSteps(std::vector<c10::IValue> inputs,
                                                                     int iterations) {
-  for (int k = 0; k <= std::max(0, options_.warmup_iters); ++k) {
+  // Note [Collectives]: the warm-up calls below would issue this graph's collectives as many times
+  // as this rank's stage needs, which other ranks may not match; a graph that communicates is
+  // profiled only where its key replays already, and then every rank replays `iterations` times.
+  const bool communicates = graph_->communicates();
+  for (int k = 0; !communicates && k <= std::max(0, options_.warmup_iters); ++k) {
     if (auto out = RunKeyed(inputs); !out.ok()) return out.status();
   }
   ThreadState& ts = StateForThisThread();
@@ -370,7 +374,11 @@ absl::StatusOr<std::vector<capture::StepTime>> Engine::ProfileSteps(std::vector<
   if ((*e)->graph == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "graph '", options_.name, "': this key is not replayed: ",
-        (*e)->fallback_reason.empty() ? "it is not captured yet" : (*e)->fallback_reason));
+        (*e)->fallback_reason.empty() ? "it is not captured yet" : (*e)->fallback_reason,
+        communicates ? " (a graph with collectives is profiled without warm-up calls, which could pair with "
+                       "other ranks' collectives: call it on every rank until it replays, then profile on "
+                       "every rank)"
+                     : ""));
   }
   ts.handout.CopyAllOut();
   return (*e)->graph->ProfileReplay(inputs, iterations);

@@ -18,6 +18,7 @@ import inspect
 import itertools
 import logging
 import os
+import struct
 import sys
 import threading
 import warnings
@@ -180,6 +181,8 @@ class _Specialized:
                 import numpy
                 return (type(got) is type(self.copy) and got.dtype == self.copy.dtype
                         and numpy.array_equal(got, self.copy))
+            if type(self.copy) is float:  # bit for bit: -0.0 is not 0.0 to a graph, NaN is NaN
+                return type(got) is float and struct.pack("<d", got) == struct.pack("<d", self.copy)
             return type(got) is type(self.copy) and bool(got == self.copy)
         except Exception:  # noqa: BLE001 - a value that cannot be compared is another value
             return False
@@ -266,8 +269,10 @@ class Captured(_C.Call):
         """Where a replay of these arguments' shape goes: per step of the captured tape, in order,
         its node, op, kind (prepared pointwise, typed out=, copies, boxed out=, functional, in
         place, view, ...), result shapes and mean microseconds over `iterations` replays
-        (captured first if needed: these are real calls). `python -m torchreplay.bench.profile`
-        prints it for the harness's models."""
+        (captured first if needed: these are real calls; a graph with collectives is not warmed
+        up here, since other ranks would not match those calls: its shape must replay already, on
+        every rank, and every rank profiles). `python -m torchreplay.bench.profile` prints it for
+        the harness's models."""
         flat = self._trace.flatten(args, kwargs)
         target = self._trace_for(flat, args, kwargs)
         return target.engine.profile(list(target._bound) + flat, iterations)
@@ -623,9 +628,12 @@ def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Option
     args = tuple(example_args)
     kwargs = dict(example_kwargs or {})
     flat_args, in_spec = pytree.tree_flatten((args, kwargs))
+    subclassed = _dtensors(module, [a for a in flat_args if isinstance(a, torch.Tensor)])
     # Arguments that are no graph values (None, strings, dtypes, devices, layouts, modules, other
     # objects) are specialized: left out of the trace, put back in place by _Flat, checked per call.
-    constants = {i: a for i, a in enumerate(flat_args) if not isinstance(a, (torch.Tensor, bool, int, float))}
+    # So are Python numbers of a DTensor model (AOTAutograd's export makes them no graph inputs).
+    values = torch.Tensor if subclassed else (torch.Tensor, bool, int, float)
+    constants = {i: a for i, a in enumerate(flat_args) if not isinstance(a, values)}
     leaves = tuple(a for i, a in enumerate(flat_args) if i not in constants)
     traced = _Flat(module, in_spec, constants, len(flat_args))
     if getattr(_tracing, "active", False):
@@ -637,7 +645,7 @@ def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Option
         warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
         _tracing.active = True
         try:
-            if _dtensors(module, leaves):
+            if subclassed:
                 if dynamic:
                     raise NotImplementedError("torchreplay.capture: dynamic=True with DTensors (tensor parallelism) "
                                               "is not supported; capture once per shape")
@@ -740,7 +748,7 @@ def _trace_exported(traced: "_Flat", leaves: Tuple[Any, ...], dynamic: bool,
 
 
 def _dtensors(module: torch.nn.Module, leaves: Sequence[Any]) -> bool:
-    """Whether a parameter, buffer or argument is a DTensor (tensor parallelism)."""
+    """Whether a parameter, buffer or tensor argument is a DTensor (tensor parallelism)."""
     dtensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
     if dtensor is None:  # nobody made a DTensor in this process
         return False
@@ -761,9 +769,23 @@ def _trace_subclassed(traced: "_Flat", leaves: Tuple[Any, ...],
 
     with _RandomStateWatch(calls=False) as rng, torch.no_grad(), contextlib.ExitStack() as stack:
         # writes into buffers and arguments stay in the graph (copy_ into the input), as under torch.compile
-        joint = aot_export_joint_with_descriptors(stack, traced, leaves, keep_inference_input_mutations=True,
-                                                  decompositions=_decompositions(decompositions))
+        try:
+            joint = aot_export_joint_with_descriptors(stack, traced, leaves, keep_inference_input_mutations=True,
+                                                      decompositions=_decompositions(decompositions))
+        except AssertionError as e:
+            if "FakeTensor" not in str(e):
+                raise
+            raise NotImplementedError(
+                "torchreplay.capture: this DTensor model reads a tensor that is neither a parameter, a buffer "
+                "nor an argument (a plain attribute, or a global), which its trace through AOTAutograd cannot "
+                "take; register it as a buffer (module.register_buffer), or compile the model: "
+                "torch.compile(model, backend=torchreplay.get_backend(...))") from None
     rng.check()
+    # AOTAutograd's RNG tracker keeps the trace's fake mode, whose tensor converter keeps weak
+    # references to the DTensor parameters: torch.utils.swap_tensors (model.to(dtype)) refuses
+    # tensors with weak references, and the fake mode would outlive the capture.
+    from torch._decomp.decompositions_for_rng import PhiloxStateTracker
+    PhiloxStateTracker.reset()
     gm = joint.graph_module
     state = dict(traced.named_parameters(remove_duplicate=False))
     state.update(traced.named_buffers(remove_duplicate=False))
@@ -776,8 +798,9 @@ def _trace_subclassed(traced: "_Flat", leaves: Tuple[Any, ...],
         if isinstance(desc, (d.ParamAOTInput, d.BufferAOTInput)):
             kind = "parameter" if isinstance(desc, d.ParamAOTInput) else "buffer"
             return state[desc.target], _bound_name(kind, desc.target), state[desc.target]
-        raise NotImplementedError(f"torchreplay.capture: a graph input of kind {type(desc).__name__} "
-                                  "(from tensor parallelism) is not supported")
+        raise NotImplementedError(f"torchreplay.capture: a DTensor model's graph input of kind {type(desc).__name__} "
+                                  "is not supported (DTensor arguments are not: pass local tensors, and make "
+                                  "DTensors inside the model, as the parallel styles' input hooks do)")
 
     bound: List[Any] = []
     bound_names: List[str] = []

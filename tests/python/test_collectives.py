@@ -190,6 +190,63 @@ def test_a_tensor_parallel_dtensor_mlp_replays_through_both_entry_points(tmp_pat
             assert r["issued"] == r["expected"] and min(r["expected"]) >= 1, (rank, entry, r)
 
 
+def _dtensor_edges(rank, world):
+    """A DTensor model with a Python number argument (specialized: bitwise, replayed), one that
+    reads a plain tensor attribute (a clear error), and profile() of a graph with collectives
+    whose key does not replay yet (a clear error, no collective issued)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    import torchreplay
+
+    class Shifted(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up, self.down = torch.nn.Linear(16, 32), torch.nn.Linear(32, 16)
+            self.table = torch.arange(16.0)
+
+        def forward(self, x, shift, use_table=False):
+            y = self.down(self.up(x).relu()) + shift
+            return y * self.table if use_table else y
+
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    model = parallelize_module(Shifted(), mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    cfg = torchreplay.CompilerConfig()
+    cfg.mode = "reduce-overhead"
+    out = {}
+    with torch.no_grad():
+        x = torch.randn(3, 16, generator=torch.Generator().manual_seed(0))
+        f = torchreplay.capture(model, (x, 0.5), config=cfg)
+        out["bitwise"] = all(torch.equal(f(x + k, 0.5), model(x + k, 0.5)) for k in range(4))
+        out["replays"] = f.stats()["replays"]
+        try:
+            f(x, -0.5)
+            out["other shift"] = "accepted"
+        except ValueError as e:
+            out["other shift"] = str(e)
+        try:
+            torchreplay.capture(model, (x, 0.5, True), config=cfg)
+            out["attribute"] = "captured"
+        except NotImplementedError as e:
+            out["attribute"] = str(e)
+        s0 = _seq()
+        try:
+            f.profile(x[:2], 0.5, iterations=3)   # another shape: not captured on this rank
+            out["profile"] = "profiled"
+        except RuntimeError as e:
+            out["profile"] = str(e)
+        out["profile collectives"] = _seq() - s0
+    return out
+
+
+def test_dtensor_capture_edges(tmp_path):
+    for rank, r in enumerate(spawn(_dtensor_edges, 2, tmp_path)):
+        assert r["bitwise"] and r["replays"] == 3, (rank, r)
+        assert "captured with 0.5" in r["other shift"], (rank, r)
+        assert "register it as a buffer" in r["attribute"], (rank, r)
+        assert "profiled without warm-up calls" in r["profile"] and r["profile collectives"] == 0, (rank, r)
+
+
 def _fail_in_flight(rank, world):
     """A call that fails while its collective is in flight (an index out of range between the
     all_reduce and its wait), then calls that succeed: as eager on every call."""
