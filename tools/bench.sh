@@ -8,7 +8,9 @@
 # capture_sizes against one capture per size, eager and Inductor; then a Python int changing
 # every call, eager against torchreplay). Then tensor parallelism (python -m torchreplay.bench.tp: the
 # tiny Llama step sharded over 2 ranks with DTensor, gloo on 127.0.0.1: eager, torch.compile and
-# capture against the step's communication floor, and compute overlapping an all_reduce).
+# capture against the step's communication floor, and compute overlapping an all_reduce). Last,
+# training steps (python -m torchreplay.bench.train: the MLP and the tiny Llama, with and without
+# a compiled Adam, against eager, Inductor and aot_eager, and the breakdown of torchreplay's step).
 # Arguments go to `python -m torchreplay.bench` (try --help).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,10 +18,11 @@ tools/setup.sh
 min_time=1
 buckets=()
 tp=()
+train=()
 prev= help=
 for a in "$@"; do
   case "$a" in -h|--help) help=1 ;; esac
-  [ "$a" = "--quick" ] && min_time=0.2 && buckets+=(--rounds 5 --no-inductor) && tp+=(--rounds 2 --calls 20)
+  [ "$a" = "--quick" ] && min_time=0.2 && buckets+=(--rounds 5 --no-inductor) && tp+=(--rounds 2 --calls 20) && train+=(--rounds 3 --seconds 2)
   [ "$prev" = "--out" ] && buckets+=(--out "$a") && tp+=(--out "$a")
   prev=$a
 done
@@ -37,3 +40,6 @@ echo "== Batch-size buckets: python -m torchreplay.bench.buckets ${buckets[*]}"
 echo
 echo "== Tensor parallelism: python -m torchreplay.bench.tp ${tp[*]}"
 .venv/bin/python -m torchreplay.bench.tp "${tp[@]}"
+echo
+echo "== Training steps: python -m torchreplay.bench.train ${train[*]}"
+.venv/bin/python -m torchreplay.bench.train "${train[@]}"

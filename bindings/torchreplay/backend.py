@@ -187,7 +187,7 @@ class Backend:
                 _training_call(*built["forward"], *built["backward"], example_inputs)
         elif "inference" in built:
             name = f"g{graph_id}.inference"
-            call = "autocast is on" if autocast else _direct_call(aot_fn, *built["inference"][:4], example_inputs)
+            call = "autocast is on" if autocast else _direct_call(aot_fn, *built["inference"], example_inputs)
         else:
             return aot_fn  # a graph that runs eagerly
         if isinstance(call, str):
