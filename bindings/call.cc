@@ -46,6 +46,11 @@ void Call::Validate() const {
   for (int i : mutated) {
     if (!in_args(i)) throw py::value_error("torchreplay: mutated index out of range");
   }
+  for (int i : mutated_bound) {
+    if (i < 0 || i >= static_cast<int>(bound.size())) {
+      throw py::value_error("torchreplay: mutated bound index out of range");
+    }
+  }
   if (checks.has_value()) {
     for (const SizeCheck& c : checks->sizes) {
       if (!in_args(c.arg) || c.dim < 0) throw py::value_error("torchreplay: size check out of range");
@@ -257,6 +262,9 @@ py::object Call::RunChecked(std::vector<c10::IValue> inputs, const py::args& arg
     const c10::IValue& v = inputs[bound.size() + i];
     if (v.isTensor()) v.toTensor().unsafeGetTensorImpl()->bump_version();
   }
+  for (int i : mutated_bound) {
+    if (inputs[i].isTensor()) inputs[i].toTensor().unsafeGetTensorImpl()->bump_version();
+  }
   absl::InlinedVector<c10::IValue, 2> alias_bases;
   const bool aliases = aot.has_value() && !aot->aliases.empty();
   if (aliases) {
@@ -372,16 +380,16 @@ void BindCall(py::module_& m) {
   py::class_<Call>(m, "Call", "One compiled graph as a C++ callable (Note [The call path]).",
                    py::custom_type_setup([](PyHeapTypeObject* type) { type->ht_type.tp_call = &Call::TpCall; }))
       .def(py::init([](std::shared_ptr<replay::Engine> engine, py::list bound, std::vector<int> mutated,
-                       int num_outputs, Returns returns, std::optional<AotEpilogue> aot,
-                       std::optional<CaptureChecks> checks) {
-             Call c{std::move(engine), {}, std::move(mutated), num_outputs, returns, std::move(aot),
-                    std::move(checks)};
+                       std::vector<int> mutated_bound, int num_outputs, Returns returns,
+                       std::optional<AotEpilogue> aot, std::optional<CaptureChecks> checks) {
+             Call c{std::move(engine), {}, std::move(mutated), std::move(mutated_bound), num_outputs, returns,
+                    std::move(aot), std::move(checks)};
              for (auto b : bound) c.bound.push_back(ToIValue(b));
              c.Validate();
              return c;
            }),
            py::arg("engine"), py::arg("bound") = py::list(), py::arg("mutated") = std::vector<int>(),
-           py::arg("num_outputs") = -1, py::arg("returns") = Returns::kList, py::arg("aot") = py::none(),
+           py::arg("mutated_bound") = std::vector<int>(), py::arg("num_outputs") = -1, py::arg("returns") = Returns::kList, py::arg("aot") = py::none(),
            py::arg("checks") = py::none())
       .def("_fast", &Call::Fast, "The call on the graph's flat arguments, with no slow path.")
       .def("_modes_checked",

@@ -102,6 +102,7 @@ struct Call {
   std::shared_ptr<replay::Engine> engine;
   std::vector<c10::IValue> bound;  // leading graph inputs, fixed when the Call is built
   std::vector<int> mutated;        // call arguments the graph writes: their versions are bumped
+  std::vector<int> mutated_bound;  // bound inputs the graph writes (an optimizer's state): the same
   int num_outputs = -1;            // outputs returned: the graph's first num_outputs (-1: all)
   Returns returns = Returns::kList;
   std::optional<AotEpilogue> aot;       // torch.compile

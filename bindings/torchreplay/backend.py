@@ -44,15 +44,26 @@ _PLAIN_OUTPUTS = (OutputType.non_alias, OutputType.unsafe_view_alias, OutputType
 _NOT_VIEWS = (torch.ops.aten.detach.default, torch.ops.aten.alias.default)
 
 
+def _lifted(gm: torch.fx.GraphModule) -> List[torch.Tensor]:
+    """The tensors AOTAutograd puts ahead of Dynamo's arguments (aot_module_simplified): the
+    graph module's parameters and buffers, as Dynamo installed them (a compiled optimizer's state,
+    free tensors a function reads), in AOTAutograd's order."""
+    state = dict(gm.named_parameters(remove_duplicate=False))
+    state.update(gm.named_buffers(remove_duplicate=False))
+    return list(state.values())
+
+
 def _direct_call(aot_fn: Callable, engine: Any, ctx: Any, num_graph_inputs: int, producers: List[Any],
-                 example_inputs: Sequence[Any]) -> Union[Any, str]:
+                 example_inputs: Sequence[Any], lifted: Sequence[torch.Tensor] = ()) -> Union[Any, str]:
     """The engine as a C++ callable for Dynamo (Note [The call path] in bindings/call.h), or
-    why not: AOTAutograd's runtime wrapper has work a Call does not do."""
+    why not: AOTAutograd's runtime wrapper has work a Call does not do. `lifted`: the tensors
+    AOTAutograd puts ahead of the arguments, bound in the Call."""
     meta = ctx.fw_metadata if ctx is not None else None
     if meta is None:
         return "no AOTAutograd metadata"
-    if num_graph_inputs != len(example_inputs):
-        return "AOTAutograd changed the inputs (duplicated, merged or lifted)"
+    n_bound = len(lifted)
+    if num_graph_inputs != n_bound + len(example_inputs) or len(meta.input_info) != num_graph_inputs:
+        return "AOTAutograd changed the inputs (duplicated or merged)"
     if any(isinstance(x, (list, tuple, dict)) or is_traceable_wrapper_subclass(x) for x in example_inputs):
         return "nested or tensor-subclass inputs"
     if meta.num_mutated_inp_runtime_indices:
@@ -67,23 +78,27 @@ def _direct_call(aot_fn: Callable, engine: Any, ctx: Any, num_graph_inputs: int,
     for i, o in enumerate(meta.output_info):
         if o.output_type in _PLAIN_OUTPUTS:
             continue
+        if o.output_type in (OutputType.is_input, OutputType.alias_of_input) and o.base_idx < n_bound:
+            return "outputs that alias a lifted tensor"
         if producers[i] is torch.ops.aten.detach.default and o.output_type == OutputType.alias_of_input:
-            aliases.append(_C.Alias(i, _C.AliasKind.DETACH_OF_INPUT, o.base_idx))  # `return loss.detach()`
+            aliases.append(_C.Alias(i, _C.AliasKind.DETACH_OF_INPUT, o.base_idx - n_bound))  # `return loss.detach()`
             continue
         if producers[i] in _NOT_VIEWS:
             return "outputs that alias an input without being views of it (alias, or detach of a view)"
         if o.output_type == OutputType.is_input:
-            aliases.append(_C.Alias(i, _C.AliasKind.INPUT, o.base_idx))
+            aliases.append(_C.Alias(i, _C.AliasKind.INPUT, o.base_idx - n_bound))
         elif o.output_type == OutputType.alias_of_input:
-            aliases.append(_C.Alias(i, _C.AliasKind.VIEW_OF_INPUT, o.base_idx))
+            aliases.append(_C.Alias(i, _C.AliasKind.VIEW_OF_INPUT, o.base_idx - n_bound))
         elif o.output_type == OutputType.alias_of_intermediate_base_is_user_output:
             aliases.append(_C.Alias(i, _C.AliasKind.VIEW_OF_OUTPUT, o.base_idx))
         else:  # alias_of_intermediate(_save_as_output): the base is an extra output at the end
             aliases.append(_C.Alias(i, _C.AliasKind.VIEW_OF_OUTPUT, meta.num_outputs + o.base_idx))
-    mutated = list(meta.mutated_graph_handled_indices_seen_by_autograd)
+    written = list(meta.mutated_graph_handled_indices_seen_by_autograd)
+    mutated = [i - n_bound for i in written if i >= n_bound]
     # Outputs with dynamic dims get them in `_dynamo_weak_dynamic_indices`, as the wrapper does.
     dynamic_dims = [(i, o.dynamic_dims) for i, o in enumerate(meta.output_info) if o.dynamic_dims]
-    return _C.Call(engine, mutated=mutated, num_outputs=meta.num_outputs,
+    return _C.Call(engine, bound=list(lifted), mutated=mutated, mutated_bound=[i for i in written if i < n_bound],
+                   num_outputs=meta.num_outputs,
                    aot=_C.AotEpilogue(aliases=aliases, dynamic_dims=dynamic_dims, fallback=aot_fn))
 
 
@@ -187,7 +202,8 @@ class Backend:
                 _training_call(*built["forward"], *built["backward"], example_inputs)
         elif "inference" in built:
             name = f"g{graph_id}.inference"
-            call = "autocast is on" if autocast else _direct_call(aot_fn, *built["inference"], example_inputs)
+            call = "autocast is on" if autocast else _direct_call(aot_fn, *built["inference"], example_inputs,
+                                                                   _lifted(gm))
         else:
             return aot_fn  # a graph that runs eagerly
         if isinstance(call, str):

@@ -117,3 +117,30 @@ def test_compiled_optimizer_step(opt_cls, kwargs, foreach):
                 assert_same(p_c, p_e, exact=False, rtol=1e-5, atol=1e-6, what=f"step {i}: param {k} vs eager")
         assert_same(_opt_state_tensors(opts[0]), _opt_state_tensors(opts[2]), what=f"step {i}: optimizer state")
     assert total(b, "replays") >= 3
+    # The optimizer's state and parameters are tensors AOTAutograd lifts ahead of Dynamo's
+    # arguments: bound in the direct Call (Note [The call path]), not a reason for the wrapper.
+    assert b.call_paths and all(v == "direct" for v in b.call_paths.values()), b.call_paths
+
+
+def test_compiled_optimizer_step_bumps_the_versions_of_what_it_writes():
+    """A compiled step writes the parameters and the optimizer's state in place: their version
+    counters move as eager's do, so autograd sees a parameter changed after it was saved."""
+    torch.manual_seed(16)
+    lin = nn.Linear(4, 3)
+    opt = torch.optim.Adam(lin.parameters(), lr=0.01, foreach=True)
+    b = backend()
+    step = torch.compile(lambda: opt.step(), backend=b)
+    for _ in range(4):
+        lin(torch.randn(2, 4)).sum().backward()
+        versions = [lin.weight._version] + [t._version for t in _opt_state_tensors(opt)]
+        step()
+        now = [lin.weight._version] + [t._version for t in _opt_state_tensors(opt)]
+        assert all(n > v for n, v in zip(now, versions) if v or n), (versions, now)
+        opt.zero_grad()
+    lin(torch.randn(2, 4)).sum().backward()
+    out = lin(torch.randn(2, 4, requires_grad=True))
+    step()  # the weight saved for out's backward is written: eager's error, not stale gradients
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+    assert all(v == "direct" for v in b.call_paths.values()), b.call_paths
+    assert total(b, "replays") >= 2

@@ -28,6 +28,7 @@ import torch
 import torch.utils.benchmark as tbench
 
 import torchreplay
+from torchreplay.backend import _lifted
 from torchreplay.bench.models import MODELS, out_by_hand
 
 MODES = {
@@ -136,12 +137,13 @@ class RecordingBackend(torchreplay.Backend):
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Callable:
         compiled = super().__call__(gm, example_inputs, **kwargs)
         built, self._built = self._built, None
+        lifted = _lifted(gm)  # bound in the direct Call, ahead of Dynamo's arguments
 
         def call(*args: Any) -> Any:
             n = len(self.calls)
             out = compiled(*args)
             if len(self.calls) == n and built:  # the engine was called without AOTAutograd's wrapper
-                self.calls.append((built[0], list(args), built[1], _tensors(out)))
+                self.calls.append((built[0], lifted + list(args), built[1], _tensors(out)))
             return out
 
         return call
