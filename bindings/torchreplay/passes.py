@@ -2,6 +2,7 @@
 user's post pass (config.post_grad_custom_pre_pass / post_grad_custom_post_pass, as in torchair)."""
 from __future__ import annotations
 
+import operator
 from typing import Any, Dict, Sequence
 
 import torch
@@ -87,6 +88,96 @@ def _users_closure(node: torch.fx.Node) -> set:
     return seen
 
 
+def _inplace_foreach(target: Any) -> Any:
+    """The in-place overload of a functional foreach op (`_foreach_mul.Scalar` ->
+    `_foreach_mul_.Scalar`), or None."""
+    schema = getattr(target, "_schema", None)
+    if schema is None or not schema.name.startswith("aten::_foreach_") or schema.is_mutable:
+        return None
+    packet = getattr(torch.ops.aten, schema.name[len("aten::"):] + "_", None)
+    overload = getattr(packet, target._overloadname, None) if packet is not None else None
+    if overload is None or [a.name for a in overload._schema.arguments] != [a.name for a in schema.arguments]:
+        return None
+    return overload
+
+
+def reinplace_foreach(gm: torch.fx.GraphModule) -> int:
+    """`r = _foreach_op(xs, ...); ... r[i] ...` -> `_foreach_op_(xs, ...); ... xs[i] ...`.
+
+    AOTAutograd functionalizes an optimizer's in-place foreach updates (`_foreach_mul_(exp_avg,
+    beta1)`) into out-of-place ops on fresh lists, and writes the results back into the state
+    with a `copy_` per tensor at the end: an allocation per tensor per op, and the copies. When
+    nothing reads a tensor of `xs` after the op (only writes into it by `copy_` may follow, and
+    those then copy a tensor onto itself and go), the in-place op gives the same bits (the same
+    kernel) with neither. Returns how many ops were rewritten."""
+    graph = gm.graph
+    rewritten = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or not node.args or not isinstance(node.args[0], (list, tuple)):
+            continue
+        inplace = _inplace_foreach(node.target)
+        xs = list(node.args[0])
+        if inplace is None or not xs or not all(isinstance(x, torch.fx.Node) for x in xs) or len(set(xs)) != len(xs):
+            continue
+        if not all(u.op == "call_function" and u.target is operator.getitem for u in node.users):
+            continue
+        order = {n: i for i, n in enumerate(graph.nodes)}
+        others = [_root(a) for arg in list(node.args[1:]) + list(node.kwargs.values())
+                  for a in (arg if isinstance(arg, (list, tuple)) else [arg]) if isinstance(a, torch.fx.Node)]
+        results = {i: [g for g in node.users if g.args[1] == i] for i in range(len(xs))}
+        if any(x in others for x in xs) or \
+                not all(_overwritable(x, node, results[i], order) for i, x in enumerate(xs)):
+            continue
+        node.target = inplace
+        for g in list(node.users):
+            g.replace_all_uses_with(xs[g.args[1]])
+            graph.erase_node(g)
+        for x in xs:  # copies of a tensor onto itself
+            for u in list(x.users):
+                if u.op == "call_function" and u.target is aten.copy_.default and u.args[:2] == (x, x):
+                    u.replace_all_uses_with(x)
+                    graph.erase_node(u)
+        rewritten += 1
+    return rewritten
+
+
+def _root(n: torch.fx.Node) -> torch.fx.Node:
+    """The tensor a chain of views starts from."""
+    while _is_view(n) and n.args and isinstance(n.args[0], torch.fx.Node):
+        n = n.args[0]
+    return n
+
+
+def _overwritable(x: torch.fx.Node, op: torch.fx.Node, results: Sequence[torch.fx.Node],
+                  order: Dict[torch.fx.Node, int]) -> bool:
+    """Whether `op` may write x in place, its result `results` (the getitems taking it) becoming
+    x: x is a fresh tensor (no view of anything), or a graph input the graph writes this very
+    result back into (`copy_(x, result)`: the caller's tensor ends up holding it anyway; any other
+    input is the caller's, which the graph must leave as it is); and after `op` nothing reads x
+    and nothing writes it before the last read of the result (through views too)."""
+    last_read = max((order[u] for r in results for u in [r, *_users_closure(r)] if u.op != "output"),
+                    default=order[op])
+    if any(u.op == "output" for r in results for u in _users_closure(r)):
+        last_read = len(order)
+    if x.op == "call_function":
+        producer = x.args[0] if x.target is operator.getitem else x
+        if not isinstance(producer, torch.fx.Node) or _is_view(producer) or \
+                getattr(producer.target, "_schema", None) is None or producer.target._schema.is_mutable:
+            return False
+    elif x.op != "placeholder" or not any(
+            u.op == "call_function" and u.target is aten.copy_.default and u.args[0] is x and u.args[1] in results
+            for u in x.users):
+        return False
+    for u in x.users:
+        if u is op or order[u] < order[op]:
+            continue
+        if u.op == "call_function" and u.target is aten.copy_.default and u.args[0] is x and \
+                (u.args[1] in results or order[u] > last_read):
+            continue  # the write-back of the result itself, or a write after its last read
+        return False
+    return True
+
+
 def sink_waits(gm: torch.fx.GraphModule) -> int:
     """Moves the wait of each collective down to the first node that reads its result.
 
@@ -115,7 +206,7 @@ def sink_waits(gm: torch.fx.GraphModule) -> int:
     return moved
 
 
-BUILTIN_PASSES = (reinplace_input_updates, remove_dead_code, sink_waits)
+BUILTIN_PASSES = (reinplace_input_updates, reinplace_foreach, remove_dead_code, sink_waits)
 
 
 def run_passes(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Any) -> None:

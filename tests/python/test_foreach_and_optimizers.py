@@ -2,6 +2,8 @@
 
 Compiled with torchreplay's "reduce-overhead" mode against eager, call by call, through the
 differential harness (differential.py: outputs, mutated inputs, aliasing, state, replays)."""
+import operator
+
 import pytest
 import torch
 import torch.nn as nn
@@ -116,6 +118,8 @@ def test_compiled_optimizer_step(opt_cls, kwargs, foreach):
             else:
                 assert_same(p_c, p_e, exact=False, rtol=1e-5, atol=1e-6, what=f"step {i}: param {k} vs eager")
         assert_same(_opt_state_tensors(opts[0]), _opt_state_tensors(opts[2]), what=f"step {i}: optimizer state")
+        for k, (p_c, p_a) in enumerate(zip(sets[0], sets[2])):  # written only where the optimizer writes them
+            assert_same(p_c.grad, p_a.grad, what=f"step {i}: grad {k} vs aot_eager")
     assert total(b, "replays") >= 3
     # The optimizer's state and parameters are tensors AOTAutograd lifts ahead of Dynamo's
     # arguments: bound in the direct Call (Note [The call path]), not a reason for the wrapper.
@@ -144,3 +148,42 @@ def test_compiled_optimizer_step_bumps_the_versions_of_what_it_writes():
         out.sum().backward()
     assert all(v == "direct" for v in b.call_paths.values()), b.call_paths
     assert total(b, "replays") >= 2
+
+
+def test_foreach_results_run_in_place_only_where_nothing_else_sees_it():
+    """passes.reinplace_foreach: an out-of-place foreach op runs in place on its first list when
+    nothing reads those tensors afterwards and they are fresh, or inputs the graph writes that
+    very result back into. Inputs only read stay as they were; inputs updated end as eager's."""
+    from torchreplay.passes import reinplace_foreach
+
+    def f(xs, state):
+        ys = torch._foreach_add(xs, 1.0)          # xs are the caller's, only read: not in place
+        zs = torch._foreach_mul(ys, 2.0)          # ys fresh, read by nothing after: in place
+        torch._foreach_mul_(state, 0.5)           # an update of the caller's tensors
+        torch._foreach_add_(state, zs)
+        return [z.sum() for z in zs]
+
+    def inputs(i):
+        g = gen(300 + i)
+        return [rn(g, 3), rn(g, 2, 2)], [rn(g, 3), rn(g, 2, 2)]
+
+    b = backend()
+    compiled = torch.compile(f, backend=b)
+    for i in range(4):
+        xs, state = inputs(i)
+        xs_e, state_e = [t.clone() for t in xs], [t.clone() for t in state]
+        want = f(xs_e, state_e)
+        got = compiled(xs, state)
+        assert_same(got, want, what=f"call {i}: outputs")
+        assert_same(xs, xs_e, what=f"call {i}: inputs only read")
+        assert_same(state, state_e, what=f"call {i}: updated inputs")
+    assert total(b, "replays") >= 2
+    g = torch.fx.Graph()
+    a, c = g.placeholder("a"), g.placeholder("c")
+    added = g.call_function(torch.ops.aten._foreach_add.Scalar, ([a, c], 1.0))
+    got = [g.call_function(operator.getitem, (added, k)) for k in range(2)]
+    mul = g.call_function(torch.ops.aten._foreach_mul.Scalar, (got, 2.0))
+    g.output([g.call_function(operator.getitem, (mul, k)) for k in range(2)])
+    module = torch.fx.GraphModule(torch.nn.Module(), g)
+    assert reinplace_foreach(module) == 1  # the mul on fresh tensors, not the add on the inputs
+    assert added.target is torch.ops.aten._foreach_add.Scalar and mul.target is torch.ops.aten._foreach_mul_.Scalar
