@@ -592,6 +592,7 @@ class Emitter {
       ++tape_->info_.functional_steps;
       tape_->info_.functional_ops.push_back(OperatorName(*n.op));
     }
+    in_place = in_place || n.op->schema().is_mutable();  // also a write with no result (_foreach_add_)
     Push(std::move(step), n, any_fresh ? "functional" : in_place ? "in place" : "view");
   }
 
