@@ -349,3 +349,30 @@ def test_train_create_graph_gives_first_order_gradients_and_refuses_double_backw
             sum(g.sum() for g in got).backward()
     assert list(_training_paths(b).values()) == ["direct"], b.call_paths
     assert total(b, "replays") >= 1
+
+
+def test_train_forward_kept_across_steps_and_backward_run_later():
+    """A forward whose backward runs only a step later (its saved tensors alive while two more
+    forwards replay over the same pool), and a forward abandoned by an exception: gradients and
+    values stay eager's bits (Note [Training calls]: what is alive at the next forward is copied
+    out of the pool first)."""
+    pending = {}
+
+    def step(f, m, opt, batch, i):
+        x, y = batch
+        opt.zero_grad()
+        try:
+            f(x * 2)
+            raise KeyError("abandoned")
+        except KeyError:
+            pass
+        loss = F.mse_loss(f(x), y)
+        if id(m) in pending:
+            loss = loss + pending.pop(id(m)).square().mean()
+        loss.backward()
+        opt.step()
+        pending[id(m)] = f(x + 1)  # its backward runs in the next step, after two more forwards
+        return loss.detach(), pending[id(m)].detach()
+
+    b = train_compare(mlp(nn.Tanh), xy, step, seed=34)
+    assert list(_training_paths(b).values()) == ["direct"], b.call_paths
