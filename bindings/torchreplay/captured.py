@@ -781,9 +781,8 @@ def _trace_subclassed(traced: "_Flat", leaves: Tuple[Any, ...],
                 "take; register it as a buffer (module.register_buffer), or compile the model: "
                 "torch.compile(model, backend=torchreplay.get_backend(...))") from None
     rng.check()
-    # AOTAutograd's RNG tracker keeps the trace's fake mode, whose tensor converter keeps weak
-    # references to the DTensor parameters: torch.utils.swap_tensors (model.to(dtype)) refuses
-    # tensors with weak references, and the fake mode would outlive the capture.
+    # AOTAutograd's RNG tracker keeps the trace's fake mode (and its converted copies of the
+    # parameters) alive after the trace: it would outlive the capture.
     from torch._decomp.decompositions_for_rng import PhiloxStateTracker
     PhiloxStateTracker.reset()
     gm = joint.graph_module
