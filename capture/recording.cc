@@ -32,6 +32,8 @@ void RecordTensor(const at::Tensor& t, ValueRecord* r) {
   if (!t.defined()) return;
   r->dtype = t.scalar_type();
   r->device = t.device();
+  r->strided = t.layout() == c10::kStrided;
+  if (!r->strided) return;
   r->sizes.assign(t.sizes().begin(), t.sizes().end());
   r->strides.assign(t.strides().begin(), t.strides().end());
   r->storage_offset = t.storage_offset();
@@ -246,6 +248,10 @@ absl::Status CheckReplayable(const Graph& g, const Recording& rec) {
           "node '", n.name, "' (", OperatorName(*n.op), ") has a data-dependent output shape"));
     }
     for (ValueId o : n.outputs) {
+      if (rec.values[o].is_tensor && !rec.values[o].strided) {
+        return absl::FailedPreconditionError(absl::StrCat("node '", n.name, "' (", OperatorName(*n.op),
+                                                          ") makes a sparse or other non-strided tensor"));
+      }
       if (!rec.values[o].is_tensor && !rec.values[o].is_list && !IsSizeQuery(base)) {
         return absl::FailedPreconditionError(absl::StrCat("node '", n.name, "' (", OperatorName(*n.op),
                                                           ") reads a value from tensor data on the host"));

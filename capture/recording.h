@@ -31,6 +31,7 @@ struct ValueRecord {
   std::vector<int64_t> sizes, strides;
   int64_t storage_offset = 0;
   bool lazy_bits = false;  // a conjugate or negative view (its data is read conjugated or negated)
+  bool strided = true;     // false for sparse, mkldnn, ... tensors (no strides: never replayed)
   ValueId root = -1;
   c10::IValue scalar;  // non-tensor values
 

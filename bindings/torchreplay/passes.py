@@ -125,7 +125,7 @@ def reinplace_foreach(gm: torch.fx.GraphModule) -> int:
         others = [_root(a) for arg in list(node.args[1:]) + list(node.kwargs.values())
                   for a in (arg if isinstance(arg, (list, tuple)) else [arg]) if isinstance(a, torch.fx.Node)]
         results = {i: [g for g in node.users if g.args[1] == i] for i in range(len(xs))}
-        if any(x in others for x in xs) or \
+        if any(x in others for x in xs) or not _same_layouts(node, xs) or \
                 not all(_overwritable(x, node, results[i], order) for i, x in enumerate(xs)):
             continue
         node.target = inplace
@@ -141,6 +141,22 @@ def reinplace_foreach(gm: torch.fx.GraphModule) -> int:
     return rewritten
 
 
+def _same_layouts(node: torch.fx.Node, xs: Sequence[torch.fx.Node]) -> bool:
+    """Each result has its tensor's dtype, sizes and strides (an in-place op cannot broadcast into
+    it), and is float32 or float64: for reduced precision the in-place foreach kernels round
+    otherwise than the out-of-place ones (bfloat16 `_foreach_mul_` against `_foreach_mul`)."""
+    vals = node.meta.get("val")
+    if not isinstance(vals, (list, tuple)) or len(vals) != len(xs):
+        return False
+    for x, v in zip(xs, vals):
+        xv = x.meta.get("val")
+        if not isinstance(xv, torch.Tensor) or not isinstance(v, torch.Tensor) or \
+                xv.dtype not in (torch.float32, torch.float64) or v.dtype != xv.dtype or \
+                v.shape != xv.shape or v.stride() != xv.stride():
+            return False
+    return True
+
+
 def _root(n: torch.fx.Node) -> torch.fx.Node:
     """The tensor a chain of views starts from."""
     while _is_view(n) and n.args and isinstance(n.args[0], torch.fx.Node):
@@ -153,8 +169,9 @@ def _overwritable(x: torch.fx.Node, op: torch.fx.Node, results: Sequence[torch.f
     """Whether `op` may write x in place, its result `results` (the getitems taking it) becoming
     x: x is a fresh tensor (no view of anything), or a graph input the graph writes this very
     result back into (`copy_(x, result)`: the caller's tensor ends up holding it anyway; any other
-    input is the caller's, which the graph must leave as it is); and after `op` nothing reads x
-    and nothing writes it before the last read of the result (through views too)."""
+    input is the caller's, which the graph must leave as it is); no view of x is taken; and after
+    `op` nothing reads x and nothing writes it before the last read of the result (through views
+    too)."""
     last_read = max((order[u] for r in results for u in [r, *_users_closure(r)] if u.op != "output"),
                     default=order[op])
     if any(u.op == "output" for r in results for u in _users_closure(r)):
@@ -168,6 +185,8 @@ def _overwritable(x: torch.fx.Node, op: torch.fx.Node, results: Sequence[torch.f
             u.op == "call_function" and u.target is aten.copy_.default and u.args[0] is x and u.args[1] in results
             for u in x.users):
         return False
+    if any(_is_view(u) for u in x.users):
+        return False  # a view of x, taken before op or after, would read what op writes
     for u in x.users:
         if u is op or order[u] < order[op]:
             continue

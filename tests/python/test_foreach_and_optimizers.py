@@ -184,6 +184,49 @@ def test_foreach_results_run_in_place_only_where_nothing_else_sees_it():
     got = [g.call_function(operator.getitem, (added, k)) for k in range(2)]
     mul = g.call_function(torch.ops.aten._foreach_mul.Scalar, (got, 2.0))
     g.output([g.call_function(operator.getitem, (mul, k)) for k in range(2)])
+    for n, v in [(a, torch.zeros(3)), (c, torch.zeros(2, 2))] + list(zip(got, [torch.zeros(3), torch.zeros(2, 2)])):
+        n.meta["val"] = v
+    added.meta["val"] = mul.meta["val"] = [torch.zeros(3), torch.zeros(2, 2)]
     module = torch.fx.GraphModule(torch.nn.Module(), g)
     assert reinplace_foreach(module) == 1  # the mul on fresh tensors, not the add on the inputs
     assert added.target is torch.ops.aten._foreach_add.Scalar and mul.target is torch.ops.aten._foreach_mul_.Scalar
+
+
+def test_foreach_in_place_only_where_it_gives_the_same_bits():
+    """Where an in-place foreach op would not give the functional op's bits, the functional op
+    stays: a tensor a view was taken of (the view reads it after), a result that broadcasts
+    (NAdam's 0-dim factors times the parameters), bfloat16 (the in-place kernels round
+    otherwise). Bitwise against eager, or against aot_eager for the optimizers."""
+    def viewed(a, c):
+        t = a * 2
+        v = t.view(-1)
+        r = torch._foreach_add([t], [c])
+        return r[0], v.sum()
+
+    b = backend()
+    compiled = torch.compile(viewed, backend=b)
+    for i in range(3):
+        a, c = torch.ones(4) + i, torch.full((4,), 10.0)
+        assert_same(compiled(a, c), viewed(a, c), what=f"call {i}")
+    assert total(b, "replays") >= 1
+
+    for opt_cls, dtype, kwargs in [(torch.optim.NAdam, torch.float32, {}), (torch.optim.Adam, torch.bfloat16, {}),
+                                   (torch.optim.AdamW, torch.bfloat16, dict(weight_decay=0.1))]:
+        torch.manual_seed(17)
+        init = [torch.randn(5, 6).to(dtype), torch.randn(5).to(dtype)]
+        sets = [[nn.Parameter(t.clone()) for t in init] for _ in range(2)]
+        opts = [opt_cls(ps, lr=0.01, foreach=True, **kwargs) for ps in sets]
+        b = backend()
+        steps = [torch.compile(opts[0].step, backend=b), torch.compile(opts[1].step, backend="aot_eager")]
+        for i in range(3):
+            grads = [torch.randn(t.shape).to(dtype) for t in init]
+            for ps in sets:
+                for p, gr in zip(ps, grads):
+                    p.grad = gr.clone()
+            for st in steps:
+                st()
+            for k, (p_c, p_a) in enumerate(zip(*sets)):
+                assert_same(p_c, p_a, what=f"{opt_cls.__name__} {dtype} step {i}: param {k}")
+            assert_same(_opt_state_tensors(opts[0]), _opt_state_tensors(opts[1]),
+                        what=f"{opt_cls.__name__} {dtype} step {i}: state")
+        assert total(b, "replays") >= 1, opt_cls

@@ -376,3 +376,25 @@ def test_train_forward_kept_across_steps_and_backward_run_later():
 
     b = train_compare(mlp(nn.Tanh), xy, step, seed=34)
     assert list(_training_paths(b).values()) == ["direct"], b.call_paths
+
+
+def test_train_sparse_embedding_gradients_run_eagerly_with_the_reason():
+    """nn.Embedding(sparse=True) gives a sparse gradient, which no captured graph replays: the
+    backward graph runs eagerly, with the reason in the stats; gradients stay eager's."""
+    def make():
+        return nn.Sequential(nn.Embedding(10, 4, sparse=True), nn.Flatten(), nn.Linear(12, 3))
+
+    def batch(i, g):
+        return ri(g, 0, 10, 8, 3), rn(g, 8, 3)
+
+    def step(f, m, opt, b, i):
+        x, y = b
+        opt.zero_grad()
+        loss = F.mse_loss(f(x), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    b = train_compare(make, batch, step, seed=35)
+    reasons = [r for s in b.stats() for r in s["fallback_reasons"]]
+    assert any("sparse" in r for r in reasons), reasons
