@@ -71,7 +71,7 @@ class CollectiveStep final : public TypedCall {
       : kind_(kind), group_(GroupOf(args.back())), input_(std::move(input)), outs_{std::move(out)},
         pending_(std::move(pending)) {
     switch (kind_) {
-      case CollectiveKind::kAllReduce: reduce_op_ = ReduceOpOf(args[1].toStringRef()); break;
+      case CollectiveKind::kAllReduce:
       case CollectiveKind::kReduceScatter: reduce_op_ = ReduceOpOf(args[1].toStringRef()); break;
       case CollectiveKind::kAllToAll:
         out_splits_ = Ints(args[1]);

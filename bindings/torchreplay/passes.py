@@ -111,6 +111,7 @@ def reinplace_foreach(gm: torch.fx.GraphModule) -> int:
     those then copy a tensor onto itself and go), the in-place op gives the same bits (the same
     kernel) with neither. Returns how many ops were rewritten."""
     graph = gm.graph
+    order = {n: i for i, n in enumerate(graph.nodes)}  # erasing nodes keeps the others' order
     rewritten = 0
     for node in list(graph.nodes):
         if node.op != "call_function" or not node.args or not isinstance(node.args[0], (list, tuple)):
@@ -121,7 +122,6 @@ def reinplace_foreach(gm: torch.fx.GraphModule) -> int:
             continue
         if not all(u.op == "call_function" and u.target is operator.getitem for u in node.users):
             continue
-        order = {n: i for i, n in enumerate(graph.nodes)}
         others = [_root(a) for arg in list(node.args[1:]) + list(node.kwargs.values())
                   for a in (arg if isinstance(arg, (list, tuple)) else [arg]) if isinstance(a, torch.fx.Node)]
         results = {i: [g for g in node.users if g.args[1] == i] for i in range(len(xs))}
@@ -172,10 +172,9 @@ def _overwritable(x: torch.fx.Node, op: torch.fx.Node, results: Sequence[torch.f
     input is the caller's, which the graph must leave as it is); no view of x is taken; and after
     `op` nothing reads x and nothing writes it before the last read of the result (through views
     too)."""
-    last_read = max((order[u] for r in results for u in [r, *_users_closure(r)] if u.op != "output"),
-                    default=order[op])
-    if any(u.op == "output" for r in results for u in _users_closure(r)):
-        last_read = len(order)
+    readers = [u for r in results for u in [r, *_users_closure(r)]]
+    last_read = len(order) if any(u.op == "output" for u in readers) else \
+        max((order[u] for u in readers), default=order[op])
     if x.op == "call_function":
         producer = x.args[0] if x.target is operator.getitem else x
         if not isinstance(producer, torch.fx.Node) or _is_view(producer) or \

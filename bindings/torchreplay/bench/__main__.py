@@ -441,13 +441,14 @@ def prepare(model_name: str, mode: str, device: str) -> Optional[tuple]:
     return row, step
 
 
-def time_interleaved(steps: Dict[str, Callable[[], None]], rounds: int, min_run_time: float) -> Dict[str, Dict[str, Any]]:
+def time_interleaved(steps: Dict[str, Callable[[], None]], rounds: int, min_run_time: float,
+                     grad: bool = False) -> Dict[str, Dict[str, Any]]:
     """Each round times every mode once (a block of calls of about min_run_time / rounds each),
     so that the machine's drift reaches every mode alike; per mode the median over rounds and
-    the spread between its quartiles (us)."""
+    the spread between its quartiles (us). Grad mode off, unless `grad` (training steps)."""
     times: Dict[str, List[float]] = {mode: [] for mode in steps}
     runs: Dict[str, int] = {mode: 0 for mode in steps}
-    with torch.no_grad():
+    with torch.enable_grad() if grad else torch.no_grad():
         for _ in range(rounds):
             for mode, step in steps.items():
                 if hasattr(step, "time_us"):  # a reference timed its own way (ConvBound)

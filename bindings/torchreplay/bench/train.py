@@ -30,16 +30,14 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
 import sys
-import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
 import torchreplay
-from torchreplay.bench.__main__ import RecordingBackend, fresh_dynamo
+from torchreplay.bench.__main__ import RecordingBackend, fresh_dynamo, time_interleaved
 
 MODES = ["eager", "torchreplay", "inductor", "aot_eager"]
 
@@ -90,18 +88,8 @@ def _floor_backend(gm: torch.fx.GraphModule, example_inputs: List[Any]) -> Calla
 
 
 def _interleaved(fns: Dict[str, Callable[[], Any]], rounds: int, seconds: float) -> Dict[str, float]:
-    """µs per call of each, median over rounds; every round times each once (a block of calls of
-    about seconds / rounds), so the machine's drift reaches all alike. Grad mode on."""
-    times: Dict[str, List[float]] = {k: [] for k in fns}
-    per = seconds / rounds
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            n, t0 = 0, time.perf_counter()
-            while time.perf_counter() - t0 < per:
-                fn()
-                n += 1
-            times[name].append((time.perf_counter() - t0) / n * 1e6)
-    return {k: statistics.median(v) for k, v in times.items()}
+    """µs per call of each, median over rounds, timed interleaved with grad mode on."""
+    return {k: v["median_us"] for k, v in time_interleaved(fns, rounds, seconds, grad=True).items()}
 
 
 def _agreement(got: List[torch.Tensor], want: List[torch.Tensor]) -> str:
