@@ -200,7 +200,7 @@ void BindEngineOptions(py::module_& m) {
       m, "EngineOptions",
       "Every setting of an engine, by name: EngineOptions(mode='reduce-overhead', warmup_iters=1, "
       "capture_limit=64, cache_limit=256, clone_outputs=False, preserve_outputs=False, name='graph', bound_inputs=0, "
-      "dump_dir='', prepared_steps=True, fuse_elementwise=True, log_level=0, capture_sizes=[], "
+      "dump_dir='', cuda_graphs=False, prepared_steps=True, fuse_elementwise=True, log_level=0, capture_sizes=[], "
       "batch_inputs=[], batch_size_inputs=[], batch_outputs=[]). Unset fields take the defaults, "
       "with the environment's switches (TORCHREPLAY_PREPARED_ITERATORS, TORCHREPLAY_FUSE) applied; "
       "log_level is log_level() (0: every message goes to the 'torchreplay' logger, which decides).");
@@ -234,6 +234,7 @@ void BindEngineOptions(py::module_& m) {
       .def_readwrite("preserve_outputs", &replay::EngineOptions::preserve_outputs)
       .def_readwrite("name", &replay::EngineOptions::name)
       .def_readwrite("dump_dir", &replay::EngineOptions::dump_dir)
+      .def_readwrite("cuda_graphs", &replay::EngineOptions::cuda_graphs)
       .def_readwrite("prepared_steps", &replay::EngineOptions::prepared_steps)
       .def_readwrite("fuse_elementwise", &replay::EngineOptions::fuse_elementwise)
       .def_property(
@@ -255,7 +256,7 @@ void BindEngineOptions(py::module_& m) {
       .def("__repr__", [](py::object o) {
         std::vector<std::string> parts;
         for (const char* f : {"mode", "warmup_iters", "capture_limit", "cache_limit", "clone_outputs",
-                              "preserve_outputs", "name", "bound_inputs", "dump_dir",
+                              "preserve_outputs", "name", "bound_inputs", "dump_dir", "cuda_graphs",
                               "prepared_steps", "fuse_elementwise", "log_level", "capture_sizes", "batch_inputs",
                               "batch_size_inputs", "batch_outputs"}) {
           parts.push_back(absl::StrCat(f, "=", py::repr(o.attr(f)).cast<std::string>()));

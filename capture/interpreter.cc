@@ -301,6 +301,9 @@ Interpreter::Interpreter(std::shared_ptr<const Graph> graph) : graph_(std::move(
       free_after_[last_use[v]].push_back(v);
     }
   }
+  for (const Node& n : nodes) {
+    scoped_ = scoped_ || (n.kind == NodeKind::kOp && n.op->schema().name() == "torchreplay::scope_enter");
+  }
 }
 
 std::optional<c10::Device> Interpreter::CudaDevice(const std::vector<c10::IValue>& inputs) {
@@ -313,8 +316,10 @@ std::optional<c10::Device> Interpreter::CudaDevice(const std::vector<c10::IValue
 absl::StatusOr<std::vector<c10::IValue>> Interpreter::Run(std::vector<c10::IValue> inputs,
                                                           const Observer* observer) const {
   const Graph& g = *graph_;
-  ScopeRun scopes(CudaDevice(inputs).value_or(c10::Device(c10::DeviceType::CPU)));
-  std::vector<c10::IValue> env(g.values().size());
+  std::vector<c10::IValue> env(g.values().size());  // outlives the ScopeRun: see scopes.h
+  const std::optional<c10::Device> cuda = CudaDevice(inputs);
+  ScopeRun scopes(cuda.value_or(c10::Device(c10::DeviceType::CPU)));
+  const bool hold = scoped_ && cuda.has_value();
   for (size_t i = 0; i < inputs.size() && i < g.inputs().size(); ++i) {
     env[g.inputs()[i]] = std::move(inputs[i]);
   }
@@ -367,7 +372,7 @@ absl::StatusOr<std::vector<c10::IValue>> Interpreter::Run(std::vector<c10::IValu
     }
     if (observer != nullptr) {
       if (observer->after) observer->after(i, env);
-    } else {
+    } else if (!hold) {
       for (ValueId v : free_after_[i]) env[v] = c10::IValue();
     }
   }

@@ -55,7 +55,8 @@ class Interpreter {
   explicit Interpreter(std::shared_ptr<const Graph> graph);
 
   // Runs the graph on `inputs` (by position). Values are freed after their last use unless an
-  // observer is given, in which case every value stays alive until the run ends. The run is in
+  // observer is given, or the graph has multi-stream scopes and runs on CUDA (scopes.h), in which
+  // case every value stays alive until the run ends. The run is in
   // a ScopeRun of the inputs' CUDA device, if any (scopes.h): the one place scopes are opened.
   absl::StatusOr<std::vector<c10::IValue>> Run(std::vector<c10::IValue> inputs,
                                                const Observer* observer = nullptr) const;
@@ -68,6 +69,7 @@ class Interpreter {
  private:
   std::shared_ptr<const Graph> graph_;
   std::vector<std::vector<ValueId>> free_after_;  // per node: values whose last use it is
+  bool scoped_ = false;  // has multi-stream scopes: on CUDA, values are held until the run ends
 };
 
 }  // namespace torchreplay::capture

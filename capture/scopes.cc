@@ -6,7 +6,9 @@
 #include <c10/core/TensorImpl.h>
 #include <torch/library.h>
 
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -37,6 +39,18 @@ namespace {
 thread_local ScopeRun::State* g_run = nullptr;  // the innermost open ScopeRun on this thread
 
 #ifdef TORCHREPLAY_WITH_CUDA
+// The side stream named `name` on `device` for this thread: the same stream on every run, so that
+// blocks freed on it are reused by the next run (and the next key's capture) rather than never
+// (the caching allocator reuses a block only on its stream).
+c10::cuda::CUDAStream SideStream(c10::DeviceIndex device, const std::string& name) {
+  thread_local std::map<std::pair<c10::DeviceIndex, std::string>, c10::cuda::CUDAStream> streams;
+  auto it = streams.find({device, name});
+  if (it == streams.end()) {
+    it = streams.emplace(std::make_pair(device, name), c10::cuda::getStreamFromPool(false, device)).first;
+  }
+  return it->second;
+}
+
 // `to` waits for the work queued so far on `from` (an edge of the graph during capture).
 void Join(c10::cuda::CUDAStream from, c10::cuda::CUDAStream to) {
   if (from == to) return;
@@ -55,7 +69,7 @@ void ScopeEnter(std::vector<std::string> labels, std::vector<std::string> stream
   const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(s->device.index());
   auto it = s->side.find(stream_names[0]);
   if (it == s->side.end()) {
-    it = s->side.emplace(stream_names[0], c10::cuda::getStreamFromPool(false, s->device.index())).first;
+    it = s->side.emplace(stream_names[0], SideStream(s->device.index(), stream_names[0])).first;
   }
   Join(current, it->second);  // the fork
   s->stack.push_back(current);
@@ -74,13 +88,16 @@ void ScopeExit() {
 }
 
 at::Tensor Record() {
-  at::Tensor token = at::empty({0});
 #ifdef TORCHREPLAY_WITH_CUDA
+  // The token lives on the run's device: a CUDA graph holds no CPU tensor (its capture refuses one).
+  at::Tensor token = at::empty({0}, g_run != nullptr ? at::TensorOptions().device(g_run->device) : at::TensorOptions());
   if (ScopeRun::State* s = g_run) {
     auto event = std::make_shared<at::cuda::CUDAEvent>();
     event->record(c10::cuda::getCurrentCUDAStream(s->device.index()));
     s->events[token.unsafeGetTensorImpl()] = std::move(event);
   }
+#else
+  at::Tensor token = at::empty({0});
 #endif
   return token;
 }

@@ -18,7 +18,11 @@
 // opens a ScopeRun for it: inside one, the ops act on that device's streams; outside, they are
 // CPU no-ops. Closing the ScopeRun joins every side stream it forked back into the stream that
 // was current when it opened, so a run never ends with work left on a side stream (a capture
-// must not, and eager callers would otherwise read unfinished outputs).
+// must not, and eager callers would otherwise read unfinished outputs). Side streams are one per
+// name, device and thread, reused by every run. A value made on a side stream may be read on
+// another: the interpreter keeps every value of a run with scopes until the ScopeRun has joined
+// (instead of record_stream per value), so the caching allocator never hands its block to the
+// next allocation on that side stream while another stream still reads it.
 #pragma once
 
 #include <c10/core/Device.h>

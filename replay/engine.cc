@@ -272,6 +272,17 @@ absl::Status Engine::Capture(ThreadState& ts, Entry& e, const std::vector<c10::I
         "the graph has collectives, which a CUDA graph captures only when every rank captures and "
         "replays the same graphs in the same order (not built yet): it runs eagerly");
   }
+  if (cuda && !options_.cuda_graphs) {
+    return absl::FailedPreconditionError(
+        "torchreplay's own CUDA graphs have not run on a GPU yet and are off, so CUDA keys run op by "
+        "op; torch.compile's reduce-overhead mode wraps PyTorch's cudagraph trees around the engine "
+        "instead (config.reduce_overhead.cuda_graphs = 'cudagraph_trees', the default); opt in with "
+        "'torchreplay' (EngineOptions.cuda_graphs = True)");
+  }
+  if (cuda && !cuda_logged_.exchange(true)) {
+    Log(LogLevel::kWarning,
+        "capturing with torchreplay's own CUDA graphs (EngineOptions.cuda_graphs), untested on a GPU");
+  }
   absl::StatusOr<std::unique_ptr<capture::CapturedGraph>> graph;
   try {  // an allocation that fails half-way (out of memory) fails the capture, not the call
     graph = cuda ? capture::CaptureCudaGraph(graph_, *e.recording, inputs, &ts.cuda_pool, options)

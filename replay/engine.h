@@ -97,6 +97,11 @@ struct EngineOptions {
   // When set, each capture writes what it captured to DIR/torchreplay_NAME.keyK: the tape's
   // plan as .txt (CPU), the CUDA graph as .dot.
   std::string dump_dir;
+  // CUDA keys: capture them into torchreplay's own CUDA graphs (capture/cuda_graph.h), which have
+  // never run on a GPU: untested, opt-in, logged as such at the first capture. false: CUDA keys
+  // run op by op in C++, with this reason in the stats (torch.compile's CUDA graphs then come from
+  // PyTorch's cudagraph trees around the engine: bindings/torchreplay/backend.py).
+  bool cuda_graphs = false;
   // CPU: pointwise steps on a TensorIterator built once (Note [Prepared pointwise steps]).
   bool prepared_steps = true;
   // CPU: runs of elementwise nodes as one step computing each element as eager does (Note
@@ -207,7 +212,7 @@ class Engine {
 
   std::atomic<int64_t> calls_{0}, replays_{0}, captures_{0}, warmups_{0}, eager_fallbacks_{0},
       misses_{0}, evictions_{0};
-  std::atomic<bool> churn_logged_{false}, oversize_logged_{false};
+  std::atomic<bool> churn_logged_{false}, oversize_logged_{false}, cuda_logged_{false};
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::thread::id, std::unique_ptr<ThreadState>> threads_ ABSL_GUARDED_BY(mu_);
   std::vector<CaptureRecord> capture_log_ ABSL_GUARDED_BY(mu_);

@@ -6,8 +6,11 @@
 #   tools/gpu_check.sh [--quick]        # logs and results under $OUT (or ./gpu_check_out)
 #
 # Steps: unpack Abseil/GoogleTest/Benchmark; CMake build of the _C module (CUDA backend on when
-# torch has CUDA) plus the GoogleTest suites and chain_bench; ctest; pytest (the CUDA suite
-# included); the harness on --device cuda with the graph-replay peers; a short table last.
+# torch has CUDA) plus the GoogleTest suites and chain_bench; ctest; pytest (the CUDA suite apart);
+# the harness on --device cuda with both CUDA graph backends (PyTorch's cudagraph trees, the
+# default, and torchreplay's own) and the graph-replay peers. Last, one table: every part's
+# result, the CUDA tests per backend (and each failure by name), the harness's rows. --quick: the
+# harness's short timing.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -51,25 +54,69 @@ export PYTHONPATH="$ROOT/bindings${PYTHONPATH:+:$PYTHONPATH}"
 ctest_rc=$?
 ctest_line=$(grep -E "tests passed|tests failed" "$OUT/ctest.log" | tail -1)
 
-"$PY" -m pytest -q -rs tests/python -p no:cacheprovider --junitxml="$OUT/pytest.xml" >"$OUT/pytest.log" 2>&1
+# The CUDA suite once, by backend (test_cuda.py: the trees tests name cudagraph_trees), the rest apart.
+"$PY" -m pytest -q -rs tests/python --deselect tests/python/test_cuda.py -p no:cacheprovider \
+  --junitxml="$OUT/pytest.xml" >"$OUT/pytest.log" 2>&1
 pytest_rc=$?
-pytest_line=$(tail -1 "$OUT/pytest.log")
-cuda_line=$("$PY" -m pytest -q -p no:cacheprovider tests/python/test_cuda.py 2>&1 | tail -1)
+"$PY" -m pytest -q -rA -p no:cacheprovider tests/python/test_cuda.py --junitxml="$OUT/pytest-cuda.xml" \
+  >"$OUT/pytest-cuda.log" 2>&1
+cuda_rc=$?
 
 ./build-gpu/chain_bench --benchmark_min_time=0.3 >"$OUT/chain_bench.log" 2>&1
 
 device=cpu; [ "$cuda" = ON ] && device=cuda
-quick=(--quick); [ "${1:-}" = "--full" ] && quick=()
+quick=(); [ "${1:-}" = "--quick" ] && quick=(--quick)
+modes=eager,torchreplay-reduce-overhead,torchreplay-capture,inductor,cudagraphs
+[ "$device" = cuda ] && modes=$modes,torchreplay-own-cuda-graphs,torchreplay-capture-own-cuda-graphs,inductor-reduce-overhead,cuda-graph-by-hand
 "$PY" -m torchreplay.bench --device $device "${quick[@]}" --models mlp,demo,attention_decode,chain64 \
-  --out "$OUT/bench" >"$OUT/bench.log" 2>"$OUT/bench.err"
+  --modes "$modes" --out "$OUT/bench" >"$OUT/bench.log" 2>"$OUT/bench.err"
 bench_rc=$?
 
-echo
-echo "================ torchreplay gpu_check ($(date -u +%Y-%m-%d), $(uname -m)) ================"
-sed -n '/^torchreplay benchmark/,$p' "$OUT/bench.log"
-[ $bench_rc -eq 0 ] || { echo "bench failed:"; tail -5 "$OUT/bench.err"; }
+# One table: every part's result, the CUDA tests by backend, then the harness's rows.
+"$PY" - "$OUT" "$build_s" "$cuda" "$ctest_line" <<'PY'
+import json, os, re, sys
+import xml.etree.ElementTree as ET
+import torch
+out, build_s, cuda, ctest = sys.argv[1:5]
+rows = [("build", f"cmake, CUDA {cuda}", f"ok in {build_s} s"), ("C++ suites", "ctest", ctest or "see ctest.log")]
+def junit(path):
+    if not os.path.exists(path):
+        return []
+    cases = []
+    for c in ET.parse(path).getroot().iter("testcase"):
+        state = "failed" if c.find("failure") is not None or c.find("error") is not None else \
+            "skipped" if c.find("skipped") is not None else "passed"
+        cases.append((c.get("name"), state))
+    return cases
+def count(cases):
+    n = {k: sum(1 for _, s in cases if s == k) for k in ("passed", "failed", "skipped")}
+    return f"{n['passed']} passed, {n['failed']} failed, {n['skipped']} skipped"
+rows.append(("pytest", "everything but test_cuda.py", count(junit(os.path.join(out, "pytest.xml")))))
+cuda_cases = junit(os.path.join(out, "pytest-cuda.xml"))
+trees = [c for c in cuda_cases if "cudagraph_trees" in c[0]]
+own = [c for c in cuda_cases if "cudagraph_trees" not in c[0]]
+rows.append(("CUDA tests", "PyTorch's cudagraph trees (default)", count(trees)))
+rows.append(("CUDA tests", "torchreplay's own CUDA graphs", count(own)))
+for name, state in cuda_cases:
+    if state == "failed":
+        rows.append(("  failed", name, "see pytest-cuda.log"))
+try:
+    results = json.load(open(os.path.join(out, "bench", "results.json")))["results"]
+except (OSError, ValueError):
+    results = []
+    rows.append(("harness", "no results", "see bench.err"))
+for r in results:
+    if "median_us" in r:
+        what = f"{r['median_us']:.1f} us/call, {r.get('speedup', 0):.2f}x eager" + \
+            (f", host {r['host_us']:.1f} us" if r.get("host_us") else "") + f", {r.get('check') or ('bitwise' if r.get('bitwise') else 'close')}"
+    else:
+        what = "WRONG: " + str(r.get("error", "output differs from eager"))[:80]
+    rows.append((f"harness {r['model']}", r["mode"], what))
+dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device"
+print(f"\n================ torchreplay gpu_check: {dev}, torch {torch.__version__} ================")
+for part, what, result in rows:
+    print(f"{part:<26}{what:<40}{result}")
+PY
 grep -E "^BM_" "$OUT/chain_bench.log" | awk '{printf "chain_bench %-26s %10s %s\n", $1, $2, $3}'
-echo "build (cmake, CUDA $cuda): ${build_s}s; ctest: ${ctest_line:-see ctest.log}"
-echo "pytest all: $pytest_line"
-echo "pytest CUDA suite: $cuda_line"
-[ $ctest_rc -eq 0 ] && [ $pytest_rc -eq 0 ] && [ $bench_rc -eq 0 ]
+[ $bench_rc -eq 0 ] || { echo "bench failed:"; tail -5 "$OUT/bench.err"; }
+[ $ctest_rc -eq 0 ] && [ $pytest_rc -eq 0 ] && [ $cuda_rc -eq 0 ] && [ $bench_rc -eq 0 ]

@@ -38,6 +38,17 @@ def _static_input_indices(kind: str, example_inputs: Sequence[Any]) -> List[int]
     return [i for i in indices if i < len(example_inputs) and isinstance(example_inputs[i], torch.Tensor)]
 
 
+def _devices(gm: torch.fx.GraphModule) -> List[torch.device]:
+    """The devices of the graph's tensors (from the trace's fake values)."""
+    seen: Dict[torch.device, None] = {}
+    for n in gm.graph.nodes:
+        v = n.meta.get("val")
+        for t in (v if isinstance(v, (list, tuple)) else [v]):
+            if isinstance(t, torch.Tensor):
+                seen.setdefault(t.device)
+    return list(seen)
+
+
 _PLAIN_OUTPUTS = (OutputType.non_alias, OutputType.unsafe_view_alias, OutputType.custom_function_view)
 # Ops whose result shares its input's memory but is no view of it in eager (._base is None): the
 # Call would regenerate them as views, so their graphs keep AOTAutograd's wrapper.
@@ -163,6 +174,16 @@ def _training_call(fw_engine: Any, ctx: Any, num_graph_inputs: int, producers: L
     return _C.TrainingCall(fw_engine, bw_engine, spec)
 
 
+# Note [CUDA graphs]
+# Neither CUDA path has run on a GPU here. By default (config.reduce_overhead.cuda_graphs =
+# "cudagraph_trees") a graph whose tensors are on CUDA gets an engine in mode default (op by op in
+# C++), wrapped in PyTorch's CUDA graph trees as torch.compile(backend="cudagraphs") wraps its
+# graphs (torch/_dynamo/backends/cudagraphs.py): the trees warm up, record and replay it in their
+# pools, with their static-input and liveness checks. Graphs they skip (CPU ops, two devices,
+# inputs written that are not static) run op by op, the reason in stats()'s "cuda_graphs"; a
+# skipped forward's backward runs under set_to_running_backward, as there. The call stays
+# AOTAutograd's wrapper. "torchreplay" selects the engine's own CUDA graphs
+# (EngineOptions.cuda_graphs, capture/cuda_graph.h): untested, logged as such.
 class Backend:
     """A torch.compile backend; one instance per CompilerConfig. Callable as
     backend(gm, example_inputs). Keeps the engines it created, for stats(), and in eager_graphs
@@ -179,6 +200,9 @@ class Backend:
         # graph name ("g0.inference", "g1.training") -> "direct" (Dynamo calls the C++ engines,
         # Note [The call path], Note [Training calls]) or why it is not
         self.call_paths: Dict[str, str] = {}
+        # graph name -> who replays its CUDA graphs, or why nothing does (Note [CUDA graphs])
+        self.cuda_graphs: Dict[str, str] = {}
+        self._cuda_graph_calls: Dict[str, List[int]] = {}
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **_: Any) -> Any:
         graph_id = next(_graph_ids)
@@ -195,6 +219,12 @@ class Backend:
                 decompositions=self.decompositions,
                 keep_inference_input_mutations=self.config.keep_inference_input_mutations,
             )(gm, example_inputs)
+        if built.get("trees"):  # Note [CUDA graphs]: the trees' wrapper is the call
+            for kind in ("inference", "forward"):
+                if kind in built:
+                    self.call_paths[f"g{graph_id}.{'training' if kind == 'forward' else kind}"] = \
+                        "AOTAutograd wrapper: CUDA graphs by PyTorch's cudagraph trees (config.reduce_overhead.cuda_graphs)"
+            return aot_fn
         if "forward" in built and "backward" in built:
             name = f"g{graph_id}.training"
             call = "autocast is on" if autocast else \
@@ -234,6 +264,10 @@ class Backend:
         # Training graphs preserve outputs still alive at the next call (autograd keeps saved
         # activations and gradients); inference outputs kept across calls are invalidated.
         batch = batch_fields(gm, config, name) if kind == "inference" else {}
+        trees = config.mode == "reduce-overhead" and config.reduce_overhead.cuda_graphs == "cudagraph_trees" and \
+            any(d.type == "cuda" for d in _devices(gm))
+        if trees:  # Note [CUDA graphs]: the engine runs op by op; the trees capture and replay it
+            batch["mode"] = "default"
         engine = new_engine(graph, config, name, preserve_outputs=kind != "inference", **batch)
         self.engines.append(engine)
         logger.debug("torchreplay: compiled %s (%d nodes, static inputs %s) in mode %s",
@@ -278,11 +312,80 @@ class Backend:
 
         call._boxed_call = True  # type: ignore[attr-defined]
         call.engine = engine  # type: ignore[attr-defined]
+        if trees:
+            built["trees"] = True
+            return self._cudagraph_trees(call, gm, example_inputs, kind, name, built)
+        if config.mode == "reduce-overhead" and any(d.type == "cuda" for d in _devices(gm)):
+            self.cuda_graphs[name] = "torchreplay's own (untested on a GPU)"
         return call
+
+    def _cudagraph_trees(self, call: Callable, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str,
+                         name: str, built: Dict[str, Any]) -> Callable:
+        """`call` (the engine, op by op) inside PyTorch's CUDA graph trees, as torch.compile's
+        backend="cudagraphs" wraps its graphs (torch/_dynamo/backends/cudagraphs.py); graphs the
+        trees skip run op by op, the reason in cuda_graphs (Note [CUDA graphs])."""
+        from torch._dynamo.backends.cudagraphs import (check_for_skip, find_input_mutations, get_device_index,
+                                                       get_stack_traces)
+        from torch._inductor.cudagraph_trees import cudagraphify_impl, get_manager
+        from torch._inductor.cudagraph_utils import get_mutation_stack_trace, get_placeholder_info
+        from torch._inductor.utils import count_tangents
+
+        static = list(range(count_tangents(gm))) if kind == "backward" else \
+            _static_input_indices(kind, example_inputs)
+        mutated = find_input_mutations(gm.graph) - set(static)
+        skip = None
+        if mutated and not torch._dynamo.config.cudagraph_backend_support_input_mutation:
+            skip = get_mutation_stack_trace(get_placeholder_info(gm.graph), mutated)
+        # the device and op checks (mutations of every input were judged just above)
+        skip = skip or check_for_skip(gm, len(example_inputs))
+        if kind == "backward" and built.get("trees_skipped") and not skip:
+            skip = "its forward was not captured"
+        if skip:
+            self.cuda_graphs[name] = f"not captured (run op by op): {skip}"
+            logger.info("torchreplay: %s: cudagraph trees skip it: %s", name, skip)
+            built["trees_skipped"] = True
+            if kind != "backward":
+                return call
+            manager = get_manager(built.get("trees_device", 0), create_if_none_exists=False)
+            if manager is None:
+                return call
+
+            def backward(args: List[Any]) -> Any:  # [Backward Generation Handling] in cudagraphs.py
+                manager.set_to_running_backward()
+                return call(args)
+            backward._boxed_call = True  # type: ignore[attr-defined]
+            return backward
+        device = get_device_index(gm)
+        built["trees_device"] = device
+        trees = cudagraphify_impl(call, list(example_inputs), static, device_index=device,
+                                  is_backward=kind == "backward", is_inference=kind == "inference",
+                                  stack_traces=get_stack_traces(gm), placeholders=get_placeholder_info(gm.graph),
+                                  mutated_input_idxs=find_input_mutations(gm.graph))
+        self.cuda_graphs[name] = "PyTorch's cudagraph trees"
+        calls = self._cuda_graph_calls.setdefault(name, [0])
+        profiled = torch._C._autograd._profiler_enabled
+        label = f"torchreplay::cudagraph_trees ({name})"
+
+        def run(args: List[Any]) -> Any:
+            calls[0] += 1
+            if profiled():
+                with torch.profiler.record_function(label):
+                    return trees(args)
+            return trees(args)
+        run._boxed_call = True  # type: ignore[attr-defined]
+        run.engine = call.engine  # type: ignore[attr-defined]
+        return run
 
     def stats(self) -> List[Dict[str, Any]]:
         """Per engine (graph) of this backend: calls, replays, captures, fallbacks, capture log."""
-        return [dict(e.stats(), name=e.name) for e in self.engines]
+        out = []
+        for e in self.engines:
+            entry = dict(e.stats(), name=e.name)
+            if e.name in self.cuda_graphs:
+                entry["cuda_graphs"] = self.cuda_graphs[e.name]
+                entry["cuda_graph_calls"] = self._cuda_graph_calls.get(e.name, [0])[0]
+            out.append(entry)
+        return out
 
 
 def get_backend(*, compiler_config: Optional[CompilerConfig] = None,

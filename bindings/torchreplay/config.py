@@ -3,6 +3,7 @@
     config = torchreplay.CompilerConfig()
     config.mode = "reduce-overhead"                 # or "default"
     config.reduce_overhead.warmup_iters = 1
+    config.reduce_overhead.cuda_graphs = "cudagraph_trees"  # or "torchreplay" (untested on a GPU)
     config.debug.graph_dump.type = "txt"            # "txt", "py", "dot" (or None)
     config.post_grad_custom_pre_pass = my_pass      # fn(gm, example_inputs, config) -> None
 
@@ -14,6 +15,7 @@ from typing import Any, Callable, Dict, Optional
 
 MODES = ("default", "reduce-overhead")
 DUMP_TYPES = (None, "txt", "py", "dot")
+CUDA_GRAPHS = ("cudagraph_trees", "torchreplay")
 
 FxPass = Callable[[Any, Any, "CompilerConfig"], None]
 
@@ -73,6 +75,10 @@ class ReduceOverheadConfig(_Section):
         "capture_sizes_bitwise": (True, _is_bool, "pad only graphs whose real rows stay bitwise equal to eager; "
                                   "False: also graphs whose rows come out close (GEMMs, sigmoid, ...)"),
         "clone_outputs": (False, _is_bool, "hand out copies instead of views of the static pool"),
+        "cuda_graphs": ("cudagraph_trees", lambda v: None if v in CUDA_GRAPHS else f"want one of {CUDA_GRAPHS}",
+                        "who captures CUDA graphs: PyTorch's cudagraph trees around the C++ engine "
+                        "(torch.compile; torchreplay.capture then runs CUDA op by op), or torchreplay's own "
+                        "(untested on a GPU)"),
     }
 
 
@@ -121,6 +127,7 @@ class CompilerConfig(_Section):
         "capture_sizes": ("reduce_overhead", "capture_sizes"),
         "capture_sizes_bitwise": ("reduce_overhead", "capture_sizes_bitwise"),
         "clone_outputs": ("reduce_overhead", "clone_outputs"),
+        "cuda_graphs": ("reduce_overhead", "cuda_graphs"),
         "run_eagerly": ("debug", "run_eagerly"),
         "graph_dump_type": ("debug", "graph_dump", "type"),
         "graph_dump_path": ("debug", "graph_dump", "path"),

@@ -27,10 +27,12 @@ _all_engines: "weakref.WeakSet[Any]" = weakref.WeakSet()
 def engine_options(config: CompilerConfig, name: str, **fields: Any) -> Any:
     """The C++ engine's options for one graph compiled with `config` (plus `fields`)."""
     ro, dump = config.reduce_overhead, config.debug.graph_dump
-    return _C.EngineOptions(mode=config.mode, warmup_iters=ro.warmup_iters, capture_limit=ro.capture_limit,
-                            cache_limit=ro.cache_limit, clone_outputs=ro.clone_outputs, name=name,
-                            dump_dir=os.path.abspath(dump.path) if dump.type in ("txt", "dot") else "",
-                            **fields)
+    options = dict(mode=config.mode, warmup_iters=ro.warmup_iters, capture_limit=ro.capture_limit,
+                   cache_limit=ro.cache_limit, clone_outputs=ro.clone_outputs, name=name,
+                   dump_dir=os.path.abspath(dump.path) if dump.type in ("txt", "dot") else "",
+                   cuda_graphs=ro.cuda_graphs == "torchreplay")
+    options.update(fields)
+    return _C.EngineOptions(**options)
 
 
 def new_engine(graph: Any, config: CompilerConfig, name: str, **fields: Any) -> Any:

@@ -1,7 +1,10 @@
-"""The CUDA backend: captured CUDA graphs replayed by the engine, against eager.
+"""CUDA graphs on a GPU, against eager: torchreplay's own CUDA graphs (EngineOptions.cuda_graphs,
+config.reduce_overhead.cuda_graphs = "torchreplay"; engine-level tests below) and the default,
+PyTorch's cudagraph trees around the engine (torch.compile tests at the end).
 
 Every test needs a CUDA device and a build with the CUDA backend; elsewhere the module is skipped
-with the reason. tools/gpu_check.sh runs it on a GPU machine.
+with the reason. tools/gpu_check.sh runs it on a GPU machine. The host-side parts are tested
+without a GPU in capture/cuda_plan_test.cc and test_cuda_host.py.
 """
 import re
 import threading
@@ -20,11 +23,20 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device here (torch.cuda.is_available() is False); "
                 "tools/gpu_check.sh runs these tests on a GPU machine", allow_module_level=True)
 
-from differential import engine_for, run  # noqa: E402
+from differential import engine_for as _engine_for, run  # noqa: E402
 from fuzz_graphs import C, bitwise_equal, make_inputs, make_program  # noqa: E402
 from scope_pass import compile_with_scopes  # noqa: E402
 
 DEV = "cuda"
+
+
+def engine_for(fn, example_inputs, static=(), **opts):
+    """An engine capturing with torchreplay's own CUDA graphs (off by default)."""
+    return _engine_for(fn, example_inputs, static, cuda_graphs=True, **opts)
+
+
+def own_options(**opts):
+    return _C.EngineOptions(cuda_graphs=True, **opts)
 
 
 # ------------------------------------------------------------------------------ differential
@@ -34,7 +46,7 @@ def test_random_graphs_on_cuda_bitwise_equal_to_eager(chunk):
     rows = [5, 5, 3, 5, 3, 3]
     for seed in range(chunk * 50, (chunk + 1) * 50):
         prog = make_program(seed, num_ops=6 + seed % 7, device=DEV)
-        engine = _C.Engine(prog.graph, _C.EngineOptions(warmup_iters=seed % 2, name=f"cuda{seed}"))
+        engine = _C.Engine(prog.graph, own_options(warmup_iters=seed % 2, name=f"cuda{seed}"))
         gen = torch.Generator().manual_seed(seed)
         w = torch.randn(C, C, generator=gen).to(DEV)
         w_ref = w.clone()
@@ -44,6 +56,7 @@ def test_random_graphs_on_cuda_bitwise_equal_to_eager(chunk):
             ref_inputs[2] = w_ref
             want = prog.eager(ref_inputs)
             got = engine.run(list(inputs))
+            assert len(got) == len(want), f"seed {seed} call {call}"
             for i, (g, e) in enumerate(zip(got, want)):
                 assert bitwise_equal(g, e), f"seed {seed} call {call} output {i}:\n{prog.graph}"
             for i in (0, 1):
@@ -71,7 +84,9 @@ def test_static_input_moved_is_recaptured():
     for _ in range(3):
         assert torch.equal(run(e, x, w)[0], x @ w.t())
     w2 = torch.randn(4, 4, device=DEV)
-    assert torch.equal(run(e, x, w2)[0], x @ w2.t())
+    for _ in range(3):  # a warm-up of the moved weight, its capture, a replay
+        assert torch.equal(run(e, x, w2)[0], x @ w2.t())
+    assert torch.equal(run(e, x, w)[0], x @ w.t())  # and back: never the stale capture
     log = e.stats()["capture_log"]
     assert len(log) == 2 and "static input 1" in log[1]["reason"] and "moved" in log[1]["reason"]
 
@@ -173,7 +188,7 @@ def test_capture_failure_falls_back_and_releases_the_pool():
     torch.cuda.empty_cache()
     before = torch.cuda.memory_reserved()
     for _ in range(3):
-        e = _C.Engine(lower(gm, [torch.randn(4, device=DEV)]))
+        e = _C.Engine(lower(gm, [torch.randn(4, device=DEV)]), own_options())
         for _ in range(4):
             x = torch.randn(4, device=DEV)
             assert torch.equal(e.run([x])[0], (x * 2 + 1) * 3)
@@ -245,11 +260,12 @@ def test_scopes_make_parallel_branches_in_the_captured_graph(tmp_path):
     b.add_op("torchreplay::wait", [("l", [("v", r)])], {})
     out = b.add_op("aten::add.Tensor", [("v", a), ("v", m)], {})[0]
     b.set_outputs([("v", out)])
-    e = _C.Engine(b.build(), _C.EngineOptions(name="scopes", dump_dir=str(tmp_path)))
+    e = _C.Engine(b.build(), own_options(name="scopes", dump_dir=str(tmp_path)))
     for _ in range(4):
         xs, ys = torch.randn(256, 256, device=DEV), torch.randn(256, 256, device=DEV)
         assert torch.equal(e.run([xs, ys])[0], xs @ xs + ys @ ys)
-    dot = (tmp_path / "torchreplay_scopes.key1.dot").read_text()
+    assert e.stats()["captures"] == 1 and e.stats()["replays"] >= 3
+    dot = (tmp_path / "torchreplay_scopes.key0.dot").read_text()  # the engine's first capture
     nodes = dict(re.findall(r'"?(\w+)"?\s*\[[^\]]*?label="([^"]*)', dot))
     edges = re.findall(r'"?(\w+)"?\s*->\s*"?(\w+)"?', dot)
     gemms = [n for n, label in nodes.items() if re.search("gemm|cutlass|sm90|xmma", label, re.I)]
@@ -262,16 +278,103 @@ def test_a_multi_stream_scope_pass_with_a_dot_dump_through_torch_compile(tmp_pat
     from torchreplay.bench.models import MmAbsModel
 
     model = MmAbsModel()
-    compiled = compile_with_scopes(model, "reduce-overhead", "dot", tmp_path)
+    compiled = compile_with_scopes(model, "reduce-overhead", "dot", tmp_path, cuda_graphs="torchreplay")
     for _ in range(4):
         x = torch.randn(64, 64, device=DEV)
         got, want = compiled(x), model(x)
-        assert all(torch.equal(g, w) for g, w in zip(got, want))
+        assert len(got) == len(want) and all(torch.equal(g, w) for g, w in zip(got, want))
+    assert torchreplay.stats()[-1]["replays"] >= 2
     dumps = sorted(p.name for p in tmp_path.iterdir())
-    assert any(n.endswith(".key1.dot") for n in dumps) and any(n.endswith(".txt") for n in dumps), dumps
+    assert any(n.endswith(".key0.dot") for n in dumps) and any(n.endswith(".txt") for n in dumps), dumps
 
 
-def test_zoo_models_on_cuda_match_eager():
+# ------------------------------------------------------------------------------ failures, streams
+
+def _syncs_above(n):
+    """A custom op that synchronizes (uncapturable) for inputs of more than n elements."""
+    name = f"torchreplay_test::sync_above_{n}"
+
+    @torch.library.custom_op(name, mutates_args=())
+    def op(x: torch.Tensor) -> torch.Tensor:
+        if x.numel() > n:
+            torch.cuda.synchronize()
+        return x + 1
+
+    @op.register_fake
+    def _(x):
+        return torch.empty_like(x)
+
+    return getattr(torch.ops.torchreplay_test, f"sync_above_{n}")
+
+
+def test_failed_capture_then_another_key_captures_into_the_same_pool():
+    op = _syncs_above(4)
+    gm = make_fx(lambda x: op(x * 2) * 3)(torch.randn(8, device=DEV))
+    e = _C.Engine(lower(gm, [torch.randn(8, device=DEV)]), own_options())
+    for n in (8, 8, 8, 4, 4, 4, 8):
+        x = torch.randn(n, device=DEV)
+        assert torch.equal(e.run([x])[0], (x * 2 + 1) * 3)
+    s = e.stats()
+    assert s["captures"] == 1 and s["replays"] >= 2, s  # the 4-element key, after the 8's failed
+    assert "CUDA capture" in s["fallback_reasons"][0]
+    assert torch.rand(1000, device=DEV).std() > 0.2  # eager RNG out of capture mode
+
+
+def test_eviction_then_recapture():
+    e = engine_for(lambda x: torch.sin(x) * 2, [torch.randn(4, device=DEV)], warmup_iters=0, cache_limit=1)
+    for n in (4, 4, 8, 8, 4, 4):
+        x = torch.randn(n, device=DEV)
+        assert torch.equal(run(e, x)[0], torch.sin(x) * 2)
+    s = e.stats()
+    assert (s["captures"], s["evictions"], s["replays"]) == (3, 2, 6), s
+
+
+def test_expanded_input_is_captured():
+    e = engine_for(lambda x: x * 2 + 1, [torch.randn(1, 64, device=DEV).expand(8, 64)])
+    for _ in range(4):
+        x = torch.randn(1, 64, device=DEV).expand(8, 64)
+        assert torch.equal(run(e, x)[0], x * 2 + 1)
+    s = e.stats()
+    assert (s["captures"], s["eager_fallbacks"]) == (1, 0) and s["replays"] >= 3, s
+
+
+def test_calls_alternating_between_two_streams():
+    fn = lambda x: torch.tanh(x @ x) * 2  # noqa: E731
+    e = engine_for(fn, [torch.randn(512, 512, device=DEV)])
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for i in range(8):
+        with torch.cuda.stream(streams[i % 2]):
+            x = torch.randn(512, 512, device=DEV)
+            got = run(e, x)[0].clone()
+            want = fn(x)
+        torch.cuda.synchronize()
+        assert torch.equal(got, want), i
+    assert e.stats()["replays"] >= 6
+
+
+def test_engine_without_its_cuda_graphs_runs_op_by_op():
+    e = _engine_for(lambda x: x * 2, [torch.randn(4, device=DEV)])
+    for _ in range(3):
+        x = torch.randn(4, device=DEV)
+        assert torch.equal(run(e, x)[0], x * 2)
+    s = e.stats()
+    assert s["captures"] == 0 and "cudagraph trees" in s["fallback_reasons"][0]
+
+
+# ------------------------------------------------------------------------------ torch.compile
+
+def _compiled(model, cuda_graphs):
+    config = torchreplay.CompilerConfig()
+    config.mode = "reduce-overhead"
+    config.reduce_overhead.cuda_graphs = cuda_graphs
+    backend = torchreplay.get_backend(compiler_config=config)
+    return torch.compile(model, backend=backend), backend
+
+
+@pytest.mark.parametrize("cuda_graphs", ["cudagraph_trees", "torchreplay"])
+def test_zoo_models_on_cuda_match_eager(cuda_graphs):
+    import copy
+
     from torchreplay.bench.models import MODELS
 
     for name in ("mlp", "demo", "attention_decode", "convnet", "chain64"):
@@ -280,12 +383,8 @@ def test_zoo_models_on_cuda_match_eager():
         torch.manual_seed(0)
         model, make_inputs_fn = factory()
         model = model.to(DEV)
-        import copy
-
         reference = copy.deepcopy(model)
-        config = torchreplay.CompilerConfig()
-        config.mode = "reduce-overhead"
-        compiled = torch.compile(copy.deepcopy(model), backend=torchreplay.get_backend(compiler_config=config))
+        compiled, backend = _compiled(copy.deepcopy(model), cuda_graphs)
         with torch.no_grad():
             for i in range(5):
                 inputs = [t.to(DEV) if isinstance(t, torch.Tensor) else t for t in make_inputs_fn(i)]
@@ -293,5 +392,48 @@ def test_zoo_models_on_cuda_match_eager():
                 got = compiled(*inputs)
                 want = want if isinstance(want, tuple) else (want,)
                 got = got if isinstance(got, tuple) else (got,)
+                assert len(got) == len(want), name
                 for g, w in zip(got, want):
                     assert torch.allclose(g, w, rtol=1e-5, atol=1e-6), (name, i)
+        stats = backend.stats()
+        if cuda_graphs == "torchreplay":
+            assert sum(s["replays"] for s in stats) >= 2, (name, stats)
+        else:  # the trees replay: the engine runs only for their warm-up and recording
+            assert all(s["cuda_graphs"] == "PyTorch's cudagraph trees" for s in stats), (name, stats)
+            assert sum(s["cuda_graph_calls"] for s in stats) == 5 * len(stats), (name, stats)
+            assert all(s["calls"] < s["cuda_graph_calls"] for s in stats), (name, stats)
+
+
+def test_training_through_cudagraph_trees_matches_eager():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 4)).to(DEV)
+    import copy
+
+    reference = copy.deepcopy(model)
+    torch._dynamo.reset()
+    compiled, backend = _compiled(model, "cudagraph_trees")
+    for _ in range(4):
+        x, y = torch.randn(16, 32, device=DEV), torch.randn(16, 4, device=DEV)
+        torch.nn.functional.mse_loss(compiled(x), y).backward()
+        torch.nn.functional.mse_loss(reference(x), y).backward()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert torch.allclose(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+    assert {s["cuda_graphs"] for s in backend.stats()} == {"PyTorch's cudagraph trees"}
+
+
+def test_capture_on_cuda_runs_op_by_op_unless_asked():
+    model = torch.nn.Linear(8, 8).to(DEV).eval()
+    x = torch.randn(2, 8, device=DEV)
+    for setting in ("cudagraph_trees", "torchreplay"):
+        config = torchreplay.CompilerConfig()
+        config.mode = "reduce-overhead"
+        config.reduce_overhead.cuda_graphs = setting
+        step = torchreplay.capture(model, (x,), config=config)
+        with torch.no_grad():
+            for _ in range(3):
+                assert torch.equal(step(x), model(x))
+        s = step.stats()
+        if setting == "torchreplay":
+            assert s["captures"] == 1 and s["replays"] >= 2, s
+        else:
+            assert s["captures"] == 0 and "cudagraph trees" in s["fallback_reasons"][0], s

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import torchreplay
+from torchreplay import _C
 from torchreplay.bench.models import (MLP, ConvBN, CountingModel, DecodeAttention, DemoModel, ElementwiseChain,
                     MmAbsModel, ViewOfInput)
 from differential import assert_exercised, assert_same, total
@@ -172,6 +173,22 @@ def test_config_rejects_bad_values():
         config.reduce_overhead.capture_limit = -1
     with pytest.raises(ValueError, match="unknown option"):
         torchreplay.CompilerConfig.from_options({"nope.nope": 1})
+    with pytest.raises(ValueError, match="cudagraph_trees"):
+        config.reduce_overhead.cuda_graphs = "cudagraphs"
+
+
+def test_cuda_graphs_setting_reaches_the_engine():
+    """PyTorch's cudagraph trees by default: the engine's own CUDA graphs stay off unless asked for
+    (their use on a GPU is in test_cuda.py)."""
+    from torchreplay.engines import engine_options
+
+    config = torchreplay.CompilerConfig()
+    assert config.reduce_overhead.cuda_graphs == "cudagraph_trees"
+    assert engine_options(config, "g").cuda_graphs is False
+    assert _C.EngineOptions().cuda_graphs is False
+    mine = torchreplay.CompilerConfig.from_options({"cuda_graphs": "torchreplay"})
+    assert engine_options(mine, "g").cuda_graphs is True
+    assert engine_options(mine, "g", mode="default").mode == "default"
 
 
 def test_custom_passes_take_effect():
@@ -251,7 +268,9 @@ def test_scope_ops_keep_their_place_and_results_on_cpu(tmp_path, mode):
     # Dead-code elimination kept them, in the order the pass put them.
     assert ops[:5] == ["torchreplay::scope_enter", "aten::mm", "aten::abs", "torchreplay::record",
                        "torchreplay::scope_exit"], ops
-    assert ops.index("torchreplay::wait") == ops.index("aten::sub.Tensor") - 1
+    # The wait comes before anything outside the scope reads mm or abs (add reads abs, sub mm).
+    wait = ops.index("torchreplay::wait")
+    assert wait == ops.index("torchreplay::scope_exit") + 1 and wait < ops.index("aten::add.Tensor"), ops
 
 
 def test_unsupported_op_error_names_node_and_run_eagerly_fallback():

@@ -55,11 +55,17 @@ MODES = {
     "conv-bound": "the convolution steps of torchreplay.capture's tape alone, timed step by step "
                   "(Captured.profile; models with convolutions): the floor under any replay bitwise equal to "
                   "eager, which must run eager's convolutions (Inductor's give other bits)",
+    "torchreplay-own-cuda-graphs": "torchreplay reduce-overhead with its own CUDA graphs "
+                                   "(cuda_graphs='torchreplay', untested before this run) instead of "
+                                   "PyTorch's cudagraph trees (the default)",
+    "torchreplay-capture-own-cuda-graphs": "torchreplay.capture with its own CUDA graphs (cuda_graphs='torchreplay'; "
+                                           "by default capture runs CUDA op by op)",
     "cuda-graph-by-hand": "torch.cuda.CUDAGraph captured once, replayed from Python with the input copy",
     "cudagraphs": "torch.compile(backend='cudagraphs')",
     "inductor-reduce-overhead": "torch.compile(mode='reduce-overhead')",
 }
-CUDA_ONLY = {"cuda-graph-by-hand", "cudagraphs", "inductor-reduce-overhead"}
+CUDA_ONLY = {"cuda-graph-by-hand", "cudagraphs", "inductor-reduce-overhead", "torchreplay-own-cuda-graphs",
+             "torchreplay-capture-own-cuda-graphs"}
 NOT_CHECKED = {"dynamo-floor": "floor (not checked)"}  # mode -> what its check column says
 # Rows that are references, not what a user would pick: drawn apart in the plot.
 REFERENCES = {"conv-bound", "dynamo-floor", "engine", "floor+engine", "out-by-hand", "cuda-graph-by-hand", "dynamo-eager",
@@ -297,10 +303,15 @@ def compile_for(mode: str, model: torch.nn.Module, example_inputs: List[Any]) ->
         return bound if bound.steps else None
     if mode == "inductor-cpp-wrapper":
         return torch.compile(model, options={"cpp_wrapper": True})
-    if mode == "torchreplay-capture":
+    if mode in ("torchreplay-capture", "torchreplay-capture-own-cuda-graphs"):
         config = torchreplay.CompilerConfig()
         config.mode = "reduce-overhead"
+        if mode.endswith("own-cuda-graphs"):
+            config.reduce_overhead.cuda_graphs = "torchreplay"
         return torchreplay.capture(model, example_inputs, config=config)
+    if mode == "torchreplay-own-cuda-graphs":
+        config = torchreplay.CompilerConfig.from_options({"mode": "reduce-overhead", "cuda_graphs": "torchreplay"})
+        return torch.compile(model, backend=torchreplay.get_backend(compiler_config=config))
     if mode == "out-by-hand":
         return out_by_hand(model)
     if mode == "cuda-graph-by-hand":
@@ -613,7 +624,7 @@ def render_table(rows: List[Dict[str, Any]], models: List[str], modes: List[str]
     host = device == "cuda"
     where = torch.cuda.get_device_name() if host else f"{torch.get_num_threads()} threads"
     lines = [f"torchreplay benchmark: device {device} ({where}), torch {torch.__version__}",
-             f"{'model':<18}{'mode':<30}{'us/call':>10}{'iqr':>8}{'vs eager':>10}{'compile s':>11}"
+             f"{'model':<18}{'mode':<38}{'us/call':>10}{'iqr':>8}{'vs eager':>10}{'compile s':>11}"
              + (f"{'host us':>10}" if host else "") + "  check"]
     for m in models:
         for mode in modes:
@@ -622,10 +633,10 @@ def render_table(rows: List[Dict[str, Any]], models: List[str], modes: List[str]
                 continue
             if "median_us" not in r:
                 why = r.get("error", "output differs from eager")
-                lines.append(f"{m:<18}{mode:<30}{'WRONG':>10}{'':>8}{'':>10}{r.get('compile_s', 0):>11.2f}  {why}")
+                lines.append(f"{m:<18}{mode:<38}{'WRONG':>10}{'':>8}{'':>10}{r.get('compile_s', 0):>11.2f}  {why}")
                 continue
             check = r.get("check") or ("bitwise" if r["bitwise"] else "close")
-            lines.append(f"{m:<18}{mode:<30}{r['median_us']:>10.1f}{r['iqr_us']:>8.1f}"
+            lines.append(f"{m:<18}{mode:<38}{r['median_us']:>10.1f}{r['iqr_us']:>8.1f}"
                          f"{r.get('speedup', 0):>9.2f}x{r['compile_s']:>11.2f}"
                          + (f"{r.get('host_us', 0):>10.1f}" if host else "") + f"  {check}")
     return "\n".join(lines)
@@ -678,18 +689,21 @@ def render_host_ratios(rows: List[Dict[str, Any]], models: List[str]) -> str:
         r = next((x for x in rows if x["model"] == model and x["mode"] == mode), None)
         return r.get("host_us") if r and r.get("correct") else None
 
-    lines = ["host time per call, torchreplay reduce-overhead against (lower is better for torchreplay):",
-             f"{'model':<18}{'x by-hand replay':>18}{'cudagraphs / it':>17}{'inductor-ro / it':>18}"]
+    lines = ["host time per call, torchreplay reduce-overhead (PyTorch's cudagraph trees around the engine) "
+             "against (lower is better for torchreplay); own graphs: torchreplay's own CUDA graphs / it",
+             f"{'model':<18}{'x by-hand replay':>18}{'cudagraphs / it':>17}{'inductor-ro / it':>18}"
+             f"{'own graphs / it':>17}"]
     for m in models:
         ours = host(m, "torchreplay-reduce-overhead")
         if not ours:
             continue
         cells = []
         for mode, ratio in (("cuda-graph-by-hand", lambda o: ours / o), ("cudagraphs", lambda o: o / ours),
-                            ("inductor-reduce-overhead", lambda o: o / ours)):
+                            ("inductor-reduce-overhead", lambda o: o / ours),
+                            ("torchreplay-own-cuda-graphs", lambda o: o / ours)):
             other = host(m, mode)
             cells.append(f"{ratio(other):.2f}x" if other else "-")
-        lines.append(f"{m:<18}{cells[0]:>18}{cells[1]:>17}{cells[2]:>18}")
+        lines.append(f"{m:<18}{cells[0]:>18}{cells[1]:>17}{cells[2]:>18}{cells[3]:>17}")
     return "\n".join(lines)
 
 
