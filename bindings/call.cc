@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "bindings/convert.h"
 #include "guards/guard_key.h"
+#include "replay/trace_checks.h"
 
 namespace torchreplay {
 namespace {
@@ -164,22 +165,11 @@ void Call::Check(const std::vector<c10::IValue>& inputs) const {
       }
     }
   }
-  CheckOverlap(inputs);
-  for (const auto& [i, want] : c.fixed) {
-    const c10::IValue& got = inputs[bound.size() + i];
-    const bool same = got.tagKind() == want.tagKind() &&
-                      (got.isInt()      ? got.toInt() == want.toInt()
-                       : got.isDouble() ? guards::SameFloat(got.toDouble(), want.toDouble())
-                       : got.isBool()   ? got.toBool() == want.toBool()
-                                        : true);
-    if (!same) {
-      throw py::value_error(absl::StrCat(
-          "torchreplay: argument ", i, " is ", Describe(got), ", but the graph was captured with ",
-          Describe(want), " there and computes with that value; capture again for another "
-          "value (or capture with a tensor there)"));
-    }
+  for (const absl::Status& s : {replay::CheckOverlap(mutated, bound.size(), inputs),
+                                 replay::CheckFixed(c.fixed, bound.size(), inputs),
+                                 replay::CheckSizes(c.sizes, engine->graph(), bound.size(), inputs)}) {
+    if (!s.ok()) throw py::value_error(std::string(s.message()));
   }
-  CheckSizes(inputs);
   static PyObject* const kTraining = PyUnicode_InternFromString("training");
   if (!c.module.is_none()) {
     py::object now = py::reinterpret_steal<py::object>(PyObject_GetAttr(c.module.ptr(), kTraining));
@@ -188,71 +178,6 @@ void Call::Check(const std::vector<c10::IValue>& inputs) const {
       throw py::value_error(absl::StrCat(
           "torchreplay: the model was captured in ", c.training ? "train" : "eval", " mode and is now in ",
           c.training ? "eval" : "train", " mode (.train()/.eval() change what it computes); capture again"));
-    }
-  }
-}
-
-void Call::CheckSizes(const std::vector<c10::IValue>& inputs) const {
-  absl::InlinedVector<int64_t, 4> group_size;
-  for (const SizeCheck& c : checks->sizes) {
-    const c10::IValue& v = inputs[bound.size() + c.arg];
-    const auto& spec = engine->graph().values()[engine->graph().inputs()[bound.size() + c.arg]].spec;
-    if (!v.isTensor() || !spec || v.toTensor().dim() != spec->dim) continue;  // the engine says what
-    const int64_t size = v.toTensor().size(c.dim);
-    std::string why;
-    if (c.lo == c.hi && size != c.lo) {
-      why = absl::StrCat("the graph was captured for size ", c.lo, " there");
-    } else if (size < c.lo || size > c.hi) {
-      why = c.hi == std::numeric_limits<int64_t>::max()
-                ? absl::StrCat("the graph holds for sizes of at least ", c.lo, " there")
-                : absl::StrCat("the graph holds for sizes ", c.lo, " to ", c.hi, " there");
-    } else if (c.group >= 0) {
-      if (static_cast<int>(group_size.size()) <= c.group) group_size.resize(c.group + 1, -1);
-      int64_t& symbol = group_size[c.group];
-      if (c.coef == 1 && c.offset == 0) {
-        if (symbol >= 0 && symbol != size) {
-          why = absl::StrCat("the graph needs it equal to size ", symbol, " of another dim");
-        }
-        symbol = size;
-      } else if (symbol >= 0 && size != c.coef * symbol + c.offset) {
-        why = absl::StrCat("the graph needs it to be ", c.coef * symbol + c.offset, " (", c.coef, " * ", symbol,
-                           c.offset == 0 ? "" : absl::StrCat(" + ", c.offset), ", from another dim)");
-      }
-    }
-    if (!why.empty()) {
-      throw py::value_error(absl::StrCat(
-          "torchreplay: argument ", c.arg, " has size ", size, " in dim ", c.dim, ", but ", why,
-          " (the trace depends on it); capture again for this shape",
-          c.lo == c.hi ? ", or with dynamic=True" : ""));
-    }
-  }
-}
-
-// Raises if an argument the graph writes shares memory with another argument: the trace assumed
-// separate tensors.
-void Call::CheckOverlap(const std::vector<c10::IValue>& inputs) const {
-  auto span = [](const at::Tensor& t) {  // bytes of its storage the tensor can reach
-    int64_t hi = t.storage_offset();
-    for (int64_t d = 0; d < t.dim(); ++d) hi += (t.size(d) - 1) * std::abs(t.stride(d));
-    return std::make_pair(t.storage_offset() * t.itemsize(), (hi + 1) * t.itemsize());
-  };
-  for (int i : mutated) {
-    const c10::IValue& a = inputs[bound.size() + i];
-    if (!a.isTensor() || !a.toTensor().has_storage() || a.toTensor().numel() == 0) continue;
-    const at::Tensor& w = a.toTensor();
-    for (size_t j = bound.size(); j < inputs.size(); ++j) {
-      if (static_cast<int>(j - bound.size()) == i || !inputs[j].isTensor()) continue;
-      const at::Tensor& o = inputs[j].toTensor();
-      if (!o.defined() || !o.has_storage() || o.numel() == 0 || !o.storage().is_alias_of(w.storage())) {
-        continue;
-      }
-      const auto [wl, wh] = span(w);
-      const auto [ol, oh] = span(o);
-      if (wl < oh && ol < wh) {
-        throw py::value_error(absl::StrCat(
-            "torchreplay: argument ", i, " is written by the graph and shares memory with argument ",
-            j - bound.size(), "; the capture assumed separate tensors (pass a clone of one of them)"));
-      }
     }
   }
 }

@@ -21,6 +21,7 @@
 
 #include "absl/container/inlined_vector.h"
 #include "replay/engine.h"
+#include "replay/trace_checks.h"
 
 namespace torchreplay {
 namespace py = pybind11;
@@ -63,15 +64,7 @@ struct AotEpilogue {
   py::object fallback = py::none();
 };
 
-// A size of a tensor argument the trace assumed: dim `dim` of argument `arg` lies in [lo, hi];
-// within a group (>= 0) it is coef * s + offset for the group's symbol s: dims with coef 1 and
-// offset 0 set s (and must agree), the others must equal what s gives (2 * s0, s0 + 1).
-struct SizeCheck {
-  int arg = 0, dim = 0;
-  int64_t lo = 0, hi = 0;
-  int group = -1;
-  int64_t coef = 1, offset = 0;
-};
+using replay::SizeCheck;
 
 // What torchreplay.capture's trace assumed, checked every call before anything runs (ValueError or
 // TypeError), plus the way to its Python slow path.
@@ -123,8 +116,6 @@ struct Call {
                                           std::vector<c10::IValue>* inputs) const;
   // torchreplay.capture's checks of the converted inputs.
   void Check(const std::vector<c10::IValue>& inputs) const;
-  void CheckSizes(const std::vector<c10::IValue>& inputs) const;
-  void CheckOverlap(const std::vector<c10::IValue>& inputs) const;
   py::object RunChecked(std::vector<c10::IValue> inputs, const py::args& args) const;
   void RegenerateAliases(const absl::InlinedVector<c10::IValue, 2>& input_bases,
                          std::vector<c10::IValue>& out) const;

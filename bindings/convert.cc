@@ -134,16 +134,4 @@ py::object FromIValue(const c10::IValue& v) {
   throw py::type_error("torchreplay: cannot return a value of kind " + std::string(v.tagKind()));
 }
 
-std::string Describe(const c10::IValue& v) {
-  if (v.isInt()) return absl::StrCat(v.toInt());
-  if (v.isDouble()) {  // as Python prints it: 2.0, -0.0, 0.5
-    const double d = v.toDouble();
-    std::string text = absl::StrCat(d);
-    if (std::isfinite(d) && text.find_first_of(".e") == std::string::npos) text += ".0";
-    return text;
-  }
-  if (v.isBool()) return v.toBool() ? "True" : "False";
-  return v.tagKind();
-}
-
 }  // namespace torchreplay

@@ -47,7 +47,5 @@ Seq FromIValues(const std::vector<c10::IValue>& values, size_t n) {
   return seq;
 }
 
-// A number as Python prints it (2, 2.0, -0.0, True), for errors.
-std::string Describe(const c10::IValue& v);
 
 }  // namespace torchreplay

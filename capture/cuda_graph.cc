@@ -17,7 +17,7 @@
 // fails must: end the stream capture; end each allocation still recording; release each pool
 // whose allocation this capture began, unless capture_ended_ is set (then the destructor
 // releases it: releasing here too would drive the use count negative); and take the generator
-// out of capture mode, which only a completed capture does (a trivial capture on the same
+// out of capture mode, which only a completed capture does (an empty capture on the same
 // stream). All of it under CaptureMutex(), like the capture.
 #include "capture/cuda_graph.h"
 
@@ -141,10 +141,6 @@ class AtenGraph final : public at::cuda::CUDAGraph {
 
 class CudaGraph final : public CapturedGraph {
  public:
-  ~CudaGraph() override {
-    std::lock_guard<std::mutex> lock(memory_pool::CaptureMutex());  // Note [One capture at a time]
-    graph_.reset();
-  }
   absl::Status Replay(const std::vector<c10::IValue>& inputs,
                       std::vector<c10::IValue>* outputs) override;
   const CaptureInfo& info() const override { return info_; }
@@ -173,10 +169,6 @@ class CudaGraph final : public CapturedGraph {
   std::vector<Placeholder> placeholders_;
   std::vector<size_t> copied_back_;  // placeholders the graph mutates
   std::vector<Out> outputs_;
-  // Replays are ordered across the caller's streams: each waits for the previous one when the
-  // caller's current stream changed between calls (the graph's memory is shared by all replays).
-  at::cuda::CUDAEvent replayed_;
-  std::optional<CUDAStream> replayed_on_;
   // Per-call scratch for the batched copies (no allocation once sized).
   std::vector<at::Tensor> dst_, src_;
 };
@@ -185,8 +177,6 @@ absl::Status CudaGraph::Replay(const std::vector<c10::IValue>& inputs,
                                std::vector<c10::IValue>* outputs) {
   try {
     c10::cuda::CUDAGuard guard(device_);
-    const CUDAStream stream = c10::cuda::getCurrentCUDAStream(device_.index());
-    if (replayed_on_.has_value() && *replayed_on_ != stream) replayed_.block(stream);
     dst_.clear();
     src_.clear();
     for (const Placeholder& p : placeholders_) {
@@ -209,8 +199,6 @@ absl::Status CudaGraph::Replay(const std::vector<c10::IValue>& inputs,
       }
       if (!dst_.empty()) at::_foreach_copy_(dst_, src_);
     }
-    replayed_.record(stream);
-    replayed_on_ = stream;
     outputs->clear();
     for (const Out& o : outputs_) {
       if (o.kind == kInputView) {
@@ -275,11 +263,15 @@ void AbortCapture(AtenGraph& graph, bool begun, CUDAStream stream, c10::DeviceIn
   }
   // capture_begin put the registered RNG states (the default generator's always) in capture
   // mode, and only a successful capture_end takes them out of it; left so, every later eager
-  // random op would fail. A trivial capture on the same stream runs the pair once more.
+  // random op would fail. An empty capture on the same stream runs the pair once more (it
+  // allocates nothing, so it cannot fail half-way itself; its "empty graph" warning is dropped).
+  struct Quiet : c10::WarningHandler {
+    void process(const c10::Warning&) override {}
+  } quiet;
+  c10::WarningUtils::WarningHandlerGuard warnings(&quiet);
   try {
     at::cuda::CUDAGraph reset_rng;
     reset_rng.capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
-    at::empty({1}, at::TensorOptions().dtype(at::kFloat).device(c10::Device(c10::kCUDA, device))).zero_();
     reset_rng.capture_end();
   } catch (const c10::Error&) {
   }
@@ -343,6 +335,8 @@ absl::StatusOr<std::unique_ptr<CapturedGraph>> CaptureCudaGraph(
       } catch (const c10::Error& e) {
         run_status = absl::FailedPreconditionError(
             absl::StrCat("capture failed: ", e.what_without_backtrace()));
+      } catch (const std::exception& e) {  // e.g. std::bad_alloc: the capture is undone all the same
+        run_status = absl::FailedPreconditionError(absl::StrCat("capture failed: ", e.what()));
       }
       if (!run_status.ok()) {
         results.clear();  // pool blocks go back before the pool's share is released

@@ -8,6 +8,7 @@
 
 #ifdef TORCHREPLAY_WITH_CUDA
 #include <ATen/cuda/CUDAContextLight.h>
+#include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -36,6 +37,7 @@ c10::Stream CaptureStream(c10::DeviceIndex device) {
     // outside any capture, instead of inside the first capture into its private pool.
     (void)at::cuda::getCurrentCUDABlasHandle();
     (void)at::cuda::getCurrentCUDABlasLtHandle();
+    (void)at::cuda::getCUDABlasLtWorkspace();
     it = streams.emplace(device, stream).first;
   }
   return it->second.unwrap();
@@ -48,9 +50,20 @@ struct CudaPool::KeepAlive {
 
 CudaPool::CudaPool() = default;
 
-CudaPool::~CudaPool() {
-  std::lock_guard<std::mutex> lock(CaptureMutex());
-  pools_.clear();
+CudaPool::~CudaPool() = default;  // Note [One capture at a time]: no lock to destroy
+
+void CudaPool::OrderStreams(c10::DeviceIndex device) {
+  const c10::cuda::CUDAStream now = c10::cuda::getCurrentCUDAStream(device);
+  auto it = last_stream_.find(device);
+  if (it == last_stream_.end()) {
+    last_stream_.emplace(device, now.unwrap());
+    return;
+  }
+  if (it->second == now.unwrap()) return;
+  at::cuda::CUDAEvent switched;
+  switched.record(c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, it->second));
+  switched.block(now);
+  it->second = now.unwrap();
 }
 
 std::pair<uint64_t, uint64_t> CudaPool::id(c10::DeviceIndex device) {
@@ -82,6 +95,7 @@ c10::Stream CaptureStream(c10::DeviceIndex device) {
 struct CudaPool::KeepAlive {};
 CudaPool::CudaPool() = default;
 CudaPool::~CudaPool() = default;
+void CudaPool::OrderStreams(c10::DeviceIndex device) { (void)device; }
 
 std::pair<uint64_t, uint64_t> CudaPool::id(c10::DeviceIndex device) {
   (void)device;

@@ -23,7 +23,17 @@
 // Note [One capture at a time]
 // "Only one capture may be underway at a time in the process" (torch/cuda/graphs.py): capture
 // mode is process-wide state of the default CUDA generator and of the caching allocator's
-// pools. Every capture, abort and destruction of a captured graph holds CaptureMutex().
+// pools. Every capture and abort holds CaptureMutex(). Destroying a graph does not: it may happen
+// with the GIL held (Python drops an engine) while another thread's capture runs a Python op that
+// waits for the GIL, or on the capturing thread itself (garbage collected during the capture);
+// CUDAGraph::reset destroys under a relaxed capture mode, and the allocator's pool release takes
+// the allocator's own lock.
+//
+// Note [Replays ordered across streams]
+// All keys of a thread replay into one pool, on the caller's current stream. When that stream
+// changes between calls, the new stream first waits for everything queued so far on the previous
+// one (its replays, the copies out of the pool, the caller's reads of the outputs): an event
+// recorded on the previous stream at the switch (OrderStreams, before the engine touches the pool).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -44,7 +54,8 @@ std::mutex& CaptureMutex();
 
 // This thread's capture stream for `device` (a non-default stream, the same on every call from
 // this thread), with cuBLAS and cuBLASLt set up on it so that their per-stream workspaces are
-// allocated before, not inside, a capture (as cudagraph trees warm up on their stream first).
+// allocated before, not inside, a capture (as cudagraph trees warm up on their stream first). Like
+// the trees' stream, it comes from PyTorch's stream pool, which a user's streams may share.
 c10::Stream CaptureStream(c10::DeviceIndex device);
 
 class CudaPool {
@@ -69,6 +80,9 @@ class CudaPool {
   static at::Tensor DistinctElements(const at::Tensor& t);
   static bool Expanded(const at::Tensor& t);
 
+  // Note [Replays ordered across streams]: called before the engine touches the pool on `device`.
+  void OrderStreams(c10::DeviceIndex device);
+
   // Bytes captures added to the caching allocator's reserve on this pool's behalf.
   void AddCapturedBytes(int64_t nbytes) { bytes_ += nbytes > 0 ? nbytes : 0; }
   int64_t bytes() const { return bytes_; }
@@ -76,6 +90,7 @@ class CudaPool {
  private:
   struct KeepAlive;  // the pool's id and the empty graph holding it, per device
   std::map<c10::DeviceIndex, std::unique_ptr<KeepAlive>> pools_;
+  std::map<c10::DeviceIndex, c10::Stream> last_stream_;  // the stream of the latest replay, per device
   int64_t bytes_ = 0;
 };
 

@@ -260,6 +260,7 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::RunEager(const std::vector<c10:
 // CAPTURE: build the CapturedGraph for this key from the recording of its last warm-up run.
 absl::Status Engine::Capture(ThreadState& ts, Entry& e, const std::vector<c10::IValue>& inputs) {
   RECORD_FUNCTION("torchreplay::capture", std::vector<c10::IValue>());
+  if (options_.cuda_graphs) OrderCudaStreams(ts, inputs);
   ts.handout.Release(inputs);  // the pool may grow, and replays below will reuse it
   const auto t0 = std::chrono::steady_clock::now();
   const bool cuda = capture::Interpreter::CudaDevice(inputs).has_value();
@@ -327,10 +328,15 @@ absl::Status Engine::Capture(ThreadState& ts, Entry& e, const std::vector<c10::I
   return absl::OkStatus();
 }
 
+void Engine::OrderCudaStreams(ThreadState& ts, const std::vector<c10::IValue>& inputs) {
+  if (const auto device = capture::Interpreter::CudaDevice(inputs)) ts.cuda_pool.OrderStreams(device->index());
+}
+
 // REPLAY: bind inputs, replay, hand out outputs.
 absl::StatusOr<std::vector<c10::IValue>> Engine::Replay(ThreadState& ts, Entry& e,
                                                         std::vector<c10::IValue>& inputs) {
   RECORD_FUNCTION("torchreplay::replay", std::vector<c10::IValue>());
+  if (options_.cuda_graphs) OrderCudaStreams(ts, inputs);
   ts.handout.Release(inputs);
   CopyInputsOutOf(ts.arena, inputs);
   std::vector<c10::IValue> outs;

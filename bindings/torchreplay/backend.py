@@ -5,7 +5,7 @@ import functools
 import itertools
 import logging
 import operator
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Union
 
 import torch
 import torch.fx
@@ -47,6 +47,34 @@ def _devices(gm: torch.fx.GraphModule) -> List[torch.device]:
             if isinstance(t, torch.Tensor):
                 seen.setdefault(t.device)
     return list(seen)
+
+
+def _written_inputs(gm: torch.fx.GraphModule) -> Set[int]:
+    """The placeholders (by position) whose memory an op writes, as cudagraphs' find_input_mutations
+    judges them (by storage), list arguments included."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    def storage(n: Any) -> Optional[Any]:
+        v = n.meta.get("val") if isinstance(n, torch.fx.Node) else None
+        return StorageWeakRef(v.untyped_storage()) if isinstance(v, torch.Tensor) else None
+
+    by_storage: Dict[Any, Set[int]] = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, n in enumerate(placeholders):
+        if (key := storage(n)) is not None:
+            by_storage.setdefault(key, set()).add(i)
+    written: Set[int] = set()
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
+            continue
+        for i, formal in enumerate(n.target._schema.arguments):
+            if not (formal.alias_info and formal.alias_info.is_write):
+                continue
+            value = n.args[i] if i < len(n.args) else n.kwargs.get(formal.name)
+            for v in (value if isinstance(value, (list, tuple)) else [value]):
+                if (key := storage(v)) is not None:
+                    written |= by_storage.get(key, set())
+    return written
 
 
 _PLAIN_OUTPUTS = (OutputType.non_alias, OutputType.unsafe_view_alias, OutputType.custom_function_view)
@@ -324,43 +352,47 @@ class Backend:
         """`call` (the engine, op by op) inside PyTorch's CUDA graph trees, as torch.compile's
         backend="cudagraphs" wraps its graphs (torch/_dynamo/backends/cudagraphs.py); graphs the
         trees skip run op by op, the reason in cuda_graphs (Note [CUDA graphs])."""
-        from torch._dynamo.backends.cudagraphs import (check_for_skip, find_input_mutations, get_device_index,
-                                                       get_stack_traces)
+        from torch._dynamo.backends.cudagraphs import get_device_index, get_device_node_mapping, get_stack_traces
         from torch._inductor.cudagraph_trees import cudagraphify_impl, get_manager
-        from torch._inductor.cudagraph_utils import get_mutation_stack_trace, get_placeholder_info
-        from torch._inductor.utils import count_tangents
+        from torch._inductor.cudagraph_utils import (check_multiple_devices_or_any_cpu_nodes,
+                                                     format_default_skip_message, get_mutation_stack_trace,
+                                                     get_placeholder_info)
+        from torch._inductor.utils import count_tangents, get_first_incompatible_cudagraph_node
 
+        if kind == "backward" and built.get("trees_skipped_forward"):
+            self.cuda_graphs[name] = "not captured (run op by op): its forward was not captured"
+            return call  # as backward_cudagraphs does when the forward was skipped
         static = list(range(count_tangents(gm))) if kind == "backward" else \
             _static_input_indices(kind, example_inputs)
-        mutated = find_input_mutations(gm.graph) - set(static)
+        written = _written_inputs(gm)
+        placeholders = get_placeholder_info(gm.graph)
+        # check_for_skip's parts (its own mutation finder cannot read the list arguments of the
+        # foreach ops reinplace_foreach makes in place)
         skip = None
-        if mutated and not torch._dynamo.config.cudagraph_backend_support_input_mutation:
-            skip = get_mutation_stack_trace(get_placeholder_info(gm.graph), mutated)
-        # the device and op checks (mutations of every input were judged just above)
-        skip = skip or check_for_skip(gm, len(example_inputs))
-        if kind == "backward" and built.get("trees_skipped") and not skip:
-            skip = "its forward was not captured"
+        if written - set(static) and not torch._dynamo.config.cudagraph_backend_support_input_mutation:
+            skip = get_mutation_stack_trace(placeholders, written - set(static))
+        skip = skip or check_multiple_devices_or_any_cpu_nodes(get_device_node_mapping(gm))
+        if not skip and (node := get_first_incompatible_cudagraph_node(gm)) is not None:
+            skip = format_default_skip_message(f"incompatible op ({node.name})")
         if skip:
             self.cuda_graphs[name] = f"not captured (run op by op): {skip}"
             logger.info("torchreplay: %s: cudagraph trees skip it: %s", name, skip)
-            built["trees_skipped"] = True
             if kind != "backward":
+                built["trees_skipped_forward"] = True
                 return call
-            manager = get_manager(built.get("trees_device", 0), create_if_none_exists=False)
-            if manager is None:
-                return call
+            device = get_device_index(gm)
 
             def backward(args: List[Any]) -> Any:  # [Backward Generation Handling] in cudagraphs.py
-                manager.set_to_running_backward()
+                manager = get_manager(device, create_if_none_exists=False)  # made by the forward's first call
+                if manager is not None:
+                    manager.set_to_running_backward()
                 return call(args)
             backward._boxed_call = True  # type: ignore[attr-defined]
             return backward
-        device = get_device_index(gm)
-        built["trees_device"] = device
-        trees = cudagraphify_impl(call, list(example_inputs), static, device_index=device,
+        trees = cudagraphify_impl(call, list(example_inputs), static, device_index=get_device_index(gm),
                                   is_backward=kind == "backward", is_inference=kind == "inference",
-                                  stack_traces=get_stack_traces(gm), placeholders=get_placeholder_info(gm.graph),
-                                  mutated_input_idxs=find_input_mutations(gm.graph))
+                                  stack_traces=get_stack_traces(gm), placeholders=placeholders,
+                                  mutated_input_idxs=written)
         self.cuda_graphs[name] = "PyTorch's cudagraph trees"
         calls = self._cuda_graph_calls.setdefault(name, [0])
         profiled = torch._C._autograd._profiler_enabled

@@ -184,6 +184,10 @@ def test_capture_failure_falls_back_and_releases_the_pool():
         return x + 1
 
     gm = make_fx(lambda x: torch.ops.torchreplay_test.synced_add(x * 2) * 3)(torch.randn(4, device=DEV))
+    warm = engine_for(lambda x: x @ x, [torch.randn(4, 4, device=DEV)])  # this thread's capture stream and
+    for _ in range(3):                                                  # its cuBLAS workspace, made once
+        run(warm, torch.randn(4, 4, device=DEV))
+    del warm
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     before = torch.cuda.memory_reserved()
@@ -325,8 +329,8 @@ def test_eviction_then_recapture():
     for n in (4, 4, 8, 8, 4, 4):
         x = torch.randn(n, device=DEV)
         assert torch.equal(run(e, x)[0], torch.sin(x) * 2)
-    s = e.stats()
-    assert (s["captures"], s["evictions"], s["replays"]) == (3, 2, 6), s
+    s = e.stats()  # each key warms up once, then captures: as the CPU engine counts the same calls
+    assert (s["warmups"], s["captures"], s["evictions"], s["replays"]) == (3, 3, 2, 3), s
 
 
 def test_expanded_input_is_captured():
