@@ -9,6 +9,7 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/Device.h>
 #include <torch/csrc/Dtype.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
@@ -29,6 +30,8 @@
 #include "capture/scopes.h"
 #include "memory_pool/arena.h"
 #include "replay/engine.h"
+#include "torchreplay/format.h"
+#include "torchreplay/torchreplay.h"
 
 namespace torchreplay {
 namespace {
@@ -482,6 +485,67 @@ void BindGeneratorWatch(py::module_& m) {
 
 }  // namespace
 
+// torchreplay.save and the C++ loader (torchreplay/torchreplay.h), for Python to write programs and
+// to check them as a C++ program would run them.
+void BindPrograms(py::module_& m) {
+  m.def(
+      "save_program",
+      [](const Call& call, const std::string& path, std::vector<std::string> kinds, std::vector<std::string> names) {
+        if (!call.checks.has_value() || kinds.size() != call.bound.size() || names.size() != call.bound.size()) {
+          throw py::value_error("torchreplay.save: want a torchreplay.capture result and a kind and name per bound tensor");
+        }
+        format::SavedProgram p;
+        p.name = call.engine->options().name;
+        p.graph = call.engine->shared_graph();
+        for (size_t i = 0; i < call.bound.size(); ++i) {
+          p.bound.push_back({std::move(kinds[i]), std::move(names[i]), call.bound[i].toTensor()});
+        }
+        p.fixed = call.checks->fixed;
+        p.sizes = call.checks->sizes;
+        p.written = call.mutated;
+        p.num_outputs = call.num_outputs;
+        if (absl::Status s = format::WriteFile(p, path); !s.ok()) Throw(s);
+      },
+      py::arg("call"), py::arg("path"), py::arg("kinds"), py::arg("names"));
+  py::class_<Program>(m, "Program", "A program loaded from a .trp file by the C++ loader (torchreplay/torchreplay.h).")
+      .def(
+          "__call__",
+          [](const Program& p, py::args args) {
+            std::vector<c10::IValue> inputs;
+            for (auto a : args) inputs.push_back(ToIValue(a));
+            std::vector<c10::IValue> out;
+            try {
+              py::gil_scoped_release no_gil;
+              out = p.Run(std::move(inputs));
+            } catch (const c10::Error& e) {
+              throw py::value_error(e.what_without_backtrace());
+            }
+            return FromIValues<py::list>(out, out.size());
+          })
+      .def("stats", [](const Program& p) { return StatsToDict(p.Stats()); })
+      .def("state", [](const Program& p, const std::string& name) {
+        at::Tensor t;
+        try {
+          t = p.State(name);
+        } catch (const c10::Error& e) {
+          throw py::key_error(e.what_without_backtrace());
+        }
+        return py::reinterpret_steal<py::object>(THPVariable_Wrap(t));
+      })
+      .def_property_readonly("state_names", &Program::StateNames)
+      .def_property_readonly("argument_names", &Program::ArgumentNames);
+  m.def(
+      "load_program",
+      [](const std::string& path, std::optional<replay::EngineOptions> options) {
+        try {
+          return Load(path, options.value_or(replay::EngineOptions::Defaults()));
+        } catch (const c10::Error& e) {
+          throw py::value_error(e.what_without_backtrace());
+        }
+      },
+      py::arg("path"), py::arg("options") = py::none());
+}
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torchreplay C++ runtime: graph IR, interpreter and replay engine";
 
@@ -491,6 +555,7 @@ PYBIND11_MODULE(_C, m) {
   BindCall(m);
   BindTraining(m);
   BindGeneratorWatch(m);
+  BindPrograms(m);
 
   m.def("built_with_cuda", &capture::BuiltWithCuda);
   m.def("_testing_fail_allocations", &memory_pool::FailAllocationsForTesting, py::arg("n"),

@@ -11,6 +11,8 @@
 # capture against the step's communication floor, and compute overlapping an all_reduce). Last,
 # training steps (python -m torchreplay.bench.train: the MLP and the tiny Llama, with and without
 # a compiled Adam, against eager, Inductor and aot_eager, and the breakdown of torchreplay's step).
+# Last, serving from C++ (python -m torchreplay.bench.deploy: models saved by torchreplay.save and
+# loaded by torchreplay::Load against AOTInductor's package and C++ loader, bench/deploy_bench.cc).
 # Arguments go to `python -m torchreplay.bench` (try --help).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,14 +21,15 @@ min_time=1
 buckets=()
 tp=()
 train=()
+deploy=()
 prev= help=
 for a in "$@"; do
   case "$a" in -h|--help) help=1 ;; esac
-  [ "$a" = "--quick" ] && min_time=0.2 && buckets+=(--rounds 5 --no-inductor) && tp+=(--rounds 2 --calls 20) && train+=(--rounds 3 --seconds 2)
-  [ "$prev" = "--out" ] && buckets+=(--out "$a") && tp+=(--out "$a")
+  [ "$a" = "--quick" ] && min_time=0.2 && buckets+=(--rounds 5 --no-inductor) && tp+=(--rounds 2 --calls 20) && train+=(--rounds 3 --seconds 2) && deploy+=(--min-time 0.3)
+  [ "$prev" = "--out" ] && buckets+=(--out "$a") && tp+=(--out "$a") && deploy+=(--out "$a")
   prev=$a
 done
-bazel build --noshow_progress --ui_event_filters=-info,-stdout //bench:chain_bench 2>&1 \
+bazel build --noshow_progress --ui_event_filters=-info,-stdout //bench:chain_bench //bench:deploy_bench 2>&1 \
   | grep -vE "^(Loading|Analyzing|INFO|Target|  bazel-bin)" >&2 || true
 echo "== Google Benchmark: bench/chain_bench.cc (64 elementwise ops on 16 floats, one thread)"
 bazel-bin/bench/chain_bench --benchmark_min_time="$min_time" 2>/dev/null
@@ -43,3 +46,6 @@ echo "== Tensor parallelism: python -m torchreplay.bench.tp ${tp[*]}"
 echo
 echo "== Training steps: python -m torchreplay.bench.train ${train[*]}"
 .venv/bin/python -m torchreplay.bench.train "${train[@]}"
+echo
+echo "== Serving from C++: python -m torchreplay.bench.deploy ${deploy[*]}"
+.venv/bin/python -m torchreplay.bench.deploy "${deploy[@]}"

@@ -15,12 +15,12 @@ import torch as _torch  # loads libtorch before the extension
 
 from . import _C
 from .backend import Backend, get_backend, named_backend
-from .captured import Captured, capture
+from .captured import Captured, capture, load, save
 from .config import CompilerConfig
 from .engines import precapture, stats
 from .lowering import LoweringError
 
-__all__ = ["Backend", "Captured", "CompilerConfig", "LoweringError", "capture", "get_backend", "precapture", "stats",
+__all__ = ["Backend", "Captured", "CompilerConfig", "LoweringError", "capture", "get_backend", "load", "precapture", "save", "stats",
            "set_log_level", "cuda_available"]
 
 _LEVELS = (_logging.DEBUG, _logging.INFO, _logging.WARNING, _logging.ERROR)

@@ -34,7 +34,7 @@ from torch.utils import _pytree as pytree
 from . import _C
 from .capture_sizes import batch_fields
 from .config import CompilerConfig
-from .engines import dump_graph, new_engine
+from .engines import dump_graph, engine_options, new_engine
 from .lowering import lower
 from .passes import run_passes
 
@@ -218,7 +218,7 @@ class Captured(_C.Call):
         super().__init__(engine, bound=bound, mutated=mutated, num_outputs=trace.num_outputs, returns=returns,
                          checks=checks)
         # The engine's Python object too: torchreplay.stats() lists it while this lives.
-        self._bound, self._trace, self._engine = bound, trace, engine
+        self._bound, self._trace, self._engine, self._bound_names = bound, trace, engine, bound_names
         self._variants: Dict[Any, "Captured"] = {}
         self._lock = threading.Lock()
         if trace.dynamic:
@@ -859,3 +859,31 @@ def _install_watchers() -> None:
 
 
 _install_watchers()
+
+
+def save(captured: Captured, path: Any) -> None:
+    """Writes a torchreplay.capture result to `path` as a .trp file (Note [The .trp format] in
+    torchreplay/format.h): its graph, weights and buffers, and what its trace assumed, for
+    torchreplay::Load in a C++ program (torchreplay/torchreplay.h) with no Python. The C++ program
+    takes the call's arguments flattened (Program::ArgumentNames) and returns the outputs flattened.
+    Only the capture's own trace is saved: with dynamic=True, sizes it does not hold for (0 and 1
+    where it was traced with more) are refused by the loaded program. CPU programs only."""
+    if not isinstance(captured, Captured):
+        raise TypeError(f"torchreplay.save: want what torchreplay.capture returned, got {type(captured).__name__}")
+    if captured._trace.size_exprs:
+        raise NotImplementedError("torchreplay.save: the trace relates its sizes by expressions only Python checks "
+                                  f"({', '.join(map(str, captured._trace.size_exprs))}); capture with dynamic=False")
+    kinds, names = [], []
+    for described in captured._bound_names:  # "parameter 'fc.weight'"
+        kind, _, name = described.partition(" ")
+        kinds.append(kind)
+        names.append(name.strip("'"))
+    _C.save_program(captured, os.fspath(path), kinds, names)
+
+
+def load(path: Any, config: Optional[CompilerConfig] = None) -> Any:
+    """A .trp file loaded by the C++ loader, exactly as torchreplay::Load in a C++ program loads
+    it, callable from Python with the flattened arguments (to check a file before shipping it).
+    `config`: the engine's settings (default: reduce-overhead)."""
+    options = engine_options(config, "graph") if config is not None else None
+    return _C.load_program(os.fspath(path), options)

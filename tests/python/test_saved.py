@@ -1,0 +1,134 @@
+"""torchreplay.save and the C++ loader (torchreplay/torchreplay.h): a program saved from a capture
+and loaded by the C++ loader gives bitwise the captured model's outputs, call after call, its
+buffers (KV caches) live in the loaded program, and what it was traced for is checked per call.
+The loader itself is fuzzed in torchreplay/format_test.cc; examples/replay_saved runs a file from C++.
+"""
+import copy
+import os
+import subprocess
+
+import pytest
+import torch
+
+import torchreplay
+from torchreplay.bench.models import MODELS, DemoModel
+
+# examples/replay_saved: Bazel's, or (tools/cmake_check.sh) the one built against the CMake package.
+BIN = os.environ.get("TORCHREPLAY_EXAMPLE_BIN") or \
+    os.path.join(os.path.dirname(__file__), "..", "..", "bazel-bin", "examples", "replay_saved")
+
+
+def _config():
+    config = torchreplay.CompilerConfig()
+    config.mode = "reduce-overhead"
+    return config
+
+
+@pytest.mark.parametrize("name", ["mlp", "demo", "attention_decode", "convnet", "chain64", "llama_decode"])
+def test_loaded_program_is_bitwise_the_capture(name, tmp_path):
+    if name == "llama_decode":
+        pytest.importorskip("transformers")
+    factory, _ = MODELS[name]
+    torch.manual_seed(0)
+    model, make_inputs = factory()
+    torch.manual_seed(0)
+    reference, _ = factory()  # the same model with buffers of its own (the capture writes the model's)
+    with torch.no_grad():
+        step = torchreplay.capture(model, make_inputs(0), config=_config())
+        torchreplay.save(step, tmp_path / "m.trp")
+        program = torchreplay.load(tmp_path / "m.trp")
+        for i in range(6):
+            args = make_inputs(i)
+            want, got = step(*args), program(*args)
+            want = list(want) if isinstance(want, (tuple, list)) else [want]
+            assert len(got) == len(want), name
+            for g, w in zip(got, want):
+                assert torch.equal(g, w), (name, i)
+            eager = reference(*args)
+            eager = eager if isinstance(eager, torch.Tensor) else eager[0]
+            if name == "llama_decode":  # every traced mode differs from eager here (docs/performance.md)
+                assert torch.allclose(got[0], eager, rtol=1e-5, atol=1e-6), (name, i)
+            else:
+                assert torch.equal(got[0], eager), (name, i)
+    s = program.stats()
+    assert s["captures"] == 1 and s["replays"] == 5, s
+    for state in program.state_names:  # the loaded program's buffers moved as the model's did
+        assert torch.equal(program.state(state), dict(model.named_buffers())[state] if state in dict(
+            model.named_buffers()) else dict(model.named_parameters())[state]), state
+
+
+def test_buffers_live_in_the_loaded_program_and_reset(tmp_path):
+    torch.manual_seed(0)
+    model, make_inputs = MODELS["attention_decode"][0]()
+    with torch.no_grad():
+        torchreplay.save(torchreplay.capture(model, make_inputs(0), config=_config()), tmp_path / "a.trp")
+        program = torchreplay.load(tmp_path / "a.trp")
+        assert program.argument_names == ["x", "pos"]
+        assert set(program.state_names) >= {"k_cache", "v_cache", "qkv.weight"}
+        steps = [make_inputs(i) for i in range(3)]
+        firsts = [program(*args)[0].clone() for args in steps]
+        assert program.state("k_cache")[0, :, :3].abs().sum() > 0
+        program.state("k_cache").zero_()
+        program.state("v_cache").zero_()
+        again = [program(*args)[0].clone() for args in steps]
+    for a, b in zip(firsts, again):
+        assert torch.equal(a, b)  # reset caches: the same three steps again
+    with pytest.raises(KeyError, match="no parameter, buffer or constant named 'nope'"):
+        program.state("nope")
+
+
+def test_loaded_program_checks_what_the_trace_assumed(tmp_path):
+    torch.manual_seed(0)
+    model = DemoModel().eval()
+    with torch.no_grad():
+        torchreplay.save(torchreplay.capture(model, (torch.randn(100, 128), 100), config=_config()), tmp_path / "d.trp")
+        program = torchreplay.load(tmp_path / "d.trp")
+        x = torch.randn(100, 128)
+        assert torch.equal(program(x, 100)[0], model(x, 100))
+        with pytest.raises(ValueError, match="argument 1 is 7, but the graph was captured with 100"):
+            program(x, 7)
+        with pytest.raises(ValueError, match="argument 0 has size 50 in dim 0"):
+            program(torch.randn(50, 128), 100)
+        with pytest.raises(ValueError, match="takes 2 arguments, got 1"):
+            program(x)
+        with pytest.raises(ValueError, match="dtype"):
+            program(x.double(), 100)
+
+
+def test_save_refuses_what_a_file_cannot_hold_and_load_refuses_other_files(tmp_path):
+    with pytest.raises(TypeError, match="torchreplay.capture"):
+        torchreplay.save(torch.nn.Linear(2, 2), tmp_path / "x.trp")
+    (tmp_path / "zip.trp").write_bytes(b"PK\x03\x04not a program")
+    with pytest.raises(ValueError, match="not a torchreplay program"):
+        torchreplay.load(tmp_path / "zip.trp")
+    with pytest.raises(ValueError, match="cannot open"):
+        torchreplay.load(tmp_path / "missing.trp")
+    model = torch.nn.Linear(4, 4).eval()
+    with torch.no_grad():
+        torchreplay.save(torchreplay.capture(model, (torch.randn(1, 4),), config=_config()), tmp_path / "l.trp")
+    data = (tmp_path / "l.trp").read_bytes()
+    (tmp_path / "cut.trp").write_bytes(data[:-10])
+    with pytest.raises(ValueError, match="truncated"):
+        torchreplay.load(tmp_path / "cut.trp")
+
+
+@pytest.mark.skipif(not os.path.exists(BIN), reason="examples/replay_saved is built by bazel build //... "
+                    "(or tools/cmake_check.sh)")
+def test_the_cpp_example_runs_a_saved_model_without_python(tmp_path):
+    torch.manual_seed(0)
+    model, make_inputs = MODELS["attention_decode"][0]()
+    reference = copy.deepcopy(model)
+    with torch.no_grad():
+        torchreplay.save(torchreplay.capture(model, make_inputs(0), config=_config()), tmp_path / "a.trp")
+    out = subprocess.run([BIN, str(tmp_path / "a.trp"), "4"], capture_output=True, text=True, timeout=120,
+                         env={"PATH": os.environ.get("PATH", "")})
+    assert out.returncode == 0, out.stderr
+    sums = {line.split(":")[0]: float.fromhex(line.split(": ")[-1]) for line in out.stdout.splitlines()
+            if line.startswith("call ")}
+    # The example feeds arange-filled arguments: step i gets (arange(64) / 64 + i, i).
+    with torch.no_grad():
+        for i in range(4):
+            x = (torch.arange(64, dtype=torch.float32) / 64 + i).view(1, 1, 64)
+            want = reference(x, torch.tensor([i]))
+            assert sums[f"call {i}"] == want.sum().item(), (i, out.stdout)  # exactly: printed as %a
+    assert "replays 3" in out.stdout, out.stdout
