@@ -13,6 +13,7 @@
 
 #include "capture/interpreter.h"
 #include "capture/recording.h"
+#include "capture/testing.h"
 #include "memory_pool/cuda_pool.h"
 
 namespace torchreplay::capture {
@@ -22,11 +23,7 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using Kind = CudaCapturePlan::Output::Kind;
 
-ValueId Op(GraphBuilder& b, const std::string& name, std::vector<Arg> args) {
-  auto out = b.AddOp(name, std::move(args));
-  EXPECT_TRUE(out.ok()) << out.status();
-  return out.ok() ? (*out)[0] : -1;
-}
+using testing::Op;
 
 // w (static), x, acc: y = x @ w.t(); acc.add_(y); returns y (pool), acc (the caller's), x.t() (a
 // view of a non-static input), w.t() (a view of a static input), x.size(0) (a number).

@@ -17,6 +17,7 @@
 #include "capture/interpreter.h"
 #include "capture/recording.h"
 #include "capture/tape_plan.h"
+#include "capture/testing.h"
 #include "guards/guard_key.h"
 #include "memory_pool/arena.h"
 
@@ -25,13 +26,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// The first output of a new `name` node; a failure fails the test.
-ValueId Op(GraphBuilder& b, const std::string& name, std::vector<Arg> args,
-           std::vector<std::pair<std::string, Arg>> kwargs = {}) {
-  auto out = b.AddOp(name, std::move(args), std::move(kwargs));
-  EXPECT_TRUE(out.ok()) << out.status();
-  return out.ok() ? (*out)[0] : -1;
-}
+using testing::Op;
 
 // w (static), x, acc: y = relu(x @ w.t() + 1) * 0.5 - sin(x @ w.t()); acc.add_(y) in place; the
 // graph returns y, acc and y's first half from a split (a getitem of a per-call list).

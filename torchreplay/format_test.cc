@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "capture/interpreter.h"
+#include "capture/testing.h"
 #include "torchreplay/torchreplay.h"
 
 namespace torchreplay::format {
@@ -25,12 +26,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-capture::ValueId Op(capture::GraphBuilder& b, const std::string& name, std::vector<capture::Arg> args,
-                    std::vector<std::pair<std::string, capture::Arg>> kwargs = {}) {
-  auto out = b.AddOp(name, std::move(args), std::move(kwargs));
-  EXPECT_TRUE(out.ok()) << out.status();
-  return out.ok() ? (*out)[0] : -1;
-}
+using capture::testing::Op;
 
 // w, b (bound; b a view of w's storage), cache (a bound buffer the graph writes), x, s (an int):
 // y = (x @ w.t() + b) * 0.5 + 2 (a wrapped number), clamp, a constant tensor added; cache[0] = y
