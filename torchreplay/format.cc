@@ -27,6 +27,49 @@ enum class Tag : uint8_t {
 };
 enum class ArgKind : uint8_t { kConstant, kValue, kList };
 
+// Dtypes a file holds: every one of plain elements (not quantized, not undefined).
+bool Storable(c10::ScalarType t) {
+  return static_cast<int>(t) < static_cast<int>(c10::ScalarType::NumOptions) && t != c10::ScalarType::Undefined &&
+         !c10::isQIntType(t);
+}
+
+// Note [Ops a file may call]
+// A .trp's graph computes with ATen ops, each checking its own arguments; a handful do not check
+// that what they make stays within a tensor's memory (_reshape_alias, the _unsafe_ indexing ops,
+// _index_put_impl_ with unsafe=True, set_ onto another storage) or reach the file system
+// (from_file). A graph a capture makes holds none of them (export's decompositions do not emit
+// them), and a hostile file could read or write outside its tensors through them: the reader
+// refuses them, and every op outside aten, prims and torchreplay (custom ops, collectives).
+std::string Refused(const std::string& op) {
+  const std::string ns = op.substr(0, op.find("::"));
+  if (ns != "aten" && ns != "prims" && ns != "torchreplay") {
+    return "ops outside aten, prims and torchreplay are not loaded";
+  }
+  const std::string name = op.substr(op.find("::") + 2, op.find('.') == std::string::npos ? std::string::npos
+                                                                                             : op.find('.') - op.find("::") - 2);
+  for (const char* unchecked : {"_reshape_alias", "_reshape_alias_copy", "set_", "from_file", "_unsafe_index",
+                                "_unsafe_index_put", "_unsafe_masked_index", "_unsafe_masked_index_put_accumulate",
+                                "_nested_view_from_buffer", "_nested_view_from_buffer_copy", "_nested_view_from_jagged"}) {
+    if (name == unchecked) return "it does not check that it stays within its tensors' memory, or it reads files";
+  }
+  return "";
+}
+
+// Strings in a file are UTF-8 (names from Python): anything else is corruption (and would not
+// survive the trip into a Python error message).
+bool Utf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = s[i];
+    const int extra = c < 0x80 ? 0 : (c >> 5) == 0x6 ? 1 : (c >> 4) == 0xe ? 2 : (c >> 3) == 0x1e ? 3 : -1;
+    if (extra < 0 || s.size() - i <= static_cast<size_t>(extra)) return false;
+    for (int k = 1; k <= extra; ++k) {
+      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 0x2) return false;
+    }
+    i += 1 + extra;
+  }
+  return true;
+}
+
 // ------------------------------------------------------------------------------------ writing
 
 class Writer {
@@ -63,6 +106,7 @@ class TensorTable {
         t.is_neg() || t.is_conj()) {
       throw Unsupported{"a tensor that is not a plain strided CPU tensor (save CPU programs)"};
     }
+    if (!Storable(t.scalar_type())) throw Unsupported{absl::StrCat("a tensor of dtype ", c10::toString(t.scalar_type()))};
     for (size_t i = 0; i < tensors_.size(); ++i) {
       if (tensors_[i].is_same(t)) return static_cast<uint32_t>(i);
     }
@@ -200,7 +244,11 @@ class Reader {
     pos_ += n;
     return out;
   }
-  std::string Str(const char* what) { return std::string(Bytes(Count(what), what)); }
+  std::string Str(const char* what) {
+    std::string_view s = Bytes(Count(what), what);
+    if (!Utf8(s)) Truncated(what);
+    return std::string(s);
+  }
   std::vector<int64_t> Ints(const char* what) {
     std::vector<int64_t> v(Count(what, sizeof(int64_t)));
     for (int64_t& x : v) x = Get<int64_t>(what);
@@ -219,15 +267,8 @@ class Reader {
 
 c10::ScalarType ReadDtype(Reader& r) {
   const int8_t d = r.Get<int8_t>("dtype");
-  switch (static_cast<c10::ScalarType>(d)) {
-    case c10::ScalarType::Byte: case c10::ScalarType::Char: case c10::ScalarType::Short:
-    case c10::ScalarType::Int: case c10::ScalarType::Long: case c10::ScalarType::Half:
-    case c10::ScalarType::Float: case c10::ScalarType::Double: case c10::ScalarType::ComplexFloat:
-    case c10::ScalarType::ComplexDouble: case c10::ScalarType::Bool: case c10::ScalarType::BFloat16:
-      return static_cast<c10::ScalarType>(d);
-    default:
-      Corrupt(absl::StrCat("unknown dtype ", static_cast<int>(d)));
-  }
+  if (d < 0 || !Storable(static_cast<c10::ScalarType>(d))) Corrupt(absl::StrCat("unknown dtype ", static_cast<int>(d)));
+  return static_cast<c10::ScalarType>(d);
 }
 
 std::vector<at::Tensor> ReadTensors(Reader& r) {
@@ -379,17 +420,28 @@ class GraphReader {
     switch (static_cast<capture::NodeKind>(kind)) {
       case capture::NodeKind::kOp: {
         const std::string op = r_.Str("op");
+        if (const std::string why = Refused(op); !why.empty()) {
+          throw Bad{absl::StatusCode::kFailedPrecondition,
+                    absl::StrCat("node '", name, "' calls ", op, ", which a loaded program may not: ", why,
+                                 " (Note [Ops a file may call] in torchreplay/format.cc)")};
+        }
         std::vector<std::pair<std::string, capture::Arg>> kwargs(r_.Count("op arguments"));
         for (auto& [key, arg] : kwargs) {
           key = r_.Str("argument name");
           arg = Arg();
+          if (op.rfind("aten::_index_put_impl_", 0) == 0 && key == "unsafe" && arg.kind == capture::Arg::Kind::kConstant &&
+              arg.constant.isBool() && arg.constant.toBool()) {
+            throw Bad{absl::StatusCode::kFailedPrecondition,
+                      absl::StrCat("node '", name, "' calls ", op, " with unsafe=True (no bounds checks), which a "
+                                   "loaded program may not (Note [Ops a file may call] in torchreplay/format.cc)")};
+          }
         }
-        made = Check(b_.AddOp(op, {}, std::move(kwargs), std::move(name)));
+        made = Check(b_.AddOp(op, {}, std::move(kwargs), name));
         break;
       }
       case capture::NodeKind::kGetItem: {
         const capture::ValueId list = Id(r_.Get<int32_t>("getitem list"));
-        made = {Check(b_.AddGetItem(list, r_.Get<int64_t>("getitem index"), std::move(name)))};
+        made = {Check(b_.AddGetItem(list, r_.Get<int64_t>("getitem index"), name))};
         break;
       }
       case capture::NodeKind::kSymArith: {
@@ -397,7 +449,7 @@ class GraphReader {
         if (op > static_cast<uint8_t>(capture::SymOp::kSqrt)) Corrupt("unknown arithmetic op");
         std::vector<capture::Arg> operands(r_.Count("operands"));
         for (capture::Arg& a : operands) a = Arg();
-        made = {Check(b_.AddSymArith(static_cast<capture::SymOp>(op), std::move(operands), std::move(name)))};
+        made = {Check(b_.AddSymArith(static_cast<capture::SymOp>(op), std::move(operands), name))};
         break;
       }
       default:
@@ -481,6 +533,7 @@ absl::StatusOr<std::string> Serialize(const SavedProgram& p) {
       graph.Put<uint8_t>(static_cast<uint8_t>(v.type));
       graph.Put<uint8_t>(v.spec.has_value());
       if (v.spec.has_value()) {
+        if (!Storable(v.spec->dtype)) throw Unsupported{absl::StrCat("an input of dtype ", c10::toString(v.spec->dtype))};
         graph.Put<int8_t>(static_cast<int8_t>(v.spec->dtype));
         graph.Put<int8_t>(static_cast<int8_t>(v.spec->device));
         graph.Put<int64_t>(v.spec->dim);
@@ -626,6 +679,8 @@ absl::StatusOr<SavedProgram> Deserialize(std::string_view bytes) {
       c.group = static_cast<int>(group);
       c.coef = r.Get<int64_t>("size check");
       c.offset = r.Get<int64_t>("size check");
+      const auto& spec = p.graph->values()[p.graph->inputs()[p.bound.size() + c.arg]].spec;
+      if (spec.has_value() && c.dim >= spec->dim) Corrupt("a size check's dim is beyond its argument's rank");
     }
     p.written.resize(r.Count("written arguments", sizeof(int32_t)));
     for (int& i : p.written) i = arg_index(r.Get<int32_t>("written argument"));

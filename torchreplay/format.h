@@ -16,9 +16,12 @@
 // header, the checksum and the torch version, reads each field within the payload's bounds
 // (counts, ranks, dtypes, devices, a tensor's reach within its storage, nesting depth), and rebuilds
 // the graph through GraphBuilder, which resolves every op in this LibTorch and validates every
-// argument. Any failure is an error naming what is wrong (truncated, corrupted, another version,
-// an op this LibTorch lacks), never a crash; format_test.cc fuzzes it (truncations, byte flips with
-// and without a valid checksum).
+// argument, refusing the few ops that would let a hostile file reach outside its tensors' memory
+// or into files (Note [Ops a file may call] in format.cc). Any failure is an error naming what is
+// wrong (truncated, corrupted, another version, an op this LibTorch lacks or a file may not call),
+// never a crash; format_test.cc fuzzes it (truncations, byte flips with and without a valid
+// checksum) and tries hostile graphs. What is left is what any program does: a loaded graph
+// computes what it says with its inputs and weights, so load files from a source you trust.
 #pragma once
 
 #include <ATen/core/ivalue.h>

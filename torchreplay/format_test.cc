@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <functional>
 #include <cstdio>
 #include <random>
 #include <thread>
@@ -221,6 +222,71 @@ TEST(Format, RefusesOtherFilesWithClearErrors) {
   flipped[good.size() / 2] ^= 0x10;
   EXPECT_THAT(message(flipped), HasSubstr("checksum"));
   EXPECT_THROW(torchreplay::Load("/nonexistent/program.trp"), c10::Error);
+}
+
+// Graphs a hostile file could hold: ops that make views beyond their storage or reach files,
+// custom ops, names that are not UTF-8. Each refused at load, naming the node and op.
+TEST(Format, RefusesHostileGraphs) {
+  auto load = [](const std::function<void(capture::GraphBuilder&, capture::ValueId)>& build) {
+    capture::GraphBuilder g;
+    const auto x = g.AddInput("x", capture::ValueType::kTensor);
+    build(g, x);
+    SavedProgram p;
+    p.name = "hostile";
+    auto graph = g.Build();
+    EXPECT_TRUE(graph.ok()) << graph.status();
+    p.graph = *graph;
+    auto back = Deserialize(Bytes(p));
+    return back.ok() ? std::string("loaded") : std::string(back.status().message());
+  };
+  EXPECT_THAT(load([](capture::GraphBuilder& g, capture::ValueId x) {
+                const auto v = Op(g, "aten::_reshape_alias", {capture::Arg::Ref(x), capture::Arg::Const(std::vector<int64_t>{1 << 26}),
+                                                            capture::Arg::Const(std::vector<int64_t>{64})});
+                ASSERT_TRUE(g.SetOutputs({capture::Arg::Ref(Op(g, "aten::sum", {capture::Arg::Ref(v)}))}).ok());
+              }),
+              HasSubstr("calls aten::_reshape_alias, which a loaded program may not"));
+  EXPECT_THAT(load([](capture::GraphBuilder& g, capture::ValueId x) {
+                const auto f = Op(g, "aten::from_file", {capture::Arg::Const(std::string("/etc/passwd"))},
+                                  {{"size", capture::Arg::Const(int64_t{16})}});
+                ASSERT_TRUE(g.SetOutputs({capture::Arg::Ref(f), capture::Arg::Ref(x)}).ok());
+              }),
+              HasSubstr("calls aten::from_file"));
+  EXPECT_THAT(load([](capture::GraphBuilder& g, capture::ValueId x) {
+                const auto y = Op(g, "torchreplay::record", {});
+                ASSERT_TRUE(g.SetOutputs({capture::Arg::Ref(y), capture::Arg::Ref(x)}).ok());
+              }),
+              HasSubstr("loaded"));  // torchreplay's own ops load
+  EXPECT_THAT(load([](capture::GraphBuilder& g, capture::ValueId x) {
+                const auto i = Op(g, "aten::zeros", {capture::Arg::Const(std::vector<int64_t>{1})},
+                                  {{"dtype", capture::Arg::Const(int64_t{static_cast<int64_t>(at::kLong)})}});
+                Op(g, "aten::_index_put_impl_", {capture::Arg::Ref(x), capture::Arg::List({capture::Arg::Ref(i)}),
+                                                 capture::Arg::Ref(x), capture::Arg::Const(false), capture::Arg::Const(true)});
+                ASSERT_TRUE(g.SetOutputs({capture::Arg::Ref(x)}).ok());
+              }),
+              HasSubstr("unsafe=True"));
+  // A node name that is not UTF-8 (with a checksum to match): corrupted, said in plain text.
+  std::string bytes = Bytes(Program());
+  const size_t at = bytes.find("aten::t");
+  ASSERT_NE(at, std::string::npos);
+  bytes[at] = static_cast<char>(0xff);
+  const uint64_t sum = Checksum(std::string_view(bytes).substr(kHeaderBytes));
+  std::memcpy(&bytes[24], &sum, sizeof(sum));
+  auto bad = Deserialize(bytes);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("corrupted (node name)"));
+}
+
+// Dtypes of every plain kind round-trip (uint16, float8 included).
+TEST(Format, EveryPlainDtypeRoundTrips) {
+  for (const at::ScalarType t : {at::kByte, at::kBool, at::kHalf, at::kBFloat16, at::kComplexFloat, at::kUInt16,
+                                 at::kUInt64, at::kFloat8_e4m3fn, at::kFloat8_e5m2}) {
+    SavedProgram p = Program();
+    p.bound[2].tensor = at::randn({2, 4}).mul(10).to(t);
+    auto back = Deserialize(Bytes(p));
+    ASSERT_TRUE(back.ok()) << c10::toString(t) << ": " << back.status();
+    EXPECT_EQ(back->bound[2].tensor.scalar_type(), t);
+    EXPECT_TRUE(at::equal(back->bound[2].tensor.view(at::kByte), p.bound[2].tensor.view(at::kByte))) << c10::toString(t);
+  }
 }
 
 TEST(Format, RefusesWhatItCannotHold) {
