@@ -13,7 +13,8 @@
 // mode, then begins allocating to the pool on the caching allocator and on the host allocator
 // (each increments the pool's use count), then begins the stream capture. capture_end ends the
 // stream capture, ends both allocations, takes the generators out of capture mode, and only then
-// sets capture_ended_, after which reset() (the destructor) releases both pools. So a capture that
+// sets capture_ended_ (instantiate() runs after it, and may still fail), after which reset() (the
+// destructor) releases both pools. So a capture that
 // fails must: end the stream capture; end each allocation still recording; release each pool
 // whose allocation this capture began, unless capture_ended_ is set (then the destructor
 // releases it: releasing here too would drive the use count negative); and take the generator
@@ -337,6 +338,8 @@ absl::StatusOr<std::unique_ptr<CapturedGraph>> CaptureCudaGraph(
             absl::StrCat("capture failed: ", e.what_without_backtrace()));
       } catch (const std::exception& e) {  // e.g. std::bad_alloc: the capture is undone all the same
         run_status = absl::FailedPreconditionError(absl::StrCat("capture failed: ", e.what()));
+      } catch (...) {
+        run_status = absl::FailedPreconditionError("capture failed: an exception of unknown type");
       }
       if (!run_status.ok()) {
         results.clear();  // pool blocks go back before the pool's share is released

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "memory_pool/cuda_pool.h"
 
 #ifdef TORCHREPLAY_WITH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
@@ -46,7 +47,8 @@ c10::cuda::CUDAStream SideStream(c10::DeviceIndex device, const std::string& nam
   thread_local std::map<std::pair<c10::DeviceIndex, std::string>, c10::cuda::CUDAStream> streams;
   auto it = streams.find({device, name});
   if (it == streams.end()) {
-    it = streams.emplace(std::make_pair(device, name), c10::cuda::getStreamFromPool(false, device)).first;
+    const c10::cuda::CUDAStream stream(c10::cuda::CUDAStream::UNCHECKED, memory_pool::OwnStream(device));
+    it = streams.emplace(std::make_pair(device, name), stream).first;
   }
   return it->second;
 }

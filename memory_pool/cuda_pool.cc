@@ -11,6 +11,7 @@
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -24,23 +25,29 @@ std::mutex& CaptureMutex() {
 
 #ifdef TORCHREPLAY_WITH_CUDA
 
+c10::Stream OwnStream(c10::DeviceIndex device) {
+  // Not from PyTorch's round-robin pool, which a user's torch.cuda.Stream() may share: work
+  // another thread queued there would join a thread-local capture.
+  c10::cuda::CUDAGuard device_guard(device);
+  cudaStream_t raw = nullptr;
+  C10_CUDA_CHECK(cudaStreamCreateWithFlags(&raw, cudaStreamNonBlocking));  // kept for the process
+  const c10::cuda::CUDAStream stream = c10::cuda::getStreamFromExternal(raw, device);
+  c10::cuda::CUDAStreamGuard stream_guard(stream);
+  // cuBLAS(Lt) allocate a workspace per (handle, stream) at first use on a stream: made here,
+  // outside any capture, instead of inside the first capture into its private pool.
+  (void)at::cuda::getCurrentCUDABlasHandle();
+  (void)at::cuda::getCurrentCUDABlasLtHandle();
+  (void)at::cuda::getCUDABlasLtWorkspace();
+  return stream.unwrap();
+}
+
 c10::Stream CaptureStream(c10::DeviceIndex device) {
   // cudagraph_trees keeps one stream per tree manager (one per device and thread): the caching
   // allocator reuses a freed block only on its stream, so every key must capture on the same one.
-  thread_local std::map<c10::DeviceIndex, c10::cuda::CUDAStream> streams;
+  thread_local std::map<c10::DeviceIndex, c10::Stream> streams;
   auto it = streams.find(device);
-  if (it == streams.end()) {
-    const c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device);
-    c10::cuda::CUDAGuard device_guard(device);
-    c10::cuda::CUDAStreamGuard stream_guard(stream);
-    // cuBLAS(Lt) allocate a workspace per (handle, stream) at first use on a stream: made here,
-    // outside any capture, instead of inside the first capture into its private pool.
-    (void)at::cuda::getCurrentCUDABlasHandle();
-    (void)at::cuda::getCurrentCUDABlasLtHandle();
-    (void)at::cuda::getCUDABlasLtWorkspace();
-    it = streams.emplace(device, stream).first;
-  }
-  return it->second.unwrap();
+  if (it == streams.end()) it = streams.emplace(device, OwnStream(device)).first;
+  return it->second;
 }
 
 struct CudaPool::KeepAlive {
@@ -87,10 +94,12 @@ std::pair<uint64_t, uint64_t> CudaPool::id(c10::DeviceIndex device) {
 
 #else
 
-c10::Stream CaptureStream(c10::DeviceIndex device) {
+c10::Stream OwnStream(c10::DeviceIndex device) {
   (void)device;
   TORCH_CHECK(false, "torchreplay was built without CUDA");
 }
+
+c10::Stream CaptureStream(c10::DeviceIndex device) { return OwnStream(device); }
 
 struct CudaPool::KeepAlive {};
 CudaPool::CudaPool() = default;

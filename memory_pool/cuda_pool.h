@@ -52,10 +52,13 @@ namespace torchreplay::memory_pool {
 // time]).
 std::mutex& CaptureMutex();
 
-// This thread's capture stream for `device` (a non-default stream, the same on every call from
-// this thread), with cuBLAS and cuBLASLt set up on it so that their per-stream workspaces are
-// allocated before, not inside, a capture (as cudagraph trees warm up on their stream first). Like
-// the trees' stream, it comes from PyTorch's stream pool, which a user's streams may share.
+// A new stream of torchreplay's own on `device` (not from PyTorch's stream pool, which a user's
+// streams share), kept for the process, with cuBLAS and cuBLASLt set up on it so that their
+// per-stream workspaces are allocated before, not inside, a capture (as cudagraph trees warm up on
+// their stream first). Capture streams and multi-stream scopes' side streams are made so.
+c10::Stream OwnStream(c10::DeviceIndex device);
+
+// This thread's capture stream for `device`: an OwnStream, the same on every call from this thread.
 c10::Stream CaptureStream(c10::DeviceIndex device);
 
 class CudaPool {

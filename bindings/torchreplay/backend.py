@@ -208,9 +208,9 @@ def _training_call(fw_engine: Any, ctx: Any, num_graph_inputs: int, producers: L
 # C++), wrapped in PyTorch's CUDA graph trees as torch.compile(backend="cudagraphs") wraps its
 # graphs (torch/_dynamo/backends/cudagraphs.py): the trees warm up, record and replay it in their
 # pools, with their static-input and liveness checks. Graphs they skip (CPU ops, two devices,
-# inputs written that are not static) run op by op, the reason in stats()'s "cuda_graphs"; a
-# skipped forward's backward runs under set_to_running_backward, as there. The call stays
-# AOTAutograd's wrapper. "torchreplay" selects the engine's own CUDA graphs
+# inputs written that are not static) run op by op, the reason in stats()'s "cuda_graphs", as
+# there: a skipped forward's backward runs plain, a skipped backward of a captured forward tells
+# the trees it ran (set_to_running_backward). The call stays AOTAutograd's wrapper. "torchreplay" selects the engine's own CUDA graphs
 # (EngineOptions.cuda_graphs, capture/cuda_graph.h): untested, logged as such.
 class Backend:
     """A torch.compile backend; one instance per CompilerConfig. Callable as
@@ -292,8 +292,8 @@ class Backend:
         # Training graphs preserve outputs still alive at the next call (autograd keeps saved
         # activations and gradients); inference outputs kept across calls are invalidated.
         batch = batch_fields(gm, config, name) if kind == "inference" else {}
-        trees = config.mode == "reduce-overhead" and config.reduce_overhead.cuda_graphs == "cudagraph_trees" and \
-            any(d.type == "cuda" for d in _devices(gm))
+        cuda_graphs = config.mode == "reduce-overhead" and any(d.type == "cuda" for d in _devices(gm))
+        trees = cuda_graphs and config.reduce_overhead.cuda_graphs == "cudagraph_trees"
         if trees:  # Note [CUDA graphs]: the engine runs op by op; the trees capture and replay it
             batch["mode"] = "default"
         engine = new_engine(graph, config, name, preserve_outputs=kind != "inference", **batch)
@@ -343,7 +343,7 @@ class Backend:
         if trees:
             built["trees"] = True
             return self._cudagraph_trees(call, gm, example_inputs, kind, name, built)
-        if config.mode == "reduce-overhead" and any(d.type == "cuda" for d in _devices(gm)):
+        if cuda_graphs:
             self.cuda_graphs[name] = "torchreplay's own (untested on a GPU)"
         return call
 

@@ -25,7 +25,8 @@ def side_stream_pass(gm, example_inputs, config):
 
 
 def compile_with_scopes(model, mode, dump_type, dump_path, **reduce_overhead):
-    """`model` through torch.compile with the pass above and a graph dump."""
+    """`model` through torch.compile with the pass above and a graph dump (the backend is the
+    compiled function's `backend` attribute)."""
     config = torchreplay.CompilerConfig()
     config.mode = mode
     for k, v in reduce_overhead.items():
@@ -33,4 +34,7 @@ def compile_with_scopes(model, mode, dump_type, dump_path, **reduce_overhead):
     config.post_grad_custom_pre_pass = side_stream_pass
     config.debug.graph_dump.type = dump_type
     config.debug.graph_dump.path = str(dump_path)
-    return torch.compile(model, backend=torchreplay.get_backend(compiler_config=config))
+    backend = torchreplay.get_backend(compiler_config=config)
+    compiled = torch.compile(model, backend=backend)
+    compiled.backend = backend
+    return compiled
