@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from typing import List, Optional
 
 import torch
@@ -73,6 +74,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--min-time", default="1")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
+    # torch.export's own use of a deprecated pytree API (nothing a caller can change)
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
     out = os.path.join(args.out, "deploy")
     os.makedirs(out, exist_ok=True)
     if not os.path.exists(BIN):
