@@ -260,10 +260,11 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::RunEager(const std::vector<c10:
 // CAPTURE: build the CapturedGraph for this key from the recording of its last warm-up run.
 absl::Status Engine::Capture(ThreadState& ts, Entry& e, const std::vector<c10::IValue>& inputs) {
   RECORD_FUNCTION("torchreplay::capture", std::vector<c10::IValue>());
-  if (options_.cuda_graphs) OrderCudaStreams(ts, inputs);
+  const std::optional<c10::Device> device = capture::Interpreter::CudaDevice(inputs);
+  const bool cuda = device.has_value();
+  if (cuda && options_.cuda_graphs) ts.cuda_pool.OrderStreams(device->index());  // before the pool is touched
   ts.handout.Release(inputs);  // the pool may grow, and replays below will reuse it
   const auto t0 = std::chrono::steady_clock::now();
-  const bool cuda = capture::Interpreter::CudaDevice(inputs).has_value();
   capture::CaptureOptions options;
   options.prepared_steps = options_.prepared_steps;
   options.fuse_elementwise = options_.fuse_elementwise;

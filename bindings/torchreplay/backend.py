@@ -38,15 +38,13 @@ def _static_input_indices(kind: str, example_inputs: Sequence[Any]) -> List[int]
     return [i for i in indices if i < len(example_inputs) and isinstance(example_inputs[i], torch.Tensor)]
 
 
-def _devices(gm: torch.fx.GraphModule) -> List[torch.device]:
-    """The devices of the graph's tensors (from the trace's fake values)."""
-    seen: Dict[torch.device, None] = {}
+def _on_cuda(gm: torch.fx.GraphModule) -> bool:
+    """Whether any of the graph's tensors is on a CUDA device (from the trace's fake values)."""
     for n in gm.graph.nodes:
         v = n.meta.get("val")
-        for t in (v if isinstance(v, (list, tuple)) else [v]):
-            if isinstance(t, torch.Tensor):
-                seen.setdefault(t.device)
-    return list(seen)
+        if any(isinstance(t, torch.Tensor) and t.is_cuda for t in (v if isinstance(v, (list, tuple)) else [v])):
+            return True
+    return False
 
 
 def _written_inputs(gm: torch.fx.GraphModule) -> Set[int]:
@@ -292,7 +290,7 @@ class Backend:
         # Training graphs preserve outputs still alive at the next call (autograd keeps saved
         # activations and gradients); inference outputs kept across calls are invalidated.
         batch = batch_fields(gm, config, name) if kind == "inference" else {}
-        cuda_graphs = config.mode == "reduce-overhead" and any(d.type == "cuda" for d in _devices(gm))
+        cuda_graphs = config.mode == "reduce-overhead" and _on_cuda(gm)
         trees = cuda_graphs and config.reduce_overhead.cuda_graphs == "cudagraph_trees"
         if trees:  # Note [CUDA graphs]: the engine runs op by op; the trees capture and replay it
             batch["mode"] = "default"

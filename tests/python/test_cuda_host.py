@@ -16,7 +16,7 @@ from torchreplay import backend as backend_module
 
 @pytest.fixture
 def seen_as_cuda(monkeypatch):
-    monkeypatch.setattr(backend_module, "_devices", lambda gm: [torch.device("cuda", 0)])
+    monkeypatch.setattr(backend_module, "_on_cuda", lambda gm: True)
 
 
 def _compiled(model, **options):
