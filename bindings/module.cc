@@ -107,6 +107,8 @@ py::dict StatsToDict(const replay::EngineStats& s) {
   d["last_miss"] = s.last_miss;
   d["pool_bytes"] = s.pool_bytes;
   d["handed_out"] = s.handed_out;
+  d["copied_out"] = s.copied_out;
+  d["copied_out_bytes"] = s.copied_out_bytes;
   d["errors"] = s.errors;
   d["last_error"] = s.last_error;
   py::list log;

@@ -68,8 +68,8 @@ void Engine::Log(LogLevel level, const std::string& message) const {
 // ---------------------------------------------------------------- state
 
 struct Engine::ThreadState {
-  ThreadState(int cache_limit, bool preserve_outputs, std::string invalidated_message)
-      : keys(cache_limit), handout(preserve_outputs, std::move(invalidated_message)) {}
+  ThreadState(int cache_limit, bool preserve_outputs, std::string invalidated_message, CopyCounts* copies)
+      : keys(cache_limit), handout(preserve_outputs, std::move(invalidated_message), copies) {}
   memory_pool::Arena arena;         // CPU keys
   memory_pool::CudaPool cuda_pool;  // CUDA keys: one private pool for all of them
   KeyCache keys;
@@ -122,7 +122,7 @@ Engine::ThreadState& Engine::StateForThisThread() {
     auto& slot = threads_[std::this_thread::get_id()];
     if (slot == nullptr) {
       slot = std::make_unique<ThreadState>(options_.cache_limit, options_.preserve_outputs,
-                                           invalidated_msg_);
+                                           invalidated_msg_, &copies_);
     }
     ts = slot.get();
   }
@@ -139,6 +139,8 @@ EngineStats Engine::stats() const {
   s.eager_fallbacks = eager_fallbacks_;
   s.misses = misses_;
   s.evictions = evictions_;
+  s.copied_out = copies_.storages.load(std::memory_order_relaxed);
+  s.copied_out_bytes = copies_.bytes.load(std::memory_order_relaxed);
   absl::MutexLock lock(&mu_);
   for (const auto& [id, ts] : threads_) {
     s.pool_bytes = std::max(s.pool_bytes, ts->arena.bytes() + ts->cuda_pool.bytes());

@@ -3,11 +3,16 @@
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/core/TensorImpl.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <algorithm>
+#include <cstring>
+#include <exception>
 
 #include "absl/container/inlined_vector.h"
+#include "absl/strings/str_cat.h"
 
 namespace torchreplay::replay {
 namespace {
@@ -18,9 +23,21 @@ at::Tensor BytesOf(const c10::StorageImpl& s) {
 }
 
 // Moves a handed-out storage to memory of its own, keeping its bytes (all its views follow).
+// This runs wherever the pool is next reused or freed: also when the cyclic garbage collector
+// drops an engine in the middle of a trace, with a Python dispatch mode (FakeTensorMode) on the
+// thread. So the CPU copy is a memcpy into the CPU allocator's memory, and the CUDA copy runs with
+// the Python dispatch keys excluded.
 void CopyOut(c10::StorageImpl& s) {
-  at::Tensor fresh = at::empty({static_cast<int64_t>(s.nbytes())},
-                               at::TensorOptions().dtype(at::kByte).device(s.device()));
+  const size_t n = s.nbytes();
+  if (s.device().is_cpu()) {
+    c10::DataPtr fresh = c10::GetCPUAllocator()->allocate(n);
+    if (n != 0) std::memcpy(fresh.get(), s.data(), n);
+    s.set_data_ptr_noswap(std::move(fresh));
+    return;
+  }
+  c10::impl::ExcludeDispatchKeyGuard no_python(
+      c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+  at::Tensor fresh = at::empty({static_cast<int64_t>(n)}, at::TensorOptions().dtype(at::kByte).device(s.device()));
   fresh.copy_(BytesOf(s));
   s.set_data_ptr_noswap(fresh.storage().unsafeGetStorageImpl()->set_data_ptr(c10::DataPtr()));
 }
@@ -70,10 +87,17 @@ void Handout::ReleaseAll(const std::vector<c10::IValue>* inputs) {
   for (auto& weak : handed_out_) {
     auto strong = weak.lock();
     if (!strong) continue;
-    if (inputs == nullptr || preserve_ || ReadBy(*inputs, strong.get())) {
-      CopyOut(*strong);
-    } else {
+    if (inputs != nullptr && !preserve_ && !ReadBy(*inputs, strong.get())) {
       strong->release_data_and_set_meta_custom_data_ptr_error_msg_(invalidated_message_);
+      continue;
+    }
+    try {
+      CopyOut(*strong);
+      counts_->storages.fetch_add(1, std::memory_order_relaxed);
+      counts_->bytes.fetch_add(static_cast<int64_t>(strong->nbytes()), std::memory_order_relaxed);
+    } catch (const std::exception& e) {  // out of memory: then the output cannot stay readable
+      strong->release_data_and_set_meta_custom_data_ptr_error_msg_(
+          absl::StrCat(invalidated_message_, " (It could not be copied out of the pool: ", e.what(), ")"));
     }
   }
   handed_out_.clear();

@@ -33,12 +33,19 @@ namespace torchreplay::replay {
 // Either way no replay writes under a tensor the caller can still read. The copy happens only
 // for outputs kept alive, and only once. When the pool goes away (the engine, or an eviction
 // shrinking it), every handed-out storage still alive is copied out.
+// How many handed-out storages were still alive when their pool was reused or went away, and so
+// were copied out of it, and their bytes: an engine's count over all its threads (EngineStats).
+struct CopyCounts {
+  std::atomic<int64_t> storages{0}, bytes{0};
+};
+
 class Handout {
  public:
   // `preserve`: outputs still alive are always copied out, never invalidated.
   // `invalidated_message`: what touching an invalidated output raises.
-  Handout(bool preserve, std::string invalidated_message)
-      : preserve_(preserve), invalidated_message_(std::move(invalidated_message)) {}
+  // `counts`: where copies out are counted; owned by the engine, outlives the Handout.
+  Handout(bool preserve, std::string invalidated_message, CopyCounts* counts)
+      : preserve_(preserve), invalidated_message_(std::move(invalidated_message)), counts_(counts) {}
 
   // Wraps every pool output of `outs` (CapturedGraph::OutputInPool) in a storage of its own, one
   // per pool buffer, and tracks it until the next Release. With `clone`, the storage is copied
@@ -59,6 +66,7 @@ class Handout {
 
   const bool preserve_;
   const std::string invalidated_message_;
+  CopyCounts* const counts_;
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> handed_out_;
   std::atomic<int64_t> size_{0};
 };

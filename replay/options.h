@@ -86,6 +86,9 @@ struct EngineStats {
   // What the engine holds now, all threads together: keys, pool storages handed out by the
   // latest replays (tracked until the next), and the largest pool of any thread.
   int64_t cache_entries = 0, handed_out = 0, pool_bytes = 0;
+  // Pool outputs still alive when their pool was reused (or freed), copied out of it instead of
+  // invalidated (fed back, preserve_outputs), since the engine was built: storages and bytes.
+  int64_t copied_out = 0, copied_out_bytes = 0;
   // The latest captures and fallbacks (at most kLogLength each; the counts above are complete).
   std::vector<CaptureRecord> capture_log;
   std::vector<std::string> fallback_reasons;

@@ -166,3 +166,26 @@ def test_memory_deleting_compiled_function_frees_pool_outputs():
     # The latest output was never superseded: it stays readable after the engine is gone.
     assert_same(last, kept, what="latest output after deleting the compiled function")
     assert all(r() is None for r in engines)
+
+
+def test_memory_an_engine_freed_under_a_python_dispatch_mode_keeps_its_outputs():
+    """An engine may be freed anywhere the last reference goes: here inside a FakeTensorMode (the
+    garbage collector can drop it in the middle of Dynamo's trace). Its outputs still alive are
+    copied out without dispatching to the mode (which once raised inside the destructor and
+    aborted the process), and keep their values."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    fn = lambda x: torch.tanh(x) * 3  # noqa: E731
+    b = backend()
+    compiled = torch.compile(fn, backend=b)
+    for i in range(4):
+        last = compiled(rn(gen(i), 64))
+    assert total(b, "replays") >= 2
+    kept = last.clone()
+    engines = _engine_refs(b)
+    with FakeTensorMode():
+        del compiled, b
+        torch._dynamo.reset()
+        gc.collect()
+        assert all(r() is None for r in engines)
+    assert_same(last, kept, what="an output of an engine freed under FakeTensorMode")

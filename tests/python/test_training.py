@@ -376,6 +376,32 @@ def test_train_forward_kept_across_steps_and_backward_run_later():
 
     b = train_compare(mlp(nn.Tanh), xy, step, seed=34)
     assert list(_training_paths(b).values()) == ["direct"], b.call_paths
+    assert sum(s["copied_out"] for s in b.stats()) > 0  # the pending forward's saved tensors
+
+
+@pytest.mark.parametrize("set_to_none", [True, False], ids=["set_to_none", "zeroed"])
+def test_train_loop_copies_nothing_out_of_the_pool_until_a_forward_outlives_its_step(set_to_none):
+    """zero_grad, forward, backward, optimizer step: the saved tensors are released by the
+    backward and the gradients by zero_grad (or added into .grad and dropped) before the next
+    replay, so no step copies anything out of the pool (stats' copied_out). A forward whose
+    backward has not run when the next forward replays has its saved tensors copied out."""
+    torch.manual_seed(5)
+    model = mlp(nn.Tanh)()
+    b = backend()
+    f = torch.compile(model, backend=b)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for i in range(6):
+        x, y = xy(i, gen(i))
+        opt.zero_grad(set_to_none=set_to_none)
+        F.mse_loss(f(x), y).backward()
+        opt.step()
+    assert total(b, "replays") >= 8
+    assert [s["copied_out"] for s in b.stats()] == [0, 0]
+    first = F.mse_loss(f(x), y)
+    second = F.mse_loss(f(x + 1), y)  # the first's saved tensors are alive: copied out
+    (first + second).backward()
+    copied = sum(s["copied_out"] for s in b.stats())
+    assert copied > 0 and sum(s["copied_out_bytes"] for s in b.stats()) >= 8 * 16 * 4  # a hidden activation
 
 
 def test_train_sparse_embedding_gradients_run_eagerly_with_the_reason():
