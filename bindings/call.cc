@@ -2,7 +2,9 @@
 #include "bindings/call.h"
 
 #include <pybind11/stl.h>
+#include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/autograd/variable.h>
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
@@ -38,6 +40,22 @@ void MarkDynamic(py::handle t, const py::object& dims) {
 
 }  // namespace
 
+int BackwardHazards(const at::Tensor& t) {
+  namespace impl = torch::autograd::impl;
+  if (!t.defined() || !t.requires_grad()) return 0;
+  int bits = 0;
+  if (t.grad_fn()) bits |= 1;
+  if (!impl::hooks(t).empty()) bits |= 2;
+  if (impl::post_acc_grad_hooks(t)) bits |= 4;
+  if (const std::shared_ptr<torch::autograd::Node> acc = impl::try_get_grad_accumulator(t)) {
+    if (!acc->pre_hooks().empty() || !acc->post_hooks().empty() || !acc->tensor_pre_hooks().empty() ||
+        !acc->retains_grad_hooks().empty()) {
+      bits |= 8;
+    }
+  }
+  return bits;
+}
+
 void ModuleModesChanged() { g_module_modes_epoch.fetch_add(1, std::memory_order_relaxed); }
 int64_t ModuleModesEpoch() { return g_module_modes_epoch.load(std::memory_order_relaxed); }
 
@@ -68,6 +86,9 @@ void Call::Validate() const {
   if (aot.has_value()) {
     for (const auto& [o, dims] : aot->dynamic_dims) {
       if (o < 0) throw py::value_error("torchreplay: dynamic_dims output out of range");
+    }
+    for (int i : aot->grad_leaves) {
+      if (!in_args(i)) throw py::value_error("torchreplay: grad_leaves index out of range");
     }
   }
 }
@@ -139,6 +160,12 @@ std::optional<py::object> Call::CheckedInputs(const py::args& args, const py::kw
     return aot->fallback(*args);
   }
   if (checks.has_value()) Check(inputs);
+  if (aot.has_value()) {
+    for (int i : aot->grad_leaves) {
+      const c10::IValue& v = inputs[bound.size() + i];
+      if (v.isTensor() && BackwardHazards(v.toTensor()) != 0) aot->hazard_check(i, args[i]);
+    }
+  }
   return std::nullopt;
 }
 
@@ -263,8 +290,12 @@ void BindCall(py::module_& m) {
       .def_readonly("base", &Alias::base);
   py::class_<AotEpilogue>(m, "AotEpilogue", "What AOTAutograd's runtime wrapper does after the graph.")
       .def(py::init([](std::vector<Alias> aliases, const std::vector<std::pair<int, py::object>>& dynamic_dims,
-                       py::object fallback) {
-             AotEpilogue e{std::move(aliases), {}, std::move(fallback)};
+                       py::object fallback, std::vector<int> grad_leaves, py::object hazard_check) {
+             AotEpilogue e{std::move(aliases), {}, std::move(fallback), std::move(grad_leaves),
+                           std::move(hazard_check)};
+             if (!e.grad_leaves.empty() && e.hazard_check.is_none()) {
+               throw py::value_error("torchreplay: grad_leaves need a hazard_check");
+             }
              for (const auto& [o, dims] : dynamic_dims) {
                e.dynamic_dims.emplace_back(o, py::reinterpret_steal<py::object>(PyFrozenSet_New(dims.ptr())));
                if (!e.dynamic_dims.back().second) throw py::error_already_set();
@@ -273,7 +304,8 @@ void BindCall(py::module_& m) {
            }),
            py::arg("aliases") = std::vector<Alias>(),
            py::arg("dynamic_dims") = std::vector<std::pair<int, py::object>>(),
-           py::arg("fallback") = py::none());
+           py::arg("fallback") = py::none(), py::arg("grad_leaves") = std::vector<int>(),
+           py::arg("hazard_check") = py::none());
   py::class_<SizeCheck>(m, "SizeCheck", "A size of a tensor argument the trace assumed.")
       .def(py::init([](int arg, int dim, int64_t lo, int64_t hi, int group, int64_t coef, int64_t offset) {
              return SizeCheck{arg, dim, lo, hi, group, coef, offset};
@@ -330,6 +362,9 @@ void BindCall(py::module_& m) {
            "Makes every later call raise ValueError(why) (the model changed under the capture).")
       .def_property_readonly("engine", [](const Call& c) { return c.engine; });
 
+  m.def("backward_hazards", &BackwardHazards, py::arg("tensor"),
+        "What a traced backward does not do for this tensor, as bits: 1 a grad_fn, 2 hooks (maybe "
+        "removed since), 4 post-accumulate-grad hooks (likewise), 8 hooks on its gradient accumulator.");
   m.def("module_modes_changed", &ModuleModesChanged,
         "Called by nn.Module.train (wrapped by torchreplay.capture): some module's mode may have changed.");
   m.def("module_modes_epoch", &ModuleModesEpoch);

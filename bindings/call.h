@@ -62,7 +62,19 @@ struct AotEpilogue {
   // Takes a call whose ints leave 64 bits (an argument, or the graph's own int arithmetic when it
   // writes no input): Python's ints have no bound. None: the OverflowError propagates.
   py::object fallback = py::none();
+  // A graph with loss.backward() traced into it (Note [Traced backward] in backend.py): the
+  // arguments its backward differentiates. One for which BackwardHazards is not 0 is handed to
+  // hazard_check(argument index, tensor), which raises if the traced backward would differ from
+  // eager's for it.
+  std::vector<int> grad_leaves;
+  py::object hazard_check = py::none();
 };
+
+// What a traced backward (Note [Traced backward]) does not do for this tensor, as bits: 1 it has
+// a grad_fn (autograd's graph goes on outside the compiled graph), 2 hooks registered on it (or
+// once registered: the Python dict may be empty now), 4 post-accumulate-grad hooks (likewise),
+// 8 hooks on its gradient accumulator (DistributedDataParallel's). 0 for tensors not requiring grad.
+int BackwardHazards(const at::Tensor& t);
 
 using replay::SizeCheck;
 

@@ -91,10 +91,12 @@ def _lifted(gm: torch.fx.GraphModule) -> List[torch.Tensor]:
 
 
 def _direct_call(aot_fn: Callable, engine: Any, ctx: Any, num_graph_inputs: int, producers: List[Any],
-                 example_inputs: Sequence[Any], lifted: Sequence[torch.Tensor] = ()) -> Union[Any, str]:
+                 example_inputs: Sequence[Any], lifted: Sequence[torch.Tensor] = (),
+                 traced: Optional["_TracedBackward"] = None) -> Union[Any, str]:
     """The engine as a C++ callable for Dynamo (Note [The call path] in bindings/call.h), or
     why not: AOTAutograd's runtime wrapper has work a Call does not do. `lifted`: the tensors
-    AOTAutograd puts ahead of the arguments, bound in the Call."""
+    AOTAutograd puts ahead of the arguments, bound in the Call; `traced`: the checks of a traced
+    backward, made per call (Note [Traced backward])."""
     meta = ctx.fw_metadata if ctx is not None else None
     if meta is None:
         return "no AOTAutograd metadata"
@@ -136,7 +138,9 @@ def _direct_call(aot_fn: Callable, engine: Any, ctx: Any, num_graph_inputs: int,
     dynamic_dims = [(i, o.dynamic_dims) for i, o in enumerate(meta.output_info) if o.dynamic_dims]
     return _C.Call(engine, bound=list(lifted), mutated=mutated, mutated_bound=[i for i in written if i < n_bound],
                    num_outputs=meta.num_outputs,
-                   aot=_C.AotEpilogue(aliases=aliases, dynamic_dims=dynamic_dims, fallback=aot_fn))
+                   aot=_C.AotEpilogue(aliases=aliases, dynamic_dims=dynamic_dims, fallback=aot_fn,
+                                      grad_leaves=traced.leaves if traced else [],
+                                      hazard_check=traced.check if traced else None))
 
 
 def _training_call(fw_engine: Any, ctx: Any, num_graph_inputs: int, producers: List[Any], fw_returns: int,
@@ -200,6 +204,89 @@ def _training_call(fw_engine: Any, ctx: Any, num_graph_inputs: int, producers: L
     return _C.TrainingCall(fw_engine, bw_engine, spec)
 
 
+# Note [Traced backward]
+# With Dynamo's `torch._dynamo.config.trace_autograd_ops = True` (off by default), Dynamo traces
+# `loss.backward()` inside the compiled function into the forward's graph: torch.autograd.grad of
+# the loss with respect to the leaves it reaches, then each gradient accumulated into `.grad` under
+# no_grad (a new `.grad` as an output, or the old one written in place). None of such a graph's
+# outputs require grad, so AOTAutograd hands it over as an inference graph and the whole step
+# (forward, backward, accumulation) replays as one graph through a direct call: no graph break, no
+# autograd engine, no AccumulateGrad nodes, no copies of saved activations. Its gradients are
+# eager's, bitwise (tests/python/test_traced_backward.py).
+# Dynamo's traced backward (PyTorch 2.11) differs from eager's where autograd's graph holds more
+# than the compiled graph sees; the backend refuses those with an error (not a fallback: running
+# the traced graph eagerly is just as wrong), when the graph is compiled and again on every call
+# (the leaves' checks are bits read in C++, BackwardHazards; Python only when one is set):
+#   - an argument that requires grad and has a grad_fn, in a graph that computes values requiring
+#     grad: the backward stops at it, or, when the graph has no leaf of its own (a graph break
+#     inside the model's forward, a module with backward hooks), Dynamo drops the backward
+#     altogether and the gradients are silently lost. Refused for every such graph compiled with
+#     the flag on, also a forward piece whose backward runs outside (the flag is not needed there);
+#     a graph that only reads or detaches such an argument (`loss.detach()` after a break) is not;
+#   - hooks on a leaf the backward differentiates (register_hook, post-accumulate-grad hooks, hooks
+#     on its gradient accumulator: DistributedDataParallel's): the traced backward does not run them;
+#   - create_graph=True: the gradients would not require grad as eager's do.
+# Outputs still alive at the next call (new gradients held by .grad, losses a loop keeps) are
+# copied out of the pool first (preserve_outputs), as a training graph's are.
+class _TracedBackward:
+    """The checks of a graph compiled with Dynamo's trace_autograd_ops on (Note [Traced backward]).
+    `leaves`: the arguments its backward differentiates (those requiring grad), checked per call."""
+
+    def __init__(self, name: str, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> None:
+        self.name = name
+        self.names = [str(n.target) for n in gm.graph.nodes if n.op == "placeholder"]
+        grads = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is torch.autograd.grad]
+        if any(n.kwargs.get("create_graph") or (len(n.args) > 4 and n.args[4]) for n in grads):
+            raise RuntimeError(f"torchreplay: graph {name} traces a backward with create_graph=True "
+                               "(torch._dynamo.config.trace_autograd_ops): its gradients would not require grad "
+                               "as eager's do; set trace_autograd_ops = False for this function")
+        tensors = [(i, x) for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor)]
+        # Whether the graph extends autograd's graph (computes a value that requires grad): a graph
+        # that only reads or detaches an argument with a grad_fn (`loss.detach()` after a graph
+        # break) cannot have dropped its backward.
+        extends = any(n.op in ("call_function", "call_method", "call_module") and
+                      isinstance(v := n.meta.get("example_value"), torch.Tensor) and v.requires_grad
+                      for n in gm.graph.nodes)
+        for i, x in tensors:
+            if extends and x.requires_grad and x.grad_fn is not None:
+                self.check(i, x)
+        self.leaves = [i for i, x in tensors if x.requires_grad and x.grad_fn is None] if grads else []
+        for i in self.leaves:
+            self.check(i, example_inputs[i])
+
+    def check(self, i: int, t: torch.Tensor) -> None:
+        """Raises if the traced backward would not be eager's for argument i."""
+        bits = _C.backward_hazards(t)
+        why = ("has a grad_fn: autograd's graph goes on outside this compiled graph (a graph break "
+               "before the backward, or a module with backward hooks), where Dynamo's traced backward "
+               "does not reach, or drops the backward altogether" if bits & 1 else
+               "has hooks (register_hook) that the traced backward does not run" if bits & 2 and t._backward_hooks else
+               "has post-accumulate-grad hooks that the traced backward does not run"
+               if bits & 4 and t._post_accumulate_grad_hooks else
+               "has hooks on its gradient accumulator (DistributedDataParallel's, or registered on its "
+               "AccumulateGrad node) that the traced backward does not run" if bits & 8 else None)
+        if why:
+            raise RuntimeError(
+                f"torchreplay: graph {self.name} was traced with loss.backward() inside "
+                f"(torch._dynamo.config.trace_autograd_ops), but its argument {i} "
+                f"({self.names[i] if i < len(self.names) else '?'}) {why}; gradients would differ from "
+                "eager's. Set torch._dynamo.config.trace_autograd_ops = False for this function: its "
+                "backward then runs in autograd")
+
+    def wrap(self, fn: Callable) -> Callable:
+        """fn with the per-call checks, for the calls that keep AOTAutograd's wrapper."""
+        if not self.leaves:
+            return fn
+        leaves, check, hazards = self.leaves, self.check, _C.backward_hazards
+
+        def checked(*args: Any) -> Any:
+            for i in leaves:
+                if hazards(args[i]):
+                    check(i, args[i])
+            return fn(*args)
+        return checked
+
+
 # Note [CUDA graphs]
 # Neither CUDA path has run on a GPU here. By default (config.reduce_overhead.cuda_graphs =
 # "cudagraph_trees") a graph whose tensors are on CUDA gets an engine in mode default (op by op in
@@ -233,6 +320,9 @@ class Backend:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **_: Any) -> Any:
         graph_id = next(_graph_ids)
         built: Dict[str, Any] = {}
+        traced = _TracedBackward(f"g{graph_id}", gm, example_inputs) \
+            if torch._dynamo.config.trace_autograd_ops else None
+        built["preserve_outputs"] = bool(traced and traced.leaves)
         compiler = functools.partial(self._compile, graph_id=graph_id, built=built)
         autocast = torch._C._is_any_autocast_enabled()
         # The backward is compiled with the forward (not at the first backward), so that a
@@ -250,22 +340,23 @@ class Backend:
                 if kind in built:
                     self.call_paths[f"g{graph_id}.{'training' if kind == 'forward' else kind}"] = \
                         "AOTAutograd wrapper: CUDA graphs by PyTorch's cudagraph trees (config.reduce_overhead.cuda_graphs)"
-            return aot_fn
+            return traced.wrap(aot_fn) if traced else aot_fn
         if "forward" in built and "backward" in built:
             name = f"g{graph_id}.training"
             call = "autocast is on" if autocast else \
                 "the backend keeps AOTAutograd's wrapper" if not self.direct_training else \
+                "a traced backward in a graph with outputs requiring grad" if traced and traced.leaves else \
                 _training_call(*built["forward"], *built["backward"], example_inputs)
         elif "inference" in built:
             name = f"g{graph_id}.inference"
             call = "autocast is on" if autocast else _direct_call(aot_fn, *built["inference"], example_inputs,
-                                                                   _lifted(gm))
+                                                                   _lifted(gm), traced)
         else:
-            return aot_fn  # a graph that runs eagerly
+            return traced.wrap(aot_fn) if traced else aot_fn  # a graph that runs eagerly
         if isinstance(call, str):
             logger.info("torchreplay: %s is called through AOTAutograd's runtime wrapper: %s", name, call)
             self.call_paths[name] = f"AOTAutograd wrapper: {call}"
-            return aot_fn
+            return traced.wrap(aot_fn) if traced else aot_fn
         self.call_paths[name] = "direct"
         return call
 
@@ -288,13 +379,17 @@ class Backend:
             return make_boxed_func(gm.forward)
         dump_graph(config, name, gm, graph)
         # Training graphs preserve outputs still alive at the next call (autograd keeps saved
-        # activations and gradients); inference outputs kept across calls are invalidated.
-        batch = batch_fields(gm, config, name) if kind == "inference" else {}
+        # activations and gradients), and so do graphs with a traced backward (their gradients);
+        # other inference outputs kept across calls are invalidated. A traced backward's batch is
+        # not padded (capture_sizes): its gradients sum over the rows.
+        traced_backward = built["preserve_outputs"]
+        batch = batch_fields(gm, config, name) if kind == "inference" and not traced_backward else {}
         cuda_graphs = config.mode == "reduce-overhead" and _on_cuda(gm)
         trees = cuda_graphs and config.reduce_overhead.cuda_graphs == "cudagraph_trees"
         if trees:  # Note [CUDA graphs]: the engine runs op by op; the trees capture and replay it
             batch["mode"] = "default"
-        engine = new_engine(graph, config, name, preserve_outputs=kind != "inference", **batch)
+        engine = new_engine(graph, config, name, preserve_outputs=kind != "inference" or traced_backward,
+                            **batch)
         self.engines.append(engine)
         logger.debug("torchreplay: compiled %s (%d nodes, static inputs %s) in mode %s",
                      name, graph.num_nodes, graph.static_inputs, config.mode)

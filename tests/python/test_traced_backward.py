@@ -1,0 +1,294 @@
+"""Training steps with loss.backward() traced into the graph (Dynamo's trace_autograd_ops; Note
+[Traced backward] in backend.py): the whole step replays as one graph, gradients bitwise eager's,
+and what Dynamo's traced backward gets wrong refused with an error, at compile time and per call."""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from configs import backend
+from differential import gen, mlp, rn, ri, total
+
+
+@pytest.fixture(autouse=True)
+def _traced_backward():
+    with torch._dynamo.config.patch(trace_autograd_ops=True):
+        yield
+
+
+def _convnet():
+    return nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(4, 4, 3),
+                         nn.Flatten(), nn.Linear(16, 3))
+
+
+class _Tokens(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 8)
+        self.ln = nn.LayerNorm(8)
+        self.out = nn.Linear(8, 10)
+
+    def forward(self, tok):
+        return self.out(F.gelu(self.ln(self.emb(tok)))).flatten(0, 1)
+
+
+def _batchnorm():
+    return nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+
+
+# (model, batch(g), loss)
+MODELS = {
+    "mlp_tanh": (mlp(nn.Tanh), lambda g: (rn(g, 8, 6), rn(g, 8, 3)), F.mse_loss),
+    "convnet": (_convnet, lambda g: (rn(g, 2, 2, 8, 8), ri(g, 0, 3, 2)), F.cross_entropy),
+    "embedding_layernorm": (_Tokens, lambda g: (ri(g, 0, 10, 4, 5), ri(g, 0, 10, 20)), F.cross_entropy),
+    "batchnorm": (_batchnorm, lambda g: (rn(g, 8, 6), rn(g, 8, 3)), F.mse_loss),
+}
+
+
+def _stepper(model, loss_fn):
+    def step(x, y):
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        return loss.detach()
+    return step
+
+
+def _assert_grads_equal(got, want, what):
+    for (name, pw), pg in zip(want.named_parameters(), got.parameters()):
+        assert (pg.grad is None) == (pw.grad is None), (what, name)
+        if pw.grad is not None:
+            assert torch.equal(pg.grad, pw.grad), (what, name)
+    for (name, bw), bg in zip(want.named_buffers(), got.buffers()):
+        assert torch.equal(bg, bw), (what, name)
+
+
+def _compiled(make, loss_fn, seed=0):
+    torch.manual_seed(seed)
+    eager = make()
+    model = copy.deepcopy(eager)
+    b = backend()
+    return eager, model, b, torch.compile(_stepper(model, loss_fn), backend=b)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_whole_step_is_one_direct_graph_with_eager_gradients(name):
+    """New gradients (after zero_grad(set_to_none=True)) and accumulation into .grad (without it),
+    SGD updates in between: losses, gradients and buffers bitwise eager's every step, no graph
+    break, both graphs called directly and replayed."""
+    make, batch, loss_fn = MODELS[name]
+    eager, model, b, compiled = _compiled(make, loss_fn)
+    reference = _stepper(eager, loss_fn)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (eager, model)]
+    breaks = torch._dynamo.utils.counters["graph_break"].copy()
+    for i in range(8):
+        x, y = batch(gen(i))
+        if i % 4 != 3:  # every fourth step accumulates into the previous step's gradients
+            for opt in opts:
+                opt.zero_grad()
+        kept = [p.grad for p in model.parameters()]
+        assert torch.equal(compiled(x, y), reference(x, y)), i
+        _assert_grads_equal(model, eager, i)
+        if i % 4 == 3:  # accumulated in place, as AccumulateGrad does
+            assert all(k is p.grad for k, p in zip(kept, model.parameters())), i
+        for opt in opts:
+            opt.step()
+    assert torch._dynamo.utils.counters["graph_break"] == breaks
+    assert set(b.call_paths.values()) == {"direct"} and len(b.call_paths) == 2, b.call_paths
+    assert total(b, "replays") >= 4
+
+
+def test_gradients_and_losses_kept_across_steps_stay_as_eager_left_them():
+    """The new gradients are outputs of the graph, in its pool: kept past the next step (here in a
+    list, with set_to_none between steps), they are copied out, not overwritten or invalidated."""
+    make, batch, loss_fn = MODELS["mlp_tanh"]
+    eager, model, b, compiled = _compiled(make, loss_fn)
+    reference = _stepper(eager, loss_fn)
+    kept_eager, kept = [], []
+    for i in range(5):
+        x, y = batch(gen(i))
+        for m in (eager, model):
+            m.zero_grad(set_to_none=True)
+        kept_eager.append((reference(x, y), [p.grad for p in eager.parameters()]))
+        kept.append((compiled(x, y), [p.grad for p in model.parameters()]))
+    for i, ((loss_e, grads_e), (loss, grads)) in enumerate(zip(kept_eager, kept)):
+        assert torch.equal(loss, loss_e), i
+        assert all(torch.equal(g, ge) for g, ge in zip(grads, grads_e)), i
+    assert total(b, "replays") >= 3
+    assert total(b, "copied_out") >= 5  # a step's loss and four gradients, at the next step
+
+
+def test_frozen_layer_backward_of_a_nonscalar_and_two_backwards_with_retain_graph():
+    torch.manual_seed(0)
+    eager = mlp()()
+    eager[0].weight.requires_grad_(False)
+    model = copy.deepcopy(eager)
+    b = backend()
+
+    def stepper(m):
+        def step(x, gout):
+            out = m(x)
+            out.backward(gout, retain_graph=True)
+            out.backward(gout * 2)
+            return out.detach()
+        return step
+    compiled, reference = torch.compile(stepper(model), backend=b), stepper(eager)
+    for i in range(5):
+        for m in (eager, model):
+            m.zero_grad()
+        x, gout = rn(gen(i), 8, 6), rn(gen(i + 50), 8, 3)
+        assert torch.equal(compiled(x, gout), reference(x, gout)), i
+        _assert_grads_equal(model, eager, i)
+    assert model[0].weight.grad is None
+    assert total(b, "replays") >= 3
+
+
+def test_a_graph_break_after_the_backward_keeps_the_step_traced():
+    """A print of the loss's value inside the step breaks the graph after the backward: the graph
+    after the break reads the loss (which has a grad_fn) without extending autograd's graph, so it
+    is not refused; the gradients are eager's."""
+    make, batch, loss_fn = MODELS["mlp_tanh"]
+    eager, model, b, _ = _compiled(make, loss_fn)
+    seen = []
+
+    def stepper(m, log):
+        def step(x, y):
+            loss = loss_fn(m(x), y)
+            loss.backward()
+            log.append(loss.item())
+            return loss.detach()
+        return step
+    compiled, reference = torch.compile(stepper(model, seen), backend=b), stepper(eager, [])
+    for i in range(4):
+        for m in (eager, model):
+            m.zero_grad()
+        x, y = batch(gen(i))
+        assert torch.equal(compiled(x, y), reference(x, y)), i
+        _assert_grads_equal(model, eager, i)
+    assert len(seen) == 4
+    assert total(b, "replays") >= 2
+
+
+def _refused(compiled, *args, match):
+    with pytest.raises(Exception, match=match) as info:
+        compiled(*args)
+    assert "trace_autograd_ops = False" in str(info.value)
+
+
+def _accumulator_hook(p):
+    """A hook on p's AccumulateGrad node (as DistributedDataParallel registers its own); the node
+    returned, since p holds it weakly (dropped, eager forgets the hook too)."""
+    node = p.view_as(p).grad_fn.next_functions[0][0]
+    node.register_prehook(lambda g: g)
+    return node
+
+
+# hook name -> (add it to a parameter, returning what keeps it; the error's words)
+HOOKS = {
+    "register_hook": (lambda p: p.register_hook(lambda g: g * 2), "hooks \\(register_hook\\)"),
+    "post_accumulate": (lambda p: p.register_post_accumulate_grad_hook(lambda t: None), "post-accumulate-grad hooks"),
+    "accumulator": (_accumulator_hook, "gradient accumulator"),
+}
+
+
+@pytest.mark.parametrize("hook", list(HOOKS))
+def test_hooks_on_a_parameter_are_refused_when_compiled(hook):
+    """Dynamo's traced backward does not run hooks (eager's gradients would differ, or hooks a
+    user counts on, DistributedDataParallel's, would not run): an error naming the parameter."""
+    add, why = HOOKS[hook]
+    make, batch, loss_fn = MODELS["mlp_tanh"]
+    _, model, _, compiled = _compiled(make, loss_fn)
+    kept = add(model[2].bias)  # noqa: F841 (keeps the hook)
+    _refused(compiled, *batch(gen(0)), match=why)
+
+
+@pytest.mark.parametrize("hook", list(HOOKS))
+def test_hooks_added_after_compiling_are_refused_per_call(hook):
+    """The checks are made every call (in C++ while nothing is set): a hook added after the graph
+    was compiled and replayed raises at the next call, and nothing ran (the gradients stay)."""
+    add, why = HOOKS[hook]
+    make, batch, loss_fn = MODELS["mlp_tanh"]
+    _, model, b, compiled = _compiled(make, loss_fn)
+    for i in range(4):
+        compiled(*batch(gen(i)))
+    assert total(b, "replays") >= 2
+    before = [p.grad.clone() for p in model.parameters()]
+    handle = add(model[2].bias)
+    with pytest.raises(RuntimeError, match=why):
+        compiled(*batch(gen(4)))
+    assert all(torch.equal(g, p.grad) for g, p in zip(before, model.parameters()))
+    if hook != "accumulator":  # a removed hook leaves an empty dict behind: the call goes on
+        handle.remove()
+        compiled(*batch(gen(5)))
+        assert total(b, "replays") >= 3
+
+
+def test_a_graph_break_inside_the_forward_is_refused():
+    """Dynamo's traced backward drops the backward of a graph whose leaves are all before a graph
+    break (the gradients silently lost, PyTorch 2.11): the graph after the break is refused."""
+    class Broken(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(6, 8), nn.Linear(8, 3)
+
+        def forward(self, x):
+            h = self.a(x)
+            torch._dynamo.graph_break()
+            return self.b(h.tanh())
+
+    _, _, _, compiled = _compiled(Broken, F.mse_loss)
+    _refused(compiled, rn(gen(0), 4, 6), rn(gen(1), 4, 3), match="has a grad_fn")
+
+
+def test_a_module_backward_hook_is_refused():
+    make, batch, loss_fn = MODELS["mlp_tanh"]
+    _, model, _, compiled = _compiled(make, loss_fn)
+    model[0].register_full_backward_hook(lambda mod, gi, go: None)
+    _refused(compiled, *batch(gen(0)), match="has a grad_fn")
+
+
+def test_create_graph_is_refused():
+    torch.manual_seed(0)
+    model = mlp()()
+
+    @torch.compile(backend=backend())
+    def step(x, y):
+        loss = F.mse_loss(model(x), y)
+        loss.backward(create_graph=True)
+        return loss.detach()
+    _refused(step, rn(gen(0), 8, 6), rn(gen(1), 8, 3), match="create_graph=True")
+
+
+def test_a_forward_after_the_traced_backward_keeps_aotautograds_wrapper_and_its_checks():
+    """A step that runs the model again after the backward returns an output that requires grad:
+    AOTAutograd builds a training graph around the traced backward, which keeps its wrapper (the
+    reason in call_paths) and the per-call checks; gradients bitwise eager's, also after a
+    backward through the returned output. (`return loss` itself makes Dynamo break the graph at
+    the backward: the backward consumed the loss's graph.)"""
+    make, batch, loss_fn = MODELS["mlp_tanh"]
+    eager, model, b, _ = _compiled(make, loss_fn)
+
+    def stepper(m):
+        def step(x, y):
+            loss = loss_fn(m(x), y)
+            loss.backward()
+            return m(x)
+        return step
+    compiled, reference = torch.compile(stepper(model), backend=b), stepper(eager)
+    for i in range(4):
+        for m in (eager, model):
+            m.zero_grad()
+        x, y = batch(gen(i))
+        got, want = compiled(x, y), reference(x, y)
+        assert torch.equal(got, want) and got.requires_grad, i
+        _assert_grads_equal(model, eager, i)
+        got.sum().backward()
+        want.sum().backward()
+        _assert_grads_equal(model, eager, i)
+    assert list(b.call_paths.values()) == \
+        ["AOTAutograd wrapper: a traced backward in a graph with outputs requiring grad"], b.call_paths
+    assert total(b, "replays") >= 4
+    handle = model[0].weight.register_hook(lambda g: g)  # noqa: F841
+    with pytest.raises(RuntimeError, match="register_hook"):
+        compiled(*batch(gen(9)))
