@@ -8,13 +8,17 @@ breaks the graph at backward). Models: `mlp`, the MLP 32-64-64-4 with tanh, batc
 the harness's tiny Llama (transformers) on 2 sequences of 16 tokens, its own cross-entropy loss.
 One thread. Modes, timed interleaved in rounds (µs per step, median of rounds):
 
-  eager          the step as it is
-  torchreplay    torch.compile(step, backend=torchreplay), mode reduce-overhead
-  inductor       torch.compile(step)
-  aot_eager      torch.compile(step, backend="aot_eager")
+  eager                    the step as it is
+  torchreplay              torch.compile(step, backend=torchreplay), mode reduce-overhead
+  inductor                 torch.compile(step)
+  aot_eager                torch.compile(step, backend="aot_eager")
+  torchreplay, traced bw   torchreplay with Dynamo's trace_autograd_ops on while the step compiles:
+                           loss.backward() traced into the graph, the step one graph (Note [Traced
+                           backward] in backend.py)
+  inductor, traced bw      Inductor likewise
 
-Every mode's gradients are compared with eager's after each of three steps (bitwise, or close
-for Inductor). The second table adds an Adam update (foreach) after each step, compiled with the
+Every mode's gradients are compared with eager's after each of four steps (new gradients three
+times, then accumulated into them, as in the timed steps; bitwise, or close for Inductor). The second table adds an Adam update (foreach) after each step, compiled with the
 same backend as the step (`torch.compile(opt.step)`; eager: Adam as it is); parameters after three
 updates are compared with aot_eager's (AOTAutograd's decomposition of Adam gives other bits than
 eager's Adam).
@@ -24,13 +28,17 @@ step (a backend whose graphs return the first call's outputs as fresh leaves, so
 both sides of the break run and backward has one node), each engine run on the arguments it got
 (no Dynamo, no autograd), the forward engine with its previous outputs still alive (what copying
 them out of the pool costs), and the rest: the training call, its autograd node and the autograd
-engine with its gradient accumulation.
+engine with its gradient accumulation. The same for the traced step (one frame, one graph).
+
+The traced modes compile during the three checked steps, with the flag on; the timed calls run
+with it off (Dynamo reads it only when it traces), and a recompile while timing is reported.
 """
 from __future__ import annotations
 
 import argparse
 import copy
 import sys
+import types
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -39,7 +47,13 @@ import torch.nn.functional as F
 import torchreplay
 from torchreplay.bench.__main__ import RecordingBackend, fresh_dynamo, time_interleaved
 
-MODES = ["eager", "torchreplay", "inductor", "aot_eager"]
+MODES = ["eager", "torchreplay", "inductor", "aot_eager", "torchreplay, traced bw", "inductor, traced bw"]
+TRACED = " traced bw"
+
+
+def _tracing(mode: str) -> Any:
+    """Dynamo's trace_autograd_ops as the mode compiles with it."""
+    return torch._dynamo.config.patch(trace_autograd_ops=mode.endswith(TRACED))
 
 
 def _mlp() -> Tuple[torch.nn.Module, tuple, Callable[..., torch.Tensor]]:
@@ -71,7 +85,11 @@ def _stepper(model: torch.nn.Module, loss_fn: Callable[..., torch.Tensor]) -> Ca
         loss = loss_fn(model, *inputs)
         loss.backward()
         return loss.detach()
-    return step
+    # Each step has a code object of its own: Dynamo caches per code object, so steps sharing one
+    # would check each other's guards first, and a backend equal to another's (Inductor with and
+    # without the traced backward) would reuse its graphs.
+    return types.FunctionType(step.__code__.replace(), step.__globals__, step.__name__, step.__defaults__,
+                              step.__closure__)
 
 
 def _floor_backend(gm: torch.fx.GraphModule, example_inputs: List[Any]) -> Callable:
@@ -88,8 +106,13 @@ def _floor_backend(gm: torch.fx.GraphModule, example_inputs: List[Any]) -> Calla
 
 
 def _interleaved(fns: Dict[str, Callable[[], Any]], rounds: int, seconds: float) -> Dict[str, float]:
-    """µs per call of each, median over rounds, timed interleaved with grad mode on."""
-    return {k: v["median_us"] for k, v in time_interleaved(fns, rounds, seconds, grad=True).items()}
+    """µs per call of each, median over rounds, timed interleaved with grad mode on; a graph
+    compiled while timing (traced modes would trace it without their flag) is reported."""
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    timed = {k: v["median_us"] for k, v in time_interleaved(fns, rounds, seconds, grad=True).items()}
+    if torch._dynamo.utils.counters["stats"]["unique_graphs"] != graphs:
+        print("  (a graph was compiled while timing: a traced mode's later graphs had no traced backward)")
+    return timed
 
 
 def _agreement(got: List[torch.Tensor], want: List[torch.Tensor]) -> str:
@@ -103,6 +126,7 @@ def _worst(a: str, b: str) -> str:
 
 
 def _backend(mode: str) -> Any:
+    mode = mode.split(",")[0]
     if mode == "torchreplay":
         cfg = torchreplay.CompilerConfig()
         cfg.mode = "reduce-overhead"
@@ -112,9 +136,10 @@ def _backend(mode: str) -> Any:
 
 def _table(title: str, timed: Dict[str, float], checks: Dict[str, str]) -> None:
     print(title)
-    print(f"  {'mode':<14}{'µs':>10}{'vs eager':>10}  check")
+    print(f"  {'mode':<24}{'µs':>10}{'vs eager':>10}  check")
     for mode, us in timed.items():
-        print(f"  {mode:<14}{us:>10.1f}{timed['eager'] / us:>9.2f}x  {checks.get(mode, 'reference')}")
+        print(f"  {mode:<24}{us:>10.1f}{timed['eager'] / us:>9.2f}x  {checks.get(mode, 'reference')}")
+
 
 
 def bench_model(name: str, rounds: int, seconds: float) -> bool:
@@ -126,20 +151,22 @@ def bench_model(name: str, rounds: int, seconds: float) -> bool:
     steps = {m: _stepper(models[m], loss_fn) if backends[m] is None
              else torch.compile(_stepper(models[m], loss_fn), backend=backends[m]) for m in MODES}
     checks: Dict[str, str] = {}
-    for _ in range(3):
+    for i in range(4):  # new gradients three times, then accumulated (as the timed steps do)
         for m in models.values():
-            m.zero_grad(set_to_none=True)
-        for s in steps.values():
-            s(*inputs)
+            if i < 3:
+                m.zero_grad(set_to_none=True)
+        for mode, s in steps.items():
+            with _tracing(mode):
+                s(*inputs)
         want = [p.grad for p in models["eager"].parameters()]
         for mode in MODES[1:]:
             got = _agreement([p.grad for p in models[mode].parameters()], want)
             checks[mode] = _worst(checks.get(mode, "bitwise"), got)
     timed = _interleaved({m: (lambda s=s: s(*inputs)) for m, s in steps.items()}, rounds, seconds)
-    paths = [v for v in backends["torchreplay"].call_paths.values()]
-    checks["torchreplay"] += f" gradients; call paths: {', '.join(paths)}"
-    for mode in ("inductor", "aot_eager"):
+    for mode in MODES[1:]:
         checks[mode] += " gradients"
+        if mode.startswith("torchreplay"):
+            checks[mode] += f"; call paths: {', '.join(backends[mode].call_paths.values())}"
     _table(f"{name}: training step ({desc}; backward inside; one thread), µs per step", timed, checks)
 
     # With a compiled Adam update after each step.
@@ -157,7 +184,8 @@ def bench_model(name: str, rounds: int, seconds: float) -> bool:
 
     for _ in range(3):
         for m in MODES:
-            update(m)
+            with _tracing(m):
+                update(m)
     want = [p.detach() for p in opt_models["aot_eager"].parameters()]
     opt_checks = {m: f"{_agreement([p.detach() for p in opt_models[m].parameters()], want)} vs aot_eager"
                   for m in MODES if m != "aot_eager"}
@@ -166,23 +194,27 @@ def bench_model(name: str, rounds: int, seconds: float) -> bool:
     print()
     _table(f"{name}: training step + Adam (foreach) compiled with the same backend, µs per step", timed_opt,
            {m: f"parameters after 3 updates {c}" for m, c in opt_checks.items()})
-    _breakdown(model0, inputs, loss_fn, rounds, seconds)
+    _breakdown(model0, inputs, loss_fn, rounds, seconds, traced=False)
+    _breakdown(model0, inputs, loss_fn, rounds, seconds, traced=True)
     return all("WRONG" not in c for c in list(checks.values()) + list(opt_checks.values()))
 
 
 def _breakdown(model0: torch.nn.Module, inputs: tuple, loss_fn: Callable[..., torch.Tensor], rounds: int,
-               seconds: float) -> None:
+               seconds: float, traced: bool) -> None:
     """Each part of torchreplay's step timed on its own (interleaved). The engines' arguments come
     from a copy of the step compiled with a recording backend, which keeps AOTAutograd's wrapper
-    (Python-visible engine calls): the engines' own work is the same either way."""
+    (Python-visible engine calls): the engines' own work is the same either way. `traced`: the
+    step compiled with loss.backward() traced into it."""
     cfg = torchreplay.CompilerConfig()
     cfg.mode = "reduce-overhead"
     recording = RecordingBackend(cfg)
     recorded = torch.compile(_stepper(copy.deepcopy(model0), loss_fn), backend=recording)
-    for _ in range(3):
+    tracing = _tracing(TRACED if traced else "")
+    with tracing:
+        for _ in range(3):
+            recorded(*inputs)
+        recording.calls.clear()
         recorded(*inputs)
-    recording.calls.clear()
-    recorded(*inputs)
     runs = []  # (engine name, run, arguments): the step's graphs in order
     for run, args, _, _ in recording.calls:
         args = [t.detach().clone() if isinstance(t, torch.Tensor) else t for t in args]
@@ -191,6 +223,10 @@ def _breakdown(model0: torch.nn.Module, inputs: tuple, loss_fn: Callable[..., to
     step = torch.compile(_stepper(copy.deepcopy(model0), loss_fn), backend=direct)
     floor_step = torch.compile(_stepper(copy.deepcopy(model0), loss_fn), backend=_floor_backend)
     eager = copy.deepcopy(model0)
+    with tracing:  # compiled now, with the flag as the recording was
+        for s in (step, floor_step):
+            for _ in range(3):
+                s(*inputs)
     kept: List[Any] = []
     parts: Dict[str, Callable[[], Any]] = {
         "eager forward + loss": lambda: loss_fn(eager, *inputs),
@@ -210,12 +246,16 @@ def _breakdown(model0: torch.nn.Module, inputs: tuple, loss_fn: Callable[..., to
     copies = us[forward + ", outputs kept"] - us[forward] if forward is not None else 0.0
     rows = [("eager: forward + loss", us["eager forward + loss"]),
             ("eager: backward (the step less the forward)", us["eager step"] - us["eager forward + loss"]),
-            ("torchreplay step", us["torchreplay step"]),
-            ("  Dynamo's floor (the frames on both sides of the break)", us["dynamo floor"])]
+            ("torchreplay step" + (", traced backward" if traced else ""), us["torchreplay step"]),
+            ("  Dynamo's floor (" + ("its one frame" if traced else "the frames on both sides of the break") + ")",
+             us["dynamo floor"])]
     rows += [(f"  engine {name} (replay)", us[name]) for name, _, _ in runs]
-    rows += [("  copying out the forward's outputs kept alive", copies),
-             ("  the rest: training call, autograd node and engine, accumulation",
-              us["torchreplay step"] - us["dynamo floor"] - engines - copies)]
+    rest = us["torchreplay step"] - us["dynamo floor"] - engines - copies
+    if traced:
+        rows.append(("  the rest: the direct call and its checks", rest))
+    else:
+        rows += [("  copying out the forward's outputs kept alive", copies),
+                 ("  the rest: training call, autograd node and engine, accumulation", rest)]
     print()
     print(f"Breakdown (µs per step, each part timed on its own; call paths: "
           f"{', '.join(f'{k} {v}' for k, v in direct.call_paths.items())}):")
