@@ -495,6 +495,20 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::RunKeyed(std::vector<c10::IValu
     }
   }
   if (e->graph == nullptr) {
+    // Note [Static inputs handed out of a pool]
+    // A static input (a parameter's .grad, which Dynamo marks static) may be an output some
+    // engine handed out of its pool: the gradients a training graph's backward or a traced
+    // backward gave. Baked into a capture, it would be held alive by it, copied out of that pool
+    // at the pool's next replay (moving the baked tensor's memory), and the next output handed
+    // out at the same address would pass the address check while the replay read and wrote the
+    // moved tensor. Such an input is rebound per call instead, before anything is recorded.
+    for (int i : graph_->static_inputs()) {
+      if (e->baked[i] && InAPool(inputs[i])) {
+        e->baked[i] = false;
+        e->recording.reset();
+        e->eager_runs = 0;
+      }
+    }
     if (e->eager_runs < options_.warmup_iters || !e->recording.has_value()) {
       // WARM-UP: run eagerly, recording what capture needs.
       RECORD_FUNCTION("torchreplay::warmup", std::vector<c10::IValue>());

@@ -42,6 +42,9 @@ void CopyOut(c10::StorageImpl& s) {
   s.set_data_ptr_noswap(fresh.storage().unsafeGetStorageImpl()->set_data_ptr(c10::DataPtr()));
 }
 
+// The deleter of the storages a Handout makes (they own nothing): it marks them (InAPool).
+void PoolMemory(void*) {}
+
 bool ReadBy(const std::vector<c10::IValue>& inputs, const c10::StorageImpl* s) {
   for (const auto& v : inputs) {
     if (v.isTensor() && v.toTensor().defined() && v.toTensor().has_storage() &&
@@ -67,7 +70,8 @@ void Handout::HandOut(const capture::CapturedGraph& graph, bool clone,
     if (same == made.end()) {
       auto storage = c10::make_intrusive<c10::StorageImpl>(
           c10::StorageImpl::use_byte_size_t(), pool->nbytes(),
-          c10::DataPtr(const_cast<char*>(base), t.device()), nullptr, /*resizable=*/false);
+          c10::DataPtr(const_cast<char*>(base), const_cast<char*>(base), &PoolMemory, t.device()), nullptr,
+          /*resizable=*/false);
       if (clone) {
         CopyOut(*storage);
       } else {
@@ -102,6 +106,12 @@ void Handout::ReleaseAll(const std::vector<c10::IValue>* inputs) {
   }
   handed_out_.clear();
   size_.store(0, std::memory_order_relaxed);
+}
+
+bool InAPool(const c10::IValue& v) {
+  if (!v.isTensor()) return false;
+  const at::Tensor& t = v.toTensor();
+  return t.defined() && t.has_storage() && t.storage().data_ptr().get_deleter() == &PoolMemory;
 }
 
 void CopyInputsOutOf(const memory_pool::Arena& arena, std::vector<c10::IValue>& inputs) {

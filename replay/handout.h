@@ -71,6 +71,11 @@ class Handout {
   std::atomic<int64_t> size_{0};
 };
 
+// Whether v is a tensor whose storage a Handout made and has not copied out yet: memory of some
+// engine's pool, which that engine may move away (copy out) or reuse under it. Such a tensor is
+// never baked into a capture as a static input (Note [Static inputs handed out of a pool]).
+bool InAPool(const c10::IValue& v);
+
 // An input whose memory lies in `arena` and is not a handed-out output (memory shared through
 // NumPy or DLPack) would be overwritten while the replay reads it: such inputs are replaced by
 // copies of the same geometry (the guard key still holds).

@@ -258,8 +258,9 @@ class _TracedBackward:
         """Raises if the traced backward would not be eager's for argument i."""
         bits = _C.backward_hazards(t)
         why = ("has a grad_fn: autograd's graph goes on outside this compiled graph (a graph break "
-               "before the backward, or a module with backward hooks), where Dynamo's traced backward "
-               "does not reach, or drops the backward altogether" if bits & 1 else
+               "before the backward: in the code, in a module Dynamo does not trace such as nn.LSTM, or "
+               "at a module with backward hooks), where Dynamo's traced backward does not reach, or "
+               "drops the backward altogether" if bits & 1 else
                "has hooks (register_hook) that the traced backward does not run" if bits & 2 and t._backward_hooks else
                "has post-accumulate-grad hooks that the traced backward does not run"
                if bits & 4 and t._post_accumulate_grad_hooks else

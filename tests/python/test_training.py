@@ -424,3 +424,40 @@ def test_train_sparse_embedding_gradients_run_eagerly_with_the_reason():
     b = train_compare(make, batch, step, seed=35)
     reasons = [r for s in b.stats() for r in s["fallback_reasons"]]
     assert any("sparse" in r for r in reasons), reasons
+
+
+def test_train_gradients_read_and_scaled_by_other_compiled_functions_stay_current():
+    """The gradients a training graph's backward hands out (Dynamo marks a parameter's .grad a
+    static input) are read by a compiled grad-norm and scaled in place by a compiled function,
+    with zero_grad(set_to_none=True) between steps: each call sees this step's gradients. Such an
+    input was baked into the capture once, moved out of the pool at the next backward, and a
+    later gradient at the same address passed the address check (Note [Static inputs handed out
+    of a pool])."""
+    torch.manual_seed(6)
+    eager = mlp(nn.Tanh)()
+    model = copy.deepcopy(eager)
+    b = backend()
+    forward = torch.compile(model, backend=b)
+
+    @torch.compile(backend=b)
+    def grad_norm(m):
+        return torch.stack([p.grad.norm() for p in m.parameters()]).norm()
+
+    @torch.compile(backend=b)
+    def halve(m):
+        for p in m.parameters():
+            p.grad.mul_(0.5)
+
+    for i in range(6):
+        x, y = xy(i, gen(i))
+        for m, f in ((eager, eager), (model, forward)):
+            m.zero_grad(set_to_none=True)
+            F.mse_loss(f(x), y).backward()
+        want = torch.stack([p.grad.norm() for p in eager.parameters()]).norm()
+        assert torch.equal(grad_norm(model), want), i
+        halve(model)
+        for p in eager.parameters():
+            p.grad.mul_(0.5)
+        for (n, pe), pm in zip(eager.named_parameters(), model.parameters()):
+            assert torch.equal(pm.grad, pe.grad), (i, n)
+    assert all(s["replays"] >= 2 for s in b.stats()), b.stats()
