@@ -317,12 +317,20 @@ class Backend:
         # graph name -> who replays its CUDA graphs, or why nothing does (Note [CUDA graphs])
         self.cuda_graphs: Dict[str, str] = {}
         self._cuda_graph_calls: Dict[str, List[int]] = {}
+        self._backward_hint_logged = False  # the hint at a graph broken at loss.backward(), once
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **_: Any) -> Any:
         graph_id = next(_graph_ids)
         built: Dict[str, Any] = {}
         traced = _TracedBackward(f"g{graph_id}", gm, example_inputs) \
             if torch._dynamo.config.trace_autograd_ops else None
+        reason = getattr(gm, "compile_subgraph_reason", None)
+        if traced is None and not self._backward_hint_logged and reason is not None and reason.graph_break \
+                and "Tensor.backward()" in reason.reason:
+            self._backward_hint_logged = True
+            logger.info("torchreplay: g%d ends where Dynamo broke the graph at loss.backward(); with "
+                        "torch._dynamo.config.trace_autograd_ops = True the step replays as one graph "
+                        "(Note [Traced backward]; docs/guide.md, Training steps)", graph_id)
         built["preserve_outputs"] = bool(traced and traced.leaves)
         compiler = functools.partial(self._compile, graph_id=graph_id, built=built)
         autocast = torch._C._is_any_autocast_enabled()

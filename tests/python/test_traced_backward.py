@@ -326,3 +326,17 @@ def test_clipping_and_the_optimizer_inside_the_step_match_aot_eager():
             _assert_grads_equal(m, models[0], i)
             assert all(torch.equal(p, q) for p, q in zip(m.parameters(), models[0].parameters())), i
     assert total(b, "replays") >= 8
+
+
+def test_a_step_broken_at_the_backward_logs_the_switch_once(replay_log):
+    """Without the switch, Dynamo breaks the graph at loss.backward(): the backend says once, at
+    INFO, that the switch would make the step one graph."""
+    make, batch, loss_fn = MODELS["mlp_tanh"]
+    replay_log.set_level("INFO", logger="torchreplay")
+    with torch._dynamo.config.patch(trace_autograd_ops=False):
+        _, _, b, compiled = _compiled(make, loss_fn)
+        for i in range(3):
+            compiled(*batch(gen(i)))
+    hints = [r for r in replay_log.records if "trace_autograd_ops = True" in r.getMessage()]
+    assert len(hints) == 1, [r.getMessage() for r in replay_log.records]
+    assert any(k.endswith(".training") for k in b.call_paths)
