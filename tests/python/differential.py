@@ -205,6 +205,19 @@ def touch_or_documented_error(t, want, what):
 # Shared cases: a training step, a counter module.
 
 
+class TinyTokens(nn.Module):
+    """Embedding, LayerNorm, GELU and a linear head over 10 tokens: logits (batch, tokens, 10)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 8)
+        self.ln = nn.LayerNorm(8)
+        self.out = nn.Linear(8, 10)
+
+    def forward(self, tok):
+        return self.out(F.gelu(self.ln(self.emb(tok))))
+
+
 def mlp(act=nn.ReLU):
     return lambda: nn.Sequential(nn.Linear(6, 16), act(), nn.Linear(16, 3))
 

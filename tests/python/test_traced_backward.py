@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from configs import backend
-from differential import gen, mlp, rn, ri, total
+from differential import TinyTokens, gen, mlp, rn, ri, total
 
 
 @pytest.fixture(autouse=True)
@@ -23,17 +23,6 @@ def _convnet():
                          nn.Flatten(), nn.Linear(16, 3))
 
 
-class _Tokens(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.emb = nn.Embedding(10, 8)
-        self.ln = nn.LayerNorm(8)
-        self.out = nn.Linear(8, 10)
-
-    def forward(self, tok):
-        return self.out(F.gelu(self.ln(self.emb(tok)))).flatten(0, 1)
-
-
 def _batchnorm():
     return nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
 
@@ -42,7 +31,7 @@ def _batchnorm():
 MODELS = {
     "mlp_tanh": (mlp(nn.Tanh), lambda g: (rn(g, 8, 6), rn(g, 8, 3)), F.mse_loss),
     "convnet": (_convnet, lambda g: (rn(g, 2, 2, 8, 8), ri(g, 0, 3, 2)), F.cross_entropy),
-    "embedding_layernorm": (_Tokens, lambda g: (ri(g, 0, 10, 4, 5), ri(g, 0, 10, 20)), F.cross_entropy),
+    "embedding_layernorm": (lambda: nn.Sequential(TinyTokens(), nn.Flatten(0, 1)), lambda g: (ri(g, 0, 10, 4, 5), ri(g, 0, 10, 20)), F.cross_entropy),
     "batchnorm": (_batchnorm, lambda g: (rn(g, 8, 6), rn(g, 8, 3)), F.mse_loss),
 }
 

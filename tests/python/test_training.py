@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from configs import backend
 from differential import (  # noqa: F401 (recompile_limits is autouse)
-    recompile_limits, RO_VARIANTS, gen, total, rn, ri, mlp, xy, step_basic, step_with, train_compare)
+    recompile_limits, RO_VARIANTS, gen, total, rn, ri, mlp, xy, step_basic, step_with, train_compare, TinyTokens)
 
 
 @pytest.mark.parametrize("act", [nn.ReLU, nn.GELU, nn.Tanh, nn.SiLU], ids=["relu", "gelu", "tanh", "silu"])
@@ -183,16 +183,6 @@ def test_train_eval_train_switching_with_batchnorm():
 
 
 def test_train_layernorm_embedding_cross_entropy():
-    class Tiny(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.emb = nn.Embedding(10, 8)
-            self.ln = nn.LayerNorm(8)
-            self.out = nn.Linear(8, 10)
-
-        def forward(self, tok):
-            return self.out(F.gelu(self.ln(self.emb(tok))))
-
     def batch(i, g):
         return ri(g, 0, 10, 4, 5), ri(g, 0, 10, 4, 5)
 
@@ -204,7 +194,7 @@ def test_train_layernorm_embedding_cross_entropy():
         opt.step()
         return loss.detach()
 
-    train_compare(Tiny, batch, step, seed=31)
+    train_compare(TinyTokens, batch, step, seed=31)
 
 
 def test_train_frozen_first_layer_and_nonscalar_backward():
