@@ -48,8 +48,8 @@ int BackwardHazards(const at::Tensor& t) {
   if (!impl::hooks(t).empty()) bits |= 2;
   if (impl::post_acc_grad_hooks(t)) bits |= 4;
   if (const std::shared_ptr<torch::autograd::Node> acc = impl::try_get_grad_accumulator(t)) {
-    if (!acc->pre_hooks().empty() || !acc->post_hooks().empty() || !acc->tensor_pre_hooks().empty() ||
-        !acc->retains_grad_hooks().empty()) {
+    // (Its tensor_pre_hooks are the tensor's own hooks, bit 2.)
+    if (!acc->pre_hooks().empty() || !acc->post_hooks().empty() || !acc->retains_grad_hooks().empty()) {
       bits |= 8;
     }
   }

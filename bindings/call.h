@@ -4,8 +4,9 @@
 //
 // Ownership: a Call shares its engine (the compiled function or Captured that holds the Call owns
 // it, with the engine's registry holding it weakly); it holds the bound tensors (parameters,
-// buffers) strongly, as the model does; the Python callables it keeps (fallback, slow path) must
-// not hold the Call (captured.py hands a weak reference), or the cycle through C++ is never freed.
+// buffers) strongly, as the model does; the Python callables it keeps (fallback, slow path,
+// hazard_check) must not hold the Call (captured.py hands a weak reference), or the cycle
+// through C++ is never freed.
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -73,7 +74,8 @@ struct AotEpilogue {
 // What a traced backward (Note [Traced backward]) does not do for this tensor, as bits: 1 it has
 // a grad_fn (autograd's graph goes on outside the compiled graph), 2 hooks registered on it (or
 // once registered: the Python dict may be empty now), 4 post-accumulate-grad hooks (likewise),
-// 8 hooks on its gradient accumulator (DistributedDataParallel's). 0 for tensors not requiring grad.
+// 8 hooks on its gradient accumulator (DistributedDataParallel's; also once removed, for hooks
+// registered from Python). 0 for tensors not requiring grad.
 int BackwardHazards(const at::Tensor& t);
 
 using replay::SizeCheck;

@@ -42,7 +42,8 @@ void CopyOut(c10::StorageImpl& s) {
   s.set_data_ptr_noswap(fresh.storage().unsafeGetStorageImpl()->set_data_ptr(c10::DataPtr()));
 }
 
-// The deleter of the storages a Handout makes (they own nothing): it marks them (InAPool).
+// The deleter of the storages a Handout makes: it marks them (InAPool). With no context it is
+// never called (they own nothing).
 void PoolMemory(void*) {}
 
 bool ReadBy(const std::vector<c10::IValue>& inputs, const c10::StorageImpl* s) {
@@ -70,7 +71,7 @@ void Handout::HandOut(const capture::CapturedGraph& graph, bool clone,
     if (same == made.end()) {
       auto storage = c10::make_intrusive<c10::StorageImpl>(
           c10::StorageImpl::use_byte_size_t(), pool->nbytes(),
-          c10::DataPtr(const_cast<char*>(base), const_cast<char*>(base), &PoolMemory, t.device()), nullptr,
+          c10::DataPtr(const_cast<char*>(base), /*ctx=*/nullptr, &PoolMemory, t.device()), nullptr,
           /*resizable=*/false);
       if (clone) {
         CopyOut(*storage);
@@ -111,7 +112,9 @@ void Handout::ReleaseAll(const std::vector<c10::IValue>* inputs) {
 bool InAPool(const c10::IValue& v) {
   if (!v.isTensor()) return false;
   const at::Tensor& t = v.toTensor();
-  return t.defined() && t.has_storage() && t.storage().data_ptr().get_deleter() == &PoolMemory;
+  // Without checks: an invalidated storage (its data released, its DataPtr still ours) would throw.
+  return t.defined() && t.has_storage() &&
+         t.storage().unsafeGetStorageImpl()->_mutable_data_ptr_no_checks().get_deleter() == &PoolMemory;
 }
 
 void CopyInputsOutOf(const memory_pool::Arena& arena, std::vector<c10::IValue>& inputs) {

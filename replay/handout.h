@@ -18,6 +18,13 @@
 
 namespace torchreplay::replay {
 
+// How many handed-out storages were still alive when their pool was reused or went away, and so
+// were copied out of it (clone_outputs' copies not counted), and their bytes: an engine's count
+// over all its threads (EngineStats).
+struct CopyCounts {
+  std::atomic<int64_t> storages{0}, bytes{0};
+};
+
 // Note [Handed-out outputs]
 // A replay hands its pool outputs out through storages of their own, one per pool buffer (each
 // a new StorageImpl over the buffer's bytes, Note [One storage per buffer]), aliasing the pool:
@@ -33,12 +40,6 @@ namespace torchreplay::replay {
 // Either way no replay writes under a tensor the caller can still read. The copy happens only
 // for outputs kept alive, and only once. When the pool goes away (the engine, or an eviction
 // shrinking it), every handed-out storage still alive is copied out.
-// How many handed-out storages were still alive when their pool was reused or went away, and so
-// were copied out of it, and their bytes: an engine's count over all its threads (EngineStats).
-struct CopyCounts {
-  std::atomic<int64_t> storages{0}, bytes{0};
-};
-
 class Handout {
  public:
   // `preserve`: outputs still alive are always copied out, never invalidated.

@@ -138,7 +138,8 @@ def _direct_call(aot_fn: Callable, engine: Any, ctx: Any, num_graph_inputs: int,
     dynamic_dims = [(i, o.dynamic_dims) for i, o in enumerate(meta.output_info) if o.dynamic_dims]
     return _C.Call(engine, bound=list(lifted), mutated=mutated, mutated_bound=[i for i in written if i < n_bound],
                    num_outputs=meta.num_outputs,
-                   aot=_C.AotEpilogue(aliases=aliases, dynamic_dims=dynamic_dims, fallback=aot_fn,
+                   aot=_C.AotEpilogue(aliases=aliases, dynamic_dims=dynamic_dims,
+                                      fallback=traced.wrap(aot_fn) if traced else aot_fn,
                                       grad_leaves=traced.leaves if traced else [],
                                       hazard_check=traced.check if traced else None))
 
@@ -221,8 +222,13 @@ def _training_call(fw_engine: Any, ctx: Any, num_graph_inputs: int, producers: L
 #     grad: the backward stops at it, or, when the graph has no leaf of its own (a graph break
 #     inside the model's forward, a module with backward hooks), Dynamo drops the backward
 #     altogether and the gradients are silently lost. Refused for every such graph compiled with
-#     the flag on, also a forward piece whose backward runs outside (the flag is not needed there);
-#     a graph that only reads or detaches such an argument (`loss.detach()` after a break) is not;
+#     the flag on, also a forward piece whose backward runs outside (the flag is not needed there),
+#     at compile time only (per call, only the leaves of a graph with a traced backward are
+#     checked); a graph that only reads or detaches such an argument is not refused. Where the
+#     backward itself is after the break (the loss's leaves all before it), Dynamo would trace it
+#     as nothing in a graph that shows nothing: `_break_where_dynamo_drops_the_backward` makes
+#     Dynamo break the graph at that backward instead, so autograd runs it;
+#   - a leaf Dynamo installed in the graph module instead of passing it: refused (unchecked);
 #   - hooks on a leaf the backward differentiates (register_hook, post-accumulate-grad hooks, hooks
 #     on its gradient accumulator: DistributedDataParallel's): the traced backward does not run them;
 #   - create_graph=True: the gradients would not require grad as eager's do.
@@ -240,6 +246,12 @@ class _TracedBackward:
             raise RuntimeError(f"torchreplay: graph {name} traces a backward with create_graph=True "
                                "(torch._dynamo.config.trace_autograd_ops): its gradients would not require grad "
                                "as eager's do; set trace_autograd_ops = False for this function")
+        self.traces_backward = bool(grads)
+        if grads and any(t.requires_grad for t in _lifted(gm)):
+            raise RuntimeError(f"torchreplay: graph {name} traces a backward (torch._dynamo.config."
+                               "trace_autograd_ops) that differentiates a tensor Dynamo installed in the graph "
+                               "module instead of passing it (its hooks would go unchecked); set "
+                               "trace_autograd_ops = False for this function")
         tensors = [(i, x) for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor)]
         # Whether the graph extends autograd's graph (computes a value that requires grad): a graph
         # that only reads or detaches an argument with a grad_fn (`loss.detach()` after a graph
@@ -288,6 +300,44 @@ class _TracedBackward:
         return checked
 
 
+def _break_where_dynamo_drops_the_backward() -> None:
+    """Note [Traced backward]: with trace_autograd_ops on, Dynamo (2.11) traces `t.backward()` of
+    a tensor whose leaves are all outside its frame (a graph break between the loss and the
+    backward: `print(loss.item())`, `if loss.isnan(): ...`) as nothing, and no graph shows it.
+    This makes Dynamo break the graph there instead, so that autograd runs that backward, as it
+    does with the switch off. Installed once, for every backend (the drop is Dynamo's)."""
+    try:
+        from torch._dynamo.exc import unimplemented
+        from torch._dynamo.variables.tensor import TensorVariable
+    except ImportError:
+        return
+    original = TensorVariable.method_backward
+    if getattr(original, "_torchreplay", False) or not hasattr(TensorVariable, "_collect_backward_inputs"):
+        return
+
+    def method_backward(self: Any, tx: Any, *args: Any, **kwargs: Any) -> Any:
+        inputs = kwargs.get("inputs", args[3] if len(args) > 3 else None)
+        if inputs is None and torch._dynamo.config.trace_autograd_ops and (self.requires_grad or self.has_grad_fn):
+            found = self._collect_backward_inputs(itertools.chain(tx.output.leaf_var_creation_order,
+                                                                  tx.output.input_source_to_var.values()))
+            if not found:
+                unimplemented(
+                    gb_type="Tensor.backward() with every leaf outside the graph",
+                    context=f"call_method {self} backward",
+                    explanation="The tensor's autograd graph reaches its leaves only through tensors "
+                                "computed before a graph break, where a traced backward would do nothing; "
+                                "torchreplay breaks the graph here so that autograd runs it.",
+                    hints=["Remove the graph break between the loss and loss.backward() to trace the "
+                           "backward into the graph."])
+        return original(self, tx, *args, **kwargs)
+
+    method_backward._torchreplay = True  # type: ignore[attr-defined]
+    TensorVariable.method_backward = method_backward
+
+
+_break_where_dynamo_drops_the_backward()
+
+
 # Note [CUDA graphs]
 # Neither CUDA path has run on a GPU here. By default (config.reduce_overhead.cuda_graphs =
 # "cudagraph_trees") a graph whose tensors are on CUDA gets an engine in mode default (op by op in
@@ -331,7 +381,7 @@ class Backend:
             logger.info("torchreplay: g%d ends where Dynamo broke the graph at loss.backward(); with "
                         "torch._dynamo.config.trace_autograd_ops = True the step replays as one graph "
                         "(Note [Traced backward]; docs/guide.md, Training steps)", graph_id)
-        built["preserve_outputs"] = bool(traced and traced.leaves)
+        built["preserve_outputs"] = bool(traced and traced.traces_backward)
         compiler = functools.partial(self._compile, graph_id=graph_id, built=built)
         autocast = torch._C._is_any_autocast_enabled()
         # The backward is compiled with the forward (not at the first backward), so that a
@@ -354,7 +404,7 @@ class Backend:
             name = f"g{graph_id}.training"
             call = "autocast is on" if autocast else \
                 "the backend keeps AOTAutograd's wrapper" if not self.direct_training else \
-                "a traced backward in a graph with outputs requiring grad" if traced and traced.leaves else \
+                "a traced backward in a graph with outputs requiring grad" if traced and traced.traces_backward else \
                 _training_call(*built["forward"], *built["backward"], example_inputs)
         elif "inference" in built:
             name = f"g{graph_id}.inference"

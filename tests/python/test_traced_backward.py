@@ -134,30 +134,30 @@ def test_frozen_layer_backward_of_a_nonscalar_and_two_backwards_with_retain_grap
     assert total(b, "replays") >= 3
 
 
-def test_a_graph_break_after_the_backward_keeps_the_step_traced():
-    """A print of the loss's value inside the step breaks the graph after the backward: the graph
-    after the break reads the loss (which has a grad_fn) without extending autograd's graph, so it
-    is not refused; the gradients are eager's."""
+def test_a_graph_break_after_the_backward_stays_right_and_breaks_at_the_backward():
+    """A graph break after the backward (a print of loss.item() does the same) while the loss is
+    still needed after it: Dynamo does not trace that backward (it would consume the graph of a
+    tensor the frame returns) and breaks at it, so the step runs as a training graph whose
+    backward autograd runs, not one graph; the gradients are eager's."""
     make, batch, loss_fn = MODELS["mlp_tanh"]
     eager, model, b, _ = _compiled(make, loss_fn)
-    seen = []
 
-    def stepper(m, log):
+    def stepper(m):
         def step(x, y):
             loss = loss_fn(m(x), y)
             loss.backward()
-            log.append(loss.item())
+            torch._dynamo.graph_break()
             return loss.detach()
         return step
-    compiled, reference = torch.compile(stepper(model, seen), backend=b), stepper(eager, [])
-    for i in range(4):
+    compiled, reference = torch.compile(stepper(model), backend=b), stepper(eager)
+    for i in range(5):
         for m in (eager, model):
             m.zero_grad()
         x, y = batch(gen(i))
         assert torch.equal(compiled(x, y), reference(x, y)), i
         _assert_grads_equal(model, eager, i)
-    assert len(seen) == 4
-    assert total(b, "replays") >= 2
+    assert sorted(k.split(".")[1] for k in b.call_paths) == ["inference", "training"], b.call_paths
+    assert total(b, "replays") >= 6
 
 
 def _refused(compiled, *args, match):
@@ -210,6 +210,8 @@ def test_hooks_added_after_compiling_are_refused_per_call(hook):
     assert all(torch.equal(g, p.grad) for g, p in zip(before, model.parameters()))
     if hook != "accumulator":  # a removed hook leaves an empty dict behind: the call goes on
         handle.remove()
+        bias = model[2].bias
+        node = bias.view_as(bias).grad_fn.next_functions[0][0]  # noqa: F841 (its accumulator alive)
         compiled(*batch(gen(5)))
         assert total(b, "replays") >= 3
 
@@ -329,3 +331,51 @@ def test_a_step_broken_at_the_backward_logs_the_switch_once(replay_log):
     hints = [r for r in replay_log.records if "trace_autograd_ops = True" in r.getMessage()]
     assert len(hints) == 1, [r.getMessage() for r in replay_log.records]
     assert any(k.endswith(".training") for k in b.call_paths)
+
+
+@pytest.mark.parametrize("compiler", ["torchreplay", "aot_eager"])
+def test_a_graph_break_between_the_loss_and_its_backward_runs_the_backward_in_autograd(compiler):
+    """A graph break between the loss and `loss.backward()` (here torch._dynamo.graph_break(); a
+    print of loss.item() does the same): the frame after the break holds the loss but none of its
+    leaves, and Dynamo (2.11) would trace the backward as nothing (no gradients at all, with any
+    backend). torchreplay makes Dynamo break the graph at that backward instead, so autograd runs
+    it: gradients eager's."""
+    make, batch, loss_fn = MODELS["mlp_tanh"]
+    eager, model, b, _ = _compiled(make, loss_fn)
+
+    def stepper(m):
+        def step(x, y):
+            loss = loss_fn(m(x), y)
+            torch._dynamo.graph_break()
+            loss.backward()
+            return loss.detach()
+        return step
+    compiled = torch.compile(stepper(model), backend=b if compiler == "torchreplay" else compiler)
+    reference = stepper(eager)
+    for i in range(5):
+        for m in (eager, model):
+            m.zero_grad(set_to_none=True)
+        x, y = batch(gen(i))
+        assert torch.equal(compiled(x, y), reference(x, y)), i
+        _assert_grads_equal(model, eager, i)
+    if compiler == "torchreplay":
+        assert total(b, "replays") >= 3
+
+
+@pytest.mark.parametrize("setting", ["inline_inbuilt_nn_modules", "install_free_tensors"])
+def test_parameters_installed_in_the_graph_module_run_the_backward_in_autograd(setting):
+    """With inline_inbuilt_nn_modules off (or install_free_tensors on), Dynamo installs the
+    parameters in the graph module instead of passing them, finds no leaf for the backward and
+    would trace it as nothing; the graph breaks at the backward instead (as after a graph break
+    between the loss and its backward): gradients eager's."""
+    make, batch, loss_fn = MODELS["mlp_tanh"]
+    with torch._dynamo.config.patch(**{setting: setting == "install_free_tensors"}):
+        eager, model, b, compiled = _compiled(make, loss_fn)
+        reference = _stepper(eager, loss_fn)
+        for i in range(4):
+            for m in (eager, model):
+                m.zero_grad(set_to_none=True)
+            x, y = batch(gen(i))
+            assert torch.equal(compiled(x, y), reference(x, y)), i
+            _assert_grads_equal(model, eager, i)
+    assert total(b, "replays") >= 2
