@@ -507,6 +507,8 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::RunKeyed(std::vector<c10::IValu
         e->baked[i] = false;
         e->recording.reset();
         e->eager_runs = 0;
+        e->reason = absl::StrCat("static input ", i, " (", graph_->values()[graph_->inputs()[i]].name,
+                                 ") is an output handed out of a pool; it is rebound per call");
       }
     }
     if (e->eager_runs < options_.warmup_iters || !e->recording.has_value()) {

@@ -539,9 +539,11 @@ def test_buffer_reassigned_in_forward_is_exact_and_rebound_not_recaptured_every_
             x = torch.randn(3, 4)
             assert torch.equal(c(x), ref(x))
             assert torch.equal(model.avg, ref.avg)
+    # The buffer is the previous replay's output, handed out of the pool, at the second capture:
+    # rebound per call from then on (Note [Static inputs handed out of a pool]), not recaptured.
     (s,) = b.stats()
-    assert s["captures"] == 3 and s["replays"] == 7
-    assert "rebound per call" in s["capture_log"][-1]["reason"]
+    assert s["captures"] == 2 and s["replays"] == 8
+    assert "handed out of a pool; it is rebound per call" in s["capture_log"][-1]["reason"]
 
 
 CATS = {  # each a cat or clone the tape makes as copies (Note [Concatenation as copies])
