@@ -3,14 +3,16 @@
 # there, but no Bazel and no internet. Needs third_party/debs and third_party/wheels from
 # tools/fetch_gpu_deps.sh (carried along). Runs on a CPU machine too (the CUDA tests then skip).
 #
-#   tools/gpu_check.sh [--quick]        # logs and results under $OUT (or ./gpu_check_out)
+#   tools/gpu_check.sh [--quick] [--cuda-only]   # logs and results under $OUT (or ./gpu_check_out)
 #
 # Steps: unpack Abseil/GoogleTest/Benchmark; CMake build of the _C module (CUDA backend on when
 # torch has CUDA) plus the GoogleTest suites and chain_bench; ctest; pytest (the CUDA suite apart);
 # the harness on --device cuda with both CUDA graph backends (PyTorch's cudagraph trees, the
 # default, and torchreplay's own) and the graph-replay peers. Last, one table: every part's
 # result, the CUDA tests per backend (and each failure by name), the harness's rows. --quick: the
-# harness's short timing.
+# harness's short timing. --cuda-only: of the suite outside test_cuda.py, only the tests named
+# for CUDA (CI runs the rest). Each part has a time limit (GPU_CHECK_LIMIT_S seconds, default 180;
+# the build twice that), so that a lease ends with the table even when a part hangs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -18,6 +20,15 @@ OUT=${OUT:-$ROOT/gpu_check_out}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 log() { echo "[gpu_check] $*" >&2; }
+quick=(); rest=()
+for a in "$@"; do
+  case $a in
+    --quick) quick=(--quick) ;;
+    --cuda-only) rest=(-k cuda) ;;
+    *) log "unknown option $a (--quick, --cuda-only)"; exit 2 ;;
+  esac
+done
+limit=${GPU_CHECK_LIMIT_S:-180}
 
 deps=/tmp/torchreplay_deps
 mkdir -p "$deps"
@@ -26,9 +37,12 @@ libdir=$(dirname "$(find "$deps" -name 'libabsl_base.so*' | head -1)")
 cmakedir=$(dirname "$libdir")/cmake
 [ -d "$cmakedir" ] || cmakedir="$libdir/cmake"
 export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-if ! "$PY" -c "import pytest, tqdm" 2>/dev/null; then
-  "$PY" -m pip install -q --no-index --find-links third_party/wheels pytest tqdm >&2 || true
+if ! "$PY" -c "import pytest, tqdm, expecttest" 2>/dev/null; then
+  "$PY" -m pip install -q --no-index --find-links third_party/wheels pytest tqdm expecttest >&2 || true
 fi
+# A test that crashes the process must not hide the others' results: with pytest-xdist, each
+# crashed worker is reported as that test's failure and replaced.
+workers=(); "$PY" -c "import xdist" 2>/dev/null && workers=(-n 2)
 
 cuda=AUTO
 "$PY" -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)" && cuda=ON
@@ -39,7 +53,7 @@ cmake -S . -B build-gpu "${generator[@]}" -DPython_EXECUTABLE="$("$PY" -c "impor
   -DCMAKE_PREFIX_PATH="$deps/usr" -Dabsl_DIR="$cmakedir/absl" -DGTest_DIR="$cmakedir/GTest" \
   -Dbenchmark_DIR="$cmakedir/benchmark" -DTORCHREPLAY_BUILD_TESTS=ON -DTORCHREPLAY_CUDA=$cuda \
   -DTORCHREPLAY_OUTPUT_DIR="$ROOT/bindings/torchreplay" >"$OUT/cmake.log" 2>&1 \
-  && cmake --build build-gpu -j "$(nproc)" >>"$OUT/cmake.log" 2>&1
+  && timeout $((2 * limit)) cmake --build build-gpu -j "$(nproc)" >>"$OUT/cmake.log" 2>&1
 build_rc=$?
 build_s=$(( $(date +%s) - t0 ))
 if [ $build_rc -ne 0 ]; then
@@ -50,25 +64,24 @@ fi
 export PYTHONPATH="$ROOT/bindings${PYTHONPATH:+:$PYTHONPATH}"
 "$PY" -c "import torchreplay; print('[gpu_check] module', torchreplay._C.__file__, 'CUDA backend', torchreplay._C.built_with_cuda(), 'usable', torchreplay.cuda_available())" >&2
 
-(cd build-gpu && ctest --output-on-failure) >"$OUT/ctest.log" 2>&1
+(cd build-gpu && timeout "$limit" ctest --output-on-failure) >"$OUT/ctest.log" 2>&1
 ctest_rc=$?
 ctest_line=$(grep -E "tests passed|tests failed" "$OUT/ctest.log" | tail -1)
 
 # The CUDA suite once, by backend (test_cuda.py: the trees tests name cudagraph_trees), the rest apart.
-"$PY" -m pytest -q -rs tests/python --deselect tests/python/test_cuda.py -p no:cacheprovider \
+timeout "$limit" "$PY" -m pytest -q -rs tests/python --deselect tests/python/test_cuda.py "${rest[@]}" -p no:cacheprovider \
   --junitxml="$OUT/pytest.xml" >"$OUT/pytest.log" 2>&1
 pytest_rc=$?
-"$PY" -m pytest -q -rA -p no:cacheprovider tests/python/test_cuda.py --junitxml="$OUT/pytest-cuda.xml" \
+timeout "$limit" "$PY" -m pytest -q -rA "${workers[@]}" -p no:cacheprovider tests/python/test_cuda.py --junitxml="$OUT/pytest-cuda.xml" \
   >"$OUT/pytest-cuda.log" 2>&1
 cuda_rc=$?
 
-./build-gpu/chain_bench --benchmark_min_time=0.3 >"$OUT/chain_bench.log" 2>&1
+timeout "$limit" ./build-gpu/chain_bench --benchmark_min_time=0.3 >"$OUT/chain_bench.log" 2>&1
 
 device=cpu; [ "$cuda" = ON ] && device=cuda
-quick=(); [ "${1:-}" = "--quick" ] && quick=(--quick)
 modes=eager,torchreplay-reduce-overhead,torchreplay-capture,inductor,cudagraphs
 [ "$device" = cuda ] && modes=$modes,torchreplay-own-cuda-graphs,torchreplay-capture-own-cuda-graphs,inductor-reduce-overhead,cuda-graph-by-hand
-"$PY" -m torchreplay.bench --device $device "${quick[@]}" --models mlp,demo,attention_decode,chain64 \
+timeout "$limit" "$PY" -m torchreplay.bench --device $device "${quick[@]}" --models mlp,demo,attention_decode,chain64 \
   --modes "$modes" --out "$OUT/bench" >"$OUT/bench.log" 2>"$OUT/bench.err"
 bench_rc=$?
 
