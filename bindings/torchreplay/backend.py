@@ -423,7 +423,13 @@ class Backend:
                  graph_id: int, kind: str, built: Dict[str, Any]) -> Callable:
         config = self.config
         name = f"g{graph_id}.{kind}"
-        run_passes(gm, example_inputs, config)
+        # A backward's inputs saved by its forward (named as the forward's nodes) in the dtypes
+        # the forward's kernels give them (Note [Dtypes the kernels give] in passes.py).
+        run_passes(gm, example_inputs, config, built.get("saved_dtypes") if kind == "backward" else None)
+        if kind == "forward":
+            returned = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+            built["saved_dtypes"] = {o.name: o.meta["val"].dtype for o in returned
+                                     if isinstance(o, torch.fx.Node) and isinstance(o.meta.get("val"), torch.Tensor)}
         if config.debug.run_eagerly:
             dump_graph(config, name, gm, None)
             logger.info("torchreplay: %s runs eagerly (debug.run_eagerly)", name)

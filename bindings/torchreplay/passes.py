@@ -3,7 +3,7 @@ user's post pass (config.post_grad_custom_pre_pass / post_grad_custom_post_pass,
 from __future__ import annotations
 
 import operator
-from typing import Any, Dict, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import torch
 import torch.fx
@@ -224,10 +224,145 @@ def sink_waits(gm: torch.fx.GraphModule) -> int:
     return moved
 
 
+# Note [Dtypes the kernels give]
+# The graph's values carry what the fake kernels said of them when it was traced (node.meta
+# "val"), and the lowering takes each input's dtype from it (the engine checks a call's inputs
+# against it). For the ops below that is not what ATen's kernels give when an operand is half or
+# bfloat16 (PyTorch 2.11, found by running each op of the op database and these ops with mixed
+# dtypes against its fake kernel, tests/python/test_reduced_precision.py):
+#   - norms of a half or bfloat16 input with float32 weights or running statistics (layer norm,
+#     group norm, batch norm in each of its forms; CPU autocast's Linear -> LayerNorm makes one):
+#     the CPU kernels give the saved mean and rstd in float32, the fake kernels the input's dtype;
+#   - the functional batch norms with half or bfloat16 running statistics: the kernels give the
+#     new statistics in their dtype, the fake kernels in float32;
+#   - group norm's backward with float32 weights: the kernel gives the input's gradient in the
+#     input's dtype, the fake kernel in float32;
+#   - _weight_norm_interface of half tensors: the kernel gives the norms in float32.
+# A training graph saves the forward's statistics for its backward, whose inputs then refused
+# the kernel's float32 ("expected dtype BFloat16, got Float") where eager trains. So for these ops
+# the dtypes are asked of the kernel itself: it is run once, here, on zeros of the example sizes
+# with the operands' dtypes, on their device, and the graph follows what it gives, down through
+# the nodes that read its results (their fake kernels run again on the new values). A backward
+# graph's inputs saved by its forward take the dtypes the forward's graph gives them (the backend
+# passes them, by name). Nothing a kernel computes changes: only what the graph says of it.
+_KERNEL_DTYPES = {
+    aten.native_layer_norm.default, aten.native_group_norm.default, aten.native_group_norm_backward.default,
+    aten.native_batch_norm.default, aten._native_batch_norm_legit.default, aten._native_batch_norm_legit.no_stats,
+    aten._native_batch_norm_legit_no_training.default, aten._native_batch_norm_legit_functional.default,
+    aten._batch_norm_with_update.default, aten._batch_norm_with_update_functional.default,
+    aten._batch_norm_no_update.default, aten._weight_norm_interface.default,
+}
+_REDUCED = (torch.float16, torch.bfloat16)
+
+
+def _dtypes(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return v.dtype
+    return [_dtypes(e) for e in v] if isinstance(v, (list, tuple)) else None
+
+
+def _with_dtypes(val: Any, dtypes: Any) -> Any:
+    """The fake value `val` (a tensor or a sequence of them) with these dtypes."""
+    if isinstance(val, torch.Tensor):
+        if val.dtype == dtypes or not hasattr(val, "fake_mode"):
+            return val
+        with val.fake_mode:
+            return torch.empty_strided(val.shape, val.stride(), dtype=dtypes, device=val.device)
+    if isinstance(val, (list, tuple)):
+        return type(val)(_with_dtypes(v, d) for v, d in zip(val, dtypes))
+    return val
+
+
+def _kernel_dtypes(node: torch.fx.Node) -> Any:
+    """The dtypes node's op gives when its kernel runs on operands of the graph's dtypes (zeros
+    of the example sizes, on their device), or None when it cannot be run so."""
+    from torch.fx.experimental.symbolic_shapes import has_hint, size_hint
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    def real(a: Any) -> Any:
+        if isinstance(a, torch.fx.Node):
+            a = a.meta.get("val")
+        if isinstance(a, torch.Tensor):
+            if not all(has_hint(d) for d in a.shape):
+                raise ValueError("a size without a hint")
+            return torch.zeros([size_hint(d) for d in a.shape], dtype=a.dtype, device=a.device)
+        if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return size_hint(a) if isinstance(a, torch.SymInt) else a.node.hint
+        if isinstance(a, (list, tuple)):
+            return type(a)(real(e) for e in a)
+        return a
+
+    try:
+        with _disable_current_modes(), torch.no_grad(), torch.autocast("cpu", enabled=False):
+            out = node.target(*real(node.args), **real(node.kwargs))
+    except Exception:  # the fake value stays: no worse than before
+        return None
+    return _dtypes(out)
+
+
+def _fake_rerun(node: torch.fx.Node) -> Any:
+    """node's value from its fake kernel, run again on its operands' values (None if it fails)."""
+    def val(a: Any) -> Any:
+        if isinstance(a, torch.fx.Node):
+            return a.meta.get("val")
+        return type(a)(val(e) for e in a) if isinstance(a, (list, tuple)) else a
+
+    old = node.meta.get("val")
+    mode = next((t.fake_mode for t in _leaves(old) if hasattr(t, "fake_mode")), None)
+    try:
+        if node.target is operator.getitem:
+            return val(node.args[0])[node.args[1]]
+        if mode is None or not isinstance(node.target, torch._ops.OpOverload):
+            return None
+        with mode:
+            return node.target(*val(node.args), **val(node.kwargs))
+    except Exception:
+        return None
+
+
+def _leaves(v: Any) -> list:
+    return [e for x in v for e in _leaves(x)] if isinstance(v, (list, tuple)) else [v]
+
+
+def follow_kernel_dtypes(gm: torch.fx.GraphModule, input_dtypes: Optional[Dict[str, torch.dtype]] = None) -> int:
+    """Note [Dtypes the kernels give]: the graph's values get the dtypes the kernels give them,
+    where the fake kernels said otherwise; `input_dtypes`: the dtypes of placeholders by name (a
+    backward's saved tensors, as its forward gives them). Returns how many values changed."""
+    changed: set = set()
+    for node in gm.graph.nodes:
+        old = node.meta.get("val")
+        if node.op == "placeholder":
+            want = (input_dtypes or {}).get(node.name)
+            new = _with_dtypes(old, want) if isinstance(old, torch.Tensor) and want is not None else old
+        elif node.op != "call_function":
+            continue
+        elif node.target in _KERNEL_DTYPES and any(
+                isinstance(v, torch.Tensor) and v.dtype in _REDUCED for a in node.all_input_nodes
+                for v in _leaves(a.meta.get("val"))):
+            want = _kernel_dtypes(node)
+            new = _with_dtypes(old, want) if want is not None and _dtypes(old) is not None and \
+                len(_leaves(want)) == len(_leaves(_dtypes(old))) else old
+        elif any(a in changed for a in node.all_input_nodes):
+            new = _fake_rerun(node)
+            if new is None or _dtypes(new) is None or _dtypes(new) == _dtypes(old):
+                continue
+        else:
+            continue
+        if _dtypes(new) != _dtypes(old):
+            node.meta["val"] = new
+            changed.add(node)
+    return len(changed)
+
+
 BUILTIN_PASSES = (reinplace_input_updates, reinplace_foreach, remove_dead_code, sink_waits)
 
 
-def run_passes(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Any) -> None:
+def run_passes(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Any,
+               input_dtypes: Optional[Dict[str, torch.dtype]] = None) -> None:
+    """The passes, in order: the graph's dtypes made the kernels' (Note [Dtypes the kernels give];
+    `input_dtypes` by placeholder name), the user's pre pass, the built-in passes, the user's post
+    pass."""
+    follow_kernel_dtypes(gm, input_dtypes)
     if config.post_grad_custom_pre_pass is not None:
         config.post_grad_custom_pre_pass(gm, example_inputs, config)
     for p in BUILTIN_PASSES:
