@@ -34,6 +34,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.fx
 
+from . import row_bits
 from .config import CompilerConfig
 
 logger = logging.getLogger("torchreplay")
@@ -65,8 +66,6 @@ _KEEP_DIM_0 = {  # views and copies: fine when the result's dim 0 is the batch (
     aten.clone.default, aten._to_copy.default, aten.alias.default, aten.detach.default,
     aten.lift_fresh_copy.default, aten.permute.default, aten.squeeze.default,
 }
-_POINTWISE = {aten.floor_divide.default, aten.leaky_relu.default, aten.hardswish.default,
-              aten.copy.default}  # elementwise, without torch.Tag.pointwise
 _LEFT_OPERAND = {aten.mm.default: 0, aten.addmm.default: 1}  # rows of this operand give rows
 _BATCHED_AT = {  # ops batched in dim 0 by definition: the operands that may be batched
     aten.bmm.default: (0, 1), aten.baddbmm.default: (0, 1, 2), aten.embedding.default: (1,),
@@ -80,102 +79,28 @@ _BATCHED_AT = {  # ops batched in dim 0 by definition: the operands that may be 
 _FACTORIES = {aten.empty.memory_format, aten.zeros.default, aten.ones.default, aten.full.default,
               aten.new_empty.default, aten.new_zeros.default, aten.new_ones.default,
               aten.new_full.default}
-# Note [Rows that stay bitwise]
-# Padding changes how many rows each kernel is given, and some kernels give a row other bits
-# for another row count: a GEMM blocks its sums by the number of rows; elementwise kernels with
-# separate vector and scalar code (sigmoid, silu, gelu, pow, ...) send an element through one or
-# the other depending on where the flattened length ends, and the two round differently, or
-# treat NaN, -0.0 or subnormals differently (maximum, fmod, and in bfloat16 even add and mul);
-# softmax over a dim other than the last splits its work by the outer size and the thread count.
-# The ops below give each row the same bits whatever the row count (n >= 2: size 1 is always a
-# graph of its own), each for one of these reasons: the arithmetic is one IEEE operation per
-# element on every path (add and sub with alpha 1, mul, div, sqrt, comparisons, ...); the kernel
-# runs every element, the tail included, through its vector code (ATen's vml kernels: exp, log,
-# sin, tanh, erf, ...); its result is an integer or bool (exact on every path); it moves data
-# (views, cat, index, embedding); or it works row by row along other dims (softmax along the
-# last dim, sums, layer norm, pooling, eval batch norm). Arithmetic on floats counts only in
-# float32 and float64: in bfloat16 and float16 the two paths convert NaNs and zeros differently
-# (even a mean in float16, which computes in float32 and converts its result back, flips NaN bits).
-# Each is measured by tests/python/test_capture_sizes.py (test_ops_listed_as_bitwise_give_rows_
-# that_ignore_the_row_count) on random values mixed with NaNs (payloads and signs), infinities,
-# signed zeros and subnormals, the row-wise ones with one and two threads. Any other op reached
-# by a batched value makes the graph's padded rows close, not bitwise: its buckets are refused
-# unless config.reduce_overhead.capture_sizes_bitwise is False.
-_ROWS_BITWISE = {
-    # one IEEE operation (or none) per element on every path
-    aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar, aten.true_divide.Tensor,
-    aten.neg.default, aten.abs.default, aten.sign.default, aten.sgn.default, aten.signbit.default,
-    aten.ceil.default, aten.floor.default, aten.trunc.default, aten.round.default, aten.frac.default,
-    aten.sqrt.default, aten.rsqrt.default, aten.reciprocal.default, aten.square.default,
-    aten.copysign.Tensor, aten.copysign.Scalar, aten.relu.default, aten.clamp.default,
-    aten.clamp_min.default, aten.clamp_max.default, aten.hardtanh.default, aten.threshold.default,
-    aten.where.self, aten.masked_fill.Scalar, aten.masked_fill.Tensor,
-    aten.eq.Tensor, aten.eq.Scalar, aten.ne.Tensor, aten.ne.Scalar, aten.lt.Tensor, aten.lt.Scalar,
-    aten.le.Tensor, aten.le.Scalar, aten.gt.Tensor, aten.gt.Scalar, aten.ge.Tensor, aten.ge.Scalar,
-    aten.logical_and.default, aten.logical_or.default, aten.logical_xor.default, aten.logical_not.default,
-    aten.bitwise_and.Tensor, aten.bitwise_and.Scalar, aten.bitwise_or.Tensor, aten.bitwise_or.Scalar,
-    aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar, aten.bitwise_not.default, aten.isnan.default,
-    aten.isinf.default, aten.isfinite.default, aten.floor_divide.default, aten.leaky_relu.default,
-    aten.hardswish.default,
-    # every element through the vector code (ATen's vml kernels)
-    aten.exp.default, aten.expm1.default, aten.log.default, aten.log2.default, aten.log10.default,
-    aten.log1p.default, aten.sin.default, aten.cos.default, aten.tan.default, aten.asin.default,
-    aten.acos.default, aten.atan.default, aten.tanh.default, aten.erf.default, aten.erfc.default,
-    aten.erfinv.default,
-}
-_ROWS_MOVED = {  # data movement: elements copied, in any dtype
-    aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.expand.default,
-    aten.clone.default, aten._to_copy.default, aten.alias.default, aten.detach.default,
-    aten.lift_fresh_copy.default, aten.permute.default, aten.squeeze.default, aten.squeeze.dim,
-    aten.squeeze.dims, aten.unsqueeze.default, aten.transpose.int, aten.t.default, aten.copy.default,
-    aten.copy_.default, aten.cat.default, aten.stack.default, aten.slice.Tensor, aten.select.int,
-    aten.narrow.default, aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int,
-    aten.index_select.default, aten.gather.default, aten.scatter.src, aten.scatter.value,
-    aten.scatter_.src, aten.scatter_.value, aten.index_copy.default, aten.index_copy_.default,
-    aten.index_put.default, aten.index_put_.default, aten.slice_scatter.default,
-    aten.select_scatter.default, aten.embedding.default, aten.flip.default, aten.roll.default,
-    aten.constant_pad_nd.default, operator.getitem,
-} | _FACTORIES
-_ROWS_BITWISE |= {
-    # row by row along other dims
-    aten.sum.dim_IntList, aten.mean.dim, aten.amax.default, aten.amin.default, aten.max.dim,
-    aten.min.dim, aten.argmax.default, aten.argmin.default, aten.var.correction, aten.std.correction,
-    aten.var_mean.correction, aten.any.dim, aten.any.dims, aten.all.dim, aten.cumsum.default,
-    aten.sort.default, aten.topk.default, aten.native_layer_norm.default,
-    aten._native_batch_norm_legit_no_training.default, aten.avg_pool2d.default,
-    aten.max_pool2d_with_indices.default, aten._adaptive_avg_pool2d.default,
-}
-_ROWS_BITWISE_WITH_ALPHA_1 = {aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar}
-_ROWS_BITWISE_ALONG_LAST_DIM = {aten._softmax.default, aten._log_softmax.default, aten.softmax.int,
-                                aten.log_softmax.int}
-_BITWISE_EXPONENTS = {0, 1, 2, 3, 0.5, -1, -2}  # pow(x, e): each a special case on both paths
 
 
-def _rows_bitwise(n: torch.fx.Node, args: List[Tuple[str, Any]]) -> bool:
-    """Note [Rows that stay bitwise]: node n gives each row the same bits whatever the row count."""
+def _rows_bitwise(n: torch.fx.Node, args: List[Tuple[str, Any]], batched: List[str], sizes: List[int]) -> bool:
+    """Node n gives each row the same bits whatever the row count: Note [Rows that stay bitwise]
+    (row_bits.py), measured on this machine."""
     target = n.target
-    if target in _ROWS_MOVED:
-        return True
-    named = dict(args)
     out = n.meta.get("val")
-    out0 = out[0] if isinstance(out, (list, tuple)) and out else out
-    if not isinstance(out0, torch.Tensor):
-        return False
-    if not out0.is_floating_point() and not out0.is_complex():
-        if torch.Tag.pointwise in getattr(target, "tags", ()):
-            return True  # integer and bool arithmetic is exact on every path
-    elif out0.dtype not in (torch.float32, torch.float64):
-        return False  # half precision: vector and scalar paths convert NaNs and zeros differently
-    if target in _ROWS_BITWISE:
+    out0 = next((o for o in (out if isinstance(out, (list, tuple)) else [out]) if isinstance(o, torch.Tensor)), None)
+    if out0 is None:
+        return target in row_bits.ROWS_MOVED
+    ins = [a.meta["val"] for _, a in args if isinstance(a, torch.fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)]
+    converts = any(t.dtype != out0.dtype for t in ins)
+    if target in row_bits.ROWS_MOVED and not (converts and target in row_bits.CONVERTS):
         return True
-    if target in _ROWS_BITWISE_WITH_ALPHA_1:
-        return named.get("alpha", 1) == 1
-    if target in _ROWS_BITWISE_ALONG_LAST_DIM:
-        rank = out0.dim() if isinstance(out0, torch.Tensor) else 0
-        return isinstance(named.get("dim"), int) and named["dim"] % max(rank, 1) == rank - 1
-    if target is aten.pow.Tensor_Scalar:
-        return named.get("exponent") in _BITWISE_EXPONENTS
-    return False
+    if not any(t.is_floating_point() or t.is_complex() for t in ins + [out0]):
+        return True   # integer and bool arithmetic is exact on every path
+    device = out0.device.type
+    if row_bits.is_elementwise(target) or target in row_bits.CONVERTS:
+        return row_bits.elementwise_rows_bitwise(n, args, device)
+    if target in row_bits.ROW_WISE:
+        return row_bits.row_wise_rows_bitwise(args, target, batched, sizes, device)
+    return False   # GEMMs, convolutions, attention: not measured, close
 
 
 _SIZE_ARGS = ("size", "shape")
@@ -199,7 +124,7 @@ def batch_fields(gm: torch.fx.GraphModule, config: CompilerConfig, name: str) ->
     why = "no input has a dynamic leading dimension"
     for symbol in candidates:
         try:
-            found = _check(gm, symbol)
+            found = _check(gm, symbol, list(sizes))
         except Exception as e:  # a graph this check does not understand: no buckets, not a failure
             found = f"the row check failed: {type(e).__name__}: {e}"
         if isinstance(found, tuple):
@@ -242,8 +167,9 @@ def _rows_per_element(expr: Any, symbol: Any) -> Any:
     return c if rest == symbol and c.is_positive is not False else _OTHER
 
 
-def _check(gm: torch.fx.GraphModule, symbol: Any) -> Any:
-    """The fields for batch symbol `symbol`, or why its rows are not independent."""
+def _check(gm: torch.fx.GraphModule, symbol: Any, sizes: List[int]) -> Any:
+    """The fields for batch symbol `symbol`, or why its rows are not independent (and which
+    nodes' padded rows would be close, not bitwise, for buckets of these sizes)."""
     # node -> rows of its dim 0 per batch element (c when its dim 0 is c * s: a linear over
     # (n, L, d) runs on (n * L, d), each element owning L rows in a row), None when it does not
     # involve s
@@ -316,7 +242,8 @@ def _check(gm: torch.fx.GraphModule, symbol: Any) -> Any:
         why = _row_wise(n, named, batched, uses_symbol, symbol)
         if why:
             return f"node {n.name} ({target}) {why}"
-        if reads_batch and not _rows_bitwise(n, named):
+        if reads_batch and not _rows_bitwise(n, named, [k for k, a in named if isinstance(a, torch.fx.Node)
+                                                         and batched.get(a) is not None], sizes):
             close.append(n)
         outs = val if isinstance(val, (list, tuple)) else [val]
         if target in _BATCHED_AT:  # their side results (batch norm's saved stats, seeds) may be free
@@ -399,7 +326,7 @@ def _row_wise(n: torch.fx.Node, args: List[Tuple[str, Any]], batched: Dict[torch
         if is_batched(values) and values.meta["val"].dim() != args[0][1].meta["val"].dim():
             return "broadcasts the batch into another dim"
         return None
-    if torch.Tag.pointwise in target.tags or target in _POINTWISE:
+    if row_bits.is_elementwise(target) or target is aten.copy.default:
         for _, a in args:
             if is_batched(a) and a.meta["val"].dim() != rank:
                 return "broadcasts the batch into another dim"
