@@ -51,7 +51,7 @@ t0=$(date +%s)
 generator=(); command -v ninja >/dev/null && generator=(-G Ninja)
 cmake -S . -B build-gpu "${generator[@]}" -DPython_EXECUTABLE="$("$PY" -c "import sys; print(sys.executable)")" \
   -DCMAKE_PREFIX_PATH="$deps/usr" -Dabsl_DIR="$cmakedir/absl" -DGTest_DIR="$cmakedir/GTest" \
-  -Dbenchmark_DIR="$cmakedir/benchmark" -DTORCHREPLAY_BUILD_TESTS=ON -DTORCHREPLAY_CUDA=$cuda \
+  -Dbenchmark_DIR="$cmakedir/benchmark" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTORCHREPLAY_BUILD_TESTS=ON -DTORCHREPLAY_CUDA=$cuda \
   -DTORCHREPLAY_OUTPUT_DIR="$ROOT/bindings/torchreplay" >"$OUT/cmake.log" 2>&1 \
   && timeout $((2 * limit)) cmake --build build-gpu -j "$(nproc)" >>"$OUT/cmake.log" 2>&1
 build_rc=$?
@@ -69,12 +69,21 @@ ctest_rc=$?
 ctest_line=$(grep -E "tests passed|tests failed" "$OUT/ctest.log" | tail -1)
 
 # The CUDA suite once, by backend (test_cuda.py: the trees tests name cudagraph_trees), the rest apart.
-timeout "$limit" "$PY" -m pytest -q -rs tests/python --deselect tests/python/test_cuda.py "${rest[@]}" -p no:cacheprovider \
+timeout "$limit" "$PY" -m pytest -q -rs "${workers[@]}" tests/python --deselect tests/python/test_cuda.py "${rest[@]}" -p no:cacheprovider \
   --junitxml="$OUT/pytest.xml" >"$OUT/pytest.log" 2>&1
 pytest_rc=$?
 timeout "$limit" "$PY" -m pytest -q -rA "${workers[@]}" -p no:cacheprovider tests/python/test_cuda.py --junitxml="$OUT/pytest-cuda.xml" \
   >"$OUT/pytest-cuda.log" 2>&1
 cuda_rc=$?
+# Each test that crashed its process, again alone under cuda-gdb (it debugs host code too) for
+# the native backtrace (the build has debug info): crash-NAME.log, its top frames in the table.
+crashed=$(grep -oh "crashed while running '[^']*'" "$OUT/pytest.log" "$OUT/pytest-cuda.log" | cut -d"'" -f2 | sort -u)
+if command -v cuda-gdb >/dev/null; then
+  for t in $crashed; do
+    timeout 120 cuda-gdb -batch -ex run -ex bt --args "$PY" -m pytest -q -p no:cacheprovider "$t" \
+      >"$OUT/crash-${t##*::}.log" 2>&1
+  done
+fi
 
 timeout "$limit" ./build-gpu/chain_bench --benchmark_min_time=0.3 >"$OUT/chain_bench.log" 2>&1
 
@@ -113,6 +122,12 @@ rows.append(("CUDA tests", "torchreplay's own CUDA graphs", count(own)))
 for name, state in cuda_cases:
     if state == "failed":
         rows.append(("  failed", name, "see pytest-cuda.log"))
+for log in sorted(f for f in os.listdir(out) if f.startswith("crash-")):
+    text = open(os.path.join(out, log), errors="replace").read()
+    signal = text.find("received signal")
+    frames = [l for l in text[signal:].splitlines() if re.match(r"#\d+ ", l)][:8] if signal >= 0 else []
+    rows.append(("  crashed", log[6:-4], "native frames:" if frames else "no signal under cuda-gdb (see " + log + ")"))
+    rows.extend(("", "", f[:150]) for f in frames)
 try:
     results = json.load(open(os.path.join(out, "bench", "results.json")))["results"]
 except (OSError, ValueError):

@@ -188,9 +188,7 @@ def test_capture_failure_falls_back_and_releases_the_pool():
     for _ in range(3):                                                  # its cuBLAS workspace, made once
         run(warm, torch.randn(4, 4, device=DEV))
     del warm
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    before = torch.cuda.memory_reserved()
+    reserved = []
     for _ in range(3):
         e = _C.Engine(lower(gm, [torch.randn(4, device=DEV)]), own_options())
         for _ in range(4):
@@ -200,9 +198,12 @@ def test_capture_failure_falls_back_and_releases_the_pool():
         assert s["captures"] == 0 and s["eager_fallbacks"] == 3
         assert "CUDA capture" in s["fallback_reasons"][0]
         del e
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    assert torch.cuda.memory_reserved() <= before
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        reserved.append(torch.cuda.memory_reserved())
+    # The pool outlives its graphs (Note [The pool outlives its graphs]): the first failed capture
+    # may leave a block reserved in it (2 MiB on an H100); later ones must not add to it.
+    assert reserved[2] <= reserved[0], reserved
     # Eager random numbers still work (the RNG state left capture mode with the stream).
     assert torch.rand(1000, device=DEV).std() > 0.2
     # The stream left capture mode: a later capture in this process works.
@@ -214,7 +215,13 @@ def test_capture_failure_falls_back_and_releases_the_pool():
 
 
 def test_host_reads_and_cpu_tensors_run_eagerly_with_reason():
-    e = engine_for(lambda x: x * x.sum().item(), [torch.randn(4, device=DEV)])
+    # x * x.sum().item(), built by hand: make_fx refuses to trace the host read
+    b = _C.GraphBuilder()
+    x = b.add_input("x", "Tensor", torch.float32, torch.device(DEV), 1)
+    total = b.add_op("aten::sum", [("v", x)], {})[0]
+    item = b.add_op("aten::item", [("v", total)], {})[0]
+    b.set_outputs([("v", b.add_op("aten::mul.Scalar", [("v", x), ("v", item)], {})[0])])
+    e = _C.Engine(b.build(), own_options(name="host_read"))
     for _ in range(3):
         x = torch.randn(4, device=DEV)
         assert torch.allclose(run(e, x)[0], x * x.sum().item())
@@ -273,9 +280,11 @@ def test_scopes_make_parallel_branches_in_the_captured_graph(tmp_path):
     nodes = dict(re.findall(r'"?(\w+)"?\s*\[[^\]]*?label="([^"]*)', dot))
     edges = re.findall(r'"?(\w+)"?\s*->\s*"?(\w+)"?', dot)
     gemms = [n for n, label in nodes.items() if re.search("gemm|cutlass|sm90|xmma", label, re.I)]
-    assert len(gemms) == 2, nodes
-    g1, g2 = gemms
-    assert g1 not in _ancestors(edges, g2) and g2 not in _ancestors(edges, g1)   # parallel
+    # cuBLAS may launch more than one kernel per product (on an H100, 4 for the two): some pair
+    # of them, one from each branch, has no path between them
+    assert len(gemms) >= 2, nodes
+    assert any(g1 not in _ancestors(edges, g2) and g2 not in _ancestors(edges, g1)
+               for g1 in gemms for g2 in gemms if g1 != g2), (gemms, edges)
 
 
 def test_a_multi_stream_scope_pass_with_a_dot_dump_through_torch_compile(tmp_path):
