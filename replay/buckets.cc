@@ -30,12 +30,13 @@ int64_t Buckets::BatchSize(const std::vector<c10::IValue>& inputs) const {
 int64_t Buckets::PadTo(const std::vector<c10::IValue>& inputs, int64_t n) const {
   if (n < 0 || std::binary_search(sizes_.begin(), sizes_.end(), n)) return 0;
   // Only dense calls are padded: the staging copy is dense, and a kernel may take another path
-  // (and round otherwise) on a dense tensor than on the caller's strided or expanded one.
+  // (and round otherwise) on a dense tensor than on the caller's strided or expanded one. And only
+  // calls whose batch inputs all have n rows: the batch may be several symbols that an op ties
+  // together (capture_sizes.py), which a call may break (eager's error then comes unpadded).
   for (int i : batch_inputs_) {
-    if (i < static_cast<int>(inputs.size()) && inputs[i].isTensor() && inputs[i].toTensor().defined() &&
-        !inputs[i].toTensor().is_non_overlapping_and_dense()) {
-      return 0;
-    }
+    if (i >= static_cast<int>(inputs.size()) || !inputs[i].isTensor() || !inputs[i].toTensor().defined()) continue;
+    const at::Tensor& t = inputs[i].toTensor();
+    if (t.dim() == 0 || t.size(0) != n || !t.is_non_overlapping_and_dense()) return 0;
   }
   const auto bucket = std::lower_bound(sizes_.begin(), sizes_.end(), n);
   return bucket == sizes_.end() ? -1 : *bucket;

@@ -29,7 +29,10 @@ namespace torchreplay::replay {
 // for an engine built by hand it is the caller's promise. A batch above the largest capture size
 // runs eagerly, with that reason. A call whose batch inputs are not all dense (a strided slice,
 // an expanded tensor) is not padded but run under its own key: the dense staging copy could send
-// a kernel down another path than eager's (a strided reduction sums in another order).
+// a kernel down another path than eager's (a strided reduction sums in another order). Nor is a
+// call whose batch inputs do not all have the same dim 0: torch.export may give two inputs a
+// batch symbol each that an op ties together (index_copy_ of x into a per-row cache), which the
+// check takes as one batch; a call that breaks the tie runs unpadded, and fails as eager does.
 // All sizes share one pool, sized by the largest (PlanArena per key, one arena per thread).
 class Buckets {
  public:
@@ -47,8 +50,9 @@ class Buckets {
   int64_t BatchSize(const std::vector<c10::IValue>& inputs) const;
 
   // The capture size a call with batch `n` is padded to, when it is padded: n is not a capture
-  // size and every batch input is dense (no gaps, no broadcast dims; others run unpadded under
-  // their own key). 0: not padded. -1: padded, but n is above the largest capture size.
+  // size and every batch input is dense (no gaps, no broadcast dims) with n rows (others run
+  // unpadded under their own key). 0: not padded. -1: padded, but n is above the largest
+  // capture size.
   int64_t PadTo(const std::vector<c10::IValue>& inputs, int64_t n) const;
 
   // `inputs` with their batch (n rows) resized to `size`: cut, or padded with copies of the last

@@ -20,7 +20,17 @@ batched value, or s itself, must be one of:
 
 and give only batched results, with as many rows per element as its batched operands (views and
 reshapes may regroup them). s may be used only as the leading size (c * s) of a new shape; graph
-inputs and outputs are padded and sliced only where their dim 0 is s itself. Anything
+inputs and outputs are padded and sliced only where their dim 0 is s itself.
+
+torch.export gives every input dim a symbol of its own unless its fake kernels tie two together,
+and some kernels need sizes equal that their fake kernels do not check: index_copy_ of x (s0, ...)
+into a per-row cache (s1, T, ...) needs s0 == s1, which nothing in the graph says. So the leading
+symbols of the two operands such an op copies rows between (index_copy, slice_scatter,
+select_scatter, index_put's values of the result's rank: _SAME_ROWS) are first tried as one
+batch s (each put for s; at run time a call is padded only when all its batch inputs have the
+same dim 0, the others run unpadded under their own key: replay/buckets.cc), then each alone.
+Alone, such an op between a batched value and one that is not is refused: its kernel needs the
+two dim 0s equal, and padding would give it one and not the other. Anything
 else (a reduction over the batch, the batch size used as a number, a write into a tensor that is
 not a batch input, an output sized 2*s) refuses buckets for the graph, with the node in the log:
 its calls are captured per size instead, as without capture_sizes.
@@ -60,6 +70,12 @@ _WHOLE_SLICE = {aten.slice.Tensor, aten.slice_scatter.default}  # dim 0 from its
 _ALL_BATCHED = {aten.gather.default, aten.scatter.src, aten.scatter.value, aten.scatter_add.default,
                 aten.scatter_.src, aten.scatter_.value}
 _INDEX_PUT = {aten.index_put.default, aten.index_put_.default}
+# Ops along other dims that copy rows of one operand into another: their kernels need the two
+# dim 0s equal, which their fake kernels do not check, so torch.export may give the two a symbol
+# each (module docstring). index_put's values only when they have the result's rank.
+_SAME_ROWS = {aten.index_copy.default: ("self", "source"), aten.index_copy_.default: ("self", "source"),
+              aten.slice_scatter.default: ("self", "src"), aten.select_scatter.default: ("self", "src"),
+              aten.index_put.default: ("self", "values"), aten.index_put_.default: ("self", "values")}
 _RESHAPES = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}  # may regroup rows
 _KEEP_DIM_0 = {  # views and copies: fine when the result's dim 0 is the batch (checked after)
     aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.expand.default,
@@ -122,9 +138,17 @@ def batch_fields(gm: torch.fx.GraphModule, config: CompilerConfig, name: str) ->
         if s is not None and s not in candidates:
             candidates.append(s)
     why = "no input has a dynamic leading dimension"
-    for symbol in candidates:
+    tries: List[Tuple[Any, ...]] = []  # batches to try: symbols an op ties as one, then each alone
+    try:
+        groups = _tied(gm, candidates)
+    except Exception:  # a graph it does not understand: each symbol alone, which refuses such ops
+        groups = []
+    for s in candidates:
+        tries += [g for g in groups if g[0] == s] + [(s,)]
+    for batch in tries:
+        symbol = batch[0]
         try:
-            found = _check(gm, symbol, list(sizes))
+            found = _check(gm, symbol, list(sizes), {s: symbol for s in batch[1:]})
         except Exception as e:  # a graph this check does not understand: no buckets, not a failure
             found = f"the row check failed: {type(e).__name__}: {e}"
         if isinstance(found, tuple):
@@ -140,8 +164,8 @@ def batch_fields(gm: torch.fx.GraphModule, config: CompilerConfig, name: str) ->
             found = (f"padded rows would be close to eager, not bitwise: {ops} give a row other bits for another "
                      "row count (Note [Rows that stay bitwise]); set config.reduce_overhead.capture_sizes_bitwise = "
                      "False to pad anyway")
-        if symbol is candidates[0]:
-            why = found
+        if batch is tries[0]:
+            why = found if len(batch) == 1 else f"{', '.join(map(str, batch))} as one batch: {found}"
     logger.warning("torchreplay: capture_sizes do not apply to %s (%s); its batch sizes are "
                    "captured one by one", name, why)
     return {}
@@ -154,8 +178,44 @@ def _leading_symbol(v: Any) -> Any:
     return None
 
 
-def _has(v: Any, symbol: Any) -> bool:
-    return isinstance(v, torch.SymInt) and symbol in v.node.expr.free_symbols
+def _expr(v: Any, same: Optional[Dict[Any, Any]] = None) -> Any:
+    """v's expression, the symbols tied to the batch (`same`: symbol -> the batch's) put as it."""
+    expr = v.node.expr
+    return expr.xreplace(same) if same else expr
+
+
+def _has(v: Any, symbol: Any, same: Optional[Dict[Any, Any]] = None) -> bool:
+    return isinstance(v, torch.SymInt) and symbol in _expr(v, same).free_symbols
+
+
+def _tied(gm: torch.fx.GraphModule, candidates: List[Any]) -> List[Tuple[Any, ...]]:
+    """Groups of two or more of the candidate batch symbols that an op of _SAME_ROWS ties: the
+    leading sizes of the two operands it copies rows between (index_copy_ of x (s0, d) into a
+    cache (s1, T, d)), which its kernel needs equal and the graph does not say are (module
+    docstring). In candidate order."""
+    parent = {s: s for s in candidates}
+
+    def root(s: Any) -> Any:
+        while parent[s] is not s:
+            s = parent[s]
+        return s
+
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or n.target not in _SAME_ROWS:
+            continue
+        named = dict(_named_args(n))
+        vals = [named[k].meta.get("val") if isinstance(named[k], torch.fx.Node) else None for k in _SAME_ROWS[n.target]]
+        if not all(isinstance(v, torch.Tensor) and v.dim() == vals[0].dim() > 0 for v in vals):
+            continue  # index_put's values broadcast over the rows
+        leading = {root(s) for v in vals if isinstance(v.shape[0], torch.SymInt)
+                   for s in v.shape[0].node.expr.free_symbols if s in parent}
+        leading = sorted(leading, key=candidates.index)
+        for s in leading[1:]:
+            parent[s] = leading[0]
+    groups: Dict[Any, List[Any]] = {}
+    for s in candidates:
+        groups.setdefault(root(s), []).append(s)
+    return [tuple(g) for g in groups.values() if len(g) > 1]
 
 
 _OTHER = object()  # a value that involves the batch symbol other than as rows of dim 0
@@ -167,9 +227,11 @@ def _rows_per_element(expr: Any, symbol: Any) -> Any:
     return c if rest == symbol and c.is_positive is not False else _OTHER
 
 
-def _check(gm: torch.fx.GraphModule, symbol: Any, sizes: List[int]) -> Any:
+def _check(gm: torch.fx.GraphModule, symbol: Any, sizes: List[int],
+           same: Optional[Dict[Any, Any]] = None) -> Any:
     """The fields for batch symbol `symbol`, or why its rows are not independent (and which
-    nodes' padded rows would be close, not bitwise, for buckets of these sizes)."""
+    nodes' padded rows would be close, not bitwise, for buckets of these sizes). `same`: other
+    symbols taken as this one (symbols an op ties together, module docstring)."""
     # node -> rows of its dim 0 per batch element (c when its dim 0 is c * s: a linear over
     # (n, L, d) runs on (n * L, d), each element owning L rows in a row), None when it does not
     # involve s
@@ -184,15 +246,15 @@ def _check(gm: torch.fx.GraphModule, symbol: Any, sizes: List[int]) -> Any:
             factors = {r for r in each if r is not None}
             return _OTHER if _OTHER in factors or len(factors) > 1 else (factors.pop() if factors else None)
         if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-            return _OTHER if symbol in v.node.expr.free_symbols else None
+            return _OTHER if symbol in _expr(v, same).free_symbols else None
         if not isinstance(v, torch.Tensor):
             return None
         rest = list(v.shape[1:]) + (list(v.stride()) if v.layout == torch.strided else [])
-        if any(_has(d, symbol) for d in rest):
+        if any(_has(d, symbol, same) for d in rest):
             return _OTHER
-        if v.dim() == 0 or not _has(v.shape[0], symbol):
+        if v.dim() == 0 or not _has(v.shape[0], symbol, same):
             return None
-        return _rows_per_element(v.shape[0].node.expr, symbol)
+        return _rows_per_element(_expr(v.shape[0], same), symbol)
 
     index = {p: i for i, p in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
     for n in gm.graph.nodes:
@@ -201,7 +263,7 @@ def _check(gm: torch.fx.GraphModule, symbol: Any, sizes: List[int]) -> Any:
         if n.op == "placeholder":
             if isinstance(val, torch.Tensor) and not (r is None or r == 1):
                 return f"input {n.name} has the batch {symbol} in a size or stride other than dim 0"
-            if isinstance(val, torch.SymInt) and r is _OTHER and val.node.expr != symbol:
+            if isinstance(val, torch.SymInt) and r is _OTHER and _expr(val, same) != symbol:
                 return f"input {n.name} is {val.node.expr}, computed from the batch size"  # set as it is
             batched[n], uses_symbol[n] = (None, True) if r is _OTHER else (r, False)
             continue
@@ -239,7 +301,7 @@ def _check(gm: torch.fx.GraphModule, symbol: Any, sizes: List[int]) -> Any:
                 return f"node {n.name} makes a value sized by the batch {symbol} from nothing batched"
             continue
         named = _named_args(n)
-        why = _row_wise(n, named, batched, uses_symbol, symbol)
+        why = _row_wise(n, named, batched, uses_symbol, symbol, same)
         if why:
             return f"node {n.name} ({target}) {why}"
         if reads_batch and not _rows_bitwise(n, named, [k for k, a in named if isinstance(a, torch.fx.Node)
@@ -260,7 +322,7 @@ def _check(gm: torch.fx.GraphModule, symbol: Any, sizes: List[int]) -> Any:
     outputs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
     fields = dict(batch_inputs=[i for i, p in enumerate(index) if batched[p] is not None],
                   batch_size_inputs=[i for i, v in enumerate(ins)
-                                     if isinstance(v, torch.SymInt) and v.node.expr == symbol],
+                                     if isinstance(v, torch.SymInt) and _expr(v, same) == symbol],
                   batch_outputs=[i for i, o in enumerate(outputs)
                                  if isinstance(o, torch.fx.Node) and batched.get(o) is not None])
     return fields, sorted({str(n.target) for n in close})
@@ -292,7 +354,8 @@ def _named_args(n: torch.fx.Node) -> List[Tuple[str, Any]]:
 
 
 def _row_wise(n: torch.fx.Node, args: List[Tuple[str, Any]], batched: Dict[torch.fx.Node, Any],
-              uses_symbol: Dict[torch.fx.Node, bool], symbol: Any) -> Optional[str]:
+              uses_symbol: Dict[torch.fx.Node, bool], symbol: Any,
+              same: Optional[Dict[Any, Any]] = None) -> Optional[str]:
     """None when node n keeps rows independent, else why not."""
     target = n.target
     out = n.meta.get("val")
@@ -308,7 +371,7 @@ def _row_wise(n: torch.fx.Node, args: List[Tuple[str, Any]], batched: Dict[torch
         for k, e in enumerate(elems):
             if isinstance(e, torch.fx.Node) and uses_symbol.get(e):
                 v = e.meta.get("val")
-                whole = isinstance(v, torch.SymInt) and _rows_per_element(v.node.expr, symbol) is not _OTHER
+                whole = isinstance(v, torch.SymInt) and _rows_per_element(_expr(v, same), symbol) is not _OTHER
                 if not (name in _SIZE_ARGS and k == 0 and whole and isinstance(a, (list, tuple))):
                     return "uses the batch size as a number"
     if target is aten.copy_.default:
@@ -325,12 +388,20 @@ def _row_wise(n: torch.fx.Node, args: List[Tuple[str, Any]], batched: Dict[torch
         values = dict(args)["values"]
         if is_batched(values) and values.meta["val"].dim() != args[0][1].meta["val"].dim():
             return "broadcasts the batch into another dim"
+        v = values.meta.get("val") if isinstance(values, torch.fx.Node) else None
+        if not is_batched(values) and isinstance(v, torch.Tensor) and v.dim() == rank and \
+                isinstance(v.shape[0], torch.SymInt):  # rows sized otherwise, which the kernel needs equal
+            return "writes rows of a value that is not batched into the batch's rows"
         return None
     if row_bits.is_elementwise(target) or target is aten.copy.default:
         for _, a in args:
             if is_batched(a) and a.meta["val"].dim() != rank:
                 return "broadcasts the batch into another dim"
         return None
+    if target in _SAME_ROWS:  # the kernel needs both dim 0s equal: both batched, or neither
+        named = dict(args)
+        if len({is_batched(named[k]) for k in _SAME_ROWS[target]}) != 1:
+            return "copies rows between a batched value and one that is not (of another batch size)"
     if target in _ALONG_DIMS:
         first = next((a for _, a in args if isinstance(a, torch.fx.Node) or isinstance(a, (list, tuple))), None)
         first = first[0] if isinstance(first, (list, tuple)) else first

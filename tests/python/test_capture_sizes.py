@@ -486,3 +486,78 @@ def test_calls_with_a_batch_input_that_is_not_dense_are_not_padded():
                 assert all(torch.equal(g, w) for g, w in zip(got, want)) and torch.equal(y, y_ref), (name, n)
         s = b.stats()[0]
         assert s["cache_entries"] == (1 if name == "dense" else 2), (name, s)   # dense: 3 and 2 padded to 4
+
+
+class _CacheWrite(nn.Module):
+    """A decode step writing each row's new entry into its row of a KV cache passed in."""
+
+    def forward(self, x, pos, cache):
+        cache.index_copy_(1, pos, x[:, None] * 2)
+        return cache * 3
+
+
+def _capture_with_buckets(model, example):
+    cfg = torchreplay.CompilerConfig()
+    cfg.mode = "reduce-overhead"
+    cfg.reduce_overhead.capture_sizes = [1, 2, 4, 8]
+    return torchreplay.capture(model, example, config=cfg, dynamic=True)
+
+
+def _cache_call(n, seed, rows=None):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(n, 4, generator=g), torch.tensor([seed % 6]),
+            torch.randn(n if rows is None else rows, 6, 4, generator=g))
+
+
+@torch.no_grad()
+def test_capture_pads_together_two_batch_symbols_that_an_op_ties():
+    """torch.export gives x (B, d) and the per-row cache (B, T, d) that index_copy_ writes it into
+    a batch symbol each: the graph says nothing of their being equal, only the kernel requires it.
+    Padding one and not the other made every batch off the bucket list fail ("Source/destination
+    tensor must have same slice shapes"); the two are one batch (Note [Capture sizes]): padded
+    together, replayed from the bucket's capture, bitwise eager's, and a call where they differ is
+    not padded and raises eager's own error."""
+    from differential import assert_bitwise
+    model = _CacheWrite()
+    step = _capture_with_buckets(model, _cache_call(4, 0))
+    for i, n in enumerate([3, 5, 6, 7, 3, 5, 6, 7, 3, 4]):
+        args, ref = _cache_call(n, i), _cache_call(n, i)
+        got, want = step(*args), model(*ref)
+        assert_bitwise(got, want, f"call {i} (batch {n})", requires_grad=False)
+        assert_bitwise(args[2], ref[2], f"call {i} (batch {n}): the cache", requires_grad=False)
+    s = step.stats()
+    # 3 padded to 4, 5, 6 and 7 to 8: two keys (4 and 8), each warmed up once, then captured
+    # (a capture replays too) and replayed
+    assert s["captures"] == 2 and s["cache_entries"] == 2 and s["eager_fallbacks"] == 0 and s["errors"] == 0, s
+    assert s["warmups"] == 2 and s["replays"] == 10 - 2, s
+    with pytest.raises(RuntimeError) as eager_error:
+        model(*_cache_call(3, 0, rows=5))
+    with pytest.raises(RuntimeError) as ours:
+        step(*_cache_call(3, 0, rows=5))
+    assert str(eager_error.value) in str(ours.value), (ours.value, eager_error.value)
+    args, ref = _cache_call(5, 1), _cache_call(5, 1)
+    assert_bitwise(step(*args), model(*ref), "after the error", requires_grad=False)
+
+
+@torch.no_grad()
+def test_a_cache_written_from_rows_of_another_batch_size_is_not_padded_alone(replay_log):
+    """When the two batch symbols cannot be one batch (here x's rows are also summed over), the
+    cache's symbol alone is refused too: its rows are written from x's, which padding would not
+    give it. Every size is captured on its own, with the reason logged, and right."""
+    from differential import assert_bitwise
+
+    class WriteAndSum(nn.Module):
+        def forward(self, x, pos, cache):
+            cache.index_copy_(1, pos, x[:, None] * 2)
+            return cache * 3, x.sum(0)
+
+    model = WriteAndSum()
+    with replay_log.at_level(logging.WARNING, logger="torchreplay"):
+        step = _capture_with_buckets(model, _cache_call(4, 0))
+    assert "capture_sizes do not apply" in replay_log.text
+    for i, n in enumerate([3, 3, 3, 5, 5, 5]):
+        args, ref = _cache_call(n, i), _cache_call(n, i)
+        assert_bitwise(step(*args), model(*ref), f"call {i} (batch {n})", requires_grad=False)
+        assert_bitwise(args[2], ref[2], f"call {i}: the cache", requires_grad=False)
+    s = step.stats()
+    assert s["captures"] == 2 and s["cache_entries"] == 2 and s["replays"] == 4 and s["errors"] == 0, s  # keys 3, 5
