@@ -486,43 +486,123 @@ Kernel KernelOf(const Instr& in) {
   }
 }
 
-// Elements [b, e) of a segment's iteration space (linear indices, first dim fastest), piece by
-// piece as TensorIterator's serial_for_each hands them to a kernel's loop: each piece lies in one
-// row and is one vectorized_loop call, with its own scalar tail.
-void RunRange(const Program& program, const Segment& seg, char* const* base, int64_t b, int64_t e,
-              std::atomic<bool>* inexact) {
+// Elements [from, to) of the piece that starts at linear index `start` (first dim fastest) and is
+// `len` long: one row's run, as TensorIterator's serial_for_each hands it to a kernel's loop,
+// which is one vectorized_loop call with its own scalar tail. `from` is a multiple of kChunk (so
+// of every vector block), so each element takes the path it takes in the whole piece.
+void RunPiece(const Program& program, const Segment& seg, char* const* base, int64_t start, int64_t len,
+              int64_t from, int64_t to, std::atomic<bool>* inexact) {
   const Instr& shape = program.instrs[seg.first];  // every instruction of a segment has its shape
-  const int64_t row_len = shape.shape[0];
-  Cursor c[kMaxSegment];
-  // The index of the current row in dims 1.. (TensorIterator's counter), advanced row by row.
-  int64_t index[kMaxDims] = {};
-  int64_t col = b % row_len;
-  for (int64_t d = 1, rest = b / row_len; d < shape.ndim; ++d) {
+  const int64_t col = start % shape.shape[0];
+  int64_t index[kMaxDims] = {};  // the row's index in dims 1..
+  for (int64_t d = 1, rest = start / shape.shape[0]; d < shape.ndim; ++d) {
     index[d] = rest % shape.shape[d];
     rest /= shape.shape[d];
   }
-  for (int64_t i = b; i < e;) {
-    const int64_t len = std::min(e - i, row_len - col);
-    for (int j = 0; j < seg.count; ++j) {
-      const Instr& in = program.instrs[seg.first + j];
-      for (int k = 0; k <= in.num_inputs; ++k) {
-        int64_t offset = col * in.strides[k][0];
-        for (int d = 1; d < in.ndim; ++d) offset += index[d] * in.strides[k][d];
-        c[j].p[k] = base[in.operand[k]] + offset;
-        c[j].s[k] = in.strides[k][0];
-      }
-      c[j].inexact = inexact;
+  Cursor c[kMaxSegment];
+  for (int j = 0; j < seg.count; ++j) {
+    const Instr& in = program.instrs[seg.first + j];
+    for (int k = 0; k <= in.num_inputs; ++k) {
+      int64_t offset = col * in.strides[k][0];
+      for (int d = 1; d < in.ndim; ++d) offset += index[d] * in.strides[k][d];
+      c[j].p[k] = base[in.operand[k]] + offset;
+      c[j].s[k] = in.strides[k][0];
     }
-    for (int64_t from = 0; from < len; from += kChunk) {
-      const int64_t to = std::min(len, from + kChunk);
-      for (int j = 0; j < seg.count; ++j) {
-        program.kernels[seg.first + j](program.instrs[seg.first + j], c[j], len, from, to);
-      }
-    }
-    i += len;
-    col = 0;
-    for (int d = 1; d < shape.ndim && ++index[d] == shape.shape[d]; ++d) index[d] = 0;
+    c[j].inexact = inexact;
   }
+  for (; from < to; from += kChunk) {
+    const int64_t end = std::min(to, from + kChunk);
+    for (int j = 0; j < seg.count; ++j) {
+      program.kernels[seg.first + j](program.instrs[seg.first + j], c[j], len, from, end);
+    }
+  }
+}
+
+// Calls f(start, len) for each piece eager's loop over elements [b, e) makes: a row's run, cut
+// where the range begins or ends.
+template <class F>
+void ForEachPiece(const Instr& shape, int64_t b, int64_t e, const F& f) {
+  const int64_t row_len = shape.shape[0];
+  for (int64_t i = b; i < e;) {
+    const int64_t len = std::min(e - i, row_len - i % row_len);
+    f(i, len);
+    i += len;
+  }
+}
+
+// The ranges eager's kernel loops run over: TensorIterator::for_each is serial below the grain
+// or on one thread, else at::parallel_for cuts [0, numel) as ParallelOpenMP.h's invoke_parallel
+// does (min(threads, numel / grain) chunks of ceil(numel / chunks) elements).
+std::vector<std::pair<int64_t, int64_t>> EagerRanges(int64_t numel, int threads) {
+  if (numel < kGrainSize || threads == 1) return {{0, numel}};
+  const int64_t chunks = std::min<int64_t>(threads, (numel + kGrainSize - 1) / kGrainSize);
+  const int64_t size = (numel + chunks - 1) / chunks;
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (int64_t b = 0; b < numel; b += size) ranges.emplace_back(b, std::min(numel, b + size));
+  return ranges;
+}
+
+// Note [Fused steps on ATen's threads]
+// Eager runs each op of a chain over all threads (ATen's vml ops from 2048 elements on, the
+// others from 32768), so a fused step on one thread loses to it on large tensors however much
+// memory traffic it saves. The step is cut over the threads too, without changing any element's
+// bits: the pieces are the ones eager's loops see (EagerRanges, then rows), each element keeps
+// its place in its piece (vector body or scalar tail), and only the work is shared out: whole
+// pieces, or parts of a long piece at multiples of kChunk. Work items of about equal size go to
+// at::parallel_for; below kParallelWork element-ops the step stays on the calling thread.
+constexpr int64_t kParallelWork = 32768;
+
+// A share of a segment's work: whole pieces over elements [b, e), or elements [b, e) of the one
+// piece at `start`, `len` long.
+struct Item {
+  bool whole;
+  int64_t b, e, start, len;
+};
+
+void RunSegment(const Program& program, const Segment& seg, char* const* base, std::atomic<bool>* inexact) {
+  const Instr& shape = program.instrs[seg.first];
+  const int threads = at::get_num_threads();
+  const auto ranges = EagerRanges(shape.numel, threads);
+  const auto run_whole = [&](int64_t b, int64_t e) {
+    ForEachPiece(shape, b, e, [&](int64_t start, int64_t len) {
+      RunPiece(program, seg, base, start, len, 0, len, inexact);
+    });
+  };
+  if (threads == 1 || shape.numel * seg.count < kParallelWork || at::in_parallel_region()) {
+    for (const auto& [b, e] : ranges) run_whole(b, e);
+    return;
+  }
+  // About four items per thread, each at least kChunk elements.
+  const int64_t target = std::max<int64_t>(kChunk, shape.numel / (4 * threads) / kChunk * kChunk);
+  std::vector<Item> items;
+  for (const auto& [b, e] : ranges) {
+    int64_t group = b;  // whole pieces not yet in an item: [group, start)
+    ForEachPiece(shape, b, e, [&](int64_t start, int64_t len) {
+      if (len < target) {
+        if (start + len - group >= target) {
+          items.push_back({true, group, start + len, 0, 0});
+          group = start + len;
+        }
+        return;
+      }
+      if (group < start) items.push_back({true, group, start, 0, 0});
+      for (int64_t from = 0; from < len; from += target) {
+        items.push_back({false, from, std::min(len, from + target), start, len});
+      }
+      group = start + len;
+    });
+    if (group < e) items.push_back({true, group, e, 0, 0});  // never across eager's ranges
+  }
+  at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t b, int64_t e) {
+    for (int64_t k = b; k < e; ++k) {
+      const Item& it = items[k];
+      if (it.whole) {
+        run_whole(it.b, it.e);
+      } else {
+        RunPiece(program, seg, base, it.start, it.len, it.b, it.e, inexact);
+      }
+    }
+  });
 }
 
 }  // namespace
@@ -568,17 +648,7 @@ const char* OpName(Op op) {
 
 bool Run(const Program& program, char* const* base) {
   std::atomic<bool> inexact{false};
-  for (const Segment& seg : program.segments) {
-    const int64_t numel = program.instrs[seg.first].numel;
-    // As TensorIterator::for_each: serial below the grain or on one thread, else the chunks
-    // at::parallel_for makes, each walked as eager walks it.
-    if (numel < kGrainSize || at::get_num_threads() == 1) {
-      RunRange(program, seg, base, 0, numel, &inexact);
-    } else {
-      at::parallel_for(0, numel, kGrainSize,
-                       [&](int64_t b, int64_t e) { RunRange(program, seg, base, b, e, &inexact); });
-    }
-  }
+  for (const Segment& seg : program.segments) RunSegment(program, seg, base, &inexact);
   return !inexact.load(std::memory_order_relaxed);
 }
 
