@@ -7,6 +7,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/TensorImpl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <optional>
@@ -80,8 +81,13 @@ class KernelTape final : public CapturedGraph {
   struct Output {
     c10::IValue constant;  // when slot < 0
     int slot = -1;
+    int input = -1;   // the graph input it views, if any (Note [Outputs that view an input])
+    int itself = -1;  // the graph input it is (through in-place results), if any: the call's own
   };
+  // Gives each output that views an input that input's version counter.
+  void ShareVersionCounters(const std::vector<c10::IValue>& inputs, std::vector<c10::IValue>* outputs) const;
   std::vector<Output> outputs_;
+  bool views_inputs_ = false;  // some output views an input (Output::input)
   std::vector<bool> output_in_pool_;
   std::vector<c10::IValue> slots_;
   // Per collective step: its work while in flight (Note [Collective steps]); a failed call waits
@@ -199,13 +205,41 @@ absl::Status KernelTape::Run(const std::vector<c10::IValue>& inputs,
   }
   if (status.ok()) {
     outputs->clear();
-    for (const Output& o : outputs_) outputs->push_back(o.slot < 0 ? o.constant : slots_[o.slot]);
+    for (const Output& o : outputs_) {
+      outputs->push_back(o.itself >= 0 ? inputs[o.itself] : o.slot < 0 ? o.constant : slots_[o.slot]);
+    }
+    if (views_inputs_) ShareVersionCounters(inputs, outputs);
     current = nullptr;
   }
   // A failed call drops its tensors (inputs, intermediates, list arguments) as a successful one
   // does, instead of keeping them alive until the next call.
   DropCallValues(current);
   return status;
+}
+
+// Note [Outputs that view an input]
+// In eager a view shares its base's version counter, so an in-place change of an input after the
+// call shows in every output that views it, and autograd's check of its saved tensors sees it (a
+// backward that reads such a view raises "modified by an inplace operation"). The tape
+// redispatches below autograd, where some view kernels (view, alias, _unsafe_view) make a plain
+// TensorImpl over the input's storage with a version counter of its own: an output that is one
+// (a view of an input that a training graph saves for its backward) would let such a change pass
+// unseen and the backward read the changed values. So each output whose recorded root is a graph
+// input gets that input's counter on every call, as the interpreter's (eager's) views have. An
+// output that is a graph input itself (through in-place results) is the call's own tensor, never
+// the one a capture baked in: a parameter saved for the backward, replaced by another
+// nn.Parameter over the same memory, is still the one the caller changes. Outputs in the pool
+// share their buffer's counter instead (Note [Handed-out outputs], replay/handout.h).
+void KernelTape::ShareVersionCounters(const std::vector<c10::IValue>& inputs,
+                                      std::vector<c10::IValue>* outputs) const {
+  for (size_t i = 0; i < outputs_.size(); ++i) {
+    const int j = outputs_[i].input;
+    if (j < 0 || j >= static_cast<int>(inputs.size()) || !inputs[j].isTensor() || !(*outputs)[i].isTensor()) continue;
+    c10::TensorImpl* out = (*outputs)[i].toTensor().unsafeGetTensorImpl();
+    c10::TensorImpl* in = inputs[j].toTensor().unsafeGetTensorImpl();
+    if (out == nullptr || in == nullptr || out == in || out->is_inference() || in->is_inference()) continue;
+    out->set_version_counter(in->version_counter());
+  }
 }
 
 void KernelTape::DropCallValues(Step* failed) {
@@ -810,6 +844,20 @@ absl::StatusOr<std::unique_ptr<CapturedGraph>> CaptureKernelTape(
         out.slot = v.slot;
       }
       pool = v.in_arena;
+      // The value itself, through in-place results: an input returned as it is keeps its counter.
+      ValueId self = a.value;
+      while (plan->values[self].same_as >= 0) self = plan->values[self].same_as;
+      const ValueId root = rec.values[a.value].root_or(a.value);
+      const auto itself = std::find(g.inputs().begin(), g.inputs().end(), self);
+      const bool is_input = itself != g.inputs().end();
+      if (is_input && !pool && rec.values[a.value].is_tensor) out.itself = static_cast<int>(itself - g.inputs().begin());
+      if (!pool && rec.values[a.value].is_tensor && !rec.values[a.value].is_list && root != a.value && !is_input) {
+        const auto in = std::find(g.inputs().begin(), g.inputs().end(), root);
+        if (in != g.inputs().end()) {
+          out.input = static_cast<int>(in - g.inputs().begin());
+          tape->views_inputs_ = true;
+        }
+      }
     } else {
       out.constant = a.constant;
     }

@@ -60,15 +60,33 @@ bool ReadBy(const std::vector<c10::IValue>& inputs, const c10::StorageImpl* s) {
 
 void Handout::HandOut(const capture::CapturedGraph& graph, bool clone,
                       std::vector<c10::IValue>& outs) {
-  // `made` holds this call's storages, for outputs that share a buffer.
-  absl::InlinedVector<std::pair<const char*, c10::intrusive_ptr<c10::StorageImpl>>, 4> made;
+  // `made` holds this call's storages, one per pool buffer, for the outputs that share it, with
+  // the first tensor handed out over it, whose version counter they share (if of the same pool
+  // StorageImpl: two empty buffers may start at one address). `given`: each pool tensor handed out
+  // (alive while a later output still holds it: compared by address only) and its output.
+  struct Made {
+    const char* base;
+    const c10::StorageImpl* pool;
+    c10::intrusive_ptr<c10::StorageImpl> storage;
+    c10::TensorImpl* first;
+  };
+  absl::InlinedVector<Made, 4> made;
+  absl::InlinedVector<std::pair<const c10::TensorImpl*, size_t>, 8> given;
   for (size_t i = 0; i < outs.size(); ++i) {
     if (!graph.OutputInPool(i) || !outs[i].isTensor() || !outs[i].toTensor().defined()) continue;
     const at::Tensor& t = outs[i].toTensor();
     const c10::StorageImpl* pool = t.storage().unsafeGetStorageImpl();
     const char* base = static_cast<const char*>(pool->data());
-    auto same = std::find_if(made.begin(), made.end(), [&](const auto& m) { return m.first == base; });
-    if (same == made.end()) {
+    auto same = std::find_if(made.begin(), made.end(), [&](const Made& m) { return m.base == base; });
+    if (same != made.end()) {
+      // The same value returned twice (an output the backward also saves): the same tensor.
+      auto again = std::find_if(given.begin(), given.end(),
+                                [&](const auto& g) { return g.first == t.unsafeGetTensorImpl(); });
+      if (again != given.end()) {
+        outs[i] = outs[again->second];
+        continue;
+      }
+    } else {
       auto storage = c10::make_intrusive<c10::StorageImpl>(
           c10::StorageImpl::use_byte_size_t(), pool->nbytes(),
           c10::DataPtr(const_cast<char*>(base), /*ctx=*/nullptr, &PoolMemory, t.device()), nullptr,
@@ -79,11 +97,17 @@ void Handout::HandOut(const capture::CapturedGraph& graph, bool clone,
         handed_out_.emplace_back(storage);
         size_.store(static_cast<int64_t>(handed_out_.size()), std::memory_order_relaxed);
       }
-      made.emplace_back(base, std::move(storage));
+      made.push_back(Made{base, pool, std::move(storage), nullptr});
       same = made.end() - 1;
     }
-    auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(same->second), t.key_set(), t.dtype());
+    auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(same->storage), t.key_set(), t.dtype());
     impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+    if (same->first == nullptr) {
+      same->first = impl.get();
+    } else if (same->pool == pool) {  // views of one buffer: one version counter, as eager's views
+      impl->set_version_counter(same->first->version_counter());
+    }
+    given.emplace_back(t.unsafeGetTensorImpl(), i);
     outs[i] = at::Tensor(std::move(impl));
   }
 }

@@ -30,7 +30,11 @@ struct CopyCounts {
 // a new StorageImpl over the buffer's bytes, Note [One storage per buffer]), aliasing the pool:
 // the caller sees what eager would give (a tensor at offset 0 of its own storage, views of one
 // buffer sharing it), so an output fed back as the next input has the same guard key as a fresh
-// tensor. Before the pool is reused (the next capture or replay of any key on this thread, a
+// tensor. As in eager, a value returned twice is one tensor (a training forward returns an output
+// the backward reads both as the output and as a saved tensor), and the outputs of one buffer
+// share one version counter, as views of one base do: autograd's saved tensors check that counter,
+// so an in-place change of an output before the backward raises as in eager instead of going
+// unseen (a saved tensor with a counter of its own). Before the pool is reused (the next capture or replay of any key on this thread, a
 // padded call, an eviction that shrinks the pool, a profile), every handed-out storage still
 // alive is
 //   - copied out, given memory of its own with the same bytes, if this call reads it (an output

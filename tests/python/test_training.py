@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 from configs import backend
 from differential import (  # noqa: F401 (recompile_limits is autouse)
-    recompile_limits, RO_VARIANTS, gen, total, rn, ri, mlp, xy, step_basic, step_with, train_compare, TinyTokens)
+    recompile_limits, RO_VARIANTS, gen, total, rn, ri, mlp, xy, step_basic, step_with, train_compare, TinyTokens,
+    engine_for)
 
 
 @pytest.mark.parametrize("act", [nn.ReLU, nn.GELU, nn.Tanh, nn.SiLU], ids=["relu", "gelu", "tanh", "silu"])
@@ -451,3 +452,134 @@ def test_train_gradients_read_and_scaled_by_other_compiled_functions_stay_curren
         for (n, pe), pm in zip(eager.named_parameters(), model.parameters()):
             assert torch.equal(pm.grad, pe.grad), (i, n)
     assert all(s["replays"] >= 2 for s in b.stats()), b.stats()
+
+
+def _assert_bits(got, want, what):
+    """float32 tensors equal bit for bit (-0.0 is not 0.0): dtype, shape and integer views."""
+    assert got.dtype == want.dtype == torch.float32 and got.shape == want.shape, (what, got.dtype, got.shape)
+    assert torch.equal(got.detach().contiguous().view(torch.int32), want.detach().contiguous().view(torch.int32)), what
+
+
+class _SigmoidHead(nn.Module):
+    """sigmoid's backward reads its result: the graph saves its own output for the backward."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 4)
+
+    def forward(self, x):
+        return torch.sigmoid(self.lin(x))
+
+
+class _FlattenedInput(nn.Module):
+    """The linear's weight gradient reads x.view(...): the graph saves a view of its input."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 4)
+
+    def forward(self, x):
+        return torch.tanh(self.lin(x.view(-1, 6)))
+
+
+class _RightWeight(nn.Module):
+    """x @ w: the input's gradient reads w, a parameter the graph saves as it is."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(6, 4))
+
+    def forward(self, x):
+        return torch.tanh(x @ self.w)
+
+
+def _replace_w(m):
+    m.w = nn.Parameter(m.w.data)  # another nn.Parameter over the same memory: no new capture
+
+
+def _scale_w(m):
+    with torch.no_grad():
+        m.w.mul_(2)
+
+
+# (model, input shape, whether the input requires grad, what is done before the forward, the
+# in-place change made between the forward and the backward)
+_CHANGED_BEFORE_BACKWARD = {
+    "output_mul_": (_SigmoidHead, (8, 6), False, None, lambda m, x, out: out.mul_(2)),
+    "output_row_zero_": (_SigmoidHead, (8, 6), False, None, lambda m, x, out: out[0].zero_()),
+    "input_under_a_saved_view": (_FlattenedInput, (8, 2, 3), False, None, lambda m, x, out: x.mul_(2)),
+    "replaced_parameter": (_RightWeight, (8, 6), True, _replace_w, lambda m, x, out: _scale_w(m)),
+}
+
+
+@pytest.mark.parametrize("path", ["direct", "wrapper"])
+@pytest.mark.parametrize("ro", list(RO_VARIANTS))
+@pytest.mark.parametrize("case", list(_CHANGED_BEFORE_BACKWARD))
+def test_train_tensor_saved_for_backward_changed_in_place_raises_on_every_call(case, ro, path):
+    """A tensor the backward reads (the graph's own output, a view of its input, a parameter
+    replaced by another over the same memory) changed in place between the forward and the
+    backward: eager and aot_eager raise autograd's error on every call, and so must warm-up,
+    capture and replay (Note [Handed-out outputs]: outputs of one value are one tensor, outputs of
+    one buffer share its version counter; Note [Outputs that view an input]), through the
+    TrainingCall and through AOTAutograd's wrapper, with and without clone_outputs. A call with no
+    change gives eager's gradient bits."""
+    make, shape, x_grad, before, change = _CHANGED_BEFORE_BACKWARD[case]
+    torch.manual_seed(7)
+    eager = make()
+    model, reference = copy.deepcopy(eager), copy.deepcopy(eager)
+    b = backend(**RO_VARIANTS[ro])
+    b.direct_training = path == "direct"
+    runs = [("eager", eager, eager), ("aot_eager", reference, torch.compile(reference, backend="aot_eager")),
+            ("torchreplay", model, torch.compile(model, backend=b))]
+    for i in range(5):
+        for what, m, f in runs:
+            x = rn(gen(60 + i), *shape).requires_grad_(x_grad)
+            m.zero_grad(set_to_none=True)
+            if before is not None:
+                before(m)
+            out = f(x)
+            change(m, x, out)
+            with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                out.sum().backward()
+            assert all(p.grad is None for p in m.parameters()) and x.grad is None, (what, i)
+        grads = []
+        for what, m, f in runs:
+            m.zero_grad(set_to_none=True)
+            x = rn(gen(80 + i), *shape).requires_grad_(x_grad)
+            f(x).sum().backward()
+            grads.append([p.grad for p in m.parameters()] + [x.grad])
+        for k, (want, got) in enumerate(zip(grads[0], grads[2])):
+            assert (got is None) == (want is None), (i, k)
+            if want is not None:
+                _assert_bits(got, want, f"call {i}: gradient {k}")
+    assert b.call_paths and all((p == "direct") == (path == "direct") for p in _training_paths(b).values()), \
+        b.call_paths
+    replays = {s["name"].split(".")[-1]: s["replays"] for s in b.stats()}
+    assert replays["forward"] >= 7 and replays["backward"] >= 3, replays
+
+
+@pytest.mark.parametrize("clone", [False, True], ids=["views", "clone_outputs"])
+def test_outputs_share_version_counters_as_eager_views_do(clone):
+    """What autograd's saved-tensor check reads, at the engine: a value returned twice is one
+    tensor, outputs that view one buffer share its version counter, and an output that views an
+    input shares the input's (as eager's views do), on every call: warm-up, capture and replay."""
+    def fn(x, w):
+        s = torch.sigmoid(x @ w)
+        return s, s, s.t(), x.view(-1), w.t()
+
+    x, w = torch.randn(3, 4), torch.randn(4, 4)
+    engine = engine_for(fn, [x, w], mode="reduce-overhead", clone_outputs=clone)
+    for i in range(4):
+        x, w = torch.randn(3, 4), torch.randn(4, 4)
+        s, again, st, xv, wt = engine.run([x, w])
+        want = fn(x, w)
+        for k, (g, e) in enumerate(zip((s, again, st, xv, wt), want)):
+            _assert_bits(g, e, f"call {i}: output {k}")
+        before = (again._version, st._version, xv._version, wt._version)
+        s.mul_(2)
+        x.add_(1)
+        w.add_(1)
+        for k, (what, t) in enumerate((("s again", again), ("s.t()", st), ("x.view(-1)", xv), ("w.t()", wt))):
+            assert t._version == before[k] + 1, (i, what)
+        assert again is s, i
+    assert engine.stats()["replays"] >= 2
