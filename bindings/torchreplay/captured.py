@@ -636,6 +636,7 @@ def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Option
     constants = {i: a for i, a in enumerate(flat_args) if not isinstance(a, values)}
     leaves = tuple(a for i, a in enumerate(flat_args) if i not in constants)
     traced = _Flat(module, in_spec, constants, len(flat_args))
+    names = _argument_names(module, model, flat_args, in_spec)
     if getattr(_tracing, "active", False):
         raise RuntimeError("torchreplay.capture: called while another capture is tracing its model (from inside "
                            "that model's forward?); torch.export does not nest: capture the inner model first, "
@@ -651,7 +652,8 @@ def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Option
                                               "is not supported; capture once per shape")
                 program = _trace_subclassed(traced, leaves, decompositions)
             else:
-                program = _trace_exported(traced, leaves, dynamic, decompositions)
+                program = _trace_exported(traced, leaves, dynamic, decompositions,
+                                          [f"argument '{n}'" for i, n in enumerate(names) if i not in constants])
         finally:
             _tracing.active = False
     gm, bound, bound_names = program.gm, program.bound, program.bound_names
@@ -670,7 +672,6 @@ def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Option
 
     name = f"c{next(_capture_ids)}.{type(module).__name__ if module is model else getattr(model, '__name__', 'fn')}"
     batch = batch_fields(gm, config, name) if dynamic else {}
-    names = _argument_names(module, model, flat_args, in_spec)
     input_names = [b.split("'")[1] if "'" in b else b for b in bound_names] + \
         [n for i, n in enumerate(names) if i not in constants]
     with torch._subclasses.fake_tensor.unset_fake_temporarily():
@@ -709,22 +710,34 @@ def _bound_name(kind: str, target: str) -> str:
 
 
 def _trace_exported(traced: "_Flat", leaves: Tuple[Any, ...], dynamic: bool,
-                    decompositions: Optional[Dict[Any, Callable]]) -> _Program:
+                    decompositions: Optional[Dict[Any, Callable]], leaf_names: Sequence[str]) -> _Program:
     """torch.export's trace (non-strict), decomposed; the writes to buffers and inputs put back
-    into the graph (_writes_back)."""
+    into the graph (_writes_back). `leaf_names`: what errors call the arguments."""
     dynamic_shapes = None
     if dynamic:  # every dimension of every tensor (one entry: forward's *leaves)
         dynamic_shapes = (tuple({d: torch.export.Dim.AUTO for d in range(a.dim())} if isinstance(a, torch.Tensor)
                                 else None for a in leaves),)
-    with _RandomStateWatch() as rng, torch.no_grad():
-        ep = torch.export.export(traced, leaves, dynamic_shapes=dynamic_shapes, strict=False)
+    state = dict(traced.named_parameters(remove_duplicate=False))
+    buffers = dict(traced.named_buffers(remove_duplicate=False))
+    state.update(buffers)
+    # every input as errors call it, for Note [Inputs that share memory]
+    inputs = [(_bound_name("buffer" if k in buffers else "parameter", k), t) for k, t in state.items()] + \
+        [(n, a) for n, a in zip(leaf_names, leaves) if isinstance(a, torch.Tensor)]
+    try:
+        with _RandomStateWatch() as rng, torch.no_grad():
+            ep = torch.export.export(traced, leaves, dynamic_shapes=dynamic_shapes, strict=False)
+    except Exception as e:
+        _refuse_shared_memory(inputs, (), e)
+        raise
     rng.check()
-    with torch.no_grad():
-        ep = ep.run_decompositions(_decompositions(decompositions))
+    try:
+        with torch.no_grad():
+            ep = ep.run_decompositions(_decompositions(decompositions))
+    except Exception as e:
+        _refuse_shared_memory(inputs, _written_by(ep, leaves, leaf_names), e)
+        raise
     gm = ep.graph_module
     num_outputs = _writes_back(ep, gm)
-    state = dict(traced.named_parameters(remove_duplicate=False))
-    state.update(traced.named_buffers(remove_duplicate=False))
     bound: List[Any] = []
     bound_names: List[str] = []  # as the caller knows them: "parameter 'fc1.weight'"
     user_specs = []
@@ -745,6 +758,85 @@ def _trace_exported(traced: "_Flat", leaves: Tuple[Any, ...], dynamic: bool,
     mutated = [k for k, spec in enumerate(user_specs) if spec.arg.name in mutated_names]
     return _Program(gm, bound, bound_names, mutated, num_outputs, ep.call_spec.out_spec, ep.range_constraints,
                     [None] * len(bound))
+
+
+# Note [Inputs that share memory]
+# Two of a model's inputs (buffers, parameters, arguments) may be views of one memory: buffers
+# registered as a tensor and a slice or view of it, an argument passed twice or over a buffer's
+# memory. When the model writes one of them where the other overlaps it, torch.export (2.11)
+# cannot trace it: its decomposition step (AOTAutograd's export) has no graph for inputs that
+# alias and are written ("expected compiled_fn to be GraphModule, got <class 'function'>"), and
+# an argument over a buffer's memory fails in its fake tensors where written, or where it views the
+# whole buffer (a view of it with its very sizes) even when only read. torch.compile takes such a model
+# (AOTAutograd's runtime wrapper gives the graph their common base; bitwise eager's, replayed:
+# tests/python/test_capture.py). So a trace that fails where two inputs overlap (in their
+# elements' bytes, not only their storage: disjoint slices of one tensor trace) is refused with
+# an error naming them and the one written (found in export's graph before its decompositions,
+# when there is one), saying what to do, and quoting export's error (should the overlap not be
+# its cause). Inputs that overlap where the trace does not fail (arguments read, not written)
+# trace as any others; later calls that overlap a written argument are refused per call
+# (replay/trace_checks.h).
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a and b may share an element: one storage and intersecting byte ranges."""
+    if a.layout != torch.strided or b.layout != torch.strided or a.device != b.device or \
+            a.numel() == 0 or b.numel() == 0:
+        return False
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+
+    def span(t: torch.Tensor) -> Tuple[int, int]:
+        start = t.storage_offset() * t.element_size()
+        last = sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 1)
+        return start, start + (last + 1) * t.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
+
+
+def _written_by(ep: ExportedProgram, leaves: Sequence[Any], leaf_names: Sequence[str]) -> List[str]:
+    """The names (as _trace_exported's `inputs` give them) of the inputs that export's graph (before
+    its decompositions: in-place ops on views of its inputs) writes."""
+    from .passes import _root
+    placeholders = [n for n in ep.graph.nodes if n.op == "placeholder"]
+    named = {}
+    buffers = set(ep.graph_signature.buffers)
+    leaf = iter(zip(leaf_names, leaves))
+    for n, spec in zip(placeholders, ep.graph_signature.input_specs):
+        if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
+            named[n] = _bound_name("buffer" if spec.target in buffers else "parameter", spec.target)
+        elif spec.kind == InputKind.USER_INPUT:
+            named[n] = next(leaf, ("", None))[0]
+    written = []
+    for n in ep.graph.nodes:
+        if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
+            continue
+        for formal, a in zip(n.target._schema.arguments, n.args):
+            if formal.alias_info is not None and formal.alias_info.is_write and isinstance(a, torch.fx.Node):
+                root = _root(a)
+                if root in named and named[root] not in written:
+                    written.append(named[root])
+    return written
+
+
+def _refuse_shared_memory(inputs: Sequence[Tuple[str, Any]], written: Sequence[str], error: Exception) -> None:
+    """Raises the error of Note [Inputs that share memory] for the trace's `error` if two of
+    `inputs` ((name, tensor)) overlap: a pair with one of them `written` first."""
+    pairs = [(name, other, t is u or (t.storage_offset(), t.shape, t.stride()) == (u.storage_offset(), u.shape, u.stride()))
+             for i, (name, t) in enumerate(inputs) for other, u in inputs[i + 1:] if _overlap(t, u)]
+    if not pairs:
+        return
+    pairs.sort(key=lambda p: p[0] not in written and p[1] not in written)
+    name, other, same = pairs[0]
+    which = [n for n in (name, other) if n in written]
+    what = f"{name} and {other} are the same memory" if same else f"{name} and {other} share memory"
+    writes = f", and the model writes {'it' if same else ' and '.join(which)}" if which else ""
+    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    raise NotImplementedError(
+        f"torchreplay.capture: {what}{writes}; torch.export cannot trace inputs that overlap where one is written "
+        f"(nor an argument that views a whole buffer), and failed with {type(error).__name__}: {first}. Compile the "
+        "model instead: torch.compile(model, backend=torchreplay.get_backend(...)) takes it (AOTAutograd gives "
+        "the graph their common base); or keep one of them and take the other as a view of it inside forward, "
+        "or give each memory of its own (clone). Note [Inputs that share memory] in captured.py") from error
 
 
 def _dtensors(module: torch.nn.Module, leaves: Sequence[Any]) -> bool:
