@@ -12,6 +12,7 @@ from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 
+from differential import bitwise_diff
 from torchreplay import _C
 
 C = 8   # columns
@@ -257,18 +258,6 @@ def make_inputs(rng: torch.Generator, r: int, w: torch.Tensor, device: str = "cp
     return [x, y, w, idx, r]
 
 
-def bits(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's bit pattern, so NaNs compare equal to themselves."""
-    t = t.contiguous()
-    if t.dtype == torch.float32:
-        return t.view(torch.int32)
-    if t.dtype == torch.float64:
-        return t.view(torch.int64)
-    return t
-
-
 def bitwise_equal(a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return (a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
-                and torch.equal(bits(a), bits(b)))
-    return a == b
+    """a is b bit for bit (differential.bitwise_diff: dtype, shape, strides, every element's bits)."""
+    return bitwise_diff(a, b) is None

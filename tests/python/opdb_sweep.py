@@ -45,6 +45,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 import torchreplay
+from differential import bitwise_diff, snapshot
 
 CALLS = 4  # warm-up, capture (+ replay), replay, replay
 OUTCOMES = ["bitwise", "as-reference", "random", "wrong", "error", "not-replayed"]
@@ -91,64 +92,32 @@ def _clone(x: Any) -> Any:
     return pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, x)
 
 
-class _Snap:
-    """A tensor's values (a copy: a pool output may be reused by the next call) and its strides."""
-
-    def __init__(self, t: torch.Tensor) -> None:
-        self.t = t.clone()
-        self.stride = t.stride() if t.layout == torch.strided else None
-
-
 def _snapshot(x: Any) -> Any:
-    return pytree.tree_map(lambda t: _Snap(t) if isinstance(t, torch.Tensor) else t, x)
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    if t.is_complex():
-        t = torch.view_as_real(t)
-    size = t.element_size()
-    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[size]) if t.dtype != torch.bool else t
+    """Copies of x's tensors with their strides (a pool output may be reused by the next call)."""
+    return pytree.tree_map(lambda t: snapshot(t) if isinstance(t, torch.Tensor) else t, x)
 
 
 def differs(a: Any, b: Any, strides: bool = True) -> Optional[str]:
-    """None if a and b are the same, bit for bit; else what differs first."""
+    """None if b (torchreplay's) is a (the reference's) bit for bit (differential.bitwise_diff:
+    dtypes, shapes, strides, every element's bits); else what differs first."""
     la, sa = pytree.tree_flatten(a)
     lb, sb = pytree.tree_flatten(b)
     if sa != sb:
-        return f"structure {sa} vs {sb}"
+        return f"structure {sb} vs {sa}"
     for i, (x, y) in enumerate(zip(la, lb)):
-        if isinstance(x, torch.Tensor) != isinstance(y, torch.Tensor):
-            return f"leaf {i}: {type(x).__name__} vs {type(y).__name__}"
-        xs = ys = None
-        if isinstance(x, _Snap):
-            x, xs = x.t, x.stride
-        if isinstance(y, _Snap):
-            y, ys = y.t, y.stride
-        if not isinstance(x, torch.Tensor):
-            same = x == y or (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y))
-            if not same:
-                return f"leaf {i}: {x!r} vs {y!r}"
+        d = bitwise_diff(y, x, f"leaf {i}", strides=strides)
+        if d is None:
             continue
-        if x.dtype != y.dtype or x.shape != y.shape:
-            return f"leaf {i}: {x.dtype}{tuple(x.shape)} vs {y.dtype}{tuple(y.shape)}"
-        if x.layout != torch.strided or y.layout != torch.strided:
-            if not torch.equal(x.to_dense(), y.to_dense()):
-                return f"leaf {i}: values"
-            continue
-        xs, ys = xs or x.stride(), ys or y.stride()
-        if strides and x.numel() > 1 and xs != ys:
-            return f"leaf {i}: strides {xs} vs {ys}"
-        if not torch.equal(_bits(x), _bits(y)):
-            diff = ""
-            if x.is_floating_point() or x.is_complex():
-                d = (x.double() - y.double()).abs() if not x.is_complex() else (x - y).abs().double()
-                diff = f" (max |diff| {d.nan_to_num(nan=float('inf')).max().item():.3g})"
-            return f"leaf {i}: values{diff}"
+        if (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.shape == y.shape
+                and x.dtype == y.dtype and (x.is_floating_point() or x.is_complex()) and x.layout == torch.strided
+                and y.layout == torch.strided):
+            dd = (y.detach().resolve_conj() - x.detach().resolve_conj()).abs().double()
+            d += f" (max |diff| {dd.nan_to_num(nan=float('inf')).max().item():.3g})" if dd.numel() else ""
+        return d
     return None
 
 
 def _meta(x: Any) -> Any:
-    x = x.t if isinstance(x, _Snap) else x
     return (x.dtype, tuple(x.shape)) if isinstance(x, torch.Tensor) else x
 
 
@@ -160,7 +129,6 @@ def _same_distribution(a: Any, b: Any) -> bool:
     if sa != sb:
         return False
     for x, y in zip(la, lb):
-        x, y = (v.t if isinstance(v, _Snap) else v for v in (x, y))
         if not isinstance(x, torch.Tensor):
             continue
         if not isinstance(y, torch.Tensor) or x.dtype != y.dtype or x.shape != y.shape:

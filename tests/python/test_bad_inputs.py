@@ -44,6 +44,8 @@ import pytest
 import torch
 import torch.nn as nn
 
+from differential import bitwise_diff
+
 EAGER = "eager"
 GRAPH = "graph"
 COMPILED = "compiled"
@@ -452,35 +454,14 @@ def _leaves(v: Any) -> List[Any]:
 
 
 def _same(a: Any, b: Any) -> Optional[str]:
-    """None if a and b are bitwise equal (values, dtypes, shapes; NaN equal to NaN), else why not."""
+    """None if a is eager's b bit for bit (differential.bitwise_diff), else why not."""
     la, lb = _leaves(a), _leaves(b)
     if len(la) != len(lb):
         return f"{len(la)} values against eager's {len(lb)}"
     for i, (p, q) in enumerate(zip(la, lb)):
-        if isinstance(p, torch.Tensor) != isinstance(q, torch.Tensor):
-            return f"value {i}: {type(p).__name__} against eager's {type(q).__name__}"
-        if not isinstance(p, torch.Tensor):
-            if p != q and not (p is None and q is None):
-                return f"value {i}: {p!r} against eager's {q!r}"
-            continue
-        if type(p) is not type(q):
-            return f"value {i}: a {type(p).__name__} against eager's {type(q).__name__}"
-        if p.is_nested or q.is_nested:
-            why = _same(list(p.unbind()), list(q.unbind())) if p.is_nested and q.is_nested else "nested"
-            if why is not None:
-                return f"value {i}: {why}"
-            continue
-        if p.layout != q.layout:
-            return f"value {i}: layout {p.layout} against eager's {q.layout}"
-        p, q = (p.to_dense(), q.to_dense()) if p.layout != torch.strided else (p, q)
-        if p.dtype != q.dtype or p.shape != q.shape:
-            return f"value {i}: {p.dtype}{tuple(p.shape)} against eager's {q.dtype}{tuple(q.shape)}"
-        if p.is_meta:
-            continue
-        p, q = p.resolve_conj().resolve_neg(), q.resolve_conj().resolve_neg()
-        if not (torch.equal(p, q) or torch.equal(p.isnan(), q.isnan()) and torch.equal(
-                p.nan_to_num(), q.nan_to_num())):
-            return f"value {i}: values differ from eager's"
+        why = bitwise_diff(p, q, f"value {i}")
+        if why is not None:
+            return why
     return None
 
 

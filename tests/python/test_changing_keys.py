@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 
 from configs import backend
-from differential import engine_for
+from differential import assert_bitwise, engine_for
 
 
 def counts(stats):
@@ -33,7 +33,7 @@ def test_a_scalar_that_changes_every_call_is_captured_once_and_replayed(values):
     rng = random.Random(0)
     for i in range(300):
         s = i + 2 if values == "int" else rng.uniform(-3.0, 3.0)
-        assert torch.equal(c(x, s), sin_loop(x, s)), (i, s)
+        assert_bitwise(c(x, s), sin_loop(x, s), f"i={i}, s={s}")
     (stats,) = b.stats()
     assert counts(stats) == {"calls": 300, "replays": 299, "captures": 1, "warmups": 1, "misses": 1}
     assert "=*" in stats["capture_log"][0]["key"]  # the scalar's kind is guarded, not its value
@@ -49,7 +49,7 @@ def test_arithmetic_on_a_changing_scalar_runs_per_call():
     rng = random.Random(1)
     for pos in range(2, 200):
         t = rng.uniform(0.1, 2.0)
-        assert torch.equal(c(x, pos, t), f(x, pos, t)), (pos, t)
+        assert_bitwise(c(x, pos, t), f(x, pos, t), f"pos={pos}, t={t}")
     (stats,) = b.stats()
     assert stats["captures"] == 1 and stats["replays"] == 197
 
@@ -71,7 +71,7 @@ def test_int_arithmetic_at_the_edges_of_int64_is_python_s(f, edge):
     c = torch.compile(f, backend=b, dynamic=True)
     x = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
     for s in [3, 5, 7, edge, 11, edge]:
-        assert torch.equal(c(x, s), f(x, s)), s
+        assert_bitwise(c(x, s), f(x, s), f"s={s}")
     assert b.stats()[0]["replays"] >= 2
 
 
@@ -97,7 +97,7 @@ def test_the_demo_model_with_a_new_scale_factor_every_call_replays(scale_of):
     with torch.no_grad():
         for i in range(100):
             scale = scale_of(i)
-            assert torch.equal(c(x, scale), model(x, scale)), i
+            assert_bitwise(c(x, scale), model(x, scale), f"i={i}")
     (stats,) = b.stats()
     assert stats["captures"] == 1 and stats["replays"] == 99
 
@@ -110,7 +110,7 @@ def test_a_scalar_that_decides_a_shape_stays_in_the_key():
     c = torch.compile(f, backend=b, dynamic=True)
     x = torch.randn(16)
     for n in [3, 5, 3, 5, 3, 5, 3]:
-        assert torch.equal(c(x, n), f(x, n))
+        assert_bitwise(c(x, n), f(x, n))
     (stats,) = b.stats()
     assert stats["captures"] == 2 and stats["replays"] == 5
     assert "int=3" in stats["capture_log"][0]["key"]
@@ -123,7 +123,7 @@ def test_a_float_scalar_of_a_half_graph_is_bitwise_eager():
     c = torch.compile(f, backend=b, dynamic=True)
     x = torch.randn(32).half()
     for s in [0.1, 1.7, -3.3, 1e-3, 65504.0, 2.5]:
-        assert torch.equal(c(x, s), f(x, s)), s
+        assert_bitwise(c(x, s), f(x, s), f"s={s}")
     assert b.stats()[0]["replays"] >= 4
 
 
@@ -131,7 +131,7 @@ def test_lru_eviction_order_and_misses_with_the_key_diff():
     e = engine_for(lambda x: torch.relu(x) * 2, [torch.randn(4)], cache_limit=2, warmup_iters=0)
     a, b_, c = torch.randn(4), torch.randn(5), torch.randn(6)
     for x in [a, b_, a, c]:  # c evicts b (a was used after b)
-        assert torch.equal(e.run([x])[0], torch.relu(x) * 2)
+        assert_bitwise(e.run([x])[0], torch.relu(x) * 2)
     s = e.stats()
     assert (s["misses"], s["evictions"], s["cache_entries"]) == (3, 1, 2)
     assert "sizes (4) -> (6)" in s["last_miss"]
@@ -149,17 +149,17 @@ def test_evicting_the_largest_key_shrinks_the_pool_and_keeps_its_outputs():
     pool_big = e.stats()["pool_bytes"]
     assert pool_big >= big.nbytes
     small = torch.randn(10)
-    assert torch.equal(e.run([small])[0], torch.sin(small) + 1)
+    assert_bitwise(e.run([small])[0], torch.sin(small) + 1)
     s = e.stats()
     assert s["evictions"] == 1 and s["pool_bytes"] < 1024 < pool_big
-    assert torch.equal(out_big, torch.sin(big) + 1)  # copied out of the freed pool, not lost
+    assert_bitwise(out_big, torch.sin(big) + 1)  # copied out of the freed pool, not lost
 
 
 def test_an_evicted_key_frees_its_place_under_the_capture_limit():
     e = engine_for(lambda x: x * 3, [torch.randn(4)], cache_limit=2, capture_limit=1, warmup_iters=0)
     for n in [1, 2, 3, 3, 3]:  # 1 captured; 2 over the limit; 3 evicts 1, then may capture
         x = torch.randn(n)
-        assert torch.equal(e.run([x])[0], x * 3)
+        assert_bitwise(e.run([x])[0], x * 3)
     s = e.stats()
     assert s["captures"] == 2 and s["replays"] == 2 and s["eager_fallbacks"] == 1
 

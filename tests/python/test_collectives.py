@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from differential import bitwise_diff
 from torchreplay.bench import ranks
 from torchreplay.bench.ranks import spawn
 from torchreplay.bench.ranks import sequence as _seq
@@ -84,18 +85,18 @@ def _compare_cases(rank, world, stages, names, modes):
                     backend = torchreplay.get_backend(compiler_config=cfg)
                     f = torch.compile(fn, backend=backend, dynamic=False)
                     stats = backend.stats
-                bitwise, issued, expected = True, [], []
-                for x in calls:
+                difference, issued, expected = None, [], []
+                for k, x in enumerate(calls):
                     s0 = _seq()
                     want = fn(x.clone())
                     s1 = _seq()
                     got = f(x.clone())
                     s2 = _seq()
-                    bitwise = bitwise and torch.equal(got, want)
+                    difference = difference or bitwise_diff(got, want, f"call {k}")
                     expected.append(s1 - s0)
                     issued.append(s2 - s1)
                 out[f"{name} | {entry} | {mode}"] = {
-                    "bitwise": bitwise, "issued": issued, "expected": expected,
+                    "bitwise": difference is None, "difference": difference, "issued": issued, "expected": expected,
                     "replays": sum(s["replays"] for s in stats()),
                     # per capture: the collectives that ran as steps of their own (Note [Collective steps])
                     "collective_steps": [c["collective_steps"] for s in stats() for c in s["capture_log"]]}
@@ -159,17 +160,17 @@ def _tensor_parallel_mlp(rank, world):
             else:
                 captured = torchreplay.capture(model, (x,), config=cfg)
                 run, stats = captured, lambda: [captured.stats()]  # noqa: E731
-            bitwise, issued, expected = True, [], []
+            difference, issued, expected = None, [], []
             for k in range(4):
                 x = torch.randn(3, 16, generator=torch.Generator().manual_seed(k))
                 s0 = _seq()
                 want = model(x)
                 s1 = _seq()
                 got = run(x)
-                bitwise = bitwise and torch.equal(got, want)
+                difference = difference or bitwise_diff(got, want, f"call {k}")
                 expected.append(s1 - s0)
                 issued.append(_seq() - s1)
-            out[entry] = {"bitwise": bitwise, "issued": issued, "expected": expected,
+            out[entry] = {"bitwise": difference is None, "difference": difference, "issued": issued, "expected": expected,
                           "replays": sum(s["replays"] for s in stats()),
                           "collective_steps": [c["collective_steps"] for s in stats() for c in s["capture_log"]]}
     # With grad mode on, eager's output tracks the DTensor parameters: the capture (inference only)
@@ -217,7 +218,9 @@ def _dtensor_edges(rank, world):
     with torch.no_grad():
         x = torch.randn(3, 16, generator=torch.Generator().manual_seed(0))
         f = torchreplay.capture(model, (x, 0.5), config=cfg)
-        out["bitwise"] = all(torch.equal(f(x + k, 0.5), model(x + k, 0.5)) for k in range(4))
+        out["difference"] = next((d for d in (bitwise_diff(f(x + k, 0.5), model(x + k, 0.5), f"call {k}")
+                                              for k in range(4)) if d is not None), None)
+        out["bitwise"] = out["difference"] is None
         out["replays"] = f.stats()["replays"]
         try:
             f(x, -0.5)
@@ -271,7 +274,8 @@ def _fail_in_flight(rank, world):
                 got.append(type(e).__name__)
             got.append(_seq() - s0)
         calls.append({"failed": isinstance(got[0], str), "both_failed": isinstance(got[0], str) == isinstance(got[2], str),
-                      "bitwise": isinstance(got[0], str) or torch.equal(got[0], got[2]), "issued": [got[1], got[3]]})
+                      "difference": None if isinstance(got[0], str) else bitwise_diff(got[2], got[0], f"call {k}"),
+                      "issued": [got[1], got[3]]})
     stats = f.stats()
     return {"calls": calls, "replays": stats["replays"], "collective_steps": stats["capture_log"][0]["collective_steps"]}
 
@@ -279,7 +283,7 @@ def _fail_in_flight(rank, world):
 def test_a_call_that_fails_with_a_collective_in_flight_leaves_the_next_calls_right(tmp_path):
     for rank, r in enumerate(spawn(_fail_in_flight, 2, tmp_path)):
         assert [c["failed"] for c in r["calls"]] == [False, False, False, True, False, False], (rank, r)
-        assert all(c["both_failed"] and c["bitwise"] and c["issued"] == [1, 1] for c in r["calls"]), (rank, r)
+        assert all(c["both_failed"] and c["difference"] is None and c["issued"] == [1, 1] for c in r["calls"]), (rank, r)
         assert r["replays"] >= 3 and r["collective_steps"] == 1, (rank, r)
 
 

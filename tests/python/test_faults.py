@@ -18,6 +18,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import torchreplay
 from configs import backend, config
+from differential import assert_bitwise
 from torchreplay import _C
 from torchreplay.lowering import lower
 
@@ -76,7 +77,7 @@ def test_kernel_failure_during_replay_raises_and_next_call_works(entry, op):
         call, engine = build(entry, fn, args(torch.tensor([0, 1])))
         for i in range(4):
             idx = torch.tensor([i % 5, (i + 2) % 5])
-            assert torch.equal(call(*args(idx)), fn(*args(idx)))
+            assert_bitwise(call(*args(idx)), fn(*args(idx)))
         before = engine.stats()
         assert before["replays"] >= 2 and before["errors"] == 0
         for k in range(3):
@@ -87,7 +88,7 @@ def test_kernel_failure_during_replay_raises_and_next_call_works(entry, op):
                 call(*args(bad))
             for i in range(3):
                 idx = torch.tensor([(i + k) % 5, 4])
-                assert torch.equal(call(*args(idx)), fn(*args(idx)))
+                assert_bitwise(call(*args(idx)), fn(*args(idx)))
         after = engine.stats()
     assert after["errors"] == 3 and "index out of range" in after["last_error"]
     assert after["captures"] == before["captures"] and after["eager_fallbacks"] == 0
@@ -116,7 +117,7 @@ def test_failed_replay_keeps_none_of_the_callers_tensors_alive(where):
     del bad_x, bad_idx
     gc.collect()
     assert [r() for r in refs] == [None, None], "a failed replay kept an input alive"
-    assert torch.equal(call(x, torch.tensor([3, 4])), fn(x, torch.tensor([3, 4])))
+    assert_bitwise(call(x, torch.tensor([3, 4])), fn(x, torch.tensor([3, 4])))
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
@@ -129,7 +130,7 @@ def test_allocation_failure_during_capture_falls_back_eagerly_with_the_reason(en
         try:
             _C._testing_fail_allocations(1)         # the capture of key (3, 4) fails half-way
             for i in range(5):
-                assert torch.equal(call(*mk(3, i)), fn(*mk(3, i))), i
+                assert_bitwise(call(*mk(3, i)), fn(*mk(3, i)), f"i={i}")
         finally:
             _C._testing_fail_allocations(0)
         s = engine.stats()
@@ -138,9 +139,9 @@ def test_allocation_failure_during_capture_falls_back_eagerly_with_the_reason(en
         assert any("simulated by _testing_fail_allocations" in r for r in s["fallback_reasons"]), s
         # Another key captures and replays normally, into a pool of its own size.
         for i in range(4):
-            assert torch.equal(call(*mk(6, i)), fn(*mk(6, i)))
+            assert_bitwise(call(*mk(6, i)), fn(*mk(6, i)))
         for i in range(3):
-            assert torch.equal(call(*mk(3, i)), fn(*mk(3, i)))
+            assert_bitwise(call(*mk(3, i)), fn(*mk(3, i)))
         s = engine.stats()
     assert s["captures"] == 1 and s["replays"] >= 2 and s["pool_bytes"] > 0, s
     assert s["cache_entries"] == 2 and s["handed_out"] <= 1, s
@@ -153,7 +154,7 @@ def test_allocation_failure_hook_is_off_by_default_and_counts_down():
     for n in range(2, 6):               # each new size: warm-up, capture (grows the arena)
         for _ in range(2):
             x = torch.randn(n * 100)
-            assert torch.equal(call(x), fn(x))
+            assert_bitwise(call(x), fn(x))
     assert engine.stats()["captures"] == 4
 
 
@@ -177,7 +178,7 @@ def test_keyboard_interrupt_during_and_between_calls(entry):
                     for i in range(20000):
                         out = call(*inputs[i % 16])
                         if i % 7 == 0:
-                            assert torch.equal(out.clone(), fn(*inputs[i % 16])), (round_, i)
+                            assert_bitwise(out.clone(), fn(*inputs[i % 16]), f"round_={round_}, i={i}")
                 finally:
                     timer.join()
                 for _ in range(1000):   # an interrupt sent but not yet seen lands here
@@ -185,7 +186,7 @@ def test_keyboard_interrupt_during_and_between_calls(entry):
             except KeyboardInterrupt:
                 interrupted += 1
             for i in range(4):               # usable and right straight after
-                assert torch.equal(call(*inputs[i]), fn(*inputs[i])), (round_, i)
+                assert_bitwise(call(*inputs[i]), fn(*inputs[i]), f"round_={round_}, i={i}")
         after = engine.stats()
     assert interrupted >= 10   # most land in our loop (torch may handle a few itself)
     assert after["errors"] == 0 and after["captures"] == before["captures"] == 1
@@ -219,7 +220,7 @@ def test_many_failing_calls_leak_nothing(entry):
         loop(10000)
         gc.collect()
         s1, rss1 = engine.stats(), rss_bytes()
-        assert torch.equal(call(x, good), fn(x, good))
+        assert_bitwise(call(x, good), fn(x, good))
     assert s1["errors"] - s0["errors"] == 10000
     for k in ("pool_bytes", "cache_entries", "captures"):
         assert s1[k] == s0[k], k
@@ -238,4 +239,4 @@ def test_an_error_raised_in_python_code_an_op_went_to_keeps_its_type_and_message
         c(x, 1)
     assert str(eager.value) in str(ours.value)
     y = torch.arange(4)
-    assert torch.equal(c(y, 6), f(y, 6))  # usable after
+    assert_bitwise(c(y, 6), f(y, 6))  # usable after

@@ -9,7 +9,8 @@ import os
 import pytest
 import torch
 
-from fuzz_graphs import C, bitwise_equal, make_inputs, make_program
+from differential import assert_bitwise, bitwise_diff
+from fuzz_graphs import C, make_inputs, make_program
 from torchreplay import _C
 
 NUM_GRAPHS = int(os.environ.get("TORCHREPLAY_FUZZ_GRAPHS", "1000"))
@@ -34,9 +35,10 @@ def test_random_graphs_replay_bitwise_equal_to_eager(chunk):
             got = engine.run(list(inputs))
             assert len(got) == len(want)
             for i, (g, e) in enumerate(zip(got, want)):
-                assert bitwise_equal(g, e), f"seed {seed} call {call} output {i}:\n{prog.graph}"
+                d = bitwise_diff(g, e, f"seed {seed} call {call} output {i}")
+                assert d is None, f"{d}\n{prog.graph}"
             for i in (0, 1):   # inputs the graph may mutate
-                assert bitwise_equal(inputs[i], ref_inputs[i]), f"seed {seed} call {call} input {i}"
+                assert_bitwise(inputs[i], ref_inputs[i], f"seed {seed} call {call} input {i}")
         stats = engine.stats()
         assert stats["captures"] == 2, (seed, stats)    # one per shape key
         assert stats["eager_fallbacks"] == 0, (seed, stats["fallback_reasons"])

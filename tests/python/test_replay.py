@@ -8,7 +8,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import torchreplay
 from configs import backend, config
-from differential import engine_for, run
+from differential import assert_bitwise, bitwise_diff, engine_for, run
 from torchreplay import _C
 from torchreplay.lowering import lower
 
@@ -17,7 +17,7 @@ def test_one_capture_per_key_and_keys_come_back():
     e = engine_for(lambda x: torch.relu(x) * 2, [torch.randn(4, 4)])
     for shape in [(4, 4), (4, 4), (8, 4), (8, 4), (4, 4), (8, 4), (4, 4)]:
         x = torch.randn(shape)
-        assert torch.equal(run(e, x)[0], torch.relu(x) * 2)
+        assert_bitwise(run(e, x)[0], torch.relu(x) * 2)
     s = e.stats()
     assert s["captures"] == 2 and s["warmups"] == 2 and s["replays"] == 5
     reasons = [c["reason"] for c in s["capture_log"]]
@@ -30,7 +30,7 @@ def test_strides_and_offsets_are_part_of_the_key():
     base = torch.randn(4, 4)
     shifted = torch.randn(20)[4:].view(4, 4)   # same sizes and strides, storage offset 4
     for x in [base, base, base.t(), base.t(), shifted, shifted]:
-        assert torch.equal(run(e, x)[0], x + 1)
+        assert_bitwise(run(e, x)[0], x + 1)
     assert e.stats()["captures"] == 3
 
 
@@ -38,7 +38,7 @@ def test_capture_limit_then_eager_fallback_logged_once():
     e = engine_for(lambda x: x * 3, [torch.randn(2)], capture_limit=2, warmup_iters=0)
     for n in [2, 3, 4, 5, 4, 5, 2]:
         x = torch.randn(n)
-        assert torch.equal(run(e, x)[0], x * 3)
+        assert_bitwise(run(e, x)[0], x * 3)
     s = e.stats()
     assert s["captures"] == 2
     assert s["eager_fallbacks"] == 4            # sizes 4, 5, 4, 5 run eagerly
@@ -51,14 +51,14 @@ def test_static_input_moved_is_recaptured_never_stale():
     e = engine_for(lambda x, w: x @ w.t(), [torch.randn(2, 4), w], static=[1])
     x = torch.randn(2, 4)
     for _ in range(3):
-        assert torch.equal(run(e, x, w)[0], x @ w.t())
+        assert_bitwise(run(e, x, w)[0], x @ w.t())
     w2 = torch.randn(4, 4)                     # same key, new address
-    assert torch.equal(run(e, x, w2)[0], x @ w2.t())
-    assert torch.equal(run(e, x, w2)[0], x @ w2.t())
+    assert_bitwise(run(e, x, w2)[0], x @ w2.t())
+    assert_bitwise(run(e, x, w2)[0], x @ w2.t())
     s = e.stats()
     assert any("static input 1 (w_1) moved" in c["reason"] for c in s["capture_log"])
     w.copy_(torch.randn(4, 4))                 # in-place update of a static input is seen too
-    assert torch.equal(run(e, x, w)[0], x @ w.t())
+    assert_bitwise(run(e, x, w)[0], x @ w.t())
 
 
 def test_copy_into_input_and_index_copy_kv_cache():
@@ -75,7 +75,9 @@ def test_copy_into_input_and_index_copy_kv_cache():
         x_ref = x.clone()
         out = run(e, cache, pos, new, x)[0]
         want = step(ref_cache, pos, new, x_ref)
-        assert torch.equal(out, want) and torch.equal(cache, ref_cache) and torch.equal(x, x_ref)
+        assert_bitwise(out, want)
+        assert_bitwise(cache, ref_cache)
+        assert_bitwise(x, x_ref)
 
 
 @pytest.mark.parametrize("keep", [True, False])
@@ -96,9 +98,9 @@ def test_buffer_mutation_with_keep_inference_input_mutations(keep):
     with torch.no_grad():
         for _ in range(4):
             x = torch.randn(8, 4)
-            assert torch.equal(compiled(x), eager(x))
-            assert torch.equal(model.bn.running_mean, eager.bn.running_mean)
-            assert torch.equal(model.bn.running_var, eager.bn.running_var)
+            assert_bitwise(compiled(x), eager(x))
+            assert_bitwise(model.bn.running_mean, eager.bn.running_mean)
+            assert_bitwise(model.bn.running_var, eager.bn.running_var)
             assert model.bn.num_batches_tracked == eager.bn.num_batches_tracked
 
 
@@ -109,7 +111,7 @@ def test_stale_output_raises_after_next_replay():
     kept = first.clone()
     second_x = torch.randn(5)
     second = run(e, second_x)[0]
-    assert torch.equal(second, torch.sin(second_x) + 1)
+    assert_bitwise(second, torch.sin(second_x) + 1)
     with pytest.raises(RuntimeError, match="a later replay has reused its memory"):
         first.sum()
     with pytest.raises(RuntimeError, match="clone_outputs"):
@@ -122,7 +124,7 @@ def test_clone_outputs_keeps_every_output_valid():
     xs = [torch.randn(5) for _ in range(4)]
     outs = [run(e, x)[0] for x in xs]
     for x, o in zip(xs, outs):
-        assert torch.equal(o, torch.sin(x) + 1)
+        assert_bitwise(o, torch.sin(x) + 1)
 
 
 def test_output_fed_back_as_input():
@@ -132,7 +134,7 @@ def test_output_fed_back_as_input():
     for _ in range(5):
         h = run(e, h)[0]
         h_ref = torch.tanh(h_ref * 0.5 + 1)
-        assert torch.equal(h, h_ref)
+        assert_bitwise(h, h_ref)
 
 
 def test_output_aliasing_input_is_a_view_of_the_callers_tensor():
@@ -140,7 +142,8 @@ def test_output_aliasing_input_is_a_view_of_the_callers_tensor():
     for _ in range(3):
         x = torch.randn(2, 3)
         flat, doubled = run(e, x)
-        assert flat.data_ptr() == x.data_ptr() and torch.equal(doubled, x * 2)
+        assert flat.data_ptr() == x.data_ptr()
+        assert_bitwise(doubled, x * 2)
 
 
 def test_bad_inputs_get_clear_errors():
@@ -151,14 +154,14 @@ def test_bad_inputs_get_clear_errors():
         run(e, torch.ones(2, 2, dtype=torch.long))
     with pytest.raises(ValueError, match="expected a 2-d tensor, got 3-d"):
         run(e, torch.randn(1, 2, 2))
-    assert torch.equal(run(e, torch.ones(2, 2))[0], torch.full((2, 2), 2.0))
+    assert_bitwise(run(e, torch.ones(2, 2))[0], torch.full((2, 2), 2.0))
 
 
 def test_data_dependent_graph_falls_back_with_reason():
     e = engine_for(lambda x: torch.nonzero(x > 0).float().sum(), [torch.randn(6)])
     for _ in range(3):
         x = torch.randn(6)
-        assert torch.equal(run(e, x)[0], torch.nonzero(x > 0).float().sum())
+        assert_bitwise(run(e, x)[0], torch.nonzero(x > 0).float().sum())
     s = e.stats()
     assert s["captures"] == 0 and s["eager_fallbacks"] >= 1
     assert "data-dependent output shape" in s["fallback_reasons"][0]
@@ -169,7 +172,7 @@ def test_boolean_mask_indexing_falls_back_with_reason():
     e = engine_for(lambda x: x[x > 0] * 2, [torch.randn(8)])
     for _ in range(4):
         x = torch.randn(8)
-        assert torch.equal(run(e, x)[0], x[x > 0] * 2)
+        assert_bitwise(run(e, x)[0], x[x > 0] * 2)
     s = e.stats()
     assert s["captures"] == 0 and "aten::index.Tensor" in s["fallback_reasons"][0]
     assert "data-dependent output shape" in s["fallback_reasons"][0]
@@ -185,7 +188,7 @@ def test_precapture_captures_every_key_ahead():
     calls = s["calls"]
     for n in (2, 4, 8):
         x = torch.randn(n, 8)
-        assert torch.equal(run(e, x)[0], torch.relu(x) + 1)
+        assert_bitwise(run(e, x)[0], torch.relu(x) + 1)
     assert e.stats()["replays"] == s["replays"] + 3 and e.stats()["captures"] == 3
     assert e.stats()["calls"] == calls + 3
 
@@ -221,8 +224,9 @@ def test_threads_calling_one_compiled_model():
             with torch.no_grad():
                 for _ in range(50):
                     x = torch.randn(4, 16, generator=g)
-                    if not torch.equal(compiled(x), model(x)):
-                        errors.append(f"thread {seed}: wrong result")
+                    d = bitwise_diff(compiled(x), model(x))
+                    if d is not None:
+                        errors.append(f"thread {seed}: {d}")
         except Exception as ex:  # noqa: BLE001 - reported below
             errors.append(f"thread {seed}: {ex!r}")
 
@@ -273,7 +277,7 @@ def test_typed_steps_are_used_and_bitwise_equal(sig, fn):
         x, y, z = (torch.randn(6, 6) for _ in range(3))
         got = run(e, x, y, z)[0]
         want = fn(x, y, z)
-        assert got.dtype == want.dtype and torch.equal(got, want)
+        assert_bitwise(got, want)
     log = e.stats()["capture_log"]
     assert len(log) == 1 and log[0]["functional_steps"] == 0
     assert log[0]["typed_steps"] == log[0]["out_variant_steps"] >= 1, log[0]
@@ -288,7 +292,7 @@ def test_python_number_arguments_keep_eager_type_promotion():
         for _ in range(3):
             got = run(e, x)[0]
             want = (x * 1.1 + 2) - 0.25
-            assert got.dtype == want.dtype and torch.equal(got, want)
+            assert_bitwise(got, want)
 
 
 def test_small_key_first_then_larger_key_grows_the_arena_and_both_stay_exact():
@@ -298,7 +302,7 @@ def test_small_key_first_then_larger_key_grows_the_arena_and_both_stay_exact():
     e = engine_for(fn, [torch.randn(2, 4), torch.randn(2, 4)])
     for n in [2, 2, 2, 256, 256, 2, 256, 2, 2]:
         x, y = torch.randn(n, 4), torch.randn(n, 4)
-        assert torch.equal(run(e, x, y)[0], fn(x, y)), n
+        assert_bitwise(run(e, x, y)[0], fn(x, y), f"n={n}")
     s = e.stats()
     assert s["captures"] == 2 and s["capture_log"][1]["arena_bytes"] > s["capture_log"][0]["arena_bytes"]
 
@@ -310,7 +314,7 @@ def test_per_call_operands_with_strides_and_offsets():
     for _ in range(3):
         x = torch.randn(5, 6).t()               # transposed
         y = base[3:9, 1:6]                      # offset, row stride 8
-        assert torch.equal(run(e, x, y)[0], fn(x, y))
+        assert_bitwise(run(e, x, y)[0], fn(x, y))
         base.normal_()
 
 
@@ -326,7 +330,7 @@ def test_values_made_from_constants_are_folded_once_and_random_ones_are_not():
     for _ in range(4):
         x = torch.randn(4, 3)
         out, noise = run(e, x)
-        assert torch.equal(out, x * torch.arange(4.0)[:, None] * 0.5)
+        assert_bitwise(out, x * torch.arange(4.0)[:, None] * 0.5)
         noises.append(noise.clone())
     assert not torch.equal(noises[-1], noises[-2])
     log = e.stats()["capture_log"][0]
@@ -346,7 +350,7 @@ def test_values_made_from_constants_with_out_overloads_are_folded_too():
     step = torchreplay.capture(fn, (torch.randn(6, 6),), config=cfg)
     for _ in range(3):
         x = torch.randn(6, 6)
-        assert torch.equal(step(x), fn(x))
+        assert_bitwise(step(x), fn(x))
     assert step.stats()["replays"] == 2
     ops = [r["op"] for r in step.profile(torch.randn(6, 6), iterations=2)]
     assert len(ops) == 1 and ops[0].startswith("fused:"), ops     # masked_fill and mul: one step
@@ -363,7 +367,7 @@ def test_a_constant_written_in_place_later_is_not_folded():
     e = engine_for(fn, [torch.randn(4, 3)])
     for _ in range(4):
         x = torch.randn(4, 3)
-        assert torch.equal(run(e, x)[0], x.sum(0) * 2)
+        assert_bitwise(run(e, x)[0], x.sum(0) * 2)
 
 
 # ---- through torch.compile: behaviours that once went wrong
@@ -394,7 +398,7 @@ def test_non_dense_view_of_an_output_fed_back():
     h = h_ref = torch.randn(4, 8)
     for _ in range(6):
         out, ref = c(h), f(h_ref)
-        assert torch.equal(out, ref)
+        assert_bitwise(out, ref)
         h, h_ref = out[:, :8], ref[:, :8]
     # At most the contiguous key and the strided one (Dynamo may compile each as a graph).
     assert sum(s["captures"] for s in b.stats()) <= 2
@@ -408,12 +412,12 @@ def test_reduced_precision_binary_op_with_a_0dim_tensor(dtype, op):
     c = torch.compile(lambda x, s: fn(x, s), backend=backend())
     for _ in range(8):
         x, s = torch.randn(4, 8, dtype=dtype), torch.randn((), dtype=dtype) + 2
-        assert torch.equal(c(x, s), fn(x, s))
+        assert_bitwise(c(x, s), fn(x, s))
     y = torch.randn(4, 8, dtype=dtype)
     c2 = torch.compile(lambda y: y / y.abs().max(), backend=backend())
     for _ in range(6):
         y = torch.randn(4, 8, dtype=dtype)
-        assert torch.equal(c2(y), y / y.abs().max())
+        assert_bitwise(c2(y), y / y.abs().max())
 
 
 def test_output_fed_back_costs_one_capture_and_stays_exact():
@@ -423,7 +427,7 @@ def test_output_fed_back_costs_one_capture_and_stays_exact():
     for _ in range(8):
         x = torch.randn(4)
         h, h_ref = c(x, h), torch.tanh(x + h_ref)
-        assert torch.equal(h, h_ref)
+        assert_bitwise(h, h_ref)
     assert b.stats()[0]["captures"] == 1
 
 
@@ -436,7 +440,7 @@ def test_lstm_cell_state_fed_back():
         for _ in range(6):
             x = torch.randn(3, 6)
             state, ref = c(x, state), cell(x, ref)
-            torch.testing.assert_close(state, ref, rtol=1e-6, atol=1e-6)
+            assert_bitwise(state, ref)
 
 
 def test_an_output_kept_by_a_later_input_is_copied_out_not_invalidated():
@@ -447,8 +451,8 @@ def test_an_output_kept_by_a_later_input_is_copied_out_not_invalidated():
     kept = h.clone()
     x = torch.randn(4)
     out = run(e, x, h)[0]
-    assert torch.equal(h, kept)                          # still readable, and unchanged
-    assert torch.equal(out, torch.tanh(x + kept))
+    assert_bitwise(h, kept)                          # still readable, and unchanged
+    assert_bitwise(out, torch.tanh(x + kept))
     assert h.storage_offset() == 0 and out.storage_offset() == 0
 
 
@@ -466,7 +470,7 @@ def test_gradient_accumulation_and_two_forwards_one_backward():
         (c(x1).sum() + c(x2).sum()).backward()
         (ref(x1).sum() + ref(x2).sum()).backward()
         for p, q in zip(model.parameters(), ref.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+            assert_bitwise(p.grad, q.grad)
 
 
 def test_symbolic_float_arithmetic_on_sizes():
@@ -474,7 +478,7 @@ def test_symbolic_float_arithmetic_on_sizes():
     c = torch.compile(f, backend=backend(), dynamic=True)
     for n in (3, 4, 5, 6, 4, 3):
         x = torch.randn(n)
-        torch.testing.assert_close(c(x), f(x), rtol=1e-6, atol=1e-6)
+        assert_bitwise(c(x), f(x), f"n={n}")
 
 
 @pytest.mark.parametrize("fn", [
@@ -492,7 +496,7 @@ def test_data_dependent_ops_run_eagerly_with_a_reason(fn):
     c = torch.compile(fn, backend=b)
     for _ in range(4):
         x = torch.randn(10)
-        assert torch.equal(c(x), fn(x))
+        assert_bitwise(c(x), fn(x))
     stats = b.stats()
     assert sum(s["eager_fallbacks"] for s in stats) >= 1
     assert any("data-dependent" in r for s in stats for r in s["fallback_reasons"])
@@ -506,7 +510,7 @@ def test_complex_python_scalars(mode):
     c = torch.compile(f, backend=torchreplay.get_backend(compiler_config=cfg))
     for _ in range(4):
         z = torch.randn(4, dtype=torch.complex64)
-        assert torch.equal(c(z), f(z))
+        assert_bitwise(c(z), f(z))
 
 
 def test_an_int_beyond_64_bits_is_a_clear_overflow_error():
@@ -514,7 +518,7 @@ def test_an_int_beyond_64_bits_is_a_clear_overflow_error():
     e = _C.Engine(lower(gm, [torch.ones(2), 3]))
     with pytest.raises(OverflowError, match="does not fit in 64 bits"):
         run(e, torch.ones(2), 2 ** 70)
-    assert torch.equal(run(e, torch.ones(2), 3)[0], torch.full((2,), 3.0))
+    assert_bitwise(run(e, torch.ones(2), 3)[0], torch.full((2,), 3.0))
 
 
 def test_buffer_reassigned_in_forward_is_exact_and_rebound_not_recaptured_every_call():
@@ -537,8 +541,8 @@ def test_buffer_reassigned_in_forward_is_exact_and_rebound_not_recaptured_every_
     with torch.no_grad():
         for _ in range(10):
             x = torch.randn(3, 4)
-            assert torch.equal(c(x), ref(x))
-            assert torch.equal(model.avg, ref.avg)
+            assert_bitwise(c(x), ref(x))
+            assert_bitwise(model.avg, ref.avg)
     # The buffer is the previous replay's output, handed out of the pool, at the second capture:
     # rebound per call from then on (Note [Static inputs handed out of a pool]), not recaptured.
     (s,) = b.stats()
@@ -568,7 +572,7 @@ def test_cat_is_replayed_as_copies_bitwise(name):
         for _ in range(4):
             x, y = torch.randn(4, 3), torch.randn(4, 3)
             got, want = step(x, y), fn(x, y)
-            assert got.stride() == want.stride() and torch.equal(got, want)
+            assert_bitwise(got, want)
         kinds = {r["op"]: r["kind"] for r in step.profile(x, y, iterations=2)}
     copies = [k for op, k in kinds.items() if op in ("aten::cat.out", "aten::clone.out")]
     assert copies and set(copies) == {"copies"}, kinds
@@ -583,7 +587,7 @@ def test_conjugate_and_negative_views_are_not_copied_as_bytes():
         step = torchreplay.capture(fn, make(), config=config())
         for _ in range(4):
             z, w = make()
-            assert all(torch.equal(g, e) for g, e in zip(step(z, w), fn(z, w)))
+            assert_bitwise(step(z, w), fn(z, w))
     assert step.stats()["replays"] == 3
 
 
@@ -607,7 +611,7 @@ def test_sums_and_means_replay_on_a_prepared_iterator_bitwise(name, dtype):
         for _ in range(4):
             x = make()
             got, want = step(x), fn(x)
-            assert got.stride() == want.stride() and torch.equal(got, want)
+            assert_bitwise(got, want)
         kinds = {r["op"]: r["kind"] for r in step.profile(x, iterations=2)}
     reductions = [k for op, k in kinds.items() if op in ("aten::mean.out", "aten::sum.IntList_out")]
     assert reductions and set(reductions) == {"prepared reduction"}, kinds
@@ -638,7 +642,8 @@ def test_index_copy_and_embedding_are_copies_with_eager_errors():
         step = torchreplay.capture(model, make(0), config=config())
         for i in range(12):
             got, want = step(*make(i)), ref(*make(i))
-            assert torch.equal(got, want) and torch.equal(model.cache, ref.cache)
+            assert_bitwise(got, want)
+            assert_bitwise(model.cache, ref.cache)
         kinds = {r["op"]: r["kind"] for r in step.profile(*make(3), iterations=2)}
         ref(*make(3))  # profile() ran the step twice more: so does the reference
         ref(*make(3))
@@ -653,8 +658,8 @@ def test_index_copy_and_embedding_are_copies_with_eager_errors():
             with pytest.raises(IndexError, match=re.escape(message)):
                 step(*bad)
             assert message in str(eager_error.value)
-            assert torch.equal(model.cache, ref.cache)
-        assert torch.equal(step(*make(5)), ref(*make(5)))  # the engine goes on
+            assert_bitwise(model.cache, ref.cache)
+        assert_bitwise(step(*make(5)), ref(*make(5)))  # the engine goes on
 
 
 ATTENTION = {  # q, k, v (batch, heads, length, dim), as models call it
@@ -681,7 +686,7 @@ def test_attention_runs_on_planned_buffers_bitwise(name, dtype):
         for _ in range(4):
             args = make()
             got, want = step(*args), fn(*args)
-            assert got.stride() == want.stride() and torch.equal(got, want)
+            assert_bitwise(got, want)
         rows = step.profile(*args, iterations=2)
     at = [i for i, r in enumerate(rows) if "scaled_dot_product" in r["op"]]
     assert len(at) == 1 and rows[at[0]]["kind"] == "prepared attention", rows
@@ -725,7 +730,7 @@ def test_layer_norm_runs_on_planned_buffers_bitwise(name, dtype):
             got, want = step(x), fn(x)
             assert len(got) == len(want)
             for g, w in zip(got, want):
-                assert g.shape == w.shape and g.stride() == w.stride() and torch.equal(g, w), name
+                assert_bitwise(g, w, f"name={name}")
         kinds = [r["kind"] for r in step.profile(make(), iterations=2)]
     assert step.stats()["replays"] >= 3
     assert ("prepared layer norm" in kinds) == planned, kinds
