@@ -1,6 +1,6 @@
 """Tensor parallelism: the harness's tiny Llama decode step sharded over ranks with DTensor.
 
-    python -m torchreplay.bench.tp [--world 2] [--rounds 7] [--calls 40] [--out bench_out]
+    python -m torchreplay.bench.tp [--world 2] [--rounds 7] [--calls 40] [--out bench_out] [--deadline 900]
 
 Each rank is a process (gloo over 127.0.0.1, one thread; torchreplay.bench.ranks). It builds the
 harness's tiny Llama decode step (models.py, same seed on every rank) and shards it with
@@ -13,13 +13,16 @@ down_proj row-wise, so a step makes two all_reduces a layer. Then, per rank:
   comm-floor  reference: the step's collectives alone (recorded from an eager step: same ops,
               sizes and order), captured, each waited for before the next starts as in the step
 
-Every mode but the floor is checked bit for bit against eager on the same rank over three calls,
-and must issue eager's collectives per call (the process group's sequence number). Modes are timed
-one call each in turn, rounds x calls times, every rank running the same calls in lockstep. The
-loopback's latency varies tenfold from call to call on a small machine (the floor's 10th
-percentile and 90th lie ten times apart), which swamps a step's compute in the median; the table
-shows rank 0's 10th percentile per mode (the calls whose communication was fast), what each adds
-over the floor's, and the median.
+Every mode but the floor is checked bit for bit against its reference on the same rank over three
+calls (REFERENCES; the table names it): eager for eager and capture, whose graphs keep eager's
+arithmetic; for compile, the TP step compiled with backend="aot_eager", since AOTAutograd's
+decompositions change the arithmetic and whether eager's bits come out too depends on the CPU.
+Every mode must issue eager's collectives per call (the process group's sequence number). Modes
+are timed one call each in turn, rounds x calls times, every rank running the same calls in
+lockstep. The loopback's latency varies tenfold from call to call on a small machine (the floor's
+10th percentile and 90th lie ten times apart), which swamps a step's compute in the median; the
+table shows rank 0's 10th percentile per mode (the calls whose communication was fast), what each
+adds over the floor's, and the median.
 
 Then overlap: an all_reduce of 64 floats and a chain of 64x64 matmuls that does not read it,
 captured alone and together (the wait sinks below the chain: torchreplay.passes.sink_waits). The
@@ -46,6 +49,10 @@ import torch.distributed as dist
 from torchreplay.bench.ranks import sequence, spawn
 
 MODES = ["eager", "compile", "capture", "comm-floor"]
+# What each checked mode must equal, bit for bit: eager where the graph keeps eager's arithmetic;
+# torch.compile's graph is AOTAutograd's, whose decompositions change it, so the same TP step
+# compiled with backend="aot_eager".
+REFERENCES = {"eager": "eager", "compile": "aot_eager", "capture": "eager"}
 CHAIN = 160     # matmuls in the overlap step's compute
 LATE_S = 0.002  # how late the other ranks join the overlap step's all_reduce
 
@@ -126,18 +133,39 @@ def _timed(fn: Callable[[], Any], calls: int) -> List[float]:
     return out
 
 
-def _checked(run: Callable[..., Any], reference: Callable[..., Any], inputs: List[tuple]) -> Dict[str, Any]:
-    """Bitwise against eager on the same inputs, and the collectives each call issues."""
-    bitwise, issued, expected = True, [], []
+def _bitwise(got: Any, want: Any) -> bool:
+    """Bit for bit: dtype, shape, the strides of dimensions longer than 1 and every element's bit
+    pattern (-0.0 is not 0.0; NaNs by their bits), where torch.equal compares values."""
+    if not (isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and got.dtype == want.dtype
+            and got.shape == want.shape):
+        return False
+    if [got.stride(d) for d in range(got.dim()) if got.shape[d] > 1] != \
+            [want.stride(d) for d in range(want.dim()) if want.shape[d] > 1]:
+        return False
+    as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[got.element_size()]
+    return torch.equal(got.detach().contiguous().view(as_int), want.detach().contiguous().view(as_int))
+
+
+def _checked(run: Callable[..., Any], eager: Callable[..., Any], inputs: List[tuple],
+             reference: Optional[Callable[..., Any]] = None) -> Dict[str, Any]:
+    """Bitwise against `reference` (eager if None) on the same inputs, and the collectives each
+    call issues against eager's. With another reference, whether eager's bits came out too."""
+    bitwise, eager_bitwise, issued, expected = True, True, [], []
     for args in inputs:
         s0 = sequence()
-        want = reference(*args)
+        want_eager = eager(*args)
         s1 = sequence()
+        want = want_eager if reference is None else reference(*args)
+        s2 = sequence()
         got = run(*args)
-        issued.append(sequence() - s1)
+        issued.append(sequence() - s2)
         expected.append(s1 - s0)
-        bitwise = bitwise and torch.equal(got, want)
-    return {"bitwise": bitwise, "collectives_match": issued == expected, "collectives": expected[-1]}
+        bitwise = bitwise and _bitwise(got, want)
+        eager_bitwise = eager_bitwise and _bitwise(got, want_eager)
+    out = {"bitwise": bitwise, "collectives_match": issued == expected, "collectives": expected[-1]}
+    if reference is not None:
+        out["eager_bitwise"] = eager_bitwise
+    return out
 
 
 def _rank(rank: int, world: int, rounds: int, calls: int) -> Dict[str, Any]:
@@ -148,15 +176,18 @@ def _rank(rank: int, world: int, rounds: int, calls: int) -> Dict[str, Any]:
     cfg.mode = "reduce-overhead"
     out: Dict[str, Any] = {"modes": {}, "overlap": {}}
     with torch.no_grad():
-        models = {m: _tp_llama() for m in ("reference", "eager", "compile", "capture")}
+        # Each a model of its own (a static KV cache each), built alike on every rank.
+        models = {m: _tp_llama() for m in ("reference", "aot_eager", "eager", "compile", "capture")}
         reference, make_inputs = models["reference"]
+        references = {"eager": None, "aot_eager": torch.compile(models["aot_eager"][0], backend="aot_eager")}
         backend = torchreplay.get_backend(compiler_config=cfg)
         runs = {"eager": models["eager"][0],
                 "compile": torch.compile(models["compile"][0], backend=backend),
                 "capture": torchreplay.capture(models["capture"][0], make_inputs(0), config=cfg)}
         inputs = [make_inputs(i) for i in range(3)]
         for mode, run in runs.items():
-            out["modes"][mode] = _checked(run, reference, inputs)
+            out["modes"][mode] = _checked(run, reference, inputs, references[REFERENCES[mode]])
+            out["modes"][mode]["reference"] = REFERENCES[mode]
         replays = {"compile": lambda: sum(s["replays"] for s in backend.stats()),
                    "capture": lambda: runs["capture"].stats()["replays"]}
         x = make_inputs(3)
@@ -260,18 +291,25 @@ def _table(results: List[Dict[str, Any]], world: int) -> str:
         m = r[mode]
         over = m["p10_us"] - floor
         if mode == "comm-floor":
-            check = "reference"
+            check = "reference for the communication"
         else:
-            ok = all(x["modes"][mode]["bitwise"] and x["modes"][mode]["collectives_match"] for x in results)
-            check = ("bitwise on every rank" if ok else "WRONG") + \
+            ref = m["reference"]
+            bitwise = all(x["modes"][mode]["bitwise"] for x in results)
+            collectives = all(x["modes"][mode]["collectives_match"] for x in results)
+            check = (f"bitwise vs {ref} on every rank" if bitwise else f"WRONG vs {ref}") + \
+                ("" if collectives else ", WRONG collectives") + \
                 (f", {m['replays']} replays" if "replays" in m else "")
+            if ref != "eager":
+                differs = [rank for rank, x in enumerate(results) if not x["modes"][mode]["eager_bitwise"]]
+                check += f" (vs eager: differs on rank {', '.join(map(str, differs))})" if differs else \
+                    " (vs eager: bitwise too)"
         share = f"{over / eager_over:>10.3f}" if mode != "comm-floor" and eager_over > 0 else f"{'':>10}"
         lines.append(f"  {mode:<12}{m['p10_us']:>10.1f}{m['us']:>10.1f}{over:>16.1f}{share}  {check}")
     ov = results[0]["overlap"]
     apart = ov["communication"]["us"] + ov["compute"]["us"]
     ok = all(v["bitwise"] for x in results for v in x["overlap"].values() if "bitwise" in v)
     late = f"the other ranks join each all_reduce {LATE_S * 1e3:g} ms late and compute nothing"
-    lines += ["", f"Overlap: rank 0's step, µs per call (torchreplay.capture; {'bitwise' if ok else 'WRONG'} on every "
+    lines += ["", f"Overlap: rank 0's step, µs per call (torchreplay.capture; {'bitwise' if ok else 'WRONG'} vs eager on every "
               f"rank; {ov['both']['replays']} replays of both); {late}, but in the last row",
               f"  all_reduce of 64 floats alone          {ov['communication']['us']:>9.1f}",
               f"  {CHAIN} matmuls 64x64 + tanh alone         {ov['compute']['us']:>9.1f}",
@@ -290,17 +328,26 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--calls", type=int, default=40, help="calls per mode per round")
     p.add_argument("--out", default="bench_out", help="directory for tp.json")
+    p.add_argument("--deadline", type=float, default=900, help="seconds before the ranks are killed")
     a = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        results = spawn(_rank, a.world, tmp, a.rounds, a.calls, deadline_s=900)
+        results = spawn(_rank, a.world, tmp, a.rounds, a.calls, deadline_s=a.deadline)
     print(_table(results, a.world))
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "tp.json"), "w") as f:
         json.dump({"world": a.world, "rounds": a.rounds, "calls": a.calls, "ranks": results}, f, indent=1)
-    wrong = [m for x in results for m, v in x["modes"].items()
+    return 1 if _failures(results) else 0
+
+
+def _failures(results: List[Dict[str, Any]]) -> List[str]:
+    """The modes and overlap rows that differ from their reference or issue other collectives
+    than eager, on some rank. A mode that differs from eager but not from its own reference
+    (torch.compile against aot_eager) is no failure."""
+    wrong = [f"rank {rank}: {m} vs {v['reference']}" for rank, x in enumerate(results) for m, v in x["modes"].items()
              if m != "comm-floor" and not (v["bitwise"] and v["collectives_match"])]
-    wrong += [k for x in results for k, v in x["overlap"].items() if not v.get("bitwise", True)]
-    return 1 if wrong else 0
+    wrong += [f"rank {rank}: overlap {k}" for rank, x in enumerate(results) for k, v in x["overlap"].items()
+              if not v.get("bitwise", True)]
+    return wrong
 
 
 if __name__ == "__main__":
