@@ -29,7 +29,7 @@ import torch.utils.benchmark as tbench
 
 import torchreplay
 from torchreplay.backend import _lifted
-from torchreplay.bench.models import MODELS, out_by_hand
+from torchreplay.bench.models import HARNESS_MODELS, MODELS, out_by_hand
 
 MODES = {
     "eager": "eager PyTorch",
@@ -512,7 +512,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m torchreplay.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--models", default=",".join(m for m in MODELS), help="comma-separated: " + ", ".join(MODELS))
+    p.add_argument("--models", default=",".join(HARNESS_MODELS),
+                   help="comma-separated (default: " + ",".join(HARNESS_MODELS) + "), of " + ", ".join(MODELS))
     p.add_argument("--modes", default=None, help="comma-separated: " + ", ".join(MODES))
     p.add_argument("--quick", action="store_true",
                    help="short timings, no Inductor, AOTInductor or NativeRT (under a minute on CPU)")

@@ -122,6 +122,104 @@ class ElementwiseChain(nn.Module):
         return x
 
 
+class AudioConv1d(nn.Module):
+    """A 1-d convolution audio stack (keyword spotting on a raw waveform, M5 style): four blocks
+    of Conv1d, BatchNorm1d and ReLU (max pooling after the first two), global average pooling, a
+    linear head. Input (1, 1, 4000): a quarter second at 16 kHz."""
+
+    def __init__(self, channels: int = 32, classes: int = 12) -> None:
+        super().__init__()
+        c = channels
+        self.blocks = nn.ModuleList([
+            nn.Sequential(nn.Conv1d(1, c, 80, stride=16), nn.BatchNorm1d(c), nn.ReLU(), nn.MaxPool1d(4)),
+            nn.Sequential(nn.Conv1d(c, c, 3), nn.BatchNorm1d(c), nn.ReLU(), nn.MaxPool1d(4)),
+            nn.Sequential(nn.Conv1d(c, 2 * c, 3), nn.BatchNorm1d(2 * c), nn.ReLU()),
+            nn.Sequential(nn.Conv1d(2 * c, 2 * c, 3), nn.BatchNorm1d(2 * c), nn.ReLU()),
+        ])
+        self.head = nn.Linear(2 * c, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x.mean(-1))
+
+
+class LSTMStep(nn.Module):
+    """One step of a 2-layer LSTM (input 32, hidden 64), its state passed in and handed back:
+    the call a streaming model makes per frame."""
+
+    def __init__(self, d: int = 32, hidden: int = 64, layers: int = 2) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(d, hidden, num_layers=layers, batch_first=True)
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor):
+        y, (h, c) = self.lstm(x, (h, c))
+        return y, h, c
+
+
+class GRUSequence(nn.Module):
+    """A 1-layer GRU (input 32, hidden 64) over a sequence: every step's output and the last state."""
+
+    def __init__(self, d: int = 32, hidden: int = 64) -> None:
+        super().__init__()
+        self.gru = nn.GRU(d, hidden, batch_first=True)
+
+    def forward(self, x: torch.Tensor):
+        y, h = self.gru(x)
+        return y, h
+
+
+class EmbeddingBagRecommender(nn.Module):
+    """A small recommender (DLRM style): two nn.EmbeddingBag tables (sum) pool the sparse
+    features of each sample, an MLP embeds the dense ones, an MLP over the three gives a score."""
+
+    def __init__(self, rows: int = 1000, dim: int = 16, dense: int = 13) -> None:
+        super().__init__()
+        self.tables = nn.ModuleList(nn.EmbeddingBag(rows, dim, mode="sum") for _ in range(2))
+        self.bottom = nn.Sequential(nn.Linear(dense, 32), nn.ReLU(), nn.Linear(32, dim), nn.ReLU())
+        self.top = nn.Sequential(nn.Linear(3 * dim, 32), nn.ReLU(), nn.Linear(32, 1))
+
+    def forward(self, dense: torch.Tensor, idx0: torch.Tensor, off0: torch.Tensor, idx1: torch.Tensor,
+                off1: torch.Tensor) -> torch.Tensor:
+        pooled = [self.tables[0](idx0, off0), self.tables[1](idx1, off1)]
+        return self.top(torch.cat([self.bottom(dense)] + pooled, dim=1))
+
+
+def _seeded(i: int) -> torch.Generator:
+    return torch.Generator().manual_seed(i)
+
+
+def _recommender_inputs(i: int) -> tuple:
+    """A batch of 4: dense features, and per table 10 indices in bags of 2, 3, 1 and 4."""
+    g = _seeded(i)
+    offsets = torch.tensor([0, 2, 5, 6])
+    return (torch.randn(4, 13, generator=g), torch.randint(0, 1000, (10,), generator=g), offsets,
+            torch.randint(0, 1000, (10,), generator=g), offsets.clone())
+
+
+def _lstm_inputs(i: int) -> tuple:
+    g = _seeded(i)
+    return (torch.randn(1, 1, 32, generator=g), torch.randn(2, 1, 64, generator=g), torch.randn(2, 1, 64, generator=g))
+
+
+def _zoo(name: str, calibrate: bool = False, **kwargs):
+    """A model of the zoo benchmark (bench/zoo.py: torchvision CNNs, tiny transformers models).
+    `calibrate`: its batch norms' running statistics taken from a few random batches (random
+    weights with the initial statistics leave a deep CNN's outputs near zero, where any output
+    passes a check with an absolute tolerance)."""
+    def build():
+        from torchreplay.bench import zoo
+        model, make_inputs = zoo.build(name, **kwargs)
+        if calibrate:
+            model.train()
+            with torch.no_grad():
+                for i in range(3):
+                    model(torch.cat([make_inputs(1000 + 4 * i + j)[0] for j in range(4)]))
+            model.eval()
+        return model, make_inputs
+    return build
+
+
 def _llama_decode(shard: Optional[Callable[[nn.Module], None]] = None):
     """A tiny randomly initialised Llama decode step with a static cache (needs transformers).
     `shard(model)`, if given, parallelizes the model before its cache is made (the cache takes the
@@ -205,4 +303,18 @@ MODELS = {
     "convnet": (lambda: (ConvBN().eval(), lambda i: (torch.randn(1, 3, 16, 16),)), "small conv net + BN"),
     "chain64": (lambda: (ElementwiseChain(), lambda i: (torch.randn(16),)), "64 elementwise ops, 16 elems"),
     "llama_decode": (_llama_decode, "tiny Llama decode step (transformers)"),
+    # Models of the CPU-runtime comparison (python -m torchreplay.bench.runtimes): not in the
+    # harness's default run.
+    "mobilenet_v3_small_96": (_zoo("mobilenet_v3_small", calibrate=True, size=96),
+                              "torchvision mobilenet_v3_small, 96x96, batch 1, batch norms calibrated"),
+    "audio_conv1d": (lambda: (AudioConv1d().eval(), lambda i: (torch.randn(1, 1, 4000, generator=_seeded(i)),)),
+                     "1-d convolution audio stack, 4000 samples"),
+    "lstm_step": (lambda: (LSTMStep().eval(), _lstm_inputs), "2-layer LSTM, one step, state in and out"),
+    "gru_seq16": (lambda: (GRUSequence().eval(), lambda i: (torch.randn(1, 16, 32, generator=_seeded(i)),)),
+                  "GRU over 16 steps"),
+    "bert_encoder": (_zoo("bert"), "tiny BERT encoder (transformers BertModel), 16 tokens"),
+    "embedding_bag": (lambda: (EmbeddingBagRecommender().eval(), _recommender_inputs),
+                      "EmbeddingBag recommender, batch 4"),
 }
+# The harness's own models (python -m torchreplay.bench runs these unless --models says otherwise).
+HARNESS_MODELS = ["mlp", "demo", "attention_decode", "convnet", "chain64", "llama_decode"]

@@ -76,11 +76,12 @@ def _transformer(name: str) -> Callable[[], Tuple[torch.nn.Module, Callable[[int
     return build
 
 
-def _cnn(name: str) -> Callable[[], Tuple[torch.nn.Module, Callable[[int], tuple]]]:
+def _cnn(name: str, size: int = 64) -> Callable[[], Tuple[torch.nn.Module, Callable[[int], tuple]]]:
+    """A torchvision CNN with random weights, eval mode, on one image of size x size."""
     def build() -> Tuple[torch.nn.Module, Callable[[int], tuple]]:
         import torchvision
         model = getattr(torchvision.models, name)(weights=None).eval()
-        return model, lambda i: (torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(i)),)
+        return model, lambda i: (torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(i)),)
     return build
 
 
@@ -105,6 +106,15 @@ CNNS = ["resnet18", "mobilenet_v2", "mobilenet_v3_small", "squeezenet1_0", "shuf
         "efficientnet_b0", "regnet_y_400mf", "mnasnet0_5"]
 MODELS: Dict[str, Callable[[], Tuple[torch.nn.Module, Callable[[int], tuple]]]] = {
     **{n: _transformer(n) for n in TRANSFORMERS}, **{n: _cnn(n) for n in CNNS}}
+
+
+def build(name: str, size: Optional[int] = None) -> Tuple[torch.nn.Module, Callable[[int], tuple]]:
+    """(model, make_inputs) of a zoo model; `size`: a CNN's image size instead of 64."""
+    if size is not None:
+        if name not in CNNS:
+            raise ValueError(f"size is for the CNNs, not {name}")
+        return _cnn(name, size)()
+    return MODELS[name]()
 
 
 def _time_block(fn: Callable[..., Any], inputs: tuple, seconds: float) -> float:
