@@ -11,22 +11,36 @@
 # capture against the step's communication floor, and compute overlapping an all_reduce). Last,
 # training steps (python -m torchreplay.bench.train: the MLP and the tiny Llama, with and without
 # a compiled Adam, against eager, Inductor and aot_eager, and the breakdown of torchreplay's step).
-# Last, serving from C++ (python -m torchreplay.bench.deploy: models saved by torchreplay.save and
+# Then serving from C++ (python -m torchreplay.bench.deploy: models saved by torchreplay.save and
 # loaded by torchreplay::Load against AOTInductor's package and C++ loader, bench/deploy_bench.cc).
+# Last, the CPU runtimes a user weighs (python -m torchreplay.bench.runtimes: eager, torchreplay
+# through both entry points, AOTInductor, ONNX Runtime, OpenVINO and ExecuTorch per model, at 1
+# and 2 threads; the peers are installed from tools/bench-requirements.txt when missing).
 # Arguments go to `python -m torchreplay.bench` (try --help).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
+# The benchmark's peers, pinned, with --no-deps: each runtime dependency is pinned in the file, and
+# nothing may replace torch (executorch's metadata asks for packages that would).
+stamp=.venv/.torchreplay-bench-requirements
+if [ ! -f "$stamp" ] || ! cmp -s tools/bench-requirements.txt "$stamp"; then
+  echo "[bench] installing the CPU runtimes compared with (tools/bench-requirements.txt)" >&2
+  .venv/bin/pip install -q --disable-pip-version-check --no-deps -r tools/bench-requirements.txt
+  .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.11.0')" \
+    || { echo "[bench] torch is no longer 2.11.0 after installing tools/bench-requirements.txt" >&2; exit 1; }
+  cp tools/bench-requirements.txt "$stamp"
+fi
 min_time=1
 buckets=()
 tp=()
 train=()
 deploy=()
+runtimes=()
 prev= help=
 for a in "$@"; do
   case "$a" in -h|--help) help=1 ;; esac
-  [ "$a" = "--quick" ] && min_time=0.2 && buckets+=(--rounds 5 --no-inductor) && tp+=(--rounds 2 --calls 20) && train+=(--rounds 3 --seconds 2) && deploy+=(--min-time 0.3)
-  [ "$prev" = "--out" ] && buckets+=(--out "$a") && tp+=(--out "$a") && deploy+=(--out "$a")
+  [ "$a" = "--quick" ] && min_time=0.2 && buckets+=(--rounds 5 --no-inductor) && tp+=(--rounds 2 --calls 20) && train+=(--rounds 3 --seconds 2) && deploy+=(--min-time 0.3) && runtimes+=(--quick)
+  [ "$prev" = "--out" ] && buckets+=(--out "$a") && tp+=(--out "$a") && deploy+=(--out "$a") && runtimes+=(--out "$a")
   prev=$a
 done
 bazel build --noshow_progress --ui_event_filters=-info,-stdout //bench:chain_bench //bench:deploy_bench 2>&1 \
@@ -49,3 +63,6 @@ echo "== Training steps: python -m torchreplay.bench.train ${train[*]}"
 echo
 echo "== Serving from C++: python -m torchreplay.bench.deploy ${deploy[*]}"
 .venv/bin/python -m torchreplay.bench.deploy "${deploy[@]}"
+echo
+echo "== CPU runtimes: python -m torchreplay.bench.runtimes ${runtimes[*]}"
+.venv/bin/python -m torchreplay.bench.runtimes "${runtimes[@]}"

@@ -1,0 +1,553 @@
+"""The CPU runtimes a user weighs, side by side with torchreplay: per model and thread count,
+eager, torchreplay.capture, torch.compile + torchreplay, AOTInductor, ONNX Runtime, OpenVINO and
+ExecuTorch (XNNPACK), each built, checked against eager and timed in one process.
+
+    python -m torchreplay.bench.runtimes [--models mlp,lstm_step] [--modes eager,onnxruntime]
+                                         [--threads 1,2] [--rounds 7] [--quick] [--out DIR]
+
+Per model and thread count every mode is built from a fresh copy of the model (build time: making
+the runnable and its first call), checked against eager over three calls ("bitwise", "close (max
+abs err, max rel err)" within the harness's tolerance, rtol 1e-4 and atol 1e-5, or "WRONG (why)"),
+then the modes that gave eager's outputs are timed interleaved as the harness times them (each of
+--rounds rounds times every mode once; the median over rounds, µs per call) with the ratio to
+eager. A mode that fails to build or run gets a row that says why. A torchreplay mode close to
+eager but not bitwise is also checked against the traced graph run eagerly (the exported program,
+or aot_eager through torch.compile), and a torch.compile mode in which Dynamo made no graph says
+so. torch.set_num_threads and each runtime's own thread settings follow the thread count:
+
+- ONNX Runtime: torch.onnx.export(dynamo=True); intra-op threads = the count, one inter-op thread,
+  ORT_SEQUENTIAL, ORT_ENABLE_ALL; IO binding, with input and output buffers bound once (each call
+  copies its inputs into them);
+- OpenVINO: openvino.convert_model; INFERENCE_NUM_THREADS = the count, PERFORMANCE_HINT LATENCY,
+  NUM_STREAMS 1, INFERENCE_PRECISION_HINT f32 (without it CPUs with AMX may run bf16); an infer
+  request with its input and output tensors bound once on shared memory;
+- ExecuTorch: torch.export, to_edge_transform_and_lower with the XnnpackPartitioner,
+  to_executorch, run through executorch.runtime; its thread pool reset to the count.
+
+The peers are benchmark-only packages: tools/bench-requirements.txt (tools/bench.sh installs
+them). Writes DIR/runtimes.json; --markdown also prints the tables as Markdown.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import importlib.util
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+import warnings
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+from torch.utils import _pytree as pytree
+
+from torchreplay.bench.__main__ import compile_for, fresh_dynamo, same, time_interleaved
+from torchreplay.bench.models import MODELS as ALL_MODELS
+
+MODES = {
+    "eager": "eager PyTorch",
+    "torchreplay-capture": "torchreplay.capture, config mode reduce-overhead (torch.export once, then each "
+                           "call straight into C++)",
+    "torchreplay-reduce-overhead": "torch.compile with torchreplay.get_backend, config mode reduce-overhead",
+    "aotinductor": "AOTInductor: torch.export, aoti_compile_and_package, aoti_load_package(...).loader.run",
+    "onnxruntime": "ONNX Runtime: torch.onnx.export(dynamo=True), InferenceSession (CPU), IO binding",
+    "openvino": "OpenVINO: openvino.convert_model, compile_model CPU (latency, f32), bound infer request",
+    "executorch": "ExecuTorch: XNNPACK partitioner, executorch.runtime",
+}
+SHORT = {"eager": "eager", "torchreplay-capture": "capture", "torchreplay-reduce-overhead": "compile+tr",
+         "aotinductor": "AOTInductor", "onnxruntime": "ONNX Runtime", "openvino": "OpenVINO",
+         "executorch": "ExecuTorch"}
+PEERS = {"onnxruntime": ("onnxruntime", "onnx", "onnxscript"), "openvino": ("openvino",),
+         "executorch": ("executorch", "torchao")}  # mode -> the packages it needs
+MODELS = ["mlp", "convnet", "mobilenet_v3_small_96", "audio_conv1d", "lstm_step", "gru_seq16", "bert_encoder",
+          "llama_decode", "attention_decode", "embedding_bag"]
+QUICK_MODELS = ["mlp", "lstm_step", "attention_decode"]
+# ExecuTorch's lowering resets torch.compile's caches: it is built first, torch.compile's modes last.
+BUILD_ORDER = ["eager", "executorch", "onnxruntime", "openvino", "aotinductor", "torchreplay-capture",
+               "torchreplay-reduce-overhead"]
+CHECK_CALLS = 3
+INSTALL_HINT = "pip install --no-deps -r tools/bench-requirements.txt, or run tools/bench.sh"
+
+
+def missing_packages(mode: str) -> List[str]:
+    return [p for p in PEERS.get(mode, ()) if importlib.util.find_spec(p) is None]
+
+
+def _tensors(args: tuple) -> List[torch.Tensor]:
+    if not all(isinstance(a, torch.Tensor) for a in args):
+        raise TypeError("the peers' wrappers here take tensor arguments only")
+    return list(args)
+
+
+@contextlib.contextmanager
+def quiet(log: List[str]):
+    """What the exporters, converters and runtimes print while a mode is built and checked
+    (progress lines, warnings, native logs on file descriptors 1 and 2) goes into `log` instead,
+    so that stdout holds the tables and stderr one line per mode; a failed mode shows its tail."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as f:
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+        try:
+            with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
+                warnings.simplefilter("ignore")
+                yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+            f.seek(0)
+            log.extend(f.read().decode(errors="replace").splitlines())
+
+
+class OnnxRuntime:
+    """torch.onnx.export(dynamo=True) into an ONNX Runtime session (CPU): `threads` intra-op
+    threads, one inter-op thread, sequential execution, every graph optimization; IO binding with
+    buffers bound once: each call copies its inputs into the bound input buffers and runs, and the
+    outputs land in buffers bound once (returned as they are, like a pool's views)."""
+
+    def __init__(self, model: torch.nn.Module, example_inputs: tuple, threads: int) -> None:
+        import numpy as np
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.log_severity_level = 3
+        with tempfile.TemporaryDirectory(prefix="torchreplay-bench-") as tmp:
+            path = os.path.join(tmp, "model.onnx")
+            torch.onnx.export(model, tuple(example_inputs), path, dynamo=True, verbose=False)
+            self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        self.keeps_state = False  # a session keeps nothing between runs: a graph's writes are outputs or lost
+        inputs = _tensors(example_inputs)
+        names = [i.name for i in self.session.get_inputs()]
+        if len(names) != len(inputs):
+            raise RuntimeError(f"the ONNX model takes {len(names)} inputs, the model {len(inputs)}")
+        self.inputs = [x.clone() for x in inputs]
+        feeds = {n: x.numpy() for n, x in zip(names, self.inputs)}
+        first = self.session.run(None, feeds)
+        self.outputs = [torch.from_numpy(np.ascontiguousarray(o)).clone() for o in first]
+        self.binding = self.session.io_binding()
+        for name, x in zip(names, self.inputs):
+            self.binding.bind_input(name, "cpu", 0, x.numpy().dtype, list(x.shape), x.data_ptr())
+        for out, o in zip(self.session.get_outputs(), self.outputs):
+            self.binding.bind_output(out.name, "cpu", 0, o.numpy().dtype, list(o.shape), o.data_ptr())
+
+    def __call__(self, *args: Any) -> List[torch.Tensor]:
+        for dst, src in zip(self.inputs, args):
+            dst.copy_(src)
+        self.session.run_with_iobinding(self.binding)
+        return self.outputs
+
+
+class OpenVino:
+    """openvino.convert_model, compiled for the CPU with `threads` inference threads, the latency
+    hint, one stream and f32 precision; one infer request whose input and output tensors are bound
+    once on torch tensors' memory (shared): each call copies its inputs in and runs."""
+
+    def __init__(self, model: torch.nn.Module, example_inputs: tuple, threads: int) -> None:
+        import openvino as ov
+
+        inputs = _tensors(example_inputs)
+        converted = ov.convert_model(model, example_input=tuple(inputs))
+        compiled = ov.Core().compile_model(converted, "CPU", {
+            "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1,
+            "INFERENCE_PRECISION_HINT": "f32"})
+        if len(compiled.inputs) != len(inputs):
+            raise RuntimeError(f"the converted model takes {len(compiled.inputs)} inputs, the model {len(inputs)}")
+        self.compiled = compiled  # the request needs its compiled model alive
+        self.keeps_state = bool(converted.get_variables())  # state between calls: ReadValue/Assign pairs
+        self.request = compiled.create_infer_request()
+        self.inputs = [x.clone() for x in inputs]
+        for i, x in enumerate(self.inputs):
+            self.request.set_input_tensor(i, ov.Tensor(x.numpy(), shared_memory=True))
+        self.request.infer()
+        self.outputs = [torch.from_numpy(self.request.get_output_tensor(i).data.copy())
+                        for i in range(len(compiled.outputs))]
+        for i, o in enumerate(self.outputs):
+            self.request.set_output_tensor(i, ov.Tensor(o.numpy(), shared_memory=True))
+
+    def __call__(self, *args: Any) -> List[torch.Tensor]:
+        for dst, src in zip(self.inputs, args):
+            dst.copy_(src)
+        self.request.infer()
+        return self.outputs
+
+
+def _flatc() -> None:
+    """ExecuTorch's XNNPACK serializer runs `flatc`: the one its wheel ships, unless set."""
+    if "FLATC_EXECUTABLE" not in os.environ:
+        for root in importlib.util.find_spec("executorch").submodule_search_locations or []:
+            path = os.path.join(root, "data", "bin", "flatc")
+            if os.path.exists(path):
+                os.environ["FLATC_EXECUTABLE"] = path
+                break
+
+
+def executorch_threads(threads: int) -> None:
+    """ExecuTorch's thread pool (XNNPACK's threads) set to `threads`, where the package is there."""
+    if importlib.util.find_spec("executorch") is None:
+        return
+    from executorch.extension.pybindings import portable_lib
+    if portable_lib._threadpool_get_thread_count() != threads:
+        portable_lib._unsafe_reset_threadpool(threads)
+
+
+class ExecuTorch:
+    """torch.export, to_edge_transform_and_lower with the XnnpackPartitioner, to_executorch, then
+    the program's forward loaded and executed through executorch.runtime (its thread pool set to
+    `threads` by executorch_threads)."""
+
+    def __init__(self, model: torch.nn.Module, example_inputs: tuple, threads: int) -> None:
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+        from executorch.exir import to_edge_transform_and_lower
+        from executorch.runtime import Runtime
+
+        _flatc()
+        executorch_threads(threads)
+        inputs = _tensors(example_inputs)
+        ep = torch.export.export(model, tuple(inputs))
+        program = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]).to_executorch()
+        self.program = Runtime.get().load_program(program.buffer)
+        self.method = self.program.load_method("forward")
+
+    def __call__(self, *args: Any) -> List[torch.Tensor]:
+        return list(self.method.execute(list(args)))
+
+
+PEER_CLASSES = {"onnxruntime": OnnxRuntime, "openvino": OpenVino, "executorch": ExecuTorch}
+
+
+def build(mode: str, model: torch.nn.Module, example_inputs: tuple, threads: int) -> Callable:
+    if mode in PEER_CLASSES:
+        return PEER_CLASSES[mode](model, example_inputs, threads)
+    if mode == "torchreplay-reduce-overhead":  # compile_for's, keeping the backend for its stats
+        import torchreplay
+        config = torchreplay.CompilerConfig()
+        config.mode = "reduce-overhead"
+        backend = torchreplay.get_backend(compiler_config=config)
+        compiled = torch.compile(model, backend=backend)
+        compiled.torchreplay_backend = backend
+        return compiled
+    fn = compile_for(mode, model, list(example_inputs))
+    if fn is None:
+        raise RuntimeError(f"the harness has no {mode} version of this model")
+    return fn
+
+
+def _leaves(out: Any) -> List[Any]:
+    return pytree.tree_leaves(out)
+
+
+def compare(got: Any, want: Any) -> Dict[str, Any]:
+    """Flattened outputs against eager's: bitwise, close (the harness's allclose) or not, with the
+    largest absolute error and the largest relative error |got - want| / |want| per element, where
+    elements below a thousandth of the output's largest magnitude count as that thousandth."""
+    g, w = _leaves(got), _leaves(want)
+    if len(g) != len(w):
+        return {"close": False, "bitwise": False, "why": f"{len(g)} outputs, eager gives {len(w)}"}
+    abs_err = rel_err = 0.0
+    close = bitwise = True
+    for i, (a, b) in enumerate(zip(g, w)):
+        if not isinstance(b, torch.Tensor):
+            ok = a == b
+            close, bitwise = close and ok, bitwise and ok
+            continue
+        if not isinstance(a, torch.Tensor):
+            a = torch.as_tensor(a)
+        if a.shape != b.shape:
+            return {"close": False, "bitwise": False,
+                    "why": f"output {i} has shape {tuple(a.shape)}, eager's {tuple(b.shape)}"}
+        if a.dtype != b.dtype:
+            a = a.to(b.dtype)
+        c, e = same(a, b)
+        close, bitwise = close and bool(c), bitwise and bool(e)
+        if b.is_floating_point() and b.numel():
+            d = (a.double() - b.double()).abs()
+            if not torch.isfinite(d).all():
+                abs_err = rel_err = float("inf")
+            else:
+                abs_err = max(abs_err, d.max().item())
+                mag = b.double().abs()
+                floor = max(mag.max().item() * 1e-3, torch.finfo(b.dtype).tiny)
+                rel_err = max(rel_err, (d / mag.clamp_min(floor)).max().item())
+        elif not e:
+            abs_err = max(abs_err, (a.double() - b.double()).abs().max().item())
+    return {"close": close, "bitwise": bitwise, "abs_err": abs_err, "rel_err": rel_err}
+
+
+def _written_buffers(model: torch.nn.Module, run: Callable[[], Any]) -> List[str]:
+    """The names of the buffers `run` changes."""
+    before = {n: b.clone() for n, b in model.named_buffers()}
+    run()
+    return [n for n, b in model.named_buffers() if n in before and not torch.equal(before[n], b)]
+
+
+def check_text(results: List[Dict[str, Any]], written: List[str], keeps_state: Optional[bool] = None,
+               runtime: str = "") -> Tuple[str, bool]:
+    """The check column and whether the mode gave eager's outputs (bitwise or close) on every call.
+    `written`: the buffers eager's calls wrote; `keeps_state`: whether the runtime's model keeps
+    any state between calls (None: unknown)."""
+    bad = [i for i, r in enumerate(results) if not r["close"]]
+    if not bad:
+        if all(r["bitwise"] for r in results):
+            return "bitwise", True
+        a = max(r["abs_err"] for r in results)
+        rel = max(r["rel_err"] for r in results)
+        return f"close (max abs err {a:.2g}, max rel err {rel:.2g})", True
+    first = results[bad[0]]
+    if "why" in first:
+        why = first["why"]
+    else:
+        why = f"max abs err {max(results[i]['abs_err'] for i in bad):.3g}, max rel err " \
+              f"{max(results[i]['rel_err'] for i in bad):.3g}"
+    calls = ", ".join(str(i + 1) for i in bad)
+    text = f"call{'s' if len(bad) > 1 else ''} {calls} of {len(results)} " \
+           f"{'differ' if len(bad) > 1 else 'differs'} from eager: {why}"
+    if bad[0] > 0 and written:
+        names = ", ".join(written[:4]) + (", ..." if len(written) > 4 else "")
+        if keeps_state is False:
+            text += (f"; the model writes its buffers ({names}) each call and later calls read them, but "
+                     f"{runtime}'s model keeps no state between calls: the writes are dropped")
+        else:
+            text += f"; the model writes its buffers ({names}) each call and later calls read them"
+    return f"WRONG ({text})", False
+
+
+def traced_check(mode: str, model: torch.nn.Module, make_inputs: Callable[[int], tuple], seen: List[Any]) -> str:
+    """Where a torchreplay mode is close to eager but not bitwise: its outputs against the traced
+    graph run eagerly, the reference torchreplay keeps bitwise where tracing or decompositions
+    change the arithmetic: torch.export's program with capture's decompositions (capture), or
+    torch.compile with backend aot_eager (through torch.compile); each on a fresh copy."""
+    if mode == "torchreplay-capture":
+        from torchreplay.captured import _decompositions
+        ep = torch.export.export(copy.deepcopy(model), tuple(make_inputs(0)))
+        traced, name = ep.run_decompositions(_decompositions(None)).module(), "the exported program's"
+    else:
+        traced, name = torch.compile(copy.deepcopy(model), backend="aot_eager"), "aot_eager's"
+    exact = all(compare(got, traced(*copy.deepcopy(make_inputs(i))))["bitwise"] for i, got in enumerate(seen))
+    return f"; bitwise equal to {name}" if exact else f"; not bitwise equal to {name} either"
+
+
+def graphs_note(fn: Any, model: torch.nn.Module) -> str:
+    """Through torch.compile: a note where Dynamo made no graph, so that the model ran eagerly."""
+    backend = getattr(fn, "torchreplay_backend", None)
+    if backend is None or backend.stats():
+        return ""
+    rnn = any(isinstance(m, torch.nn.RNNBase) for m in model.modules())
+    return "; Dynamo made no graph, the model ran eagerly" + (
+        " (torch.nn.LSTM and GRU: torch._dynamo.config.allow_rnn is off by default)" if rnn else "")
+
+
+def prepare(model_name: str, mode: str, threads: int) -> Tuple[Dict[str, Any], Optional[Callable[[], None]]]:
+    """Builds and checks one mode of one model: (row, step) where step() is one timed call, or
+    None when the mode failed, was wrong or is not installed (the row says why)."""
+    row: Dict[str, Any] = {"model": model_name, "mode": mode, "threads": threads}
+    missing = missing_packages(mode)
+    if missing:
+        row.update(status="not installed", check=f"not installed: {', '.join(missing)} ({INSTALL_HINT})")
+        return row, None
+    factory, _ = ALL_MODELS[model_name]
+    torch.manual_seed(0)
+    model, make_inputs = factory()
+    reference = copy.deepcopy(model)
+    phase, log = "build", []
+    try:
+        with torch.no_grad(), quiet(log):
+            t0 = time.perf_counter()
+            fn = build(mode, copy.deepcopy(model), make_inputs(0), threads)
+            results, seen, written = [], [], []
+            for i in range(CHECK_CALLS):
+                inputs = make_inputs(i)
+                phase = "build" if i == 0 else "run"
+                got = fn(*copy.deepcopy(inputs))
+                if i == 0:
+                    row["build_s"] = time.perf_counter() - t0
+                box: List[Any] = []
+                for name in _written_buffers(reference, lambda: box.append(reference(*copy.deepcopy(inputs)))):
+                    written += [name] if name not in written else []
+                results.append(compare(got, box[0]))
+                seen.append(pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, got))
+            row["check"], ok = check_text(results, written, getattr(fn, "keeps_state", None), SHORT[mode])
+            row["bitwise"] = all(r["bitwise"] for r in results)
+            if ok and not row["bitwise"] and mode.startswith("torchreplay-"):
+                phase = "check"
+                row["check"] += traced_check(mode, model, make_inputs, seen)
+            row["check"] += graphs_note(fn, model)
+    except Exception as e:  # noqa: BLE001 - a mode that fails says why in its row
+        msg = str(e).strip().splitlines()
+        row.update(status="failed", error=f"{type(e).__name__}: {msg[0] if msg else ''}"[:300])
+        missing_ops = sorted({line.split("Missing operator:")[1].split("]")[-1].strip()
+                              for line in log if "Missing operator:" in line})
+        if missing_ops:  # ExecuTorch names the operators its runtime lacks in its log only
+            row["error"] += f" (no kernel in the runtime for {', '.join(missing_ops)})"
+        row["check"] = f"failed to {phase}: {row['error']}"
+        tail = [line for line in log if line.strip()][-5:]
+        if tail:
+            print("\n".join(f"    {line[:300]}" for line in tail), file=sys.stderr)
+        return row, None
+    row["status"] = "ok" if ok else "wrong"
+    if not ok:
+        return row, None
+    inputs = make_inputs(CHECK_CALLS)
+    return row, lambda: fn(*inputs)
+
+
+def measure(model_name: str, modes: List[str], threads: int, rounds: int, seconds: float) -> List[Dict[str, Any]]:
+    """Every mode of one model at one thread count: built and checked, then timed interleaved."""
+    torch.set_num_threads(threads)
+    with quiet([]):
+        executorch_threads(threads)
+    fresh_dynamo(len(modes))
+    rows: Dict[str, Dict[str, Any]] = {}
+    steps: Dict[str, Callable[[], None]] = {}
+    for mode in sorted(modes, key=BUILD_ORDER.index):
+        rows[mode], step = prepare(model_name, mode, threads)
+        if step is not None:
+            steps[mode] = step
+        r = rows[mode]
+        build = f" ({r['build_s']:.2f} s)" if "build_s" in r else ""
+        print(f"{threads} thread{'s' if threads > 1 else ''} {model_name} {mode}: {r['check'][:160]}{build}",
+              file=sys.stderr, flush=True)
+    for mode, timing in time_interleaved(steps, rounds, seconds * rounds).items():
+        rows[mode].update(timing)
+    eager = rows.get("eager", {}).get("median_us")
+    for r in rows.values():
+        if eager and "median_us" in r:
+            r["vs_eager"] = eager / r["median_us"]
+    return [rows[m] for m in modes]
+
+
+def render(rows: List[Dict[str, Any]]) -> str:
+    """One line per thread count, model and mode."""
+    lines = [f"{'threads':>7}  {'model':<22}{'mode':<30}{'us/call':>10}{'iqr':>8}{'vs eager':>10}{'build s':>9}  check"]
+    for r in rows:
+        us = f"{r['median_us']:.1f}" if "median_us" in r else "-"
+        iqr = f"{r['iqr_us']:.1f}" if "iqr_us" in r else "-"
+        ratio = f"{r['vs_eager']:.2f}x" if "vs_eager" in r else "-"
+        build = f"{r['build_s']:.2f}" if "build_s" in r else "-"
+        lines.append(f"{r['threads']:>7}  {r['model']:<22}{r['mode']:<30}{us:>10}{iqr:>8}{ratio:>10}{build:>9}  "
+                     f"{r['check']}")
+    return "\n".join(lines)
+
+
+def render_markdown(rows: List[Dict[str, Any]], modes: List[str]) -> str:
+    """Per thread count, a model x mode table of µs per call (ratio to eager) and the checks."""
+    out = []
+    for threads in sorted({r["threads"] for r in rows}):
+        mine = [r for r in rows if r["threads"] == threads]
+        models = list(dict.fromkeys(r["model"] for r in mine))
+        out.append(f"{threads} thread{'s' if threads > 1 else ''}, µs per call (ratio to eager; bold: the fastest "
+                   "row giving eager's outputs):\n")
+        out.append("| model | " + " | ".join(SHORT[m] for m in modes) + " |")
+        out.append("|---" * (len(modes) + 1) + "|")
+        for model in models:
+            by_mode = {r["mode"]: r for r in mine if r["model"] == model}
+            timed = [r["median_us"] for r in by_mode.values() if "median_us" in r]
+            best = min(timed) if timed else None
+            cells = []
+            for m in modes:
+                r = by_mode.get(m)
+                if r is None:
+                    cells.append("")
+                elif "median_us" in r:
+                    us = f"{r['median_us']:.1f}"
+                    us = f"**{us}**" if r["median_us"] == best else us
+                    cells.append(us if m == "eager" else f"{us} ({r['vs_eager']:.2f}x)")
+                else:
+                    cells.append({"wrong": "WRONG", "failed": "failed"}.get(r.get("status"), "-"))
+            out.append(f"| {model} | " + " | ".join(cells) + " |")
+        out.append("")
+    out.append("Checks and build times (s), per model and mode:\n")
+    out.append("| threads | model | mode | build s | check |")
+    out.append("|---|---|---|---|---|")
+    for r in rows:
+        build = f"{r['build_s']:.2f}" if "build_s" in r else "-"
+        out.append(f"| {r['threads']} | {r['model']} | {SHORT[r['mode']]} | {build} | {r['check']} |")
+    return "\n".join(out)
+
+
+def versions() -> Dict[str, Optional[str]]:
+    from importlib.metadata import PackageNotFoundError, version
+    out: Dict[str, Optional[str]] = {}
+    for p in ("torch", "onnxruntime", "onnx", "onnxscript", "openvino", "executorch", "torchao", "transformers",
+              "torchvision"):
+        try:
+            out[p] = version(p)
+        except PackageNotFoundError:
+            out[p] = None
+    return out
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m torchreplay.bench.runtimes", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default=None, help="comma-separated (default: " + ",".join(MODELS) + "; --quick: "
+                   + ",".join(QUICK_MODELS) + "), of " + ", ".join(ALL_MODELS))
+    p.add_argument("--modes", default=None, help="comma-separated, of " + ", ".join(MODES)
+                   + " (default: all; --quick: all but aotinductor, whose C++ compile takes 5-30 s a model)")
+    p.add_argument("--threads", default=None, help="comma-separated thread counts (default 1,2; --quick: 1)")
+    p.add_argument("--rounds", type=int, default=None, help="timing rounds (default 7; --quick: 3)")
+    p.add_argument("--seconds", type=float, default=None,
+                   help="length of each mode's timed block per round (default 0.2; --quick: 0.05)")
+    p.add_argument("--quick", action="store_true", help="a short run: three models, one thread, three rounds")
+    p.add_argument("--out", default="bench_out", help="directory for runtimes.json")
+    p.add_argument("--markdown", action="store_true", help="also print the tables as Markdown")
+    a = p.parse_args(argv)
+    models = (a.models or ",".join(QUICK_MODELS if a.quick else MODELS)).split(",")
+    if a.modes:
+        modes = a.modes.split(",")
+    else:
+        modes = [m for m in MODES if not (a.quick and m == "aotinductor")]
+    threads = [int(t) for t in (a.threads or ("1" if a.quick else "1,2")).split(",")]
+    rounds = a.rounds or (3 if a.quick else 7)
+    seconds = a.seconds or (0.05 if a.quick else 0.2)
+    for name in models:
+        if name not in ALL_MODELS:
+            p.error(f"unknown model {name}")
+    for mode in modes:
+        if mode not in MODES:
+            p.error(f"unknown mode {mode}")
+    if "eager" not in modes:
+        modes.insert(0, "eager")  # every check and ratio is against it
+    modes = [m for m in MODES if m in modes]
+
+    load_before = os.getloadavg()
+    started = time.strftime("%Y-%m-%d %H:%M")
+    rows: List[Dict[str, Any]] = []
+    for t in threads:
+        for name in models:
+            rows.extend(measure(name, modes, t, rounds, seconds))
+    load_after = os.getloadavg()
+    print(f"CPU runtimes against torchreplay, torch {torch.__version__}, {os.cpu_count()} cores, "
+          f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after; median of {rounds} "
+          f"interleaved rounds, µs per call")
+    print(render(rows))
+    if a.markdown:
+        print()
+        print(render_markdown(rows, modes))
+    meta = {"torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
+            "cores": os.cpu_count(), "date": started, "threads": threads, "rounds": rounds, "seconds": seconds,
+            "load_before": load_before, "load_after": load_after, "versions": versions(),
+            "modes": {m: MODES[m] for m in modes}, "command": " ".join(["python -m torchreplay.bench.runtimes"]
+                                                                        + (argv if argv is not None else sys.argv[1:]))}
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "runtimes.json"), "w") as f:
+        json.dump({"meta": meta, "results": rows}, f, indent=2)
+    print(f"wrote {a.out}/runtimes.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
