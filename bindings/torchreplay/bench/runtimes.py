@@ -420,8 +420,11 @@ def measure(model_name: str, modes: List[str], threads: int, rounds: int, second
         build = f" ({r['build_s']:.2f} s)" if "build_s" in r else ""
         print(f"{threads} thread{'s' if threads > 1 else ''} {model_name} {mode}: {r['check'][:160]}{build}",
               file=sys.stderr, flush=True)
+    load = os.getloadavg()[0]  # the 1-minute load average as the timing starts (this process counts)
     for mode, timing in time_interleaved(steps, rounds, seconds * rounds).items():
         rows[mode].update(timing)
+    for r in rows.values():
+        r["load"] = load
     eager = rows.get("eager", {}).get("median_us")
     for r in rows.values():
         if eager and "median_us" in r:
@@ -530,16 +533,19 @@ def main(argv: Optional[List[str]] = None) -> int:
         for name in models:
             rows.extend(measure(name, modes, t, rounds, seconds))
     load_after = os.getloadavg()
+    loads = [r["load"] for r in rows if "load" in r]
     print(f"CPU runtimes against torchreplay, torch {torch.__version__}, {os.cpu_count()} cores, "
-          f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after; median of {rounds} "
-          f"interleaved rounds, µs per call")
+          f"load average {load_before[0]:.2f} before, {min(loads, default=0):.2f}-{max(loads, default=0):.2f} "
+          f"as each model's timing started, {load_after[0]:.2f} after; median of {rounds} interleaved rounds, "
+          f"µs per call")
     print(render(rows))
     if a.markdown:
         print()
         print(render_markdown(rows, modes))
     meta = {"torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
             "cores": os.cpu_count(), "date": started, "threads": threads, "rounds": rounds, "seconds": seconds,
-            "load_before": load_before, "load_after": load_after, "versions": versions(),
+            "load_before": load_before, "load_after": load_after,
+            "load_as_timing_started": [min(loads, default=0), max(loads, default=0)], "versions": versions(),
             "modes": {m: MODES[m] for m in modes}, "command": " ".join(["python -m torchreplay.bench.runtimes"]
                                                                         + (argv if argv is not None else sys.argv[1:]))}
     os.makedirs(a.out, exist_ok=True)
