@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <limits>
+#include <stdexcept>
 
 #include "absl/strings/str_cat.h"
 #include "bindings/convert.h"
@@ -56,6 +57,42 @@ int BackwardHazards(const at::Tensor& t) {
   return bits;
 }
 
+std::string RequiresGradSinceCompiled(const std::string& graph, int i, const std::string& what) {
+  return absl::StrCat(
+      "torchreplay: graph '", graph, "': argument ", i, " (", what, ") requires grad, but did not when the graph "
+      "was compiled: the graph computes no gradient for it, which would be silently skipped. torch.compile "
+      "recompiles when torchreplay's guard sees such a change (Note [Leaves' requires_grad]); it did not here "
+      "(a guard_filter_fn that drops it, or the parameter replaced by another nn.Parameter since the graph was "
+      "compiled): call torch._dynamo.reset() after changing requires_grad");
+}
+
+bool RequiresGradGuard::Holds() const {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].unsafeGetTensorImpl()->requires_grad() != requires_grad[i]) return false;
+  }
+  return true;
+}
+
+std::vector<int> RequiresGradGuard::Changed() const {
+  std::vector<int> changed;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].unsafeGetTensorImpl()->requires_grad() != requires_grad[i]) changed.push_back(static_cast<int>(i));
+  }
+  return changed;
+}
+
+PyObject* RequiresGradGuard::TpCall(PyObject* self, PyObject* /*args*/, PyObject* /*kwargs*/) {
+  auto* inst = reinterpret_cast<py::detail::instance*>(self);
+  const RequiresGradGuard* guard = inst->get_value_and_holder().value_ptr<RequiresGradGuard>();
+  if (guard == nullptr || !inst->get_value_and_holder().holder_constructed()) {
+    PyErr_SetString(PyExc_TypeError, "torchreplay: this RequiresGradGuard was not initialized");
+    return nullptr;
+  }
+  PyObject* result = guard->Holds() ? Py_True : Py_False;
+  Py_INCREF(result);
+  return result;
+}
+
 void ModuleModesChanged() { g_module_modes_epoch.fetch_add(1, std::memory_order_relaxed); }
 int64_t ModuleModesEpoch() { return g_module_modes_epoch.load(std::memory_order_relaxed); }
 
@@ -89,6 +126,9 @@ void Call::Validate() const {
     }
     for (int i : aot->grad_leaves) {
       if (!in_args(i)) throw py::value_error("torchreplay: grad_leaves index out of range");
+    }
+    for (int i : aot->frozen) {
+      if (!in_args(i)) throw py::value_error("torchreplay: frozen index out of range");
     }
   }
 }
@@ -161,6 +201,25 @@ std::optional<py::object> Call::CheckedInputs(const py::args& args, const py::kw
   }
   if (checks.has_value()) Check(inputs);
   if (aot.has_value()) {
+    if (aot->leaves_fixed) {
+      for (size_t i = 0; i < args.size(); ++i) {
+        const c10::IValue& v = inputs[bound.size() + i];
+        if (v.isTensor() && IsGradLeaf(v.toTensor()) != aot->leaf_mask[i]) {
+          aot->hazard_check(i, args[i]);
+          throw std::runtime_error(absl::StrCat("torchreplay: graph '", engine->options().name, "': argument ", i,
+                                                " is not the leaf it was when its backward was traced"));
+        }
+      }
+    }
+    if (!aot->frozen.empty() && c10::GradMode::is_enabled()) {
+      for (size_t k = 0; k < aot->frozen.size(); ++k) {
+        const c10::IValue& v = inputs[bound.size() + aot->frozen[k]];
+        if (v.isTensor() && v.toTensor().defined() && v.toTensor().requires_grad()) {
+          throw std::runtime_error(
+              RequiresGradSinceCompiled(engine->options().name, aot->frozen[k], aot->frozen_names[k]));
+        }
+      }
+    }
     for (int i : aot->grad_leaves) {
       const c10::IValue& v = inputs[bound.size() + i];
       if (v.isTensor() && BackwardHazards(v.toTensor()) != 0) aot->hazard_check(i, args[i]);
@@ -290,10 +349,14 @@ void BindCall(py::module_& m) {
       .def_readonly("base", &Alias::base);
   py::class_<AotEpilogue>(m, "AotEpilogue", "What AOTAutograd's runtime wrapper does after the graph.")
       .def(py::init([](std::vector<Alias> aliases, const std::vector<std::pair<int, py::object>>& dynamic_dims,
-                       py::object fallback, std::vector<int> grad_leaves, py::object hazard_check) {
+                       py::object fallback, std::vector<int> grad_leaves, py::object hazard_check,
+                       bool leaves_fixed, std::vector<int> frozen, std::vector<std::string> frozen_names) {
              AotEpilogue e{std::move(aliases), {}, std::move(fallback), std::move(grad_leaves),
-                           std::move(hazard_check)};
-             if (!e.grad_leaves.empty() && e.hazard_check.is_none()) {
+                           std::move(hazard_check), leaves_fixed, {}, std::move(frozen), std::move(frozen_names)};
+             if (e.frozen_names.size() != e.frozen.size()) {
+               throw py::value_error("torchreplay: frozen and frozen_names differ in length");
+             }
+             if ((!e.grad_leaves.empty() || e.leaves_fixed) && e.hazard_check.is_none()) {
                throw py::value_error("torchreplay: grad_leaves need a hazard_check");
              }
              for (const auto& [o, dims] : dynamic_dims) {
@@ -305,7 +368,8 @@ void BindCall(py::module_& m) {
            py::arg("aliases") = std::vector<Alias>(),
            py::arg("dynamic_dims") = std::vector<std::pair<int, py::object>>(),
            py::arg("fallback") = py::none(), py::arg("grad_leaves") = std::vector<int>(),
-           py::arg("hazard_check") = py::none());
+           py::arg("hazard_check") = py::none(), py::arg("leaves_fixed") = false,
+           py::arg("frozen") = std::vector<int>(), py::arg("frozen_names") = std::vector<std::string>());
   py::class_<SizeCheck>(m, "SizeCheck", "A size of a tensor argument the trace assumed.")
       .def(py::init([](int arg, int dim, int64_t lo, int64_t hi, int group, int64_t coef, int64_t offset) {
              return SizeCheck{arg, dim, lo, hi, group, coef, offset};
@@ -343,6 +407,10 @@ void BindCall(py::module_& m) {
                     std::move(aot), std::move(checks)};
              for (auto b : bound) c.bound.push_back(ToIValue(b));
              c.Validate();
+             if (c.aot.has_value() && c.aot->leaves_fixed) {
+               c.aot->leaf_mask.assign(c.engine->graph().inputs().size() - c.bound.size(), false);
+               for (int i : c.aot->grad_leaves) c.aot->leaf_mask[i] = true;
+             }
              return c;
            }),
            py::arg("engine"), py::arg("bound") = py::list(), py::arg("mutated") = std::vector<int>(),
@@ -362,6 +430,26 @@ void BindCall(py::module_& m) {
            "Makes every later call raise ValueError(why) (the model changed under the capture).")
       .def_property_readonly("engine", [](const Call& c) { return c.engine; });
 
+  py::class_<RequiresGradGuard>(m, "RequiresGradGuard",
+                                "Dynamo's guard on the requires_grad of a graph's module parameters (Note [Leaves' "
+                                "requires_grad]): called with anything, True while each requires grad as when built.",
+                                py::custom_type_setup([](PyHeapTypeObject* type) {
+                                  type->ht_type.tp_call = &RequiresGradGuard::TpCall;
+                                }))
+      .def(py::init([](const std::vector<at::Tensor>& tensors) {
+             RequiresGradGuard g;
+             for (const at::Tensor& t : tensors) {
+               if (!t.defined()) throw py::value_error("torchreplay: RequiresGradGuard of an undefined tensor");
+               g.tensors.push_back(t);
+               g.requires_grad.push_back(t.requires_grad());
+             }
+             return g;
+           }),
+           py::arg("tensors"))
+      .def("changed", &RequiresGradGuard::Changed, "Indices of the tensors whose requires_grad changed since.")
+      .def_property_readonly("requires_grad", [](const RequiresGradGuard& g) { return g.requires_grad; });
+  m.def("is_grad_leaf", &IsGradLeaf, py::arg("tensor"),
+        "Whether a backward computes this tensor's gradient as a leaf's: it requires grad, no grad_fn.");
   m.def("backward_hazards", &BackwardHazards, py::arg("tensor"),
         "What a traced backward does not do for this tensor, as bits: 1 a grad_fn, 2 hooks (maybe "
         "removed since), 4 post-accumulate-grad hooks (likewise), 8 hooks on its gradient accumulator.");

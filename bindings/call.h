@@ -69,6 +69,16 @@ struct AotEpilogue {
   // eager's for it.
   std::vector<int> grad_leaves;
   py::object hazard_check = py::none();
+  // A traced backward differentiates the leaves it was traced with (Note [Leaves' requires_grad]
+  // in backend.py): an argument that is a leaf requiring grad now and was not one then, or the
+  // reverse, is handed to hazard_check too. Per argument: whether it was such a leaf.
+  bool leaves_fixed = false;
+  std::vector<bool> leaf_mask;
+  // A graph compiled with grad mode on: the arguments that are module parameters not requiring
+  // grad then, with their names. One that requires grad now, with grad mode on, raises (its
+  // gradient would be skipped: the outputs do not track it; Note [Leaves' requires_grad]).
+  std::vector<int> frozen;
+  std::vector<std::string> frozen_names;
 };
 
 // What a traced backward (Note [Traced backward]) does not do for this tensor, as bits: 1 it has
@@ -77,6 +87,29 @@ struct AotEpilogue {
 // 8 hooks on its gradient accumulator (DistributedDataParallel's; also once removed, for hooks
 // registered from Python). 0 for tensors not requiring grad.
 int BackwardHazards(const at::Tensor& t);
+
+// Whether t is a leaf whose gradient a backward computes: it requires grad and has no grad_fn.
+inline bool IsGradLeaf(const at::Tensor& t) { return t.defined() && t.requires_grad() && t.is_leaf(); }
+
+// The error of a call that reaches graph `graph` with argument i (`what`) requiring grad where it
+// did not when the graph was compiled (Note [Leaves' requires_grad]).
+std::string RequiresGradSinceCompiled(const std::string& graph, int i, const std::string& what);
+
+// Note [Leaves' requires_grad] (backend.py): the guard torch.compile checks on every call of a
+// graph compiled with grad mode on, before the graph runs: the module parameters it takes still
+// require grad as they did when it was compiled. Called as Dynamo's lambda guards are, with the
+// frame's locals (unread); True while they do, False (Dynamo recompiles) once one changed. It
+// holds the parameters as the graph's captures do (baked static inputs): a flag read per
+// parameter, no reference count touched (a weak reference's lock cost ~35 ns a parameter).
+struct RequiresGradGuard {
+  std::vector<at::Tensor> tensors;
+  std::vector<bool> requires_grad;  // per tensor, when the graph was compiled
+
+  bool Holds() const;
+  // The tensors whose requires_grad changed since.
+  std::vector<int> Changed() const;
+  static PyObject* TpCall(PyObject* self, PyObject* args, PyObject* kwargs);
+};
 
 using replay::SizeCheck;
 
@@ -140,7 +173,8 @@ struct Call {
 void ModuleModesChanged();
 int64_t ModuleModesEpoch();
 
-// Registers Returns, AliasKind, Alias, AotEpilogue, SizeCheck, CaptureChecks and Call.
+// Registers Returns, AliasKind, Alias, AotEpilogue, SizeCheck, CaptureChecks, Call and
+// RequiresGradGuard.
 void BindCall(py::module_& m);
 
 }  // namespace torchreplay

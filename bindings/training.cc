@@ -11,11 +11,13 @@
 #include <torch/csrc/autograd/saved_variable.h>
 
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <unordered_set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "bindings/call.h"
 #include "bindings/convert.h"
 
 namespace torchreplay {
@@ -153,6 +155,14 @@ py::object TrainingCall::operator()(const py::args& args) const {
   tensors.reserve(inputs.size());
   for (const c10::IValue& v : inputs) tensors.push_back(v.isTensor() ? v.toTensor() : at::Tensor());
   const bool track = torch::autograd::compute_requires_grad(tensors);
+  if (track && !s.compiled_requires_grad.empty()) {
+    for (int i = 0; i < s.num_inputs; ++i) {
+      if (!s.compiled_requires_grad[i] && tensors[i].defined() && tensors[i].requires_grad()) {
+        throw std::runtime_error(RequiresGradSinceCompiled(
+            forward->options().name, i, i < static_cast<int>(s.input_names.size()) ? s.input_names[i] : "?"));
+      }
+    }
+  }
   absl::StatusOr<std::vector<c10::IValue>> out;
   {
     py::gil_scoped_release no_gil;
@@ -199,7 +209,8 @@ void BindTraining(py::module_& m) {
       .def(py::init([](int num_inputs, std::vector<int> mutated, std::vector<bool> output_requires_grad,
                        int saved_begin, int saved_vc_end, int saved_end,
                        std::vector<std::vector<int64_t>> tangent_sizes,
-                       std::vector<std::vector<int64_t>> tangent_strides) {
+                       std::vector<std::vector<int64_t>> tangent_strides, std::vector<bool> compiled_requires_grad,
+                       std::vector<std::string> input_names) {
              auto s = std::make_shared<TrainingSpec>();
              s->num_inputs = num_inputs;
              s->mutated = std::move(mutated);
@@ -211,6 +222,12 @@ void BindTraining(py::module_& m) {
              s->saved_begin = saved_begin, s->saved_vc_end = saved_vc_end, s->saved_end = saved_end;
              s->tangent_sizes = std::move(tangent_sizes);
              s->tangent_strides = std::move(tangent_strides);
+             s->compiled_requires_grad = std::move(compiled_requires_grad);
+             s->input_names = std::move(input_names);
+             if (!s->compiled_requires_grad.empty() &&
+                 static_cast<int>(s->compiled_requires_grad.size()) != num_inputs) {
+               throw py::value_error("torchreplay: compiled_requires_grad needs one flag per input");
+             }
              int tangents = 0;
              for (bool r : s->output_requires_grad) tangents += r;
              if (s->saved_begin < s->num_outputs || s->saved_vc_end < s->saved_begin ||
@@ -221,7 +238,8 @@ void BindTraining(py::module_& m) {
              return s;
            }),
            py::arg("num_inputs"), py::arg("mutated"), py::arg("output_requires_grad"), py::arg("saved_begin"), py::arg("saved_vc_end"),
-           py::arg("saved_end"), py::arg("tangent_sizes"), py::arg("tangent_strides"));
+           py::arg("saved_end"), py::arg("tangent_sizes"), py::arg("tangent_strides"),
+           py::arg("compiled_requires_grad") = std::vector<bool>(), py::arg("input_names") = std::vector<std::string>());
   py::class_<TrainingCall>(m, "TrainingCall",
                            "A training graph's forward and backward engines joined by a C++ autograd node "
                            "(Note [Training calls]).")

@@ -10,6 +10,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "replay/engine.h"
@@ -47,6 +48,11 @@ namespace py = pybind11;
 //     accumulation over several forwards) are copied out of the pool first (preserve_outputs).
 //   - a backward with create_graph=True gives gradients whose grad_fn raises AOTAutograd's own
 //     error for double backward when a backward goes through them, as AOTAutograd's do.
+//   - an input that requires grad now but did not when the graph was compiled would get no
+//     gradient (the backward graph has none for it): Dynamo recompiles such a call first (Note
+//     [Leaves' requires_grad] in backend.py); should one reach the call anyway, it raises,
+//     naming the input. One that no longer requires grad has no gradient edge: autograd drops
+//     its gradient, as it drops autograd.Function's.
 struct TrainingSpec {
   int num_inputs = 0;
   std::vector<int> mutated;                 // inputs the graph writes (buffers): versions bumped
@@ -58,6 +64,11 @@ struct TrainingSpec {
   // Per user output that requires grad, in order: the tangent's traced layout (empty sizes: any
   // layout contiguous in memory format `contiguous`).
   std::vector<std::vector<int64_t>> tangent_sizes, tangent_strides;
+  // Per input: whether it required grad when the graph was compiled (the backward computes no
+  // gradient for the others), and what it is, for errors (Note [Leaves' requires_grad] in
+  // backend.py). Empty: unchecked.
+  std::vector<bool> compiled_requires_grad;
+  std::vector<std::string> input_names;
 };
 
 struct TrainingCall {

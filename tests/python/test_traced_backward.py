@@ -379,3 +379,62 @@ def test_parameters_installed_in_the_graph_module_run_the_backward_in_autograd(s
             assert torch.equal(compiled(x, y), reference(x, y)), i
             _assert_grads_equal(model, eager, i)
     assert total(b, "replays") >= 2
+
+
+@pytest.mark.parametrize("schedule", ["unfrozen", "frozen_then_unfrozen"])
+def test_a_parameter_unfrozen_or_frozen_after_compiling_recompiles(schedule):
+    """requires_grad_ flipped on a parameter after the step was traced: the traced backward
+    differentiates the leaves that required grad when Dynamo traced it, and Dynamo skips the
+    tensor guards of a module whose __dict__ is unchanged, so the step kept its old leaves (a new
+    leaf's .grad stayed None; a frozen one's was still written). The graph recompiles for the new
+    leaves (Note [Leaves' requires_grad] in backend.py): losses and every .grad eager's bits, call
+    by call, each leaf set replayed as one direct graph."""
+    flags = {"unfrozen": [False, False, False, True, True, True, True],
+             "frozen_then_unfrozen": [True, True, True, False, False, False, True, True, True]}[schedule]
+    make, batch, loss_fn = MODELS["mlp_tanh"]
+    eager, model, b, compiled = _compiled(make, loss_fn)
+    reference = _stepper(eager, loss_fn)
+    for i, requires_grad in enumerate(flags):
+        for m in (eager, model):
+            m[0].weight.requires_grad_(requires_grad)
+            m.zero_grad(set_to_none=True)
+        x, y = batch(gen(i))
+        want, got = reference(x, y), compiled(x, y)
+        assert got.dtype == want.dtype and torch.equal(got.view(torch.int32), want.view(torch.int32)), i
+        for (name, pw), pg in zip(eager.named_parameters(), model.parameters()):
+            assert (pg.grad is None) == (pw.grad is None), (i, name, requires_grad)
+            if pw.grad is not None:
+                assert torch.equal(pg.grad.view(torch.int32), pw.grad.view(torch.int32)), (i, name)
+    assert set(b.call_paths.values()) == {"direct"}, b.call_paths
+    assert total(b, "replays") >= 4, b.stats()
+
+
+def _without_parameter_guards(entries):
+    """A guard_filter_fn that drops torchreplay's requires_grad guard and the parameters' tensor guards."""
+    return [not (e.guard_type == "TORCHREPLAY_REQUIRES_GRAD" or (e.guard_type == "TENSOR_MATCH" and "_parameters" in e.name))
+            for e in entries]
+
+
+@pytest.mark.parametrize("frozen_first", [True, False], ids=["unfrozen", "frozen"])
+def test_a_leaf_changed_where_no_guard_sees_it_is_refused_naming_it(frozen_first):
+    """Should a call reach the traced graph with a parameter's requires_grad flipped since it was
+    traced (here the frame's guard_filter_fn drops torchreplay's requires_grad guard and Dynamo's
+    tensor guards on the parameters), the call is refused, naming the argument, before anything
+    runs (Note [Leaves' requires_grad])."""
+    make, batch, loss_fn = MODELS["mlp_tanh"]
+    torch.manual_seed(0)
+    model = make()
+    model[0].weight.requires_grad_(not frozen_first)
+    b = backend()
+    compiled = torch.compile(_stepper(model, loss_fn), backend=b,
+                             options={"guard_filter_fn": _without_parameter_guards})
+    for i in range(3):
+        model.zero_grad(set_to_none=True)
+        compiled(*batch(gen(i)))
+    assert set(b.call_paths.values()) == {"direct"} and total(b, "replays") >= 2, (b.call_paths, b.stats())
+    model.zero_grad(set_to_none=True)
+    model[0].weight.requires_grad_(frozen_first)
+    why = "did not require grad; it does now" if frozen_first else "no longer requires grad"
+    with pytest.raises(RuntimeError, match=rf"argument \d+ \(.*weight.*\) (was a leaf requiring grad; it )?{why}"):
+        compiled(*batch(gen(3)))
+    assert all(p.grad is None for p in model.parameters())

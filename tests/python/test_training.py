@@ -583,3 +583,82 @@ def test_outputs_share_version_counters_as_eager_views_do(clone):
             assert t._version == before[k] + 1, (i, what)
         assert again is s, i
     assert engine.stats()["replays"] >= 2
+
+
+# requires_grad of the first layer's parameters, call by call: unfrozen after compiling
+# (progressive unfreezing), and frozen then unfrozen again.
+_REQUIRES_GRAD_SCHEDULES = {
+    "unfrozen": [False, False, False, True, True, True, True],
+    "frozen_then_unfrozen": [True, True, True, False, False, False, True, True, True],
+}
+
+
+def _mse_stepper(model, forward):
+    def step(x, y):
+        loss = F.mse_loss(forward(x), y)
+        loss.backward()
+        return loss.detach()
+    return step
+
+
+@pytest.mark.parametrize("compiled_part", ["step", "module", "first_layer"])
+@pytest.mark.parametrize("schedule", list(_REQUIRES_GRAD_SCHEDULES))
+def test_train_parameter_unfrozen_after_compiling_gets_its_gradient(schedule, compiled_part):
+    """A layer frozen (requires_grad_(False)) when the graph was compiled and unfrozen later, and
+    the reverse: Dynamo skips the tensor guards of a module whose __dict__ is unchanged, so
+    without more the graph compiled for the old requires_grad kept running and the new leaves'
+    .grad stayed None (Note [Leaves' requires_grad] in backend.py: the graph recompiles). Losses
+    and every .grad eager's bits, call by call; the step compiled, the module, or the first layer
+    alone (an inference graph while it is frozen); replayed."""
+    torch.manual_seed(9)
+    eager = mlp(nn.Tanh)()
+    model = copy.deepcopy(eager)
+    b = backend()
+    forward = torch.compile(model, backend=b) if compiled_part == "module" else \
+        nn.Sequential(torch.compile(model[0], backend=b), *model[1:]) if compiled_part == "first_layer" else model
+    compiled = torch.compile(_mse_stepper(model, model), backend=b) if compiled_part == "step" else \
+        _mse_stepper(model, forward)
+    reference = _mse_stepper(eager, eager)
+    for i, requires_grad in enumerate(_REQUIRES_GRAD_SCHEDULES[schedule]):
+        for m in (eager, model):
+            m[0].requires_grad_(requires_grad)
+            m.zero_grad(set_to_none=True)
+        x, y = xy(i, gen(90 + i))
+        _assert_bits(compiled(x, y), reference(x, y), f"call {i}: loss")
+        for (name, pe), pm in zip(eager.named_parameters(), model.parameters()):
+            assert (pm.grad is None) == (pe.grad is None), (i, name, requires_grad)
+            if pe.grad is not None:
+                _assert_bits(pm.grad, pe.grad, f"call {i}: {name}.grad")
+    assert total(b, "replays") >= 4, b.stats()
+
+
+def _without_requires_grad_guard(entries):
+    """A guard_filter_fn that drops torchreplay's guard on the module tensors' requires_grad."""
+    return [e.guard_type != "TORCHREPLAY_REQUIRES_GRAD" for e in entries]
+
+
+@pytest.mark.parametrize("path", ["direct", "wrapper", "inference"])
+def test_train_parameter_unfrozen_where_no_guard_sees_it_raises_naming_it(path):
+    """Should a call reach the graph with a parameter unfrozen since compiling (here the frame's
+    guard_filter_fn drops torchreplay's requires_grad guard), it raises, naming the parameter,
+    instead of skipping its gradient (Note [Leaves' requires_grad]): a training graph through the
+    TrainingCall and through AOTAutograd's wrapper, and an inference graph (a frozen layer)."""
+    torch.manual_seed(9)
+    model = mlp(nn.Tanh)()
+    frozen = model[0].weight if path != "inference" else model[0]
+    frozen.requires_grad_(False)
+    b = backend()
+    b.direct_training = path == "direct"
+    compiled = torch.compile(_mse_stepper(model, model) if path != "inference" else model[0], backend=b,
+                             options={"guard_filter_fn": _without_requires_grad_guard})
+    for i in range(3):
+        compiled(*xy(i, gen(i))) if path != "inference" else compiled(xy(i, gen(i))[0])
+    want = "direct" if path != "wrapper" else "AOTAutograd wrapper: the backend keeps AOTAutograd's wrapper"
+    paths = b.call_paths if path == "inference" else _training_paths(b)
+    assert set(paths.values()) == {want} and total(b, "replays") >= 2, (b.call_paths, b.stats())
+    frozen.requires_grad_(True)
+    name = r"_parameters\['weight'\]" if path != "inference" else r"_parameters\['(weight|bias)'\]"
+    with pytest.raises(RuntimeError, match=rf"argument \d+ \(.*{name}\) requires grad, but did not when the graph "
+                                           r"was compiled: the graph computes no gradient for it"):
+        compiled(*xy(3, gen(3))) if path != "inference" else compiled(xy(3, gen(3))[0])
+    assert model[0].weight.grad is None
