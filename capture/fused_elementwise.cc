@@ -11,9 +11,11 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 
 namespace torchreplay::capture {
 namespace {
@@ -33,6 +35,8 @@ enum class Form : uint8_t {
   kCompare,     // (self, other, out): a bool result
   kWhere,       // (condition, self, other, out)
   kMaskedFill,  // (self, mask, Scalar value, out)
+  kPointwise,   // (self, tensor1, tensor2, Scalar value, out): addcmul, addcdiv
+  kScalarBase,  // (Scalar self, exponent, out): pow with a scalar base
 };
 struct OpInfo {
   Op op;
@@ -77,9 +81,68 @@ const OpInfo* FindOp(const std::string& name) {
       {"aten::ne.Tensor_out", {Op::kNe, Form::kCompare, false, false, true}},
       {"aten::where.self_out", {Op::kWhere, Form::kWhere}},
       {"aten::masked_fill.Scalar_out", {Op::kMaskedFill, Form::kMaskedFill}},
+      {"aten::addcmul.out", {Op::kAddcmul, Form::kPointwise, false, false, false, true}},
+      {"aten::addcdiv.out", {Op::kAddcdiv, Form::kPointwise, false, false, false, true}},
+      {"aten::pow.Scalar_out", {Op::kPowScalarBase, Form::kScalarBase, true}},
   };
   auto it = kOps.find(name);
   return it == kOps.end() ? nullptr : &it->second;
+}
+
+// Note [In-place instructions]
+// An in-place pointwise op (`exp_avg.mul_(beta)`, `param.addcdiv_(m, d)`) runs ATen's structured
+// kernel of its out= overload with `out` being `self` (the .Scalar overloads wrap their number as
+// the .Tensor ones take it), on the TensorIterator of the same operands: it fuses as that out=
+// overload writing into its own self. What changes is that a group may now write memory it read
+// before, or that was there before it ran:
+//   - within a segment, every access to a tensor some instruction writes (by the storage it
+//     views, its byte offset and its strides over the iteration) must be that same mapping, or a
+//     new segment starts: a piece-by-piece walk would otherwise read elements another
+//     instruction already overwrote, or not yet wrote;
+//   - the group's fallback (FusedStep: a call whose inputs the kernel does not promise eager's
+//     bits for is computed again by each node's own kernel) reruns the group from its start, so
+//     what the group overwrites in place of memory that was there before it must be as it was:
+//     the first instruction writing such a tensor saves each piece of it into a scratch buffer
+//     just before it writes the piece (in cache, as the kernel reads it anyway), and the fallback
+//     first writes it all back (fused::Restore). A second in-place write of that tensor in the
+//     group through another mapping ends the group before it. Groups that never fall back (no
+//     NanCheck) save nothing.
+// The op's name in place -> its out= overload.
+const char* InPlaceAsOut(const std::string& name) {
+  static const absl::flat_hash_map<std::string, const char*> kInPlace = {
+      {"aten::neg_", "aten::neg.out"},
+      {"aten::abs_", "aten::abs.out"},
+      {"aten::reciprocal_", "aten::reciprocal.out"},
+      {"aten::rsqrt_", "aten::rsqrt.out"},
+      {"aten::sigmoid_", "aten::sigmoid.out"},
+      {"aten::silu_", "aten::silu.out"},
+      {"aten::exp2_", "aten::exp2.out"},
+      {"aten::exp_", "aten::exp.out"},
+      {"aten::log_", "aten::log.out"},
+      {"aten::sin_", "aten::sin.out"},
+      {"aten::cos_", "aten::cos.out"},
+      {"aten::tanh_", "aten::tanh.out"},
+      {"aten::erf_", "aten::erf.out"},
+      {"aten::sqrt_", "aten::sqrt.out"},
+      {"aten::log1p_", "aten::log1p.out"},
+      {"aten::expm1_", "aten::expm1.out"},
+      {"aten::pow_.Scalar", "aten::pow.Tensor_Scalar_out"},
+      {"aten::clamp_min_", "aten::clamp_min.out"},
+      {"aten::clamp_max_", "aten::clamp_max.out"},
+      {"aten::clamp_", "aten::clamp.out"},
+      {"aten::add_.Tensor", "aten::add.out"},
+      {"aten::add_.Scalar", "aten::add.out"},
+      {"aten::sub_.Tensor", "aten::sub.out"},
+      {"aten::sub_.Scalar", "aten::sub.out"},
+      {"aten::mul_.Tensor", "aten::mul.out"},
+      {"aten::mul_.Scalar", "aten::mul.out"},
+      {"aten::div_.Tensor", "aten::div.out"},
+      {"aten::div_.Scalar", "aten::div.out"},
+      {"aten::addcmul_", "aten::addcmul.out"},
+      {"aten::addcdiv_", "aten::addcdiv.out"},
+  };
+  auto it = kInPlace.find(name);
+  return it == kInPlace.end() ? nullptr : it->second;
 }
 
 // Elements per iteration of eager's vectorized loop for an op whose AVX512 kernel is used where
@@ -107,16 +170,22 @@ class Describer {
   std::optional<Instr> Describe(int i, std::vector<ValueId>* values) const {
     const Node& n = g_.nodes()[i];
     const TapePlan::NodePlan& np = plan_.nodes[i];
-    if (np.decision != TapePlan::Decision::kOutVariant || !np.out.has_value() || n.outputs.size() != 1) {
-      return std::nullopt;
-    }
-    const std::string name = OperatorName(np.out->op);
+    if (n.outputs.size() != 1 || n.kind != NodeKind::kOp) return std::nullopt;
+    // An out= node, or an in-place one computed as its out= overload into its self (Note
+    // [In-place instructions]): the stack is the node's arguments, then (out=) the extra argument
+    // (relu's clamp_min bound) and the result.
+    const bool in_place = np.decision == TapePlan::Decision::kFunctional && !n.args.empty() &&
+                          n.args[0].kind == Arg::Kind::kValue &&
+                          plan_.values[n.outputs[0]].same_as == n.args[0].value;
+    if (!in_place && (np.decision != TapePlan::Decision::kOutVariant || !np.out.has_value())) return std::nullopt;
+    const char* in_place_as = in_place ? InPlaceAsOut(OperatorName(*n.op)) : nullptr;
+    if (in_place && in_place_as == nullptr) return std::nullopt;
+    const std::string name = in_place ? in_place_as : OperatorName(np.out->op);
     const OpInfo* info = FindOp(name);
     if (info == nullptr || (info->mkl && !fused::MklAvailable())) return std::nullopt;
-    // The out= stack: the node's arguments, the extra argument (relu's clamp_min bound), the result.
     const int num_args = static_cast<int>(n.args.size());
-    const bool extra = !np.out->extra_arg.isNone();
-    const int out_pos = num_args + (extra ? 1 : 0);
+    const bool extra = !in_place && !np.out->extra_arg.isNone();
+    const int out_pos = in_place ? 0 : num_args + (extra ? 1 : 0);
     const ValueRecord& out_rec = rec_.values[n.outputs[0]];
     if (!out_rec.is_tensor || out_rec.device != c10::kCPU) return std::nullopt;
     const c10::ScalarType out_dtype = out_rec.dtype;
@@ -141,6 +210,8 @@ class Describer {
     Instr in;
     in.op = info->op;
     std::vector<int> inputs;  // stack positions of the tensor inputs
+    std::optional<c10::Scalar> value;  // addcmul's, addcdiv's value, cast once the dtype is known
+    bool general_alpha = false;        // add's alpha other than +-1
     switch (info->form) {
       case Form::kUnary:
         inputs = {0};
@@ -201,14 +272,30 @@ class Describer {
           if (out_dtype == c10::kLong) return std::nullopt;
         }
         // self + alpha * other: with alpha = +-1 every rounding of it is the sum's. Other alphas
-        // are rounded once (an fma) or twice by eager's compiled loops, element by element as
-        // the compiler vectorized them.
-        if (out_dtype != c10::kLong && in.p0 != 1.0 && in.p0 != -1.0) return std::nullopt;
+        // are one fma (the Add instruction) on every path of eager's loops but one: `other`
+        // broadcast along the rows (a scalar within each row, Loops.h's S = 2), where the
+        // compiler hoisted alpha * other out of the loop in parts of the row's tail (two
+        // roundings, element by element as it vectorized them). Checked on the geometry below.
+        general_alpha = out_dtype != c10::kLong && in.p0 != 1.0 && in.p0 != -1.0;
+        if (general_alpha && !std::isfinite(in.p0)) return std::nullopt;
         break;
       }
       case Form::kWhere:
         inputs = {0, 1, 2};
         break;
+      case Form::kPointwise:
+        inputs = {0, 1, 2};
+        value = scalar(3);
+        if (!value.has_value() || value->isComplex()) return std::nullopt;
+        break;
+      case Form::kScalarBase: {
+        inputs = {1};
+        std::optional<c10::Scalar> base = scalar(0);
+        // Pow.cpp: a base of 1 fills the result with ones instead
+        if (!base.has_value() || base->isComplex() || base->isBoolean() || base->toDouble() == 1.0) return std::nullopt;
+        in.p0 = base->toDouble();  // cast to the exponent's dtype below, as the wrapped number is
+        break;
+      }
       case Form::kMaskedFill: {
         inputs = {0, 1};
         std::optional<c10::Scalar> value = scalar(2);
@@ -229,6 +316,12 @@ class Describer {
     // to a float or double result's dtype at capture: kernel_tape.cc, WrappedNumbersToPrecast).
     std::vector<Operand> ops;
     for (int a : inputs) {
+      // A Scalar-typed argument (`add_.Scalar`'s other) is an operand only as a constant: the step
+      // makes its wrapped number once.
+      if (a < num_args && !IsTensorType(n.arg_types[a]) && n.args[a].kind == Arg::Kind::kValue &&
+          !plan_.values[n.args[a].value].constant) {
+        return std::nullopt;
+      }
       std::optional<Operand> o = OperandOf(n, a);
       if (!o.has_value()) return std::nullopt;
       ops.push_back(*std::move(o));
@@ -260,14 +353,34 @@ class Describer {
     if (floating && (in.op == Op::kAdd || in.op == Op::kMul || in.op == Op::kDiv)) {
       in.nan_check = Instr::NanCheck::kNanPair;
     } else if (floating && info->sleef) {
+      // Sleef's NaNs; addcmul and addcdiv: with three inputs two NaNs can meet in one element
       in.nan_check = Instr::NanCheck::kAnyNan;
+    }
+    if (value.has_value()) {  // addcmul_cpu_kernel: value.to<scalar_t>(), which raises where it overflows
+      try {
+        in.p0 = compute == c10::kFloat ? static_cast<double>(value->to<float>()) : value->to<double>();
+      } catch (const c10::Error&) {
+        return std::nullopt;
+      }
+    }
+    if (general_alpha && compute == c10::kFloat) {
+      // ufunc add: alpha.to<float>(), which raises where it overflows
+      if (std::abs(in.p0) > static_cast<double>(std::numeric_limits<float>::max())) return std::nullopt;
+    }
+    if (in.op == Op::kPowScalarBase) {
+      if (!floating) return std::nullopt;
+      in.p0 = compute == c10::kFloat ? static_cast<double>(static_cast<float>(in.p0)) : in.p0;
     }
 
     // The geometry the op's TensorIterator gives (built on meta tensors of the recorded shapes).
     Operand out;
     out.dtype = out_dtype, out.sizes = out_rec.sizes, out.strides = out_rec.strides;
-    out.value = n.outputs[0];
+    out.value = in_place ? n.args[0].value : n.outputs[0];
     if (!Geometry(out, ops, &in)) return std::nullopt;
+    // pow of a scalar base: only where eager's loop runs the scalar lambda on every element
+    if (in.op == Op::kPowScalarBase && in.numel >= in.vec_block) return std::nullopt;
+    if (general_alpha && in.strides[2][0] == 0) return std::nullopt;  // other a scalar within each row
+    if (in.vec_block == 0) Coalesce(&in);
     in.operand[0] = out_pos;
     values->assign(1, out.value);
     for (size_t k = 0; k < inputs.size(); ++k) {
@@ -305,6 +418,35 @@ class Describer {
     o.dtype = t.scalar_type(), o.sizes = t.sizes().vec(), o.strides = t.strides().vec();
     o.wrapped = t.unsafeGetTensorImpl()->is_wrapped_number();
     return o;
+  }
+
+  // Merges adjacent dims that every operand walks as one (TensorIterator's own rule), for ops
+  // whose every element gets the same bits on the vector and the scalar path: there, where rows
+  // are cut changes nothing, and one instruction then walks the same memory in the same element
+  // order as another over the same tensors whose iterator was coalesced further (`x.mul_(0.9)`,
+  // a 0-dim operand beside it, keeps eager's two dims; `x.add_(y)` has one).
+  static void Coalesce(Instr* in) {
+    int n = 1;  // dims kept so far
+    for (int d = 1; d < in->ndim; ++d) {
+      const int64_t prev = in->shape[n - 1], cur = in->shape[d];
+      bool merge = true;
+      for (int k = 0; merge && prev != 1 && cur != 1 && k <= in->num_inputs; ++k) {
+        merge = prev * in->strides[k][n - 1] == in->strides[k][d];
+      }
+      if (merge) {
+        for (int k = 0; prev == 1 && k <= in->num_inputs; ++k) in->strides[k][n - 1] = in->strides[k][d];
+        in->shape[n - 1] = prev * cur;
+      } else {
+        in->shape[n] = cur;
+        for (int k = 0; k <= in->num_inputs; ++k) in->strides[k][n] = in->strides[k][d];
+        ++n;
+      }
+    }
+    for (int d = n; d < fused::kMaxDims; ++d) {
+      in->shape[d] = 1;
+      for (int k = 0; k <= in->num_inputs; ++k) in->strides[k][d] = 0;
+    }
+    in->ndim = n;
   }
 
   static at::Tensor Meta(const Operand& o) {
@@ -380,6 +522,8 @@ class FusedStep final : public TypedCall {
             std::vector<std::unique_ptr<TypedCall>> exact, c10::Storage arena)
       : program_(std::move(program)), operands_(std::move(operands)), exact_(std::move(exact)),
         arena_(std::move(arena)), base_(operands_.size()) {
+    for (int64_t bytes : program_.snapshot_bytes) scratch_.emplace_back(static_cast<size_t>(bytes));
+    for (auto& s : scratch_) scratch_base_.push_back(s.data());
     // Where each operand's data is found per call: a per-call tensor's own; an arena buffer at its
     // offset in the arena's block, which moves when the arena grows; any other constant (a
     // parameter, whose moving recaptures the key; a wrapped number) where it is now.
@@ -406,10 +550,12 @@ class FusedStep final : public TypedCall {
       const Where& w = where_[k];
       base_[k] = w.slot >= 0 ? DataOf(slots[w.slot].toTensor()) : w.fixed != nullptr ? w.fixed : block + w.arena_offset;
     }
-    if (fused::Run(program_, base_.data())) return;
+    if (fused::Run(program_, base_.data(), scratch_base_.data())) return;
     // Inputs the kernel does not promise eager's bits for (two NaNs meeting, a NaN into Sleef):
-    // the nodes again, each through its own kernel. The group reads nothing it writes before
-    // writing it, so running it again from the start gives eager's results.
+    // the nodes again, each through its own kernel. What the group wrote in place over memory it
+    // found is put back first (Note [In-place instructions]); everything else it reads it wrote
+    // itself before reading, so running it again from the start gives eager's results.
+    fused::Restore(program_, base_.data(), scratch_base_.data());
     for (const auto& call : exact_) call->Run(keys, slots);
   }
 
@@ -425,6 +571,8 @@ class FusedStep final : public TypedCall {
   c10::Storage arena_;
   std::vector<Where> where_;
   mutable std::vector<char*> base_;  // a tape runs on one thread
+  std::vector<std::vector<char>> scratch_;  // what in-place instructions overwrite, per Program::snapshot_bytes
+  std::vector<char*> scratch_base_;
 };
 
 }  // namespace
@@ -442,15 +590,41 @@ std::vector<TapePlan::FusedGroup> PlanFusion(const Graph& g, const Recording& re
   if (!FusionAvailable()) return groups;
   Describer describer(g, rec, plan);
   TapePlan::FusedGroup group;
-  // Per segment of the open group: the values its instructions write, each with the element
-  // mapping (strides) it was written in. An instruction reading one of them in another mapping
-  // (a transposed view) would read elements a later piece has not written yet: it starts a new
-  // segment. Views of the same values are other values, and start one too.
-  absl::flat_hash_map<ValueId, std::array<int64_t, fused::kMaxDims>> written;
+  // One operand of an instruction as memory: the storage it views (its root value), its byte
+  // offset there, and where the iteration's k-th element (first dim fastest) lies from there, as
+  // (size, stride) runs with size-1 dims dropped and runs walked as one merged: two accesses with
+  // equal mappings touch the same bytes for each element index, whatever dims their iterators
+  // were left with.
+  struct Access {
+    ValueId root = -1;
+    int64_t offset = 0;
+    absl::InlinedVector<std::pair<int64_t, int64_t>, fused::kMaxDims> map;
+    bool write = false;
+    bool SameMapping(const Access& o) const { return offset == o.offset && map == o.map; }
+  };
+  // Every access of the open segment. A segment runs every instruction on a piece before the next
+  // piece, so memory some instruction of it writes must be accessed by all of them in the mapping
+  // it is written in: a transposed read of an intermediate, a view of it, or an in-place write of
+  // what an instruction read otherwise would see elements another piece has not written yet, or
+  // already overwrote. Such an instruction starts a new segment.
+  std::vector<Access> accesses;
+  // Of the open group: the roots its out= instructions wrote (planned buffers, fresh), and the
+  // memory that was there before it that it writes in place, saved before the first write (Note
+  // [In-place instructions]), by root.
+  absl::flat_hash_map<ValueId, bool> fresh;
+  absl::flat_hash_map<ValueId, Access> saved;  // by root: the mapping its saved copy covers
   auto close = [&] {
+    bool falls_back = false;
+    for (const Instr& in : group.instrs) falls_back = falls_back || in.nan_check != Instr::NanCheck::kNone;
+    if (!falls_back) {  // Run never fails: nothing to put back
+      for (Instr& in : group.instrs) in.snapshot = -1;
+      group.snapshot_bytes.clear();
+    }
     if (!group.nodes.empty()) groups.push_back(std::move(group));
     group = TapePlan::FusedGroup();
-    written.clear();
+    accesses.clear();
+    fresh.clear();
+    saved.clear();
   };
   for (int i = 0; i < static_cast<int>(g.nodes().size()); ++i) {
     std::vector<ValueId> values;
@@ -459,29 +633,55 @@ std::vector<TapePlan::FusedGroup> PlanFusion(const Graph& g, const Recording& re
       if (RunsPerCall(g, plan, i)) close();
       continue;
     }
+    const bool in_place = plan.nodes[i].decision == TapePlan::Decision::kFunctional;
+    std::vector<Access> mine;
+    for (int k = 0; k <= in->num_inputs; ++k) {
+      const ValueId v = values[k];
+      if (v < 0 || !rec.values[v].is_tensor) continue;  // a constant or a number: read only
+      Access a;
+      a.root = rec.values[v].root_or(v);
+      a.offset = rec.values[v].storage_offset * static_cast<int64_t>(c10::elementSize(rec.values[v].dtype));
+      for (int d = 0; d < in->ndim; ++d) {
+        const int64_t size = in->shape[d], stride = in->strides[k][d];
+        if (size == 1) continue;
+        if (!a.map.empty() && a.map.back().first * a.map.back().second == stride) {
+          a.map.back().first *= size;
+        } else {
+          a.map.emplace_back(size, stride);
+        }
+      }
+      a.write = k == 0;
+      mine.push_back(a);
+    }
+    bool snapshot = false;
+    if (in_place && !fresh.contains(mine[0].root)) {
+      const auto it = saved.find(mine[0].root);
+      if (it != saved.end() && !it->second.SameMapping(mine[0])) {
+        close();  // written in place through another mapping: its saved copy would not cover it
+      }
+      snapshot = !saved.contains(mine[0].root);
+    }
     bool same_segment = !group.instrs.empty() && SameShape(group.instrs.back(), *in) &&
                         group.segments.back().count < fused::kMaxSegment;
-    for (int k = 1; same_segment && k <= in->num_inputs; ++k) {
-      const ValueId v = values[k];
-      if (v < 0) continue;
-      const ValueId root = rec.values[v].root_or(v);
-      for (const auto& [w, writer] : written) {
-        if (rec.values[w].root_or(w) != root) continue;
-        bool same_mapping = w == v;
-        for (int d = 0; same_mapping && d < in->ndim; ++d) {
-          same_mapping = in->strides[k][d] == writer[d];
-        }
-        same_segment = same_segment && same_mapping;
+    for (const Access& a : mine) {
+      for (const Access& e : accesses) {
+        if (e.root == a.root && (e.write || a.write) && !e.SameMapping(a)) same_segment = false;
       }
     }
     if (!same_segment) {
       group.segments.push_back(fused::Segment{static_cast<int>(group.instrs.size()), 0});
-      written.clear();
+      accesses.clear();
     }
+    if (snapshot) {
+      in->snapshot = static_cast<int>(group.snapshot_bytes.size());
+      group.snapshot_bytes.push_back(in->numel * static_cast<int64_t>(c10::elementSize(in->dtype)));
+      saved[mine[0].root] = mine[0];
+    }
+    if (!in_place) fresh[mine[0].root] = true;
     group.nodes.push_back(i);
     group.instrs.push_back(*in);
     ++group.segments.back().count;
-    std::copy_n(in->strides[0], fused::kMaxDims, written[values[0]].begin());
+    accesses.insert(accesses.end(), mine.begin(), mine.end());
   }
   close();
   return groups;

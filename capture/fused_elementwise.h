@@ -2,10 +2,11 @@
 // eager computes them.
 //
 // Note [Fused elementwise steps]
-// A run of consecutive out= pointwise nodes (nodes that run nothing per call, such as views of
-// planned buffers, may sit between them) becomes one step: a small program of instructions, one
-// per node, run by one kernel (fused_kernels.h) with no dispatch, no TensorIterator and no
-// per-op call in between. Consecutive instructions over the same iteration space form a segment,
+// A run of consecutive out= pointwise nodes and in-place pointwise nodes (`x.mul_(0.9)`, computed
+// as their out= overload writing into their self: Note [In-place instructions] in
+// fused_elementwise.cc; nodes that run nothing per call, such as views of planned buffers, may sit
+// between them) becomes one step: a small program of instructions, one per node, run by one
+// kernel (fused_kernels.h) with no dispatch, no TensorIterator and no per-op call in between. Consecutive instructions over the same iteration space form a segment,
 // walked piece by piece (at most 512 elements of a row), every instruction on a piece before the
 // next piece, so that a chain over a large tensor reads and writes it once from memory, not once
 // per op. The results are eager's, bit for bit, because each instruction does what the op's
@@ -14,12 +15,15 @@
 //     operands (on the meta device), and its coalesced shape and strides are what the kernel
 //     walks, rows and all;
 //   - the arithmetic is the op's own lambdas (UnaryOpsKernel.cpp, BinaryOpsKernel.cpp,
-//     Activation.cpp, PowKernel.cpp, TensorCompareKernel.cpp and the ufunc add.h of torch 2.11),
-//     with ATen's at::vec types and the Sleef functions libtorch exports; exp, log, sin, cos,
-//     tanh, erf and sqrt in float and double call MKL's vector math (vmsExp, ...) exactly as
-//     ATen's vml.h does. The kernel is compiled as ATen's AVX2 kernels are (-mavx2 -mfma), with
-//     contraction off: the one multiply-add torch's build contracts here, add's
-//     self + alpha * other, is written as the fma it became;
+//     Activation.cpp, PowKernel.cpp, TensorCompareKernel.cpp, PointwiseOpsKernel.cpp and the
+//     ufunc add.h of torch 2.11), with ATen's at::vec types and the Sleef functions libtorch
+//     exports; exp, log, sin, cos, tanh, erf and sqrt in float and double call MKL's vector math
+//     (vmsExp, ...) exactly as ATen's vml.h does. The kernel is compiled as ATen's AVX2 kernels
+//     are (-mavx2 -mfma), with contraction off: the multiply-adds torch's build contracts here,
+//     add's self + alpha * other and addcmul's self + value * t1 * t2 (read off libtorch_cpu.so's
+//     AVX2 loops, and pinned by the tests), are written as the fmas they became. add with an alpha
+//     other than +-1 fuses only where `other` is not a scalar within each row: there the compiled
+//     tail rounds alpha * other first for some elements;
 //   - where an op's vector and scalar lambdas can round an element differently (sigmoid, silu,
 //     exp2: Sleef in one, glibc in the other), each element takes the path eager gives it. Eager
 //     runs the vector lambda on the first n - n % (2 * Vec::size()) elements of each row (each
@@ -35,8 +39,10 @@
 // float64 (int64 for add, sub, mul and comparisons; where moves any 4- or 8-byte value); an
 // operand of another dtype than the op computes in (eager would cast it first); a Scalar
 // argument bound per call; NaN clamp bounds (eager fills); pow exponents other than 2, 3, -2,
-// 0.5, -0.5, -1; empty results; iteration spaces of more than four dims; a CPU without AVX2, or
-// a libtorch built without MKL for the MKL ops. Differential tests pin every fused op against
+// 0.5, -0.5, -1; pow of a scalar base over a vector block or more of elements (its vector lambda
+// is Sleef's pow: only the 0-dim and short cases, where eager runs glibc's pow on each element,
+// fuse) or of base 1 (eager fills); empty results; iteration spaces of more than four dims; a CPU
+// without AVX2, or a libtorch built without MKL for the MKL ops. Differential tests pin every fused op against
 // eager for every dtype, length, layout, thread count and special value (tests/python/
 // test_fusion.py). TORCHREPLAY_FUSE=0 (EngineOptions::fuse_elementwise) turns fusion off.
 #pragma once

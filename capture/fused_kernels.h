@@ -26,13 +26,16 @@ enum class Op : uint8_t {
   kSigmoid, kSilu, kExp2,                                           // vector and scalar paths differ
   kExp, kLog, kSin, kCos, kTanh, kErf, kSqrt,                       // MKL's vector math (vml)
   kLog1p, kExpm1,                                                   // Sleef on every element
+  kPowScalarBase,  // pow(p0, exponent): only where eager runs its scalar lambda on every element
   // Two inputs.
   kAdd,  // fma(alpha, b, a), alpha in p0 (sub: -alpha); integers wrap
   kMul, kDiv,
   kLt, kLe, kGt, kGe, kEq, kNe,  // bool results
   kMaskedFill,  // (self, bool mask): the value whose bits are i0 where the mask is set, else self
   // Three inputs.
-  kWhere,  // bool condition first
+  kWhere,    // bool condition first
+  kAddcmul,  // (self, tensor1, tensor2): fma(p0 * tensor1, tensor2, self)
+  kAddcdiv,  // (self, tensor1, tensor2): self + p0 * tensor1 / tensor2
 };
 
 const char* OpName(Op op);
@@ -56,6 +59,10 @@ struct Instr {
   // AVX2 and AVX512 functions give NaNs other signs).
   enum class NanCheck : uint8_t { kNone, kNanPair, kAnyNan };
   NanCheck nan_check = NanCheck::kNone;
+  // An instruction writing in place memory the program found written before it ran (Note [In-place
+  // instructions] in fused_elementwise.h): the index of the scratch buffer its output's elements
+  // are saved into, piece by piece, just before it writes them; -1 for none.
+  int snapshot = -1;
   int ndim = 1;
   int64_t numel = 0;
   int64_t shape[kMaxDims] = {};
@@ -77,16 +84,22 @@ struct Program {
   std::vector<Instr> instrs;
   std::vector<Segment> segments;
   std::vector<Kernel> kernels;  // per instruction, set by Prepare
+  std::vector<int64_t> snapshot_bytes;  // per scratch buffer (Instr::snapshot): its size
 };
 
 // Picks each instruction's kernel; false if one has none (the program cannot run).
 bool Prepare(Program* program);
 
-// Runs `program` on the operands' data (`base[k]`: operand k's first element). Only on CPUs with
-// AVX2 and FMA (ATen's CPU capability AVX2 or AVX512). False if an instruction met an input its
-// NanCheck names: then the results are not promised to be eager's, and the caller computes them
-// again another way.
-bool Run(const Program& program, char* const* base);
+// Runs `program` on the operands' data (`base[k]`: operand k's first element), saving what its
+// in-place instructions overwrite into `scratch` (one buffer of Program::snapshot_bytes each).
+// Only on CPUs with AVX2 and FMA (ATen's CPU capability AVX2 or AVX512). False if an instruction
+// met an input its NanCheck names: then the results are not promised to be eager's, and the
+// caller puts back what was overwritten (Restore) and computes them again another way.
+bool Run(const Program& program, char* const* base, char* const* scratch);
+
+// Writes back what Run saved into `scratch`: the memory in-place instructions overwrote is again
+// what it was before Run.
+void Restore(const Program& program, char* const* base, char* const* scratch);
 
 // Whether the MKL vector math the kernel calls for exp, log, sin, cos, tanh, erf and sqrt is
 // there (vmsExp and the others, which libtorch exports where it was built with MKL): where it is

@@ -124,6 +124,7 @@ void Map(const F& f, const Cursor& c, int64_t len, int64_t begin, int64_t end, i
       Vec r;
       if constexpr (N == 1) r = f.V(in[0]);
       if constexpr (N == 2) r = f.V(in[0], in[1]);
+      if constexpr (N == 3) r = f.V(in[0], in[1], in[2]);
       r.store(c.p[0] + i * kSize);
     }
     if (check != NanCheck::kNone && AnyLane(flagged)) c.inexact->store(true, std::memory_order_relaxed);
@@ -134,6 +135,7 @@ void Map(const F& f, const Cursor& c, int64_t len, int64_t begin, int64_t end, i
     if (Flagged<T, N>(check, in)) c.inexact->store(true, std::memory_order_relaxed);
     if constexpr (N == 1) c.at<T>(0, i) = f.S(in[0]);
     if constexpr (N == 2) c.at<T>(0, i) = f.S(in[0], in[1]);
+    if constexpr (N == 3) c.at<T>(0, i) = f.S(in[0], in[1], in[2]);
   }
 }
 
@@ -246,6 +248,40 @@ struct Div {
   static Div Of(const Instr&) { return {}; }
   T S(T a, T b) const { return a / b; }
   Vectorized<T> V(Vectorized<T> a, Vectorized<T> b) const { return a / b; }
+};
+// pow(Scalar base, Tensor exponent) (Pow.cpp's pow_Scalar_out: pow.Tensor_Tensor on the base as a
+// wrapped number, cast to the exponent's dtype; PowKernel.cpp's pow_tensor_tensor_kernel). Its
+// vector lambda is Sleef's pow: the kernel is only given iteration spaces smaller than one vector
+// block, where eager runs the scalar lambda, glibc's pow, on every element.
+template <class T>
+struct PowScalarBase {
+  static PowScalarBase Of(const Instr& in) { return {static_cast<T>(in.p0)}; }
+  T base;
+  T S(T e) const { return std::pow(base, e); }
+  Vectorized<T> V(Vectorized<T> e) const { return Vectorized<T>(base).pow(e); }
+};
+// addcmul and addcdiv (PointwiseOpsKernel.cpp): self + value * tensor1 * tensor2 and
+// self + value * tensor1 / tensor2, value cast to the dtype (Scalar::to). ATen's build (GCC 13,
+// -mavx2 -mfma, contraction on) contracts addcmul's last multiply and the add into one fma in both
+// lambdas (vmulps/vmulss, then vfmadd in libtorch_cpu.so's AVX2 loops, every layout); addcdiv
+// divides between, so nothing is contracted there.
+template <class T>
+struct Addcmul {
+  static Addcmul Of(const Instr& in) { return {static_cast<T>(in.p0)}; }
+  T value;
+  T S(T self, T t1, T t2) const { return std::fma(value * t1, t2, self); }
+  Vectorized<T> V(Vectorized<T> self, Vectorized<T> t1, Vectorized<T> t2) const {
+    return at::vec::fmadd(Vectorized<T>(value) * t1, t2, self);
+  }
+};
+template <class T>
+struct Addcdiv {
+  static Addcdiv Of(const Instr& in) { return {static_cast<T>(in.p0)}; }
+  T value;
+  T S(T self, T t1, T t2) const { return self + value * t1 / t2; }
+  Vectorized<T> V(Vectorized<T> self, Vectorized<T> t1, Vectorized<T> t2) const {
+    return self + Vectorized<T>(value) * t1 / t2;
+  }
 };
 
 // vml ops (vml.h): every element through the vector function, the tail too, so the bits of an
@@ -455,6 +491,9 @@ Kernel FloatingKernel(Op op) {
     case Op::kAdd: return &MapKernel<T, Add<T>, 2>;
     case Op::kMul: return &MapKernel<T, Mul<T>, 2>;
     case Op::kDiv: return &MapKernel<T, Div<T>, 2>;
+    case Op::kPowScalarBase: return &MapKernel<T, PowScalarBase<T>, 1>;
+    case Op::kAddcmul: return &MapKernel<T, Addcmul<T>, 3>;
+    case Op::kAddcdiv: return &MapKernel<T, Addcdiv<T>, 3>;
     default: return nullptr;
   }
 }
@@ -490,22 +529,41 @@ Kernel KernelOf(const Instr& in) {
 // `len` long: one row's run, as TensorIterator's serial_for_each hands it to a kernel's loop,
 // which is one vectorized_loop call with its own scalar tail. `from` is a multiple of kChunk (so
 // of every vector block), so each element takes the path it takes in the whole piece.
-void RunPiece(const Program& program, const Segment& seg, char* const* base, int64_t start, int64_t len,
-              int64_t from, int64_t to, std::atomic<bool>* inexact) {
-  const Instr& shape = program.instrs[seg.first];  // every instruction of a segment has its shape
-  const int64_t col = start % shape.shape[0];
+// Byte offsets of element `start` (first dim fastest) of an instruction's iteration space in
+// each of its operands.
+void OffsetsAt(const Instr& in, int64_t start, int64_t* offsets) {
+  const int64_t col = start % in.shape[0];
   int64_t index[kMaxDims] = {};  // the row's index in dims 1..
-  for (int64_t d = 1, rest = start / shape.shape[0]; d < shape.ndim; ++d) {
-    index[d] = rest % shape.shape[d];
-    rest /= shape.shape[d];
+  for (int64_t d = 1, rest = start / in.shape[0]; d < in.ndim; ++d) {
+    index[d] = rest % in.shape[d];
+    rest /= in.shape[d];
   }
+  for (int k = 0; k <= in.num_inputs; ++k) {
+    offsets[k] = col * in.strides[k][0];
+    for (int d = 1; d < in.ndim; ++d) offsets[k] += index[d] * in.strides[k][d];
+  }
+}
+
+// Copies elements [from, to) of a piece from `src` (stride `src_stride` bytes) to `dst` (stride
+// `dst_stride`), `size` bytes each.
+void CopyElements(char* dst, int64_t dst_stride, const char* src, int64_t src_stride, int64_t size, int64_t from,
+                  int64_t to) {
+  if (dst_stride == size && src_stride == size) {
+    std::memcpy(dst + from * size, src + from * size, (to - from) * size);
+    return;
+  }
+  for (int64_t i = from; i < to; ++i) std::memcpy(dst + i * dst_stride, src + i * src_stride, size);
+}
+
+void RunPiece(const Program& program, const Segment& seg, char* const* base, char* const* scratch, int64_t start,
+              int64_t len, int64_t from, int64_t to, std::atomic<bool>* inexact) {
   Cursor c[kMaxSegment];
   for (int j = 0; j < seg.count; ++j) {
-    const Instr& in = program.instrs[seg.first + j];
+    const Instr& in = program.instrs[seg.first + j];  // every instruction of a segment has one shape
+    int64_t offsets[kMaxOperands];
+    OffsetsAt(in, start, offsets);
     for (int k = 0; k <= in.num_inputs; ++k) {
-      int64_t offset = col * in.strides[k][0];
-      for (int d = 1; d < in.ndim; ++d) offset += index[d] * in.strides[k][d];
-      c[j].p[k] = base[in.operand[k]] + offset;
+      c[j].p[k] = base[in.operand[k]] + offsets[k];
       c[j].s[k] = in.strides[k][0];
     }
     c[j].inexact = inexact;
@@ -513,7 +571,12 @@ void RunPiece(const Program& program, const Segment& seg, char* const* base, int
   for (; from < to; from += kChunk) {
     const int64_t end = std::min(to, from + kChunk);
     for (int j = 0; j < seg.count; ++j) {
-      program.kernels[seg.first + j](program.instrs[seg.first + j], c[j], len, from, end);
+      const Instr& in = program.instrs[seg.first + j];
+      if (in.snapshot >= 0) {  // what this instruction overwrites, saved at its linear position
+        const int64_t size = static_cast<int64_t>(c10::elementSize(in.dtype));
+        CopyElements(scratch[in.snapshot] + start * size, size, c[j].p[0], c[j].s[0], size, from, end);
+      }
+      program.kernels[seg.first + j](in, c[j], len, from, end);
     }
   }
 }
@@ -559,13 +622,14 @@ struct Item {
   int64_t b, e, start, len;
 };
 
-void RunSegment(const Program& program, const Segment& seg, char* const* base, std::atomic<bool>* inexact) {
+void RunSegment(const Program& program, const Segment& seg, char* const* base, char* const* scratch,
+                std::atomic<bool>* inexact) {
   const Instr& shape = program.instrs[seg.first];
   const int threads = at::get_num_threads();
   const auto ranges = EagerRanges(shape.numel, threads);
   const auto run_whole = [&](int64_t b, int64_t e) {
     ForEachPiece(shape, b, e, [&](int64_t start, int64_t len) {
-      RunPiece(program, seg, base, start, len, 0, len, inexact);
+      RunPiece(program, seg, base, scratch, start, len, 0, len, inexact);
     });
   };
   if (threads == 1 || shape.numel * seg.count < kParallelWork || at::in_parallel_region()) {
@@ -599,7 +663,7 @@ void RunSegment(const Program& program, const Segment& seg, char* const* base, s
       if (it.whole) {
         run_whole(it.b, it.e);
       } else {
-        RunPiece(program, seg, base, it.start, it.len, it.b, it.e, inexact);
+        RunPiece(program, seg, base, scratch, it.start, it.len, it.b, it.e, inexact);
       }
     }
   });
@@ -642,14 +706,30 @@ const char* OpName(Op op) {
     case Op::kNe: return "ne";
     case Op::kMaskedFill: return "masked_fill";
     case Op::kWhere: return "where";
+    case Op::kPowScalarBase: return "pow scalar base";
+    case Op::kAddcmul: return "addcmul";
+    case Op::kAddcdiv: return "addcdiv";
   }
   return "?";
 }
 
-bool Run(const Program& program, char* const* base) {
+bool Run(const Program& program, char* const* base, char* const* scratch) {
   std::atomic<bool> inexact{false};
-  for (const Segment& seg : program.segments) RunSegment(program, seg, base, &inexact);
+  for (const Segment& seg : program.segments) RunSegment(program, seg, base, scratch, &inexact);
   return !inexact.load(std::memory_order_relaxed);
+}
+
+void Restore(const Program& program, char* const* base, char* const* scratch) {
+  for (const Instr& in : program.instrs) {
+    if (in.snapshot < 0) continue;
+    const int64_t size = static_cast<int64_t>(c10::elementSize(in.dtype));
+    ForEachPiece(in, 0, in.numel, [&](int64_t start, int64_t len) {
+      int64_t offsets[kMaxOperands];
+      OffsetsAt(in, start, offsets);
+      CopyElements(base[in.operand[0]] + offsets[0], in.strides[0][0], scratch[in.snapshot] + start * size, size,
+                   size, 0, len);
+    });
+  }
 }
 
 bool Prepare(Program* program) {

@@ -333,13 +333,17 @@ class Emitter {
           break;
         case TapePlan::Decision::kOutVariant:
           if (plan_.nodes[i].group >= 0) {
-            FusedMember(i, *plan_.nodes[i].out);
+            FusedMember(i);
           } else {
             OutVariantStep(n, *plan_.nodes[i].out, OutStack(n, *plan_.nodes[i].out));
           }
           break;
         case TapePlan::Decision::kFunctional:
-          FunctionalStep(n);
+          if (plan_.nodes[i].group >= 0) {
+            FusedMember(i);  // in place (Note [In-place instructions])
+          } else {
+            FunctionalStep(n);
+          }
           break;
         case TapePlan::Decision::kCollective:
           if (auto s = CollectiveStep(i); !s.ok()) return s;
@@ -486,11 +490,29 @@ class Emitter {
     return step;
   }
 
+  // The stack of an in-place node of a fused group: its arguments, wrapped numbers precast as
+  // for out= steps; its result is its self.
+  Step InPlaceStack(const Node& n) {
+    Step step;
+    step.op = *n.op;
+    BuildArgs(n, &step);
+    const c10::ScalarType dtype = rec_.values[n.outputs[0]].dtype;
+    for (size_t a : WrappedNumbersToPrecast(dtype, step.args)) {
+      step.args[a] = Cast(step.args[a].toTensor(), dtype);
+    }
+    const TapePlan::ValuePlan& v = plan_.values[n.outputs[0]];
+    if (v.constant) constants_[n.outputs[0]] = constants_[v.same_as];
+    step.out_slots.assign(1, -1);
+    return step;
+  }
+
   // A node of a fused group (Note [Fused elementwise steps]): its stack is kept until the
   // group's last node, where the group's one step is made.
-  void FusedMember(int i, const OutVariant& out) {
+  void FusedMember(int i) {
     const TapePlan::FusedGroup& group = plan_.groups[plan_.nodes[i].group];
-    group_stacks_.push_back(OutStack(g_.nodes()[i], out));
+    const TapePlan::NodePlan& np = plan_.nodes[i];
+    group_stacks_.push_back(np.decision == TapePlan::Decision::kOutVariant ? OutStack(g_.nodes()[i], *np.out)
+                                                                           : InPlaceStack(g_.nodes()[i]));
     if (i != group.nodes.back()) return;
     std::vector<Step> stacks = std::move(group_stacks_);
     group_stacks_.clear();
@@ -513,7 +535,11 @@ class Emitter {
     }
     for (size_t j = 0; j < group.nodes.size(); ++j) {
       const int m = group.nodes[j];
-      OutVariantStep(g_.nodes()[m], *plan_.nodes[m].out, std::move(stacks[j]));
+      if (plan_.nodes[m].decision == TapePlan::Decision::kOutVariant) {
+        OutVariantStep(g_.nodes()[m], *plan_.nodes[m].out, std::move(stacks[j]));
+      } else {
+        FunctionalStep(g_.nodes()[m]);
+      }
     }
   }
 
@@ -522,6 +548,7 @@ class Emitter {
   std::unique_ptr<TypedCall> FusedStep(const TapePlan::FusedGroup& group, const std::vector<Step>& stacks) {
     fused::Program program;
     program.segments = group.segments;
+    program.snapshot_bytes = group.snapshot_bytes;
     std::vector<TensorArg> operands;
     // Each node's own typed call: the step runs them instead when the kernel meets an input it
     // does not promise eager's bits for (fused::Instr::NanCheck).
@@ -541,7 +568,9 @@ class Emitter {
       const Step& stack = stacks[j];
       std::vector<int> slot_of(stack.args.size(), -1);
       for (const Patch& p : stack.patches) slot_of[p.arg] = p.elem < 0 ? p.slot : -2;
-      exact.push_back(MakeTypedCall(*stack.op, stack.args, slot_of));
+      const bool in_place = plan_.nodes[group.nodes[j]].decision != TapePlan::Decision::kOutVariant;
+      exact.push_back(in_place ? nullptr : MakeTypedCall(*stack.op, stack.args, slot_of));
+      if (exact.back() == nullptr) exact.back() = MakeBoxedCall(*stack.op, stack.args, slot_of);  // in place, pow.Scalar_out
       if (exact.back() == nullptr) return nullptr;
       for (int k = 0; k <= in.num_inputs; ++k) {
         const int pos = in.operand[k];
@@ -551,8 +580,16 @@ class Emitter {
         }
         if (a.slot == -2) return nullptr;
         if (a.slot < 0) {
-          if (pos >= static_cast<int>(stack.args.size()) || !stack.args[pos].isTensor()) return nullptr;
-          a.value = stack.args[pos].toTensor();
+          if (pos >= static_cast<int>(stack.args.size())) return nullptr;
+          const c10::IValue& arg = stack.args[pos];
+          if (arg.isTensor()) {
+            a.value = arg.toTensor();
+          } else if (k > 0 && arg.isScalar() && !arg.isComplexDouble()) {
+            // a Scalar-typed operand (add_.Scalar's other): its wrapped number, as the op makes it
+            a.value = Cast(WrapNumber(arg).toTensor(), in.dtype);
+          } else {
+            return nullptr;
+          }
           const bool is_bool = k == 0   ? in.op >= fused::Op::kLt && in.op <= fused::Op::kNe
                                : k == 1 ? in.op == fused::Op::kWhere
                                         : k == 2 && in.op == fused::Op::kMaskedFill;

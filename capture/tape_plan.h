@@ -50,17 +50,19 @@ struct TapePlan {
     Decision decision = Decision::kFunctional;
     std::optional<OutVariant> out;  // kOutVariant
     std::string why;                // kFunctional: why an out= overload was refused, if one was
-    int group = -1;                 // kOutVariant: its fused group, if in one
+    int group = -1;                 // kOutVariant, or kFunctional in place: its fused group, if in one
     int partner = -1;               // kCollective: its wait's node; kWait: its collective's
     std::optional<CollectiveKind> collective;  // kCollective
   };
-  // A run of out= nodes computed by one fused elementwise step (Note [Fused elementwise steps]
-  // in fused_elementwise.h): the step runs where the last of them is. An instruction's operands
-  // are positions in its node's out= stack (arguments, extra argument, results).
+  // A run of out= and in-place nodes computed by one fused elementwise step (Note [Fused
+  // elementwise steps] in fused_elementwise.h): the step runs where the last of them is. An
+  // instruction's operands are positions in its node's stack (arguments, then for out= nodes the
+  // extra argument and the results).
   struct FusedGroup {
     std::vector<int> nodes;
     std::vector<fused::Instr> instrs;  // one per node
     std::vector<fused::Segment> segments;
+    std::vector<int64_t> snapshot_bytes;  // the scratch buffers of its in-place instructions (Instr::snapshot)
   };
   struct ValuePlan {
     bool constant = false;  // else per call, in `slot`

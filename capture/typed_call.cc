@@ -172,6 +172,38 @@ std::unique_ptr<TypedCall> MakeTypedCall(const c10::OperatorHandle& op, const Sl
 
 namespace {
 
+class BoxedCall final : public TypedCall {
+ public:
+  BoxedCall(c10::OperatorHandle op, Slots args, std::vector<int> slot_of)
+      : op_(std::move(op)), args_(std::move(args)), slot_of_(std::move(slot_of)) {}
+  void Run(c10::DispatchKeySet keys, const Slots& slots) const override {
+    stack_.assign(args_.begin(), args_.end());
+    for (size_t i = 0; i < slot_of_.size(); ++i) {
+      if (slot_of_[i] >= 0) stack_[i] = slots[slot_of_[i]];
+    }
+    op_.redispatchBoxed(keys, &stack_);
+    stack_.clear();  // keeps nothing of the call alive
+  }
+
+ private:
+  c10::OperatorHandle op_;
+  Slots args_;
+  std::vector<int> slot_of_;
+  mutable std::vector<c10::IValue> stack_;  // a tape runs on one thread
+};
+
+}  // namespace
+
+std::unique_ptr<TypedCall> MakeBoxedCall(const c10::OperatorHandle& op, const Slots& args,
+                                         const std::vector<int>& slot_of) {
+  for (int s : slot_of) {
+    if (s < -1) return nullptr;
+  }
+  return std::make_unique<BoxedCall>(op, args, slot_of);
+}
+
+namespace {
+
 // A strided region of elements to copy (Note [Copies]): its dims, the source's and the
 // destination's strides (in elements), adjacent dims merged where both walk them as one dense
 // run, so that the copies are as long as they can be.

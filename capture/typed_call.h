@@ -40,6 +40,12 @@ struct TensorArg {
 std::unique_ptr<TypedCall> MakeTypedCall(const c10::OperatorHandle& op, const Slots& args,
                                          const std::vector<int>& slot_of);
 
+// The call of any step, boxed: `args` is its prebuilt stack, `slot_of[i]` the per-call slot of
+// argument i or -1 (nullptr if an element of a list argument is per call). For calls made rarely
+// (a fused step's fallback for an in-place node, Note [In-place instructions]).
+std::unique_ptr<TypedCall> MakeBoxedCall(const c10::OperatorHandle& op, const Slots& args,
+                                         const std::vector<int>& slot_of);
+
 // Note [Copies]
 // Some ops only move elements, and on small tensors cost their argument checks, structured meta
 // functions and boxed calls, not the moving: cat, clone and the functional copy (Note

@@ -253,3 +253,193 @@ def test_ops_that_are_not_fused_keep_their_own_steps_and_stay_exact():
             assert_bitwise(got, want)
     log = engine.stats()["capture_log"][-1]
     assert log["fused_nodes"] == 1 and log["steps"] == 5, log
+
+
+# In-place ops, addcmul, addcdiv and pow of a scalar base (Note [In-place instructions] in
+# capture/fused_elementwise.cc): what an optimizer's update is made of once its foreach ops are
+# per-tensor ops (Note [Foreach ops as per-tensor ops] in passes.py).
+aten = torch.ops.aten
+
+
+def copy_like(t):
+    """A copy with t's sizes and strides (a clone of a strided tensor would be contiguous)."""
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype).copy_(t)
+
+
+def capture_in_place_and_compare(fn, inputs_for_call, calls=4, threads=None):
+    """fn writes some of its inputs in place: eager and the engine each get their own copies of a
+    call's inputs (same layouts), and the inputs after the call are compared as well as the
+    results. Returns the capture log."""
+    saved = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        example = [copy_like(t) for t in inputs_for_call(0)]
+        graph = make_fx(fn)(*[copy_like(t) for t in example])
+        engine = _C.Engine(lower(graph, example, ()), _C.EngineOptions(capture_limit=1000))
+        for k in range(calls):
+            args = inputs_for_call(k)
+            mine = [copy_like(t) for t in args]
+            want = fn(*args)
+            got = engine.run(list(mine))
+            assert_bitwise(got[0], want, f"call {k}: result")
+            for j, (m, a) in enumerate(zip(mine, args)):
+                assert_bitwise(m, a, f"call {k}: input {j} written in place")
+        stats = engine.stats()
+    finally:
+        torch.set_num_threads(saved)
+    assert stats["replays"] == calls - 1, stats
+    return stats["capture_log"][-1]
+
+
+POINTWISE = {
+    "addcmul": lambda s, a, b, v: torch.addcmul(s, a, b, value=v),
+    "addcdiv": lambda s, a, b, v: torch.addcdiv(s, a, b, value=v),
+    "addcmul_": lambda s, a, b, v: s.addcmul_(a, b, value=v) * 1,
+    "addcdiv_": lambda s, a, b, v: s.addcdiv_(a, b, value=v) * 1,
+}
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("name", list(POINTWISE))
+def test_addcmul_and_addcdiv_are_fused_bitwise_in_every_layout(name, dtype):
+    """self + value * t1 * t2 with eager's fma (ATen's build contracts the last multiply and the
+    add in both lambdas), self + value * t1 / t2 with none; value cast to the dtype first
+    (0.001 is not a float). Every length around the vector blocks, each layout, broadcast
+    operands, values with infinities, signed zeros, subnormals and NaNs."""
+    op = POINTWISE[name]
+    for value in (0.001, -0.5, 1, 3.0000001):
+        fn = lambda s, a, b: op(s, a, b, value)  # noqa: E731
+        for n in LENGTHS:
+            shapes = {layout: (lambda k, make=make: (make(k), make(20 + k), make(40 + k)))
+                      for layout, make in layouts(n, dtype, seed=n).items()}
+            shapes["0-dim divisor"] = lambda k: (special(n, dtype, k), special(n, dtype, 20 + k),
+                                                 special(1, dtype, 40 + k)[0].clone())
+            shapes["row broadcast"] = lambda k: (special(3 * n, dtype, k).view(3, n), special(n, dtype, 20 + k),
+                                                 special(3 * n, dtype, 40 + k).view(3, n))
+            for layout, make in shapes.items():
+                try:
+                    capture_in_place_and_compare(fn, make)
+                except AssertionError as e:
+                    raise AssertionError(f"{name} value={value} {dtype} n={n} {layout}: {e}") from None
+
+
+def in_place_chain(x, y, z):
+    """Every in-place op the fused kernel computes, on two inputs written in place and one read."""
+    aten.add_.Scalar(x, 0.25)
+    aten.mul_.Scalar(x, 0.9)
+    aten.sub_.Scalar(y, 1.5)
+    aten.div_.Scalar(y, 3.0)
+    x.mul_(y)  # two NaNs meet here on odd seeds: the step puts x and y back and runs the nodes
+    y.add_(z, alpha=-1)
+    x.sub_(z)
+    x.addcmul_(y, z, value=0.01)
+    y.addcdiv_(x, z, value=-0.5)
+    y.div_(z)
+    x.neg_()
+    y.abs_()
+    y.sqrt_()
+    x.clamp_(-3.0, 3.0)
+    x.exp_()
+    y.reciprocal_()
+    x.rsqrt_()
+    y.clamp_min_(0.5)
+    x.tanh_()
+    y.pow_(2)
+    x.sigmoid_()
+    y.log_()
+    return x + y
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_in_place_ops_fuse_into_their_self_and_write_what_eager_writes(dtype):
+    """In-place ops are their out= overloads writing into self: one step for the whole chain, the
+    inputs it writes bitwise eager's, also on the calls where the kernel meets NaN pairs and the
+    nodes run again from what the step saved before overwriting them."""
+    for n in LENGTHS:
+        for layout, make in layouts(n, dtype, seed=n).items():
+            try:
+                log = capture_in_place_and_compare(in_place_chain, lambda k: (make(k), make(30 + k), make(60 + k)))
+            except AssertionError as e:
+                raise AssertionError(f"{dtype} n={n} {layout}: {e}") from None
+            assert log["steps"] == 1 and log["fused_nodes"] == 23, (layout, n, log)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_in_place_chains_over_large_tensors_on_each_thread_count(threads):
+    """Above the grain the pieces are shared out over the threads: each saves what it overwrites,
+    and a call that falls back puts every piece back before the nodes run again."""
+    for n in (4099, 40010, 65571):
+        log = capture_in_place_and_compare(in_place_chain, lambda k: tuple(special(n, torch.float32, 7 * k + j)
+                                                                           for j in range(3)), threads=threads)
+        assert log["steps"] == 1, log
+
+
+def test_an_in_place_write_after_a_transposed_read_starts_a_segment():
+    """A segment walks its instructions piece by piece: an in-place write of memory an earlier
+    instruction of it read in another element order would overwrite elements that read has not
+    reached yet. The write starts a new segment (the step stays one)."""
+    def fn(x, w):
+        z = x * 1.5
+        t = z.t() * w        # reads z transposed
+        z.mul_(3.0)          # then writes z in place
+        return t + z
+    for n in (8, 33, 64):
+        log = capture_in_place_and_compare(fn, lambda k: (special(n * n, torch.float32, k).view(n, n),
+                                                          special(n * n, torch.float32, 9 + k).view(n, n)))
+        assert log["steps"] == 1 and log["fused_nodes"] == 4, log
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_pow_of_a_scalar_base_is_fused_where_eager_runs_its_scalar_lambda(dtype):
+    """pow(Scalar, Tensor) is glibc's pow on each element where eager's loop has fewer elements
+    than one vector block (the 0-dim step counts of Adam's bias corrections): fused there. Longer
+    exponents keep their own step; every length is bitwise eager's."""
+    for base in (0.9, 0.999, 2, -1.5, 0.0):
+        fn = lambda e: torch.pow(base, e)  # noqa: E731
+        for n in (0, 1, 2, 7, 15, 16, 17, 31, 32, 33, 100):
+            def make(k):
+                e = special(max(n, 1), dtype, k) if k % 2 else torch.arange(1, max(n, 1) + 1, dtype=dtype) + 97 * k
+                return (e[0].clone(),) if n == 0 else (e,)
+            log = capture_and_compare(fn, make, fuse_expected=False)
+            if n <= 1:
+                assert log["fused_nodes"] == 1, log
+
+
+ALPHAS = {
+    "add alpha 0.3": lambda x, y: torch.add(x, y, alpha=0.3),
+    "add alpha -2.5": lambda x, y: torch.add(x, y, alpha=-2.5),
+    "add alpha 3": lambda x, y: torch.add(x, y, alpha=3),
+    "sub alpha 1e-3": lambda x, y: torch.sub(x, y, alpha=1e-3),
+    "add_ alpha -0.1": lambda x, y: x.add_(y, alpha=-0.1) * 1,
+}
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("name", list(ALPHAS))
+def test_add_with_any_alpha_is_one_fma_unless_other_is_a_scalar_within_rows(name, dtype):
+    """self + alpha * other is fma(alpha, other, self) on every path of eager's loops except where
+    other is broadcast along the rows (a 0-dim other, a column): there parts of each row's tail
+    round alpha * other first. Fused everywhere else; bitwise everywhere."""
+    op = ALPHAS[name]
+    fn = lambda x, y: op(x, y)  # noqa: E731
+    for n in LENGTHS:
+        shapes = {
+            "same layout": (True, lambda k: (special(n, dtype, k), special(n, dtype, 100 + k))),
+            "0-dim first": (True, lambda k: (special(1, dtype, k)[0].clone(), special(n, dtype, 100 + k))),
+            "rows broadcast": (True, lambda k: (special(3 * n, dtype, k).view(3, n), special(n, dtype, 100 + k))),
+            "strided and transposed": (True, lambda k: (special(2 * n, dtype, k)[::2],
+                                                        special(2 * n, dtype, 100 + k).view(n, 2).t()[0])),
+            "a 0-dim operand": (False, lambda k: (special(n, dtype, k), special(1, dtype, 100 + k)[0].clone())),
+            "column broadcast": (False, lambda k: (special(3 * n, dtype, k).view(n, 3),
+                                                   special(n, dtype, 100 + k).view(n, 1))),
+        }
+        if name.startswith("add_"):
+            shapes = {k: v for k, v in shapes.items() if k not in ("0-dim first", "rows broadcast")}  # self is written
+        for layout, (fused, make) in shapes.items():
+            try:
+                log = capture_in_place_and_compare(fn, make)
+            except AssertionError as e:
+                raise AssertionError(f"{name} {dtype} n={n} {layout}: {e}") from None
+            if fused:
+                assert log["steps"] == log["fused_steps"] == 1, (name, layout, n, log)
