@@ -196,6 +196,246 @@ def _overwritable(x: torch.fx.Node, op: torch.fx.Node, results: Sequence[torch.f
     return True
 
 
+def reinplace_foreach_all(gm: torch.fx.GraphModule) -> int:
+    """reinplace_foreach until it rewrites nothing more: rewriting one op can make an earlier one
+    rewritable (Adam's `_foreach_mul(exp_avg_sqs, beta2)` is written back into the state only once
+    the `_foreach_addcmul` after it runs in place on its result). Returns how many were rewritten."""
+    total = 0
+    while True:
+        n = reinplace_foreach(gm)
+        total += n
+        if n == 0:
+            return total
+
+
+# Note [Foreach ops as per-tensor ops]
+# On the CPU every foreach op is ATen's slow path (ForeachOpsKernels.cpp, torch 2.11): a loop
+# calling one ATen op per tensor, `t.add_(scalar)` for `_foreach_add_.Scalar`, `t1.add(t2, alpha)`
+# for `_foreach_add.List`, `at::pow(scalar, t)` for `_foreach_pow.ScalarAndTensor`, and so on.
+# decompose_foreach writes that loop out in the graph: each CPU foreach op becomes the per-tensor
+# ops its slow path calls, the same overloads with the same scalar arguments, in place where the
+# slow path is in place, and each getitem of a functional foreach op's result becomes the
+# per-tensor node it takes (the table is _PER_TENSOR; `_foreach_maximum` and `_foreach_minimum`
+# are clamp_min and clamp_max there). The bits are the slow path's by construction: the same
+# kernels run on the same tensors in the same order. Foreach ops on other devices (CUDA has fused
+# kernels of its own), the `.Tensor` overloads of addcmul and addcdiv (their scalars are read from
+# a tensor at run time), and ops whose results are used other than through getitems stay as they
+# are.
+#
+# The per-tensor ops then come op by op: all tensors' first op, then all tensors' second op. For
+# the kernel tape to fuse each tensor's chain (Note [Fused elementwise steps]), the nodes of a
+# region (consecutive nodes made by this decomposition) are put in order of tensor index, keeping
+# each index's own order: the chain of the first tensor of the lists, then the second's. That is
+# safe when no two indices interact: no node of one index reads a value a node of another index
+# made, and no tensor (by the storage its views start from) that a node of one index writes is
+# read or written by a node of another index. Then every node sees the same values and memory as
+# before, and the nodes after the region the same final state. It is not applied to a region
+# where either fails: lists that share a tensor (`_foreach_add_([a, a], 1)`, a view of one
+# tensor in another's place), or an op reading another index's result; that region keeps the
+# graph's order, op by op.
+def _bound(node: torch.fx.Node) -> Optional[Dict[str, Any]]:
+    """node's arguments by schema name, defaults filled in; None where they do not bind."""
+    schema = node.target._schema
+    bound: Dict[str, Any] = {}
+    for k, a in enumerate(schema.arguments):
+        if k < len(node.args):
+            bound[a.name] = node.args[k]
+        elif a.name in node.kwargs:
+            bound[a.name] = node.kwargs[a.name]
+        elif a.has_default_value():
+            bound[a.name] = a.default_value
+        else:
+            return None
+    return bound
+
+
+_FOREACH_UNARY = (
+    "abs", "acos", "asin", "atan", "ceil", "cos", "cosh", "erf", "erfc", "exp", "expm1", "floor", "frac",
+    "lgamma", "log", "log10", "log1p", "log2", "neg", "reciprocal", "round", "rsqrt", "sigmoid", "sign", "sin",
+    "sinh", "sqrt", "tan", "tanh", "trunc")
+# (foreach name, foreach overload) -> (per-tensor op, its functional overload, its in-place overload)
+_PER_TENSOR: Dict[tuple, tuple] = {}
+for _op in ("add", "sub", "mul", "div"):
+    for _ovl in ("Scalar", "ScalarList"):
+        _PER_TENSOR[(_op, _ovl)] = (_op, "Scalar", "Scalar")
+    _PER_TENSOR[(_op, "List")] = (_op, "Tensor", "Tensor")
+    _PER_TENSOR[(_op, "Tensor")] = (_op, "Tensor", "Tensor")
+for _op, _to in (("clamp_min", "clamp_min"), ("clamp_max", "clamp_max"), ("maximum", "clamp_min"),
+                 ("minimum", "clamp_max")):
+    for _ovl in ("Scalar", "ScalarList"):
+        _PER_TENSOR[(_op, _ovl)] = (_to, "default", "default")
+    _PER_TENSOR[(_op, "List")] = (_to, "Tensor", "Tensor")
+for _ovl in ("Scalar", "ScalarList"):
+    _PER_TENSOR[("pow", _ovl)] = ("pow", "Tensor_Scalar", "Scalar")
+    _PER_TENSOR[("lerp", _ovl)] = ("lerp", "Scalar", "Scalar")
+    _PER_TENSOR[("addcmul", _ovl)] = ("addcmul", "default", "default")
+    _PER_TENSOR[("addcdiv", _ovl)] = ("addcdiv", "default", "default")
+_PER_TENSOR[("pow", "List")] = ("pow", "Tensor_Tensor", "Tensor")
+_PER_TENSOR[("pow", "ScalarAndTensor")] = ("pow", "Scalar", None)
+_PER_TENSOR[("lerp", "List")] = ("lerp", "Tensor", "Tensor")
+_PER_TENSOR[("copy", "default")] = (None, None, ("copy", "default"))
+_PER_TENSOR[("zero", "default")] = (None, None, ("zero", "default"))
+for _op in _FOREACH_UNARY:
+    _PER_TENSOR[(_op, "default")] = (_op, "default", "default")
+# Keyword-only arguments of the per-tensor ops (the slow path passes them all).
+_KEYWORD = {"alpha": "alpha", "value": "value"}
+_POINTWISE = (aten.addcmul.default, aten.addcmul_.default, aten.addcdiv.default, aten.addcdiv_.default)
+
+
+def _per_tensor_op(node: torch.fx.Node) -> Optional[tuple]:
+    """(per-tensor OpOverload, in place) for a foreach node, or None."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None or not schema.name.startswith("aten::_foreach_"):
+        return None
+    name = schema.name[len("aten::_foreach_"):]
+    inplace = schema.is_mutable
+    if inplace:
+        name = name[:-1] if name.endswith("_") else name
+    entry = _PER_TENSOR.get((name, node.target._overloadname))
+    if entry is None:
+        return None
+    if entry[0] is None:  # copy_, zero_: in place only
+        if not inplace:
+            return None
+        op, ovl = entry[2]
+        packet = getattr(aten, op + "_")
+    else:
+        op, functional, in_place = entry
+        if inplace and in_place is None:
+            return None
+        packet = getattr(aten, op + "_" if inplace else op, None)
+        ovl = in_place if inplace else functional
+    target = getattr(packet, ovl, None) if packet is not None else None
+    return (target, inplace) if target is not None else None
+
+
+def _on_cpu(v: Any) -> bool:
+    if isinstance(v, torch.fx.Node):
+        v = v.meta.get("val")
+    return isinstance(v, torch.Tensor) and v.device.type == "cpu"
+
+
+def decompose_foreach(gm: torch.fx.GraphModule) -> int:
+    """Note [Foreach ops as per-tensor ops]: each CPU foreach op becomes the per-tensor ATen ops its
+    slow path calls, and the per-tensor nodes of a region are put in order of tensor index where
+    no index reads another's values or memory it writes. Returns how many foreach ops became
+    per-tensor ops."""
+    graph = gm.graph
+    index_of: Dict[torch.fx.Node, int] = {}
+    decomposed = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+        found = _per_tensor_op(node)
+        bound = _bound(node) if found is not None else None
+        if found is None or bound is None:
+            continue
+        target, inplace = found
+        schema = node.target._schema
+        lists = [a.name for a in schema.arguments if isinstance(bound[a.name], (list, tuple))]
+        tensor_lists = [a.name for a in schema.arguments
+                        if a.type.kind() == "ListType" and a.type.getElementType().kind() in ("TensorType",)]
+        if not lists or not tensor_lists:
+            continue
+        length = len(bound[lists[0]])
+        if length == 0 or any(len(bound[k]) != length for k in lists):
+            continue
+        tensors = [t for k in tensor_lists for t in bound[k]]
+        tensors += [bound[a.name] for a in schema.arguments
+                    if a.type.kind() == "TensorType" and isinstance(bound[a.name], torch.fx.Node)]
+        if not all(_on_cpu(t) for t in tensors):
+            continue
+        vals = node.meta.get("val")
+        if not inplace and (not isinstance(vals, (list, tuple)) or len(vals) != length or not all(
+                u.op == "call_function" and u.target is operator.getitem and isinstance(u.args[1], int)
+                for u in node.users)):
+            continue
+        made = []
+        with graph.inserting_before(node):
+            for i in range(length):
+                args, kwargs = [], {}
+                for a in schema.arguments:
+                    v = bound[a.name]
+                    v = v[i] if a.name in lists else v
+                    if a.name in _KEYWORD:
+                        kwargs[_KEYWORD[a.name]] = v
+                    elif a.name == "scalars" and target in _POINTWISE:  # addcmul's, addcdiv's value
+                        kwargs["value"] = v
+                    else:
+                        args.append(v)
+                new = graph.call_function(target, tuple(args), kwargs)
+                self_arg = args[0] if args else None
+                if inplace:
+                    if isinstance(self_arg, torch.fx.Node) and "val" in self_arg.meta:
+                        new.meta["val"] = self_arg.meta["val"]
+                else:
+                    new.meta["val"] = vals[i]
+                index_of[new] = i
+                made.append(new)
+        for u in list(node.users):
+            u.replace_all_uses_with(made[u.args[1]])
+            graph.erase_node(u)
+        graph.erase_node(node)
+        decomposed += 1
+    _order_by_index(graph, index_of)
+    return decomposed
+
+
+def _written(node: torch.fx.Node) -> list:
+    """The tensor arguments node writes (through its schema's alias annotations)."""
+    schema = node.target._schema
+    out = []
+    for k, a in enumerate(schema.arguments):
+        if a.alias_info is not None and a.alias_info.is_write:
+            v = node.args[k] if k < len(node.args) else node.kwargs.get(a.name)
+            if isinstance(v, torch.fx.Node):
+                out.append(v)
+    return out
+
+
+def _order_by_index(graph: torch.fx.Graph, index_of: Dict[torch.fx.Node, int]) -> int:
+    """Note [Foreach ops as per-tensor ops]: each region of per-tensor nodes in order of tensor
+    index where that is safe. Returns how many regions were reordered."""
+    regions, run = [], []
+    for node in graph.nodes:
+        if node in index_of:
+            run.append(node)
+            continue
+        if run:
+            regions.append(run)
+        run = []
+    if run:
+        regions.append(run)
+    reordered = 0
+    for region in regions:
+        if len({index_of[n] for n in region}) < 2:
+            continue
+        members = set(region)
+        touched: Dict[torch.fx.Node, set] = {}  # root -> indices that read or write it
+        written: Dict[torch.fx.Node, set] = {}  # root -> indices that write it
+        safe = True
+        for n in region:
+            i = index_of[n]
+            for a in n.all_input_nodes:
+                if a in members and index_of[a] != i:
+                    safe = False
+                touched.setdefault(_root(a), set()).add(i)
+            for w in _written(n):
+                written.setdefault(_root(w), set()).add(i)
+        for root, writers in written.items():
+            if len(writers | touched.get(root, set())) > 1:
+                safe = False
+        if not safe:
+            continue
+        order = {n: k for k, n in enumerate(region)}
+        at = region[0].prev
+        for n in sorted(region, key=lambda n: (index_of[n], order[n])):
+            at.append(n)
+            at = n
+        reordered += 1
+    return reordered
+
+
 def sink_waits(gm: torch.fx.GraphModule) -> int:
     """Moves the wait of each collective down to the first node that reads its result.
 
@@ -354,7 +594,7 @@ def follow_kernel_dtypes(gm: torch.fx.GraphModule, input_dtypes: Optional[Dict[s
     return len(changed)
 
 
-BUILTIN_PASSES = (reinplace_input_updates, reinplace_foreach, remove_dead_code, sink_waits)
+BUILTIN_PASSES = (reinplace_input_updates, reinplace_foreach_all, decompose_foreach, remove_dead_code, sink_waits)
 
 
 def run_passes(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Any,

@@ -9,9 +9,9 @@ import torch
 import torch.nn as nn
 
 import torchreplay
-from configs import backend
+from configs import backend, config
 from differential import (  # noqa: F401 (recompile_limits is autouse)
-    recompile_limits, run, total, gen, rn, assert_same, run_diff, run_module_diff)
+    recompile_limits, run, total, gen, rn, assert_same, assert_bitwise, run_diff, run_module_diff)
 
 
 class ForeachModel(nn.Module):
@@ -230,3 +230,148 @@ def test_foreach_in_place_only_where_it_gives_the_same_bits():
             assert_same(_opt_state_tensors(opts[0]), _opt_state_tensors(opts[1]),
                         what=f"{opt_cls.__name__} {dtype} step {i}: state")
         assert total(b, "replays") >= 1, opt_cls
+
+
+# Foreach ops as the per-tensor ops of their slow path, ordered by tensor and fused (Note [Foreach
+# ops as per-tensor ops] in passes.py, Note [In-place instructions] in capture/fused_elementwise.cc).
+FUSED_OPT_CASES = [
+    pytest.param(torch.optim.Adam, dict(lr=0.01), id="adam"),
+    pytest.param(torch.optim.AdamW, dict(lr=0.01, weight_decay=0.05), id="adamw"),
+    pytest.param(torch.optim.SGD, dict(lr=0.1, momentum=0.9), id="sgd_momentum"),
+    pytest.param(torch.optim.SGD, dict(lr=0.1, momentum=0.9, nesterov=True), id="sgd_nesterov"),
+    pytest.param(torch.optim.RMSprop, dict(lr=0.01), id="rmsprop"),
+    pytest.param(torch.optim.Adagrad, dict(lr=0.01), id="adagrad"),
+]
+PARAM_SETS = {
+    "mlp": [(64, 32), (64,), (64, 64), (64,), (4, 64), (4,)],  # the MLP 32-64-64-4
+    "odd sizes": [(1,), (7,), (33,), (1031,), (), (5, 3)],
+}
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("params", list(PARAM_SETS))
+@pytest.mark.parametrize("opt_cls,kwargs", FUSED_OPT_CASES)
+def test_compiled_foreach_optimizer_update_is_one_fused_step_bitwise(opt_cls, kwargs, params, threads, tmp_path):
+    """A compiled foreach optimizer step on the CPU: its foreach ops become per-tensor ops, each
+    parameter's chain one after the other, and the whole update one fused elementwise step.
+    Parameters and state after each of 20 steps bitwise equal to the step compiled with aot_eager
+    (the foreach ops' slow path run eagerly), on one and two threads."""
+    shapes = PARAM_SETS[params]
+    torch.manual_seed(21)
+    init = [torch.randn(s) for s in shapes]
+    sets = [[nn.Parameter(t.clone()) for t in init] for _ in range(2)]  # replay, aot_eager
+    opts = [opt_cls(ps, foreach=True, **kwargs) for ps in sets]
+    cfg = config()
+    cfg.debug.graph_dump.type, cfg.debug.graph_dump.path = "txt", str(tmp_path)
+    b = torchreplay.get_backend(compiler_config=cfg)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        steps = [torch.compile(opts[0].step, backend=b), torch.compile(opts[1].step, backend="aot_eager")]
+        for i in range(20):
+            g = gen(2000 + i)
+            grads = [rn(g, *s) for s in shapes]
+            for ps in sets:
+                for p, gr in zip(ps, grads):
+                    p.grad = gr.clone()
+            for st in steps:
+                st()
+            for k, (p_c, p_a) in enumerate(zip(*sets)):
+                assert_bitwise(p_c, p_a, f"step {i}: param {k}")
+            assert_bitwise(_opt_state_tensors(opts[0]), _opt_state_tensors(opts[1]), f"step {i}: optimizer state")
+    finally:
+        torch.set_num_threads(saved)
+    assert total(b, "replays") >= 15
+    logs = [log for s in b.stats() for log in s["capture_log"]]
+    assert logs and all(log["steps"] == log["fused_steps"] == 1 for log in logs), logs
+    dumps = sorted(tmp_path.glob("*.key*.txt"))
+    assert dumps and not any("_foreach_" in d.read_text() for d in dumps), [d.read_text() for d in dumps]
+
+
+def test_foreach_ops_become_the_per_tensor_ops_of_their_slow_path():
+    """decompose_foreach writes out ATen's CPU slow path: for each tensor the op it calls (same
+    overload, same scalars, in place where it is), getitems replaced; the graph then gives the
+    foreach ops' bits."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torchreplay.passes import decompose_foreach
+
+    def fn(a, b, c, s):
+        xs, ys, zs = [a, b], [b, c], [c, a]
+        r = torch._foreach_add(xs, ys, alpha=0.5)                # add.Tensor, alpha
+        r = torch._foreach_mul(r, 1.5)                           # mul.Scalar
+        r = torch._foreach_addcdiv(r, ys, zs, [0.25, -2.0])      # addcdiv, value per tensor
+        r = torch._foreach_maximum(r, 0.1)                       # clamp_min
+        r = torch._foreach_lerp(r, zs, 0.3)                      # lerp.Scalar
+        p = torch._foreach_pow(0.9, [s, s.neg()])                 # pow.Scalar
+        q = torch._foreach_div(r, s)                             # div.Tensor of a 0-dim tensor
+        w = [a.clone(), b.clone()]
+        torch._foreach_sub_(w, 1)                                # sub_.Scalar
+        torch._foreach_addcmul_(w, ys, zs, value=0.01)           # addcmul_
+        torch._foreach_sqrt_(w)                                  # sqrt_
+        torch._foreach_mul_(w, q)                                # mul_.Tensor
+        return list(r) + list(p) + list(q) + w
+
+    g = gen(31)
+    args = (rn(g, 5), rn(g, 5), rn(g, 5), rn(g))
+    gm = make_fx(fn)(*args)
+    assert decompose_foreach(gm) == 11
+    gm.recompile()
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert not any("_foreach_" in str(t) for t in targets), targets
+    aten = torch.ops.aten
+    for t in (aten.add.Tensor, aten.mul.Scalar, aten.addcdiv.default, aten.clamp_min.default, aten.lerp.Scalar,
+              aten.pow.Scalar, aten.div.Tensor, aten.sub_.Scalar, aten.addcmul_.default, aten.sqrt_.default,
+              aten.mul_.Tensor):
+        assert targets.count(t) == 2, (t, targets)
+    for k in range(3):
+        g = gen(40 + k)
+        args = (rn(g, 5), rn(g, 5), rn(g, 5), rn(g))
+        assert_bitwise(gm(*args), fn(*args), f"call {k}")
+
+
+def _order(fn, *args):
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torchreplay.passes import decompose_foreach
+
+    gm = make_fx(fn)(*args)
+    decompose_foreach(gm)
+    return [(n.target._schema.name.split("::")[1], n.args[0].name) for n in gm.graph.nodes
+            if n.op == "call_function" and n.target._schema.is_mutable]
+
+
+def test_per_tensor_chains_are_ordered_by_tensor_only_where_no_tensor_is_shared():
+    """Each tensor's chain comes whole, in order, where no index reads what another writes; lists
+    that share a tensor keep the graph's order, op by op. Bitwise either way."""
+    def independent(a, b, c, d):
+        torch._foreach_mul_([a, b], 0.5)
+        torch._foreach_add_([a, b], [c, d])
+        return a + b
+
+    def shared(a, b, c, d):
+        torch._foreach_mul_([a, b], 0.5)
+        torch._foreach_add_([a, b], [b, c])  # index 0 reads b, which index 1 writes
+        return a + b
+
+    def repeated(a, b, c, d):
+        torch._foreach_mul_([a, a], 0.5)     # one tensor at both indices
+        torch._foreach_add_([a, a], [c, d])
+        return a + b
+
+    g = gen(50)
+    args = [rn(g, 6) for _ in range(4)]
+    assert _order(independent, *args) == [("mul_", "a_1"), ("add_", "a_1"), ("mul_", "b_1"), ("add_", "b_1")]
+    assert _order(shared, *args) == [("mul_", "a_1"), ("mul_", "b_1"), ("add_", "a_1"), ("add_", "b_1")]
+    assert _order(repeated, *args) == [("mul_", "a_1"), ("mul_", "a_1"), ("add_", "a_1"), ("add_", "a_1")]
+    for fn in (independent, shared):
+        run_diff(fn, lambda i, g: tuple(rn(g, 6) for _ in range(4)), seed=51)
+    # A tensor twice in one list: AOTAutograd's functional graph already differs from eager there
+    # (aot_eager too); the replay gives the graph's bits.
+    b = backend()
+    compiled, reference = torch.compile(repeated, backend=b), torch.compile(repeated, backend="aot_eager")
+    for k in range(4):
+        g = gen(60 + k)
+        args = [rn(g, 6) for _ in range(4)]
+        mine = [t.clone() for t in args]
+        assert_bitwise(compiled(*mine), reference(*args), f"call {k}")
+        assert_bitwise(mine, args, f"call {k}: inputs")
+    assert total(b, "replays") >= 2
