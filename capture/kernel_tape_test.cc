@@ -139,6 +139,47 @@ TEST(KernelTapeTest, ElementwiseRunsAreOneFusedStep) {
   EXPECT_THAT(plan->ToString(*g), HasSubstr("aten::add_.Tensor: functional fused 0 (add) in place"));
 }
 
+// Note [In-place instructions]: a fused group that writes an input in place, on calls where the
+// kernel meets two NaNs in a mul (whose NaN eager keeps it does not promise): the step puts back
+// what it overwrote, then each node runs through its own kernel; the input and the result end
+// bitwise as the interpreter leaves them, NaN payloads included.
+TEST(KernelTapeTest, InPlaceGroupsPutBackWhatTheyOverwroteBeforeRunningAgain) {
+  if (!FusionAvailable()) GTEST_SKIP() << "no AVX2: nothing is fused";
+  GraphBuilder b;
+  const ValueId x = b.AddInput("x", ValueType::kTensor);
+  const ValueId y = b.AddInput("y", ValueType::kTensor);
+  Op(b, "aten::mul_.Tensor", {Arg::Ref(x), Arg::Ref(y)});
+  Op(b, "aten::add_.Scalar", {Arg::Ref(x), Arg::Const(0.5)});
+  const ValueId z = Op(b, "aten::mul.Tensor", {Arg::Ref(x), Arg::Ref(y)});
+  ASSERT_TRUE(b.SetOutputs({Arg::Ref(z), Arg::Ref(x)}).ok());
+  auto built = b.Build();
+  ASSERT_TRUE(built.ok()) << built.status();
+  const std::shared_ptr<const Graph> g = *built;
+  auto inputs = [](bool nans) {
+    at::Tensor x = at::randn({1000}), y = at::randn({1000});
+    if (nans) {  // two payloads, at the same places in both
+      x.view(at::kInt).slice(0, 3, 1000, 7).fill_(0x7fc00123);
+      y.view(at::kInt).slice(0, 3, 1000, 7).fill_(static_cast<int32_t>(0xffc00456));
+    }
+    return std::vector<c10::IValue>{x, y};
+  };
+  auto same_bits = [](const at::Tensor& a, const at::Tensor& b) { return at::equal(a.view(at::kInt), b.view(at::kInt)); };
+  memory_pool::Arena arena;
+  auto tape = Capture(g, inputs(false), &arena);
+  EXPECT_EQ(tape->info().steps, 1);
+  EXPECT_EQ(tape->info().fused_nodes, 3);
+  for (int call = 0; call < 4; ++call) {
+    const std::vector<c10::IValue> in = inputs(call % 2 == 1);
+    std::vector<c10::IValue> eager_in = Clone(in);
+    auto want = Interpreter(g).Run(eager_in);
+    ASSERT_TRUE(want.ok()) << want.status();
+    std::vector<c10::IValue> got;
+    ASSERT_TRUE(tape->Replay(in, &got).ok());
+    EXPECT_TRUE(same_bits(got[0].toTensor(), (*want)[0].toTensor())) << "call " << call;
+    EXPECT_TRUE(same_bits(in[0].toTensor(), eager_in[0].toTensor())) << "call " << call << ": x written in place";
+  }
+}
+
 // Note [Checked out= kernels] and Note [One storage per buffer]: binary_cross_entropy.out writes
 // the unreduced loss into its 0-dim `out` before reducing (in the arena it wrote over its
 // neighbours), so it runs functionally; linalg_qr.out picks its path by whether R shares Q's
