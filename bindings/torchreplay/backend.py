@@ -5,6 +5,7 @@ import functools
 import itertools
 import logging
 import operator
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Union
 
 import torch
@@ -315,38 +316,63 @@ def _guard_requires_grad(gm: torch.fx.GraphModule, name: str) -> Optional[Any]:
 
 
 # Note [Traced backward]
-# With Dynamo's `torch._dynamo.config.trace_autograd_ops = True` (off by default), Dynamo traces
-# `loss.backward()` inside the compiled function into the forward's graph: torch.autograd.grad of
-# the loss with respect to the leaves it reaches, then each gradient accumulated into `.grad` under
-# no_grad (a new `.grad` as an output, or the old one written in place). None of such a graph's
-# outputs require grad, so AOTAutograd hands it over as an inference graph and the whole step
-# (forward, backward, accumulation) replays as one graph through a direct call: no graph break, no
-# autograd engine, no AccumulateGrad nodes, no copies of saved activations. Its gradients are
-# eager's, bitwise (tests/python/test_traced_backward.py).
+# Dynamo traces `loss.backward()` inside a compiled function into the forward's graph:
+# torch.autograd.grad of the loss with respect to the leaves it reaches, then each gradient
+# accumulated into `.grad` under no_grad (a new `.grad` as an output, or the old one written in
+# place). It does so under its global `torch._dynamo.config.trace_autograd_ops` (off by default),
+# and, for the frames a torchreplay backend compiles with config.trace_backward (the default),
+# while it traces their backward (_trace_backward_for_torchreplay). None of such a graph's outputs
+# require grad, so AOTAutograd hands it over as an inference graph and the whole step (forward,
+# backward, accumulation) replays as one graph through a direct call: no graph break, no autograd
+# engine, no AccumulateGrad nodes, no copies of saved activations. Its gradients are eager's,
+# bitwise (tests/python/test_traced_backward.py).
 # Dynamo's traced backward (PyTorch 2.11) differs from eager's where autograd's graph holds more
-# than the compiled graph sees; the backend refuses those with an error (not a fallback: running
-# the traced graph eagerly is just as wrong), when the graph is compiled and again on every call
-# (the leaves' checks are bits read in C++, BackwardHazards; Python only when one is set):
+# than the compiled graph sees. For torchreplay's own tracing, those are seen while Dynamo traces
+# the backward and left to autograd (the graph breaks at the backward: _left_to_autograd); under
+# Dynamo's global switch the backend refuses them with an error (running the traced graph eagerly
+# is just as wrong), when the graph is compiled and again on every call (the leaves' checks are
+# bits read in C++, BackwardHazards; Python only when one is set):
 #   - an argument that requires grad and has a grad_fn, in a graph that computes values requiring
 #     grad: the backward stops at it, or, when the graph has no leaf of its own (a graph break
 #     inside the model's forward, a module with backward hooks), Dynamo drops the backward
-#     altogether and the gradients are silently lost. Refused for every such graph compiled with
-#     the flag on, also a forward piece whose backward runs outside (the flag is not needed there),
-#     at compile time only (per call, only the leaves of a graph with a traced backward are
-#     checked); a graph that only reads or detaches such an argument is not refused. Where the
-#     backward itself is after the break (the loss's leaves all before it), Dynamo would trace it
-#     as nothing in a graph that shows nothing: `_break_where_dynamo_drops_the_backward` makes
-#     Dynamo break the graph at that backward instead, so autograd runs it;
+#     altogether and the gradients are silently lost. Under the switch refused for every such
+#     graph, also a forward piece whose backward runs outside, at compile time only (per call,
+#     only the leaves of a graph with a traced backward are checked); a graph that only reads or
+#     detaches such an argument is not refused. Where the backward itself is after the break (the
+#     loss's leaves all before it), Dynamo would trace it as nothing in a graph that shows
+#     nothing: `_trace_backward_for_torchreplay` makes Dynamo break the graph at that backward
+#     instead (for every backend), so autograd runs it;
 #   - a leaf Dynamo installed in the graph module instead of passing it: refused (unchecked);
 #   - hooks on a leaf the backward differentiates (register_hook, post-accumulate-grad hooks, hooks
-#     on its gradient accumulator: DistributedDataParallel's): the traced backward does not run them;
+#     on its gradient accumulator: DistributedDataParallel's): the traced backward does not run
+#     them. Hooks added after the trace, which no guard sees, are refused per call either way;
 #   - create_graph=True: the gradients would not require grad as eager's do;
 #   - leaves other than those it was traced with (a parameter frozen or unfrozen since): Dynamo
 #     recompiles the step first (Note [Leaves' requires_grad]); a call that still comes is refused.
 # Outputs still alive at the next call (new gradients held by .grad, losses a loop keeps) are
 # copied out of the pool first (preserve_outputs), as a training graph's are.
+_NOT_TRACED = ("Set config.trace_backward = False (or, where you set it, torch._dynamo.config.trace_autograd_ops "
+               "= False) for this function: its backward then runs in autograd")
+
+
+def _hazard(t: torch.Tensor) -> Optional[str]:
+    """What of tensor t a traced backward would not do as eager's backward does (bits read in
+    C++: BackwardHazards), or None."""
+    bits = _C.backward_hazards(t)
+    return ("has a grad_fn: autograd's graph goes on outside this compiled graph (a graph break "
+            "before the backward: in the code, in a module Dynamo does not trace such as nn.LSTM, or "
+            "at a module with backward hooks), where Dynamo's traced backward does not reach, or "
+            "drops the backward altogether" if bits & 1 else
+            "has hooks (register_hook) that the traced backward does not run" if bits & 2 and t._backward_hooks else
+            "has post-accumulate-grad hooks that the traced backward does not run"
+            if bits & 4 and t._post_accumulate_grad_hooks else
+            "has hooks on its gradient accumulator (DistributedDataParallel's, or registered on its "
+            "AccumulateGrad node) that the traced backward does not run" if bits & 8 else None)
+
+
 class _TracedBackward:
-    """The checks of a graph compiled with Dynamo's trace_autograd_ops on (Note [Traced backward]).
+    """The checks of a graph with a traced backward, or compiled with Dynamo's trace_autograd_ops
+    on (Note [Traced backward]).
     `leaves`: the arguments its backward differentiates (those requiring grad), checked per call."""
 
     def __init__(self, name: str, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> None:
@@ -354,15 +380,13 @@ class _TracedBackward:
         self.names = [str(n.target) for n in gm.graph.nodes if n.op == "placeholder"]
         grads = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is torch.autograd.grad]
         if any(n.kwargs.get("create_graph") or (len(n.args) > 4 and n.args[4]) for n in grads):
-            raise RuntimeError(f"torchreplay: graph {name} traces a backward with create_graph=True "
-                               "(torch._dynamo.config.trace_autograd_ops): its gradients would not require grad "
-                               "as eager's do; set trace_autograd_ops = False for this function")
+            raise RuntimeError(f"torchreplay: graph {name} traces a backward with create_graph=True: its "
+                               f"gradients would not require grad as eager's do. {_NOT_TRACED}")
         self.traces_backward = bool(grads)
         if grads and any(t.requires_grad for t in _lifted(gm)):
-            raise RuntimeError(f"torchreplay: graph {name} traces a backward (torch._dynamo.config."
-                               "trace_autograd_ops) that differentiates a tensor Dynamo installed in the graph "
-                               "module instead of passing it (its hooks would go unchecked); set "
-                               "trace_autograd_ops = False for this function")
+            raise RuntimeError(f"torchreplay: graph {name} traces a backward that differentiates a tensor "
+                               "Dynamo installed in the graph module instead of passing it (its hooks would go "
+                               f"unchecked). {_NOT_TRACED}")
         tensors = [(i, x) for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor)]
         self.leaves = [i for i, x in tensors if x.requires_grad and x.grad_fn is None] if grads else []
         self.leaf_set = set(self.leaves)
@@ -382,28 +406,16 @@ class _TracedBackward:
         """Raises if the traced backward would not be eager's for argument i."""
         if self.traces_backward and isinstance(t, torch.Tensor) and _C.is_grad_leaf(t) != (i in self.leaf_set):
             raise RuntimeError(
-                f"torchreplay: graph {self.name} was traced with loss.backward() inside "
-                f"(torch._dynamo.config.trace_autograd_ops) when its argument {i} "
+                f"torchreplay: graph {self.name} was traced with loss.backward() inside when its argument {i} "
                 f"({self.names[i] if i < len(self.names) else '?'}) "
                 f"{'was a leaf requiring grad; it no longer requires grad, and its .grad would still be written' if i in self.leaf_set else 'did not require grad; it does now, and its .grad would not be computed'}"
                 f". {_UNSEEN}")
-        bits = _C.backward_hazards(t)
-        why = ("has a grad_fn: autograd's graph goes on outside this compiled graph (a graph break "
-               "before the backward: in the code, in a module Dynamo does not trace such as nn.LSTM, or "
-               "at a module with backward hooks), where Dynamo's traced backward does not reach, or "
-               "drops the backward altogether" if bits & 1 else
-               "has hooks (register_hook) that the traced backward does not run" if bits & 2 and t._backward_hooks else
-               "has post-accumulate-grad hooks that the traced backward does not run"
-               if bits & 4 and t._post_accumulate_grad_hooks else
-               "has hooks on its gradient accumulator (DistributedDataParallel's, or registered on its "
-               "AccumulateGrad node) that the traced backward does not run" if bits & 8 else None)
+        why = _hazard(t)
         if why:
             raise RuntimeError(
-                f"torchreplay: graph {self.name} was traced with loss.backward() inside "
-                f"(torch._dynamo.config.trace_autograd_ops), but its argument {i} "
+                f"torchreplay: graph {self.name} was traced with loss.backward() inside, but its argument {i} "
                 f"({self.names[i] if i < len(self.names) else '?'}) {why}; gradients would differ from "
-                "eager's. Set torch._dynamo.config.trace_autograd_ops = False for this function: its "
-                "backward then runs in autograd")
+                f"eager's. {_NOT_TRACED}")
 
     def wrap(self, fn: Callable) -> Callable:
         """fn with the per-call checks, for the calls that keep AOTAutograd's wrapper."""
@@ -423,12 +435,58 @@ class _TracedBackward:
         return checked
 
 
-def _break_where_dynamo_drops_the_backward() -> None:
-    """Note [Traced backward]: with trace_autograd_ops on, Dynamo (2.11) traces `t.backward()` of
-    a tensor whose leaves are all outside its frame (a graph break between the loss and the
-    backward: `print(loss.item())`, `if loss.isnan(): ...`) as nothing, and no graph shows it.
-    This makes Dynamo break the graph there instead, so that autograd runs that backward, as it
-    does with the switch off. Installed once, for every backend (the drop is Dynamo's)."""
+def _compiled_by(tx: Any) -> Optional[CompilerConfig]:
+    """The config of the torchreplay backend that compiles the frame `tx` traces, or None when
+    another backend compiles it (torch.compile wraps a backend in _TorchCompileWrapper, and Dynamo
+    in its debug wrapper: both unwrapped here)."""
+    fn = getattr(getattr(tx, "output", None), "compiler_fn", None)
+    if fn is None:
+        return None
+    wrapper = torch._dynamo.eval_frame.innermost_backend(fn)
+    inner = getattr(wrapper, "compiler_fn", wrapper)
+    if isinstance(inner, Backend):
+        return inner.config
+    if inner is named_backend:
+        return CompilerConfig.from_options(getattr(wrapper, "kwargs", {}).get("options"))
+    return None
+
+
+def _left_to_autograd(loss: Any, tx: Any, given: Dict[str, Any], leaves: Sequence[Any]) -> Optional[str]:
+    """Why a `loss.backward()` torchreplay would trace (Note [Traced backward]) must run in
+    autograd instead, seen while Dynamo traces it; None when the traced backward is eager's."""
+    create_graph = given.get("create_graph")
+    if create_graph is not None and not (create_graph.is_python_constant() and not create_graph.as_python_constant()):
+        return "create_graph=True (the gradients must themselves require grad)"
+    from torch._dynamo.variables.tensor import TensorVariable
+    for var in tx.output.input_source_to_var.values():
+        if isinstance(var, TensorVariable) and var.requires_grad and var.has_grad_fn:
+            return (f"the argument {var.source.name if var.source else '?'} has a grad_fn: autograd's graph "
+                    "goes on outside the compiled graph (a graph break before the backward, a module Dynamo "
+                    "does not trace, a module backward hook)")
+    # The leaves' real tensors, through their sources, as Dynamo's guards read them.
+    root = tx.output.root_tx
+    scope = {"L": root.f_locals, "G": root.f_globals}
+    closure, cache = torch._dynamo.guards._get_closure_vars(), weakref.WeakKeyDictionary()
+    for var in leaves:
+        try:
+            t = var.source.get_value(scope, dict(closure), cache) if var.source else None
+        except Exception:  # a leaf made inside the graph: nothing of it outside
+            continue
+        if isinstance(t, torch.Tensor) and _hazard(t):
+            return f"the leaf {var.source.name} {_hazard(t)}"
+    return None
+
+
+def _trace_backward_for_torchreplay() -> None:
+    """Note [Traced backward]: Dynamo traces `loss.backward()` into the graph only with its own
+    switch, torch._dynamo.config.trace_autograd_ops, which is global and off by default. This
+    turns it on while Dynamo traces the backward of a frame a torchreplay backend compiles (with
+    config.trace_backward, the default), for that backward only: other backends and frames are
+    unchanged. A backward whose traced form would not be eager's breaks the graph there instead,
+    so that autograd runs it (_left_to_autograd), as without the switch. And with the switch on,
+    whoever compiles, Dynamo (2.11) traces the backward of a tensor whose leaves are all outside
+    its frame (a graph break between the loss and the backward: `print(loss.item())`) as nothing,
+    and no graph shows it: this makes Dynamo break the graph there instead."""
     try:
         from torch._dynamo.exc import unimplemented
         from torch._dynamo.variables.tensor import TensorVariable
@@ -439,11 +497,17 @@ def _break_where_dynamo_drops_the_backward() -> None:
         return
 
     def method_backward(self: Any, tx: Any, *args: Any, **kwargs: Any) -> Any:
-        inputs = kwargs.get("inputs", args[3] if len(args) > 3 else None)
-        if inputs is None and torch._dynamo.config.trace_autograd_ops and (self.requires_grad or self.has_grad_fn):
-            found = self._collect_backward_inputs(itertools.chain(tx.output.leaf_var_creation_order,
-                                                                  tx.output.input_source_to_var.values()))
-            if not found:
+        given = dict(zip(("gradient", "retain_graph", "create_graph", "inputs"), args), **kwargs)
+        switch = torch._dynamo.config.trace_autograd_ops
+        config = None if switch else _compiled_by(tx)
+        ours = config is not None and config.trace_backward
+        if not (switch or ours):
+            return original(self, tx, *args, **kwargs)   # Dynamo breaks the graph here
+        leaves = []
+        if given.get("inputs") is None and (self.requires_grad or self.has_grad_fn):
+            leaves = self._collect_backward_inputs(itertools.chain(tx.output.leaf_var_creation_order,
+                                                                   tx.output.input_source_to_var.values()))
+            if not leaves:
                 unimplemented(
                     gb_type="Tensor.backward() with every leaf outside the graph",
                     context=f"call_method {self} backward",
@@ -452,13 +516,103 @@ def _break_where_dynamo_drops_the_backward() -> None:
                                 "torchreplay breaks the graph here so that autograd runs it.",
                     hints=["Remove the graph break between the loss and loss.backward() to trace the "
                            "backward into the graph."])
-        return original(self, tx, *args, **kwargs)
+        if not ours:
+            return original(self, tx, *args, **kwargs)
+        why = _left_to_autograd(self, tx, given, leaves)
+        if why:
+            unimplemented(
+                gb_type="Tensor.backward() left to autograd by torchreplay",
+                context=why,
+                explanation=f"torchreplay traces loss.backward() into the graph, but not this one: {why}. "
+                            "Autograd runs it, as with other backends.",
+                hints=["Set config.trace_backward = False to break every such graph at its backward."])
+        with torch._dynamo.config.patch(trace_autograd_ops=True):
+            return original(self, tx, *args, **kwargs)
 
     method_backward._torchreplay = True  # type: ignore[attr-defined]
     TensorVariable.method_backward = method_backward
 
 
-_break_where_dynamo_drops_the_backward()
+# Note [Returning a tensor whose backward ran]
+# `loss.backward(); return loss` is how a training step is naturally written. Dynamo (2.11)
+# refuses to return from a traced graph a tensor whose autograd graph the traced backward consumed
+# (a later backward through it would have to raise as eager's does): it traces the frame again
+# with a graph break at the backward, and the step is two graphs. For torchreplay's compiles
+# such outputs are marked instead (_mark_consumed_outputs) and returned detached from the graph
+# (_detach_consumed_outputs), which stays one inference graph; after each call the backend gives
+# each of them a grad_fn that raises eager's error on a backward through it (DelayedError), so the
+# tensor is what eager returns: requires_grad, not a leaf, its backward refused.
+_CONSUMED = "torchreplay_backward_ran"
+_BACKWARD_TWICE = (
+    "Trying to backward through the graph a second time (or directly access saved tensors after they have "
+    "already been freed). Saved intermediate values of the graph are freed when you call .backward() or "
+    "autograd.grad(). Specify retain_graph=True if you need to backward through the graph a second time or "
+    "if you need to access saved tensors after calling backward.")
+
+
+def _mark_consumed_outputs() -> None:
+    """Note [Returning a tensor whose backward ran]: for torchreplay's compiles, Dynamo's check of
+    returned tensors whose autograd graph a traced backward consumed marks them instead of
+    tracing the frame again with a graph break."""
+    try:
+        from torch._dynamo.output_graph import OutputGraph, collect_reachable_grad_fns
+        from torch._dynamo.variables.tensor import TensorVariable
+    except ImportError:
+        return
+    original = OutputGraph._validate_outputs_safe_for_autograd_nodes
+    if getattr(original, "_torchreplay", False):
+        return
+
+    def validate(self: Any, rv: Any, tx: Any) -> None:
+        config = _compiled_by(tx) if self.autograd_grad_consumed_grad_fns else None
+        if config is None or not config.trace_backward:
+            return original(self, rv, tx)
+        for var in rv:
+            if isinstance(var, TensorVariable) and var.requires_grad:
+                node = var.as_proxy().node
+                fake = node.meta.get("example_value")
+                if isinstance(fake, torch.Tensor) and fake.grad_fn is not None and \
+                        collect_reachable_grad_fns([(fake, None)]) & self.autograd_grad_consumed_grad_fns:
+                    node.meta[_CONSUMED] = True
+
+    validate._torchreplay = True  # type: ignore[attr-defined]
+    OutputGraph._validate_outputs_safe_for_autograd_nodes = validate
+
+
+def _detach_consumed_outputs(gm: torch.fx.GraphModule) -> List[int]:
+    """The graph's outputs marked by _mark_consumed_outputs, returned detached (in place in gm)."""
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    outs = list(output.args[0]) if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
+    consumed = [k for k, o in enumerate(outs) if isinstance(o, torch.fx.Node) and o.meta.get(_CONSUMED)]
+    for k in consumed:
+        with gm.graph.inserting_before(output):
+            detached = gm.graph.call_method("detach", (outs[k],))
+        value = outs[k].meta["example_value"]
+        with value.fake_mode:
+            detached.meta["example_value"] = value.detach()
+        outs[k] = detached
+    if consumed:
+        output.args = (type(output.args[0])(outs) if isinstance(output.args[0], (list, tuple)) else outs[0],)
+        gm.recompile()
+    return consumed
+
+
+def _raise_on_backward_of(fn: Callable, consumed: Sequence[int]) -> Callable:
+    """fn, its outputs at `consumed` given a grad_fn that raises eager's error on a backward."""
+    refuse = torch._C._functions.DelayedError(_BACKWARD_TWICE, 1)
+
+    def call(*args: Any) -> Any:
+        outs = list(fn(*args))
+        for k in consumed:
+            alias = outs[k].detach()
+            alias.requires_grad_(True)
+            outs[k] = refuse(alias)
+        return outs
+    return call
+
+
+_trace_backward_for_torchreplay()
+_mark_consumed_outputs()
 
 
 # Note [CUDA graphs]
@@ -493,18 +647,26 @@ class Backend:
         self._backward_hint_logged = False  # the hint at a graph broken at loss.backward(), once
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **_: Any) -> Any:
+        consumed = _detach_consumed_outputs(gm)
+        fn = self._compile_graph(gm, example_inputs)
+        return _raise_on_backward_of(fn, consumed) if consumed else fn
+
+    def _compile_graph(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         graph_id = next(_graph_ids)
         built: Dict[str, Any] = {}
         _guard_requires_grad(gm, f"g{graph_id}")
+        traces = any(n.target is torch.autograd.grad for n in gm.graph.nodes if n.op == "call_function")
         traced = _TracedBackward(f"g{graph_id}", gm, example_inputs) \
-            if torch._dynamo.config.trace_autograd_ops else None
+            if traces or torch._dynamo.config.trace_autograd_ops else None
         reason = getattr(gm, "compile_subgraph_reason", None)
         if traced is None and not self._backward_hint_logged and reason is not None and reason.graph_break \
-                and "Tensor.backward()" in reason.reason:
+                and "backward()" in reason.reason:
             self._backward_hint_logged = True
-            logger.info("torchreplay: g%d ends where Dynamo broke the graph at loss.backward(); with "
-                        "torch._dynamo.config.trace_autograd_ops = True the step replays as one graph "
-                        "(Note [Traced backward]; docs/guide.md, Training steps)", graph_id)
+            logger.info("torchreplay: g%d ends where Dynamo broke the graph at loss.backward() (%s); the "
+                        "backward runs in autograd and the step replays as two graphs (Note [Traced backward]; "
+                        "docs/guide.md, Training steps)", graph_id,
+                        "config.trace_backward is False" if not self.config.trace_backward else
+                        reason.reason.splitlines()[0][:300])
         built["preserve_outputs"] = bool(traced and traced.traces_backward)
         compiler = functools.partial(self._compile, graph_id=graph_id, built=built)
         autocast = torch._C._is_any_autocast_enabled()

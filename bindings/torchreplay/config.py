@@ -104,6 +104,9 @@ class CompilerConfig(_Section):
     _fields = {
         "mode": ("default", lambda v: None if v in MODES else f"want one of {MODES}", "execution mode"),
         "keep_inference_input_mutations": (True, _is_bool, "keep input mutations inside the graph"),
+        "trace_backward": (True, _is_bool, "trace loss.backward() inside a compiled function into its graph, "
+                           "so that the whole training step replays as one graph; False: the graph breaks "
+                           "there and autograd runs the backward, as with other backends"),
         "post_grad_custom_pre_pass": (None, _is_pass, "FX pass run before the built-in passes"),
         "post_grad_custom_post_pass": (None, _is_pass, "FX pass run after the built-in passes"),
         "reduce_overhead": (None, lambda v: None if isinstance(v, ReduceOverheadConfig) else "want a ReduceOverheadConfig", ""),
@@ -119,6 +122,7 @@ class CompilerConfig(_Section):
     _OPTION_PATHS = {
         "mode": ("mode",),
         "keep_inference_input_mutations": ("keep_inference_input_mutations",),
+        "trace_backward": ("trace_backward",),
         "post_grad_custom_pre_pass": ("post_grad_custom_pre_pass",),
         "post_grad_custom_post_pass": ("post_grad_custom_post_pass",),
         "warmup_iters": ("reduce_overhead", "warmup_iters"),

@@ -1,6 +1,9 @@
-"""Training steps with loss.backward() traced into the graph (Dynamo's trace_autograd_ops; Note
-[Traced backward] in backend.py): the whole step replays as one graph, gradients bitwise eager's,
-and what Dynamo's traced backward gets wrong refused with an error, at compile time and per call."""
+"""Training steps with loss.backward() traced into the graph (Note [Traced backward] in
+backend.py): the whole step replays as one graph, gradients bitwise eager's. Every test runs under
+torchreplay's default (config.trace_backward: the backward traced for its compiles only, what
+Dynamo's traced backward would get wrong left to autograd as it is traced) and under Dynamo's own
+global switch (trace_autograd_ops: the same cases refused with an error); per call, a hazard that
+came after the trace is refused under both."""
 import copy
 
 import pytest
@@ -8,14 +11,20 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import torchreplay
 from configs import backend
 from differential import TinyTokens, gen, mlp, rn, ri, total
 
 
-@pytest.fixture(autouse=True)
-def _traced_backward():
-    with torch._dynamo.config.patch(trace_autograd_ops=True):
-        yield
+@pytest.fixture(autouse=True, params=["default", "switch"])
+def regime(request):
+    """"default": torchreplay traces the backward of its own compiles (config.trace_backward);
+    "switch": Dynamo's global trace_autograd_ops is on."""
+    if request.param == "switch":
+        with torch._dynamo.config.patch(trace_autograd_ops=True):
+            yield request.param
+    else:
+        yield request.param
 
 
 def _convnet():
@@ -134,11 +143,12 @@ def test_frozen_layer_backward_of_a_nonscalar_and_two_backwards_with_retain_grap
     assert total(b, "replays") >= 3
 
 
-def test_a_graph_break_after_the_backward_stays_right_and_breaks_at_the_backward():
+def test_a_graph_break_after_the_backward_stays_right_and_one_graph_holds_the_backward():
     """A graph break after the backward (a print of loss.item() does the same) while the loss is
-    still needed after it: Dynamo does not trace that backward (it would consume the graph of a
-    tensor the frame returns) and breaks at it, so the step runs as a training graph whose
-    backward autograd runs, not one graph; the gradients are eager's."""
+    still needed after it: the graph before the break returns the loss whose backward it traced
+    (Note [Returning a tensor whose backward ran]), so the step runs as two inference graphs, the
+    backward in the first; the gradients are eager's. (Dynamo alone would not trace that backward
+    and would break at it, leaving the backward to autograd.)"""
     make, batch, loss_fn = MODELS["mlp_tanh"]
     eager, model, b, _ = _compiled(make, loss_fn)
 
@@ -156,14 +166,34 @@ def test_a_graph_break_after_the_backward_stays_right_and_breaks_at_the_backward
         x, y = batch(gen(i))
         assert torch.equal(compiled(x, y), reference(x, y)), i
         _assert_grads_equal(model, eager, i)
-    assert sorted(k.split(".")[1] for k in b.call_paths) == ["inference", "training"], b.call_paths
+    assert sorted(k.split(".")[1] for k in b.call_paths) == ["inference", "inference"], b.call_paths
     assert total(b, "replays") >= 6
 
 
 def _refused(compiled, *args, match):
     with pytest.raises(Exception, match=match) as info:
         compiled(*args)
-    assert "trace_autograd_ops = False" in str(info.value)
+    assert "config.trace_backward = False" in str(info.value)
+
+
+def _refused_or_left_to_autograd(regime, case, add=None, steps=3):
+    """A backward Dynamo's traced form would get wrong, seen when the step is traced: under the
+    switch, refused with an error matching `case["match"]`; under torchreplay's default, the graph
+    breaks at the backward and autograd runs it (a training graph), gradients bitwise eager's.
+    `add(model)` changes each model the same way before the first call."""
+    eager, model, b, compiled, reference, batch = (case[k] for k in ("eager", "model", "b", "compiled", "reference",
+                                                                     "batch"))
+    kept = [add(m) for m in (eager, model)] if add else []  # noqa: F841 (keeps hooks alive)
+    if regime == "switch":
+        _refused(compiled, *batch(gen(0)), match=case["match"])
+        return
+    for i in range(steps):
+        for m in (eager, model):
+            m.zero_grad(set_to_none=True)
+        x, y = batch(gen(i))
+        assert torch.equal(compiled(x, y), reference(x, y)), i
+        _assert_grads_equal(model, eager, i)
+    assert any(k.endswith(".training") for k in b.call_paths), b.call_paths
 
 
 def _accumulator_hook(p):
@@ -182,15 +212,22 @@ HOOKS = {
 }
 
 
+def _case(name="mlp_tanh", stepper=None, match=None):
+    make, batch, loss_fn = MODELS[name]
+    eager, model, b, compiled = _compiled(make, loss_fn)
+    if stepper is not None:
+        compiled = torch.compile(stepper(model, loss_fn), backend=b)
+    return dict(eager=eager, model=model, b=b, compiled=compiled, batch=batch, match=match,
+                reference=(stepper or _stepper)(eager, loss_fn))
+
+
 @pytest.mark.parametrize("hook", list(HOOKS))
-def test_hooks_on_a_parameter_are_refused_when_compiled(hook):
+def test_hooks_on_a_parameter_are_refused_when_compiled(hook, regime):
     """Dynamo's traced backward does not run hooks (eager's gradients would differ, or hooks a
-    user counts on, DistributedDataParallel's, would not run): an error naming the parameter."""
+    user counts on, DistributedDataParallel's, would not run): refused naming the parameter, or,
+    by default, left to autograd."""
     add, why = HOOKS[hook]
-    make, batch, loss_fn = MODELS["mlp_tanh"]
-    _, model, _, compiled = _compiled(make, loss_fn)
-    kept = add(model[2].bias)  # noqa: F841 (keeps the hook)
-    _refused(compiled, *batch(gen(0)), match=why)
+    _refused_or_left_to_autograd(regime, _case(match=why), add=lambda m: add(m[2].bias))
 
 
 @pytest.mark.parametrize("hook", list(HOOKS))
@@ -216,43 +253,44 @@ def test_hooks_added_after_compiling_are_refused_per_call(hook):
         assert total(b, "replays") >= 3
 
 
-def test_a_graph_break_inside_the_forward_is_refused():
+class _Broken(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = self.a(x)
+        torch._dynamo.graph_break()
+        return self.b(h.tanh())
+
+
+def test_a_graph_break_inside_the_forward_is_refused(regime):
     """Dynamo's traced backward drops the backward of a graph whose leaves are all before a graph
-    break (the gradients silently lost, PyTorch 2.11): the graph after the break is refused."""
-    class Broken(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a, self.b = nn.Linear(6, 8), nn.Linear(8, 3)
-
-        def forward(self, x):
-            h = self.a(x)
-            torch._dynamo.graph_break()
-            return self.b(h.tanh())
-
-    _, _, _, compiled = _compiled(Broken, F.mse_loss)
-    _refused(compiled, rn(gen(0), 4, 6), rn(gen(1), 4, 3), match="has a grad_fn")
+    break (the gradients silently lost, PyTorch 2.11): the graph after the break is refused, or,
+    by default, its backward left to autograd."""
+    MODELS["broken"] = (_Broken, lambda g: (rn(g, 4, 6), rn(g, 4, 3)), F.mse_loss)
+    try:
+        _refused_or_left_to_autograd(regime, _case("broken", match="has a grad_fn"))
+    finally:
+        del MODELS["broken"]
 
 
-def test_a_module_backward_hook_is_refused():
-    make, batch, loss_fn = MODELS["mlp_tanh"]
-    _, model, _, compiled = _compiled(make, loss_fn)
-    model[0].register_full_backward_hook(lambda mod, gi, go: None)
-    _refused(compiled, *batch(gen(0)), match="has a grad_fn")
+def test_a_module_backward_hook_is_refused(regime):
+    _refused_or_left_to_autograd(regime, _case(match="has a grad_fn"),
+                                 add=lambda m: m[0].register_full_backward_hook(lambda mod, gi, go: None))
 
 
-def test_create_graph_is_refused():
-    torch.manual_seed(0)
-    model = mlp()()
-
-    @torch.compile(backend=backend())
-    def step(x, y):
-        loss = F.mse_loss(model(x), y)
-        loss.backward(create_graph=True)
-        return loss.detach()
-    _refused(step, rn(gen(0), 8, 6), rn(gen(1), 8, 3), match="create_graph=True")
+def test_create_graph_is_refused(regime):
+    def stepper(m, loss_fn):
+        def step(x, y):
+            loss = loss_fn(m(x), y)
+            loss.backward(create_graph=True)
+            return loss.detach()
+        return step
+    _refused_or_left_to_autograd(regime, _case(stepper=stepper, match="create_graph=True"))
 
 
-def test_a_forward_after_the_traced_backward_keeps_aotautograds_wrapper_and_its_checks():
+def test_a_forward_after_the_traced_backward_keeps_aotautograds_wrapper_and_its_checks(regime):
     """A step that runs the model again after the backward returns an output that requires grad:
     AOTAutograd builds a training graph around the traced backward, which keeps its wrapper (the
     reason in call_paths) and the per-call checks; gradients bitwise eager's, also after a
@@ -281,8 +319,10 @@ def test_a_forward_after_the_traced_backward_keeps_aotautograds_wrapper_and_its_
     assert list(b.call_paths.values()) == \
         ["AOTAutograd wrapper: a traced backward in a graph with outputs requiring grad"], b.call_paths
     assert total(b, "replays") >= 4
+    for m in (eager, model):
+        m.zero_grad()
     handle = model[0].weight.register_hook(lambda g: g)  # noqa: F841
-    with pytest.raises(RuntimeError, match="register_hook"):
+    with pytest.raises(RuntimeError, match="register_hook"):  # no guard sees it: refused per call
         compiled(*batch(gen(9)))
 
 
@@ -319,16 +359,24 @@ def test_clipping_and_the_optimizer_inside_the_step_match_aot_eager():
     assert total(b, "replays") >= 8
 
 
-def test_a_step_broken_at_the_backward_logs_the_switch_once(replay_log):
-    """Without the switch, Dynamo breaks the graph at loss.backward(): the backend says once, at
-    INFO, that the switch would make the step one graph."""
+def test_a_step_broken_at_the_backward_logs_why_once(replay_log, regime):
+    """With config.trace_backward = False (and the switch off), Dynamo breaks the graph at
+    loss.backward(), as with other backends: the backend says once, at INFO, why the step is two
+    graphs."""
+    if regime == "switch":
+        pytest.skip("the switch traces the backward whatever the config says")
     make, batch, loss_fn = MODELS["mlp_tanh"]
     replay_log.set_level("INFO", logger="torchreplay")
-    with torch._dynamo.config.patch(trace_autograd_ops=False):
-        _, _, b, compiled = _compiled(make, loss_fn)
-        for i in range(3):
-            compiled(*batch(gen(i)))
-    hints = [r for r in replay_log.records if "trace_autograd_ops = True" in r.getMessage()]
+    torch.manual_seed(0)
+    model = make()
+    cfg = torchreplay.CompilerConfig()
+    cfg.mode = "reduce-overhead"
+    cfg.trace_backward = False
+    b = torchreplay.get_backend(compiler_config=cfg)
+    compiled = torch.compile(_stepper(model, loss_fn), backend=b)
+    for i in range(3):
+        compiled(*batch(gen(i)))
+    hints = [r for r in replay_log.records if "config.trace_backward is False" in r.getMessage()]
     assert len(hints) == 1, [r.getMessage() for r in replay_log.records]
     assert any(k.endswith(".training") for k in b.call_paths)
 
@@ -438,3 +486,48 @@ def test_a_leaf_changed_where_no_guard_sees_it_is_refused_naming_it(frozen_first
     with pytest.raises(RuntimeError, match=rf"argument \d+ \(.*weight.*\) (was a leaf requiring grad; it )?{why}"):
         compiled(*batch(gen(3)))
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_returning_the_loss_is_one_graph_and_its_backward_raises_as_eagers(regime):
+    """`loss.backward(); return loss`, as steps are naturally written (Note [Returning a tensor
+    whose backward ran]): one graph, called directly; the loss bitwise eager's and, like eager's,
+    requiring grad, not a leaf, its backward refused with eager's error; gradients eager's."""
+    def stepper(m, loss_fn):
+        def step(x, y):
+            loss = loss_fn(m(x), y)
+            loss.backward()
+            return loss
+        return step
+    case = _case(stepper=stepper)
+    eager, model, b, compiled, reference, batch = (case[k] for k in ("eager", "model", "b", "compiled", "reference",
+                                                                     "batch"))
+    breaks = torch._dynamo.utils.counters["graph_break"].copy()
+    for i in range(5):
+        for m in (eager, model):
+            m.zero_grad()
+        x, y = batch(gen(i))
+        got, want = compiled(x, y), reference(x, y)
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32)), i
+        assert (got.requires_grad, got.is_leaf) == (want.requires_grad, want.is_leaf) == (True, False), i
+        _assert_grads_equal(model, eager, i)
+    errors = []
+    for t in (want, got):
+        with pytest.raises(RuntimeError) as info:
+            t.backward()
+        errors.append(str(info.value))
+    assert errors[0] == errors[1] and "backward through the graph a second time" in errors[0]
+    assert torch._dynamo.utils.counters["graph_break"] == breaks
+    assert b.call_paths == {next(iter(b.call_paths)): "direct"} and len(b.call_paths) == 1, b.call_paths
+    assert total(b, "replays") >= 3
+
+
+def test_other_backends_keep_dynamos_own_setting(regime):
+    """torchreplay traces the backward of its own compiles only: the same step compiled with
+    aot_eager is still broken at loss.backward() (unless Dynamo's global switch is on)."""
+    make, batch, loss_fn = MODELS["mlp_tanh"]
+    torch.manual_seed(0)
+    compiled = torch.compile(_stepper(make(), loss_fn), backend="aot_eager")
+    before = sum(torch._dynamo.utils.counters["graph_break"].values())
+    compiled(*batch(gen(0)))
+    broke = sum(torch._dynamo.utils.counters["graph_break"].values()) > before
+    assert broke == (regime == "default")

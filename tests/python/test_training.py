@@ -231,12 +231,14 @@ def test_train_output_used_in_two_losses():
     train_compare(mlp(nn.GELU), xy, step, seed=33)
 
 
+@pytest.mark.parametrize("traced", [True, False], ids=["one_graph", "broken_at_backward"])
 @pytest.mark.parametrize("loss_fn", [F.mse_loss, F.l1_loss, F.smooth_l1_loss], ids=["mse", "l1", "smooth_l1"])
-def test_train_whole_step_compiled_with_the_loss_and_backward_inside(loss_fn):
+def test_train_whole_step_compiled_with_the_loss_and_backward_inside(loss_fn, traced):
     """The step as users write it for small models: loss and loss.backward() inside the compiled
-    function (Dynamo breaks the graph at backward). The forward graph's first call runs under
-    AOTAutograd's custom-op aliasing check (a Python dispatch mode), which once turned the
-    recording's probe of mse_loss.out into the call's error."""
+    function, traced into one graph (the default) or, with config.trace_backward = False, broken
+    at the backward by Dynamo. The forward graph's first call runs under AOTAutograd's custom-op
+    aliasing check (a Python dispatch mode), which once turned the recording's probe of
+    mse_loss.out into the call's error."""
     torch.manual_seed(3)
     eager = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 4))
     model = copy.deepcopy(eager)
@@ -248,7 +250,7 @@ def test_train_whole_step_compiled_with_the_loss_and_backward_inside(loss_fn):
             return loss.detach()
         return step
 
-    b = backend()
+    b = backend(trace_backward=traced)
     compiled = torch.compile(stepper(model), backend=b)
     reference = stepper(eager)
     opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (eager, model)]
@@ -263,7 +265,9 @@ def test_train_whole_step_compiled_with_the_loss_and_backward_inside(loss_fn):
             assert torch.equal(pc.grad, pe.grad), (i, n)
         for opt in opts:
             opt.step()
-    assert total(b, "replays") >= 8
+    kinds = {k.split(".")[1] for k in b.call_paths}
+    assert (kinds == {"inference"}) if traced else ("training" in kinds), b.call_paths
+    assert total(b, "replays") >= (4 if traced else 8)
 
 
 def _training_paths(b):
@@ -647,7 +651,7 @@ def test_train_parameter_unfrozen_where_no_guard_sees_it_raises_naming_it(path):
     model = mlp(nn.Tanh)()
     frozen = model[0].weight if path != "inference" else model[0]
     frozen.requires_grad_(False)
-    b = backend()
+    b = backend(trace_backward=False)   # the training graph's calls (the traced step's: test_traced_backward.py)
     b.direct_training = path == "direct"
     compiled = torch.compile(_mse_stepper(model, model) if path != "inference" else model[0], backend=b,
                              options={"guard_filter_fn": _without_requires_grad_guard})

@@ -3,19 +3,22 @@ where torchreplay's step spends its time.
 
     python -m torchreplay.bench.train [--models mlp,llama] [--rounds 7] [--seconds 6]
 
-The step as a user writes it: the loss and `loss.backward()` inside the compiled function (Dynamo
-breaks the graph at backward). Models: `mlp`, the MLP 32-64-64-4 with tanh, batch 16, MSE; `llama`,
+The step as a user writes it: the loss and `loss.backward()` inside the compiled function, returning
+`loss.detach()` (or, in the "returns loss" modes, the loss itself). Models: `mlp`, the MLP 32-64-64-4 with tanh, batch 16, MSE; `llama`,
 the harness's tiny Llama (transformers) on 2 sequences of 16 tokens, its own cross-entropy loss.
 One thread. Modes, timed interleaved in rounds (µs per step, median of rounds):
 
   eager                    the step as it is
-  torchreplay              torch.compile(step, backend=torchreplay), mode reduce-overhead
+  torchreplay              torch.compile(step, backend=torchreplay), mode reduce-overhead, nothing
+                           else set: loss.backward() traced into the graph, the step one graph
+                           (Note [Traced backward] in backend.py)
+  torchreplay, broken bw   the same with config.trace_backward = False: Dynamo breaks the graph at
+                           the backward, which autograd runs (two graphs, the training call)
   inductor                 torch.compile(step)
   aot_eager                torch.compile(step, backend="aot_eager")
-  torchreplay, traced bw   torchreplay with Dynamo's trace_autograd_ops on while the step compiles:
-                           loss.backward() traced into the graph, the step one graph (Note [Traced
-                           backward] in backend.py)
-  inductor, traced bw      Inductor likewise
+  inductor, traced bw      Inductor with Dynamo's trace_autograd_ops on while the step compiles
+  ..., returns loss        the step returning `loss` itself (Note [Returning a tensor whose
+                           backward ran]; Dynamo alone breaks such a step at the backward)
 
 Every mode's gradients are compared with eager's after each of four steps (new gradients three
 times, then accumulated into them, as in the timed steps; bitwise, or close for Inductor). The second table adds an Adam update (foreach) after each step, compiled with the
@@ -30,8 +33,8 @@ both sides of the break run and backward has one node), each engine run on the a
 them out of the pool costs), and the rest: the training call, its autograd node and the autograd
 engine with its gradient accumulation. The same for the traced step (one frame, one graph).
 
-The traced modes compile during the three checked steps, with the flag on; the timed calls run
-with it off (Dynamo reads it only when it traces), and a recompile while timing is reported.
+Inductor's traced modes compile during the three checked steps, with the flag on; the timed calls
+run with it off (Dynamo reads it only when it traces), and a recompile while timing is reported.
 """
 from __future__ import annotations
 
@@ -47,13 +50,15 @@ import torch.nn.functional as F
 import torchreplay
 from torchreplay.bench.__main__ import RecordingBackend, fresh_dynamo, time_interleaved
 
-MODES = ["eager", "torchreplay", "inductor", "aot_eager", "torchreplay, traced bw", "inductor, traced bw"]
+MODES = ["eager", "torchreplay", "torchreplay, broken bw", "inductor", "aot_eager", "inductor, traced bw",
+         "torchreplay, returns loss", "inductor, traced bw, returns loss"]
 TRACED = " traced bw"
+RETURNS_LOSS = "returns loss"
 
 
 def _tracing(mode: str) -> Any:
     """Dynamo's trace_autograd_ops as the mode compiles with it."""
-    return torch._dynamo.config.patch(trace_autograd_ops=mode.endswith(TRACED))
+    return torch._dynamo.config.patch(trace_autograd_ops=TRACED in mode)
 
 
 def _mlp() -> Tuple[torch.nn.Module, tuple, Callable[..., torch.Tensor]]:
@@ -80,11 +85,12 @@ MODELS = {"mlp": (_mlp, "MLP 32-64-64-4, tanh, batch 16, MSE"),
           "llama": (_llama, "tiny Llama (transformers), 2 x 16 tokens, cross-entropy")}
 
 
-def _stepper(model: torch.nn.Module, loss_fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+def _stepper(model: torch.nn.Module, loss_fn: Callable[..., torch.Tensor],
+             returns_loss: bool = False) -> Callable[..., torch.Tensor]:
     def step(*inputs: Any) -> torch.Tensor:
         loss = loss_fn(model, *inputs)
         loss.backward()
-        return loss.detach()
+        return loss if returns_loss else loss.detach()
     # Each step has a code object of its own: Dynamo caches per code object, so steps sharing one
     # would check each other's guards first, and a backend equal to another's (Inductor with and
     # without the traced backward) would reuse its graphs.
@@ -126,12 +132,12 @@ def _worst(a: str, b: str) -> str:
 
 
 def _backend(mode: str) -> Any:
-    mode = mode.split(",")[0]
-    if mode == "torchreplay":
+    if mode.startswith("torchreplay"):
         cfg = torchreplay.CompilerConfig()
         cfg.mode = "reduce-overhead"
+        cfg.trace_backward = "broken bw" not in mode
         return torchreplay.get_backend(compiler_config=cfg)
-    return {"inductor": "inductor", "aot_eager": "aot_eager"}.get(mode)
+    return {"inductor": "inductor", "aot_eager": "aot_eager"}.get(mode.split(",")[0])
 
 
 def _table(title: str, timed: Dict[str, float], checks: Dict[str, str]) -> None:
@@ -149,7 +155,7 @@ def bench_model(name: str, rounds: int, seconds: float) -> bool:
     backends = {m: _backend(m) for m in MODES}
     models = {m: copy.deepcopy(model0) for m in MODES}
     steps = {m: _stepper(models[m], loss_fn) if backends[m] is None
-             else torch.compile(_stepper(models[m], loss_fn), backend=backends[m]) for m in MODES}
+             else torch.compile(_stepper(models[m], loss_fn, RETURNS_LOSS in m), backend=backends[m]) for m in MODES}
     checks: Dict[str, str] = {}
     for i in range(4):  # new gradients three times, then accumulated (as the timed steps do)
         for m in models.values():
@@ -175,7 +181,8 @@ def bench_model(name: str, rounds: int, seconds: float) -> bool:
     opt_steps = {m: opts[m].step if backends[m] is None else torch.compile(opts[m].step, backend=_backend(m))
                  for m in MODES}
     train = {m: _stepper(opt_models[m], loss_fn) if backends[m] is None
-             else torch.compile(_stepper(opt_models[m], loss_fn), backend=_backend(m)) for m in MODES}
+             else torch.compile(_stepper(opt_models[m], loss_fn, RETURNS_LOSS in m), backend=_backend(m))
+             for m in MODES}
 
     def update(m: str) -> None:
         opts[m].zero_grad(set_to_none=True)
@@ -204,26 +211,25 @@ def _breakdown(model0: torch.nn.Module, inputs: tuple, loss_fn: Callable[..., to
     """Each part of torchreplay's step timed on its own (interleaved). The engines' arguments come
     from a copy of the step compiled with a recording backend, which keeps AOTAutograd's wrapper
     (Python-visible engine calls): the engines' own work is the same either way. `traced`: the
-    step compiled with loss.backward() traced into it."""
+    step compiled with loss.backward() traced into it (the default), else broken at it."""
     cfg = torchreplay.CompilerConfig()
     cfg.mode = "reduce-overhead"
+    cfg.trace_backward = traced
     recording = RecordingBackend(cfg)
     recorded = torch.compile(_stepper(copy.deepcopy(model0), loss_fn), backend=recording)
-    tracing = _tracing(TRACED if traced else "")
-    with tracing:
-        for _ in range(3):
-            recorded(*inputs)
-        recording.calls.clear()
+    for _ in range(3):
         recorded(*inputs)
+    recording.calls.clear()
+    recorded(*inputs)
     runs = []  # (engine name, run, arguments): the step's graphs in order
     for run, args, _, _ in recording.calls:
         args = [t.detach().clone() if isinstance(t, torch.Tensor) else t for t in args]
         runs.append((getattr(getattr(run, "__self__", None), "name", "an eager graph"), run, args))
-    direct = _backend("torchreplay")
+    direct = _backend("torchreplay" if traced else "torchreplay, broken bw")
     step = torch.compile(_stepper(copy.deepcopy(model0), loss_fn), backend=direct)
     floor_step = torch.compile(_stepper(copy.deepcopy(model0), loss_fn), backend=_floor_backend)
     eager = copy.deepcopy(model0)
-    with tracing:  # compiled now, with the flag as the recording was
+    with _tracing(TRACED if traced else ""):  # the floor's backend is not torchreplay: Dynamo's flag
         for s in (step, floor_step):
             for _ in range(3):
                 s(*inputs)
