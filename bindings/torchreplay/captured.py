@@ -80,7 +80,11 @@ def _cia_decompositions() -> Dict[Any, Callable]:
 
     table = torch.export.default_decompositions()
     cia = _collect_all_valid_cia_ops()
-    return {op: fn for op, fn in table.items() if op in cia}
+    # LSTM stays whole, for its C++ composite to pick eager's kernel at run time (oneDNN's
+    # mkldnn_rnn_layer on the CPU, which the Python decomposition's addmm and pointwise ops
+    # differ from in the last bits).
+    eager_only = {torch.ops.aten.lstm.input, torch.ops.aten.lstm.data}
+    return {op: fn for op, fn in table.items() if op in cia and op not in eager_only}
 
 
 def _writes_back(ep: ExportedProgram, gm: torch.fx.GraphModule) -> int:

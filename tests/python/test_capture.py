@@ -846,3 +846,42 @@ def test_arguments_sharing_memory_one_written_are_a_clear_error():
     for _ in range(3):
         assert bitwise_equal(apart(u[:2], u[2:]), _written_shared(u_ref[:2], u_ref[2:])) and bitwise_equal(u, u_ref)
     assert apart.stats()["replays"] == 2
+
+
+RECURRENT = {  # (module, input shape (T, B, I), with a state)
+    "lstm 2 layers, one step": (lambda: nn.LSTM(32, 64, num_layers=2), (1, 1, 32), True),
+    "lstm batch_first": (lambda: nn.LSTM(48, 96, batch_first=True), (4, 16, 48), False),
+    "lstm bidirectional": (lambda: nn.LSTM(20, 40, bidirectional=True), (5, 3, 20), False),
+    "lstm projections": (lambda: nn.LSTM(16, 32, proj_size=8), (6, 2, 16), False),
+    "gru 2 layers, 16 steps": (lambda: nn.GRU(32, 64, num_layers=2), (16, 1, 32), True),
+    "rnn relu": (lambda: nn.RNN(16, 32, nonlinearity="relu"), (7, 2, 16), False),
+}
+
+
+@pytest.mark.parametrize("name", list(RECURRENT))
+def test_recurrent_modules_through_capture_are_eagers_bits(name):
+    """nn.LSTM runs oneDNN's RNN kernel in eager on the CPU, which export's Python decomposition
+    (addmm and pointwise ops) differs from in the last bits: it stays whole, so that its C++
+    composite picks eager's kernel. GRU and RNN decompose as eager computes them."""
+    from differential import assert_bitwise
+    make, shape, stateful = RECURRENT[name]
+    torch.manual_seed(0)
+    model = make().eval()
+    layers = model.num_layers * (2 if model.bidirectional else 1)
+    hidden = model.proj_size or model.hidden_size
+
+    def args(seed):
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randn(*shape, generator=g)
+        if model.batch_first:
+            x = x.transpose(0, 1).contiguous()
+        if not stateful:
+            return (x,)
+        h = torch.randn(layers, shape[1], hidden, generator=g)
+        return (x, (h, torch.randn(layers, shape[1], model.hidden_size, generator=g))) if isinstance(model, nn.LSTM) \
+            else (x, h)
+    with torch.no_grad():
+        step = torchreplay.capture(model, args(0), config=config())
+        for i in range(4):
+            assert_bitwise(step(*args(i)), model(*args(i)), f"call {i}")
+    assert step.stats()["replays"] >= 2
