@@ -77,7 +77,12 @@ void Handout::HandOut(const capture::CapturedGraph& graph, bool clone,
     const at::Tensor& t = outs[i].toTensor();
     const c10::StorageImpl* pool = t.storage().unsafeGetStorageImpl();
     const char* base = static_cast<const char*>(pool->data());
-    auto same = std::find_if(made.begin(), made.end(), [&](const Made& m) { return m.base == base; });
+    // An empty buffer holds no bytes, so the planner may place it at any offset, a live buffer's
+    // included: it shares a storage only with outputs of its own pool StorageImpl, and no other
+    // output shares its empty storage (a 0-dim output over it read past its end).
+    auto same = std::find_if(made.begin(), made.end(), [&](const Made& m) {
+      return m.base == base && (m.pool == pool || (m.storage->nbytes() > 0 && pool->nbytes() > 0));
+    });
     if (same != made.end()) {
       // The same value returned twice (an output the backward also saves): the same tensor.
       auto again = std::find_if(given.begin(), given.end(),

@@ -27,7 +27,8 @@ struct CopyCounts {
 
 // Note [Handed-out outputs]
 // A replay hands its pool outputs out through storages of their own, one per pool buffer (each
-// a new StorageImpl over the buffer's bytes, Note [One storage per buffer]), aliasing the pool:
+// a new StorageImpl over the buffer's bytes, Note [One storage per buffer]; an empty buffer, which
+// may start where another one does, shares with no other), aliasing the pool:
 // the caller sees what eager would give (a tensor at offset 0 of its own storage, views of one
 // buffer sharing it), so an output fed back as the next input has the same guard key as a fresh
 // tensor. As in eager, a value returned twice is one tensor (a training forward returns an output

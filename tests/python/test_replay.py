@@ -578,6 +578,31 @@ def test_cat_is_replayed_as_copies_bitwise(name):
     assert copies and set(copies) == {"copies"}, kinds
 
 
+@pytest.mark.parametrize("entry", ["compile", "capture"])
+@pytest.mark.parametrize("clone_outputs", [False, True])
+def test_an_empty_output_and_one_planned_at_its_offset_each_get_their_bytes(entry, clone_outputs):
+    """An empty buffer holds no bytes, so the arena places it where a live one is: cholesky_ex of
+    an empty matrix gives an empty L and a 0-dim info at one offset. Handed out as one storage
+    (grouped by address), info got L's empty one and read past its end: garbage, not eager's 0."""
+    fns = {"cholesky_ex": lambda a: torch.linalg.cholesky_ex(a),
+           "inv_ex": lambda a: torch.linalg.inv_ex(a),
+           "an empty slice and a sum": lambda a: (a[:0] * 2, a.sum())}
+    for name, fn in fns.items():
+        torch._dynamo.reset()
+        b = backend(clone_outputs=clone_outputs)
+        step = (torch.compile(fn, backend=b) if entry == "compile" else
+                torchreplay.capture(fn, (torch.randn(0, 0),), config=config(clone_outputs=clone_outputs)))
+        for i in range(4):
+            a = torch.randn(0, 0)
+            got, want = step(a), fn(a)
+            assert_bitwise(list(got), list(want), f"{name} call {i}")
+            for k, t in enumerate(got):   # every element within its storage
+                last = t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+                assert t.numel() == 0 or t.untyped_storage().nbytes() >= (last + 1) * t.element_size(), (
+                    name, i, k, t.untyped_storage().nbytes())
+        assert (step.stats() if entry == "capture" else b.stats()[0])["replays"] == 3, name
+
+
 def test_conjugate_and_negative_views_are_not_copied_as_bytes():
     """z.conj() is a view whose elements are not its bytes (the conjugation is a bit read by the
     kernels): a cat or clone of it must conjugate, so it stays ATen's kernel, not copies."""
