@@ -12,7 +12,8 @@ import torch.nn as nn
 
 import torchreplay
 from configs import config
-from fuzz_graphs import C, bitwise_equal, make_inputs, make_program
+from differential import assert_bitwise, bitwise_diff
+from fuzz_graphs import C, make_inputs, make_program
 from torchreplay.bench.models import (MLP, ConvBN, CountingModel, DecodeAttention, DemoModel, ElementwiseChain,
                                       MmAbsModel, ViewOfInput)
 
@@ -62,9 +63,9 @@ def test_random_graphs_through_capture_bitwise_equal_to_eager():
             got = got if isinstance(got, tuple) else (got,)
             assert len(got) == len(want)
             for i, (g, e) in enumerate(zip(got, want)):
-                assert bitwise_equal(g, e), f"seed {seed} call {call} output {i}"
+                assert_bitwise(g, e, f"seed {seed} call {call} output {i}")
             for i in (0, 1, 2):
-                assert bitwise_equal(inputs[i], ref[i]), f"seed {seed} call {call} input {i}"
+                assert_bitwise(inputs[i], ref[i], f"seed {seed} call {call} input {i}")
         assert step.stats()["replays"] >= 3, (seed, step.stats())
 
 
@@ -97,9 +98,9 @@ def test_zoo_models_through_capture(name, mode):
             want = eager(*copy.deepcopy(inputs))
             got = step(*inputs)
             for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
-                assert torch.equal(g, w), f"{name} call {i}"
+                assert_bitwise(g, w, f"{name} call {i}")
             for (b, x), (_, y) in zip(eager.named_buffers(), model.named_buffers()):
-                assert torch.equal(x, y), f"{name}: buffer {b} after call {i}"
+                assert_bitwise(x, y, f"{name}: buffer {b} after call {i}")
     if mode == "reduce-overhead":
         assert step.stats()["replays"] == 4
 
@@ -109,14 +110,17 @@ def test_buffer_and_input_mutations_land_and_views_alias():
     eager = Counting()
     model = copy.deepcopy(eager)
     step = torchreplay.capture(model, (torch.randn(2, 4),), config=config())
-    for _ in range(5):
+    for i in range(5):
         x = torch.randn(2, 4)
         xe = x.clone()
         with torch.no_grad():
             y, v = step(x)
             ye, ve = eager(xe)
-        assert torch.equal(y, ye) and torch.equal(x, xe) and torch.equal(model.count, eager.count)
-        assert v.data_ptr() == x.data_ptr() and torch.equal(v, ve)   # a view of the caller's x
+        assert_bitwise(y, ye, f"call {i}: output 0")
+        assert_bitwise(x, xe, f"call {i}: x after the call")
+        assert_bitwise(model.count, eager.count, f"call {i}: buffer count")
+        assert v.data_ptr() == x.data_ptr()   # a view of the caller's x
+        assert_bitwise(v, ve, f"call {i}: output 1")
         assert x._version > 0
     s = step.stats()
     assert s["captures"] == 1 and s["replays"] == 4   # call 1 warms up; 2 captures, then replays
@@ -130,8 +134,9 @@ def test_decode_step_with_kv_cache_written_in_place():
     with torch.no_grad():
         for i in range(8):
             x, pos = torch.randn(1, 1, 64), torch.tensor([i])
-            assert torch.equal(step(x, pos), eager(x, pos))
-            assert torch.equal(model.k_cache, eager.k_cache) and torch.equal(model.v_cache, eager.v_cache)
+            assert_bitwise(step(x, pos), eager(x, pos), f"call {i}: output")
+            assert_bitwise(model.k_cache, eager.k_cache, f"call {i}: k_cache")
+            assert_bitwise(model.v_cache, eager.v_cache, f"call {i}: v_cache")
     assert step.stats()["replays"] == 7
 
 
@@ -141,9 +146,9 @@ def test_both_modes_match_eager(mode):
     model = MLP().eval()
     step = torchreplay.capture(model, (torch.randn(1, 64),), config=config(mode))
     with torch.no_grad():
-        for _ in range(4):
+        for i in range(4):
             x = torch.randn(1, 64)
-            assert torch.equal(step(x), model(x))
+            assert_bitwise(step(x), model(x), f"call {i}")
     assert step.stats()["captures"] == (1 if mode == "reduce-overhead" else 0)
 
 
@@ -158,7 +163,8 @@ def test_kept_output_is_invalidated_unless_clone_outputs():
     xs = [torch.randn(1, 64) for _ in range(3)]
     kept = [step(t) for t in xs]
     with torch.no_grad():
-        assert all(torch.equal(k, model(t)) for k, t in zip(kept, xs))
+        for i, (k, t) in enumerate(zip(kept, xs)):
+            assert_bitwise(k, model(t), f"kept output {i}")
 
 
 def test_python_number_is_specialized_and_checked():
@@ -167,8 +173,8 @@ def test_python_number_is_specialized_and_checked():
     x = torch.randn(100, 128)
     step = torchreplay.capture(model, (x, 100), config=config())
     with torch.no_grad():
-        for _ in range(3):
-            assert torch.equal(step(x, 100), model(x, 100))
+        for i in range(3):
+            assert_bitwise(step(x, 100), model(x, 100), f"call {i}")
     with pytest.raises(ValueError, match="argument 1 is 7, but the graph was captured with 100"):
         step(x, 7)
 
@@ -191,9 +197,9 @@ def test_dynamic_shapes_capture_per_shape_and_fall_back_with_reason():
     model = MLP().eval()
     step = torchreplay.capture(model, (torch.randn(2, 64),), config=config(capture_limit=2), dynamic=True)
     with torch.no_grad():
-        for rows in [2, 2, 3, 3, 2, 3, 5, 5, 5]:
+        for i, rows in enumerate([2, 2, 3, 3, 2, 3, 5, 5, 5]):
             x = torch.randn(rows, 64)
-            assert torch.equal(step(x), model(x))
+            assert_bitwise(step(x), model(x), f"call {i} ({rows} rows)")
     s = step.stats()
     assert s["captures"] == 2 and s["eager_fallbacks"] == 3
     assert "capture limit (2 keys) reached" in s["fallback_reasons"][0]
@@ -206,9 +212,9 @@ def test_precapture_then_only_replays():
     before = step.stats()
     assert before["captures"] == 2
     with torch.no_grad():
-        for rows in [2, 4, 2]:
+        for i, rows in enumerate([2, 4, 2]):
             x = torch.randn(rows, 64)
-            assert torch.equal(step(x), model(x))
+            assert_bitwise(step(x), model(x), f"call {i} ({rows} rows)")
     after = step.stats()
     assert after["captures"] == 2 and after["replays"] == before["replays"] + 3
 
@@ -222,8 +228,8 @@ def test_moved_parameter_is_recaptured():
         step(x)
     with torch.no_grad():
         model.layers[0].weight.data = torch.randn(256, 64)   # new memory under the same Parameter
-        for _ in range(3):
-            assert torch.equal(step(x), model(x))
+        for i in range(3):
+            assert_bitwise(step(x), model(x), f"call {i} after the move")
     assert step.stats()["captures"] == 2
 
 
@@ -233,10 +239,10 @@ def test_nested_arguments_and_outputs():
         return {"sum": a + b, "prod": (a * b * scale,)}
 
     step = torchreplay.capture(fn, ((torch.randn(3), torch.randn(3)), 2.0), config=config())
-    for _ in range(3):
+    for i in range(3):
         a, b = torch.randn(3), torch.randn(3)
         got, want = step((a, b), 2.0), fn((a, b), 2.0)
-        assert torch.equal(got["sum"], want["sum"]) and torch.equal(got["prod"][0], want["prod"][0])
+        assert_bitwise(got, want, f"call {i}")
     with pytest.raises(TypeError, match=r"nested differently .*\(\(\*, \*\) against \(\(\*, \*\), \*\)\)"):
         step(a, b)
 
@@ -246,15 +252,15 @@ def test_keyword_arguments():
         return x * scale + bias
 
     step = torchreplay.capture(fn, (torch.randn(3),), {"bias": torch.randn(3)}, config=config())
-    for _ in range(3):
+    for i in range(3):
         x, b = torch.randn(3), torch.randn(3)
-        assert torch.equal(step(x, bias=b), fn(x, bias=b))
+        assert_bitwise(step(x, bias=b), fn(x, bias=b), f"call {i}")
     # As Python binds them: a positional argument given by name, keywords in any order.
     model = MLP().eval()
     flat = torchreplay.capture(model, (torch.randn(1, 64),), config=config())
     rows = torch.randn(1, 64)
-    assert torch.equal(flat(x=rows), model(rows))
-    assert torch.equal(step(bias=b, x=x), fn(x, bias=b))
+    assert_bitwise(flat(x=rows), model(rows), "x given by name")
+    assert_bitwise(step(bias=b, x=x), fn(x, bias=b), "keywords in another order")
     with pytest.raises(TypeError, match="missing a required argument: 'bias'"):
         step(x)
     # A keyword left out takes its default, as in Python: fine where that is what was captured.
@@ -262,7 +268,7 @@ def test_keyword_arguments():
     with pytest.raises(ValueError, match=r"argument 2 is 2.0, but the graph was captured with 3.0"):
         scaled(x, bias=b)
     default = torchreplay.capture(fn, (x,), {"bias": b, "scale": 2.0}, config=config())
-    assert torch.equal(default(x, bias=b), fn(x, bias=b))
+    assert_bitwise(default(x, bias=b), fn(x, bias=b), "scale left to its default")
     with pytest.raises(TypeError, match="passes scale, not given when the model was captured"):
         step(x, bias=b, scale=3.0)
     with pytest.raises(TypeError, match="got an unexpected keyword argument 'y'"):
@@ -294,9 +300,9 @@ def test_capture_on_cuda_matches_eager():
     model = MLP().eval().cuda()
     step = torchreplay.capture(model, (torch.randn(1, 64, device="cuda"),), config=config())
     with torch.no_grad():
-        for _ in range(4):
+        for i in range(4):
             x = torch.randn(1, 64, device="cuda")
-            assert torch.equal(step(x), model(x))
+            assert_bitwise(step(x), model(x), f"call {i}")
     assert step.stats()["replays"] >= 2
 
 
@@ -316,12 +322,12 @@ def test_what_the_trace_depends_on_is_checked_per_call():
             return x * 2 if x.shape[0] > 2 else x * 3
 
     step = torchreplay.capture(Branch(), (torch.ones(4),), config=config(), dynamic=True)
-    assert torch.equal(step(torch.ones(7)), torch.full((7,), 2.0))
+    assert_bitwise(step(torch.ones(7)), torch.full((7,), 2.0), "size 7")
     with pytest.raises(ValueError, match="sizes of at least 3"):
         step(torch.ones(2))
 
     step = torchreplay.capture(lambda x, s: x / s, (torch.ones(2), 0.0), config=config())
-    assert torch.equal(step(torch.ones(2), 0.0), torch.full((2,), float("inf")))
+    assert_bitwise(step(torch.ones(2), 0.0), torch.full((2,), float("inf")), "x / 0.0")
     with pytest.raises(ValueError, match="argument 1 is -0.0, but the graph was captured with 0.0"):
         step(torch.ones(2), -0.0)
 
@@ -336,7 +342,7 @@ def test_what_the_trace_depends_on_is_checked_per_call():
         return y + 1 if how == "add" else y - 1
 
     step = torchreplay.capture(masked, (torch.ones(2), None, "add"), config=config())
-    assert torch.equal(step(torch.ones(2), None, "add"), masked(torch.ones(2)))
+    assert_bitwise(step(torch.ones(2), None, "add"), masked(torch.ones(2)), "masked(x, None, 'add')")
     with pytest.raises(ValueError, match="argument how is 'sub', but the graph was captured with 'add'"):
         step(torch.ones(2), None, "sub")
 
@@ -347,9 +353,9 @@ def test_keyword_arguments_in_any_order_and_dynamic_functions():
 
     x, a, b = torch.ones(2), torch.full((2,), 2.0), torch.full((2,), 3.0)
     step = torchreplay.capture(fn, (x,), {"a": a, "b": b}, config=config())
-    assert torch.equal(step(x, b=b, a=a), fn(x, a=a, b=b))
+    assert_bitwise(step(x, b=b, a=a), fn(x, a=a, b=b), "keywords in another order")
     step = torchreplay.capture(lambda x: x * 2, (torch.ones(4),), config=config(), dynamic=True)
-    assert torch.equal(step(torch.ones(6)), torch.full((6,), 2.0))
+    assert_bitwise(step(torch.ones(6)), torch.full((6,), 2.0), "size 6")
 
 
 def test_grad_mode_on_with_parameters_requiring_grad_is_refused():
@@ -363,10 +369,11 @@ def test_grad_mode_on_with_parameters_requiring_grad_is_refused():
                                              r"grad mode is on.*torch.no_grad\(\)"):
             step(x)
         with torch.inference_mode():
-            assert torch.equal(step(x), model(x))
+            assert_bitwise(step(x), model(x), "under inference_mode")
         model.requires_grad_(False)   # frozen: nothing for eager to track either
         got, want = step(x), model(x)
-        assert torch.equal(got, want) and not want.requires_grad and not got.requires_grad
+        assert_bitwise(got, want, "frozen, grad mode on")
+        assert not want.requires_grad and not got.requires_grad
 
 
 def test_dynamic_capture_takes_every_size_including_0_and_1():
@@ -378,7 +385,7 @@ def test_dynamic_capture_takes_every_size_including_0_and_1():
     sizes = [1, 8, 3, 1, 0, 5, 1, 8, 0, 3]
     for n in sizes:
         x = torch.randn(n, 64)
-        assert torch.equal(step(x), model(x)), n
+        assert_bitwise(step(x), model(x), f"size {n}")
     s = step.stats()
     assert [t["calls"] for t in s["traces"]] == [5, 3, 2]    # >= 2, then 1, then 0
     assert s["calls"] == len(sizes) and s["replays"] > 0
@@ -386,7 +393,7 @@ def test_dynamic_capture_takes_every_size_including_0_and_1():
     one = torchreplay.capture(model, (torch.randn(1, 64),), config=config(), dynamic=True)
     for n in [1, 4, 1, 4, 6]:
         x = torch.randn(n, 64)
-        assert torch.equal(one(x), model(x)), n
+        assert_bitwise(one(x), model(x), f"size {n}, captured with size 1")
     assert len(one.stats()["traces"]) == 2
     # Not dynamic: another size is the clear error it was.
     fixed = torchreplay.capture(model, (torch.randn(8, 64),), config=config())
@@ -404,10 +411,10 @@ def test_arguments_that_are_no_graph_values_are_specialized_and_checked():
     pair = nn.PairwiseDistance()
     kw = {"distance": pair}
     step = torchreplay.capture(fn, (torch.randn(4), torch.float64, torch.device("cpu")), kw, config=config())
-    for _ in range(3):
+    for i in range(3):
         x = torch.randn(4)
-        assert torch.equal(step(x, torch.float64, "cpu" if False else torch.device("cpu"), distance=pair),
-                           fn(x, torch.float64, torch.device("cpu"), distance=pair))
+        assert_bitwise(step(x, torch.float64, "cpu" if False else torch.device("cpu"), distance=pair),
+                       fn(x, torch.float64, torch.device("cpu"), distance=pair), f"call {i}")
     assert step.stats()["replays"] == 2
     with pytest.raises(ValueError, match=r"argument dtype is torch.float32, but the graph was captured with torch.float64"):
         step(torch.randn(4), torch.float32, torch.device("cpu"), distance=pair)
@@ -419,12 +426,12 @@ def test_a_module_argument_with_parameters_binds_them():
     scale = nn.Linear(4, 4)
     fn = lambda x, layer: layer(x).relu()  # noqa: E731
     step = torchreplay.capture(fn, (torch.randn(2, 4), scale), config=config())
-    for _ in range(3):
+    for i in range(3):
         x = torch.randn(2, 4)
-        assert torch.equal(step(x, scale), fn(x, scale))
+        assert_bitwise(step(x, scale), fn(x, scale), f"call {i}")
     scale.weight.data = torch.randn(4, 4)   # new memory: seen, recaptured
     x = torch.randn(2, 4)
-    assert torch.equal(step(x, scale), fn(x, scale))
+    assert_bitwise(step(x, scale), fn(x, scale), "after the weight moved")
 
 
 def test_a_model_that_seeds_the_random_generator_is_refused():
@@ -450,7 +457,7 @@ def test_a_model_that_seeds_the_random_generator_is_refused():
     for fn in (seeded, seeded_and_restored, restored):
         with pytest.raises(ValueError, match=r"called Generator.(manual_seed|set_state) while it was traced"):
             torchreplay.capture(fn, (x,), config=config())
-        assert torch.equal(torch.random.get_rng_state(), before)
+        assert_bitwise(torch.random.get_rng_state(), before, "the CPU generator's state")
     # Random ops drawn in the graph replay as eager draws them.
     fn = lambda x: x + torch.rand_like(x)  # noqa: E731
     step = torchreplay.capture(fn, (torch.randn(3),), config=config())
@@ -459,7 +466,7 @@ def test_a_model_that_seeds_the_random_generator_is_refused():
         torch.manual_seed(k)
         got = step(x)
         torch.manual_seed(k)
-        assert torch.equal(got, fn(x))
+        assert_bitwise(got, fn(x), f"call {k}")
     assert step.stats()["replays"] == 2    # warm-up, capture and replay, replay
 
 
@@ -494,9 +501,9 @@ def test_a_capture_runs_under_a_profiler_and_gives_it_back():
     finally:
         sys.setprofile(None)
     assert len(events) > 1000         # the Python profile function saw the export too
-    for _ in range(3):
+    for i in range(3):
         x = torch.randn(5)
-        assert torch.equal(step(x), fn(x))
+        assert_bitwise(step(x), fn(x), f"call {i}")
     assert step.stats()["replays"] == 2    # capture and replay, replay
 
 
@@ -523,9 +530,9 @@ def test_the_generator_watch_holds_when_the_model_saves_and_restores_the_profile
 
     x = torch.randn(3)
     step = torchreplay.capture(restores, (x,), config=config())
-    for _ in range(3):
+    for i in range(3):
         x = torch.randn(3)
-        assert torch.equal(step(x), restores(x))
+        assert_bitwise(step(x), restores(x), f"call {i}")
     assert step.stats()["replays"] == 2 and sys.getprofile() is None
     with pytest.raises(ValueError, match=r"called Generator.manual_seed while it was traced"):
         torchreplay.capture(restores_then_seeds, (x,), config=config())
@@ -536,7 +543,7 @@ def test_the_generator_watch_holds_when_the_model_saves_and_restores_the_profile
         fn = lambda x, seeds=seeds: (seeds(), x + torch.rand_like(x))[1]  # noqa: E731
         with pytest.raises(ValueError, match=r"seeded the CPU generator while it was traced"):
             torchreplay.capture(fn, (x,), config=config())
-        assert torch.equal(torch.random.get_rng_state(), before)
+        assert_bitwise(torch.random.get_rng_state(), before, "the CPU generator's state")
 
 
 def test_a_capture_from_inside_a_model_being_captured_is_a_clear_error():
@@ -574,7 +581,7 @@ def test_a_replay_is_profiled_step_by_step():
         ("aten::addmm.out", "typed out=")]
     assert [r["node"] for r in rows] == ["addmm", "fused(relu)", "addmm_1", "fused(relu_1)", "addmm_2"]
     assert rows[0]["shapes"] == "Float[1, 256]" and all(r["us"] > 0 for r in rows)
-    assert torch.equal(step(x), model(x))   # the engine goes on as before
+    assert_bitwise(step(x), model(x), "after profiling")   # the engine goes on as before
     # A key that runs eagerly has no tape to profile.
     eager = torchreplay.capture(lambda t: t[t > 0] * 2, (torch.randn(8),), config=config())
     with pytest.raises(RuntimeError, match="this key is not replayed: .*data-dependent output shape"):
@@ -589,7 +596,7 @@ def test_sizes_the_trace_specialized_are_checked_with_dynamic_too():
             return x * 2 if x.shape[1] == 4 else x * 3
 
     step = torchreplay.capture(Branch(), (torch.randn(3, 4),), config=config(), dynamic=True)
-    assert torch.equal(step(torch.ones(5, 4)), torch.full((5, 4), 2.0))
+    assert_bitwise(step(torch.ones(5, 4)), torch.full((5, 4), 2.0), "5 rows")
     with pytest.raises(ValueError, match="argument 0 has size 5 in dim 1, but the graph was captured for size 4"):
         step(torch.randn(3, 5))
 
@@ -606,7 +613,8 @@ def test_sizes_the_trace_specialized_are_checked_with_dynamic_too():
     step = torchreplay.capture(model, (torch.ones(2, 4),), config=config(), dynamic=True)
     for n in (2, 1, 2, 1):
         x = torch.randn(n, 4)
-        assert torch.equal(step(x), ref(x)) and torch.equal(model.acc, ref.acc), n
+        assert_bitwise(step(x), ref(x), f"{n} rows: output")
+        assert_bitwise(model.acc, ref.acc, f"{n} rows: buffer acc")
 
 
 def test_modes_of_submodules_and_module_arguments_are_checked():
@@ -615,12 +623,12 @@ def test_modes_of_submodules_and_module_arguments_are_checked():
     model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5)).eval()
     x = torch.randn(3, 4)
     step = torchreplay.capture(model, (x,), config=config())
-    assert torch.equal(step(x), model(x))
+    assert_bitwise(step(x), model(x), "eval mode")
     model[1].train()
     with pytest.raises(ValueError, match=r"submodule '1' \(Dropout\) was captured in eval mode and is now in train"):
         step(x)
     model[1].eval()
-    assert torch.equal(step(x), model(x))
+    assert_bitwise(step(x), model(x), "back in eval mode")
     drop = nn.Dropout(0.5).eval()
     by_argument = torchreplay.capture(lambda t, d: d(t) + 1, (x, drop), config=config())
     drop.train()
@@ -634,7 +642,8 @@ def test_modules_an_argument_or_a_closure_holds_are_bound_and_watched():
     through_closure = torchreplay.capture(lambda t: lin(t).relu(), (x,), config=config())
     by_argument = torchreplay.capture(lambda t, layer: layer(t).relu(), (x, lin), config=config())
     lin.weight.data = torch.randn(4, 4)   # new memory: both recapture around it
-    assert torch.equal(through_closure(x), lin(x).relu()) and torch.equal(by_argument(x, lin), lin(x).relu())
+    assert_bitwise(through_closure(x), lin(x).relu(), "through a closure")
+    assert_bitwise(by_argument(x, lin), lin(x).relu(), "by argument")
     lin.requires_grad_(True)
     with torch.enable_grad(), pytest.raises(ValueError, match="parameter 'closure_lin.weight' .* requires grad"):
         through_closure(x)
@@ -657,7 +666,7 @@ def test_specialized_arguments_are_compared_by_value_where_they_have_one():
 
     opts, table = Opts(2.0), np.arange(3.0)
     step = torchreplay.capture(fn, (torch.ones(2), opts, table), config=config())
-    assert torch.equal(step(torch.ones(2), Opts(2.0), np.arange(3.0)), fn(torch.ones(2), opts, table))
+    assert_bitwise(step(torch.ones(2), Opts(2.0), np.arange(3.0)), fn(torch.ones(2), opts, table), "equal values")
     opts.scale = 7.0   # changed in place after capture: seen
     with pytest.raises(ValueError, match=r"argument opts is .*Opts\(scale=7.0\), but the graph was captured with "
                                          r".*Opts\(scale=2.0\)"):
@@ -678,7 +687,8 @@ def test_grad_mode_refuses_only_parameters_an_output_would_track():
     step = torchreplay.capture(model, (x,), config=config())
     with torch.enable_grad():
         got, want = step(x), model(x)
-    assert torch.equal(got, want) and not want.requires_grad and not got.requires_grad
+    assert_bitwise(got, want, "grad mode on")
+    assert not want.requires_grad and not got.requires_grad
 
 
 def test_calls_in_other_forms_python_accepts():
@@ -687,7 +697,7 @@ def test_calls_in_other_forms_python_accepts():
     fn = lambda x, opts: x * opts["a"] + opts["b"]  # noqa: E731
     step = torchreplay.capture(fn, (torch.randn(3), {"a": torch.randn(3), "b": torch.randn(3)}), config=config())
     x, a, b = torch.randn(3), torch.randn(3), torch.randn(3)
-    assert torch.equal(step(x, {"b": b, "a": a}), fn(x, {"a": a, "b": b}))
+    assert_bitwise(step(x, {"b": b, "a": a}), fn(x, {"a": a, "b": b}), "dict entries in another order")
     dyn = torchreplay.capture(lambda t, mask=None: t if mask is None else t * mask, (torch.randn(3, 4),),
                               {"mask": torch.ones(3, 4)}, config=config(), dynamic=True)
     with pytest.raises(ValueError, match=r"input 1 \(mask\): expected a tensor, got None"):
@@ -723,7 +733,8 @@ def test_one_trace_per_size_class_when_threads_first_meet_it_together():
 
     def work():
         with torch.no_grad():
-            wrong.extend(i for i, (x, w) in enumerate(zip(xs, want)) if not torch.equal(step(x), w))
+            found = (bitwise_diff(step(x), w, f"call {i}") for i, (x, w) in enumerate(zip(xs, want)))
+            wrong.extend(d for d in found if d is not None)
 
     threads = [threading.Thread(target=work) for _ in range(3)]
     [t.start() for t in threads]
@@ -814,7 +825,9 @@ def test_buffers_sharing_memory_one_written_is_a_clear_error(view):
     for i in range(4):
         x = torch.randn(3)
         got, want = compiled(x), eager(x)
-        assert bitwise_equal(got, want) and bitwise_equal(model.a, eager.a) and bitwise_equal(model.b, eager.b), i
+        assert_bitwise(got, want, f"call {i}: output")
+        assert_bitwise(model.a, eager.a, f"call {i}: buffer a")
+        assert_bitwise(model.b, eager.b, f"call {i}: buffer b")
         assert model.b.untyped_storage().data_ptr() == model.a.untyped_storage().data_ptr()
     assert sum(s["replays"] for s in b.stats()) >= 2, b.stats()
 
@@ -838,13 +851,14 @@ def test_arguments_sharing_memory_one_written_are_a_clear_error():
     with pytest.raises(NotImplementedError, match=r"buffer 'a' and argument 'x' are the same memory; torch.export"):
         torchreplay.capture(reader, (reader.a[:],), config=config())
     over = torchreplay.capture(reader, (reader.a[1:],), config=config())   # part of it: traces
-    assert bitwise_equal(over(reader.a[1:]), reader(reader.a[1:]))
+    assert_bitwise(over(reader.a[1:]), reader(reader.a[1:]), "an argument over part of a buffer")
     reads = torchreplay.capture(lambda a, b: a[1:] * b, (t, t[1:]), config=config())
-    assert bitwise_equal(reads(t, t[1:]), t[1:] * t[1:])
+    assert_bitwise(reads(t, t[1:]), t[1:] * t[1:], "arguments sharing memory, read only")
     u, u_ref = torch.zeros(4, 3), torch.zeros(4, 3)
     apart = torchreplay.capture(_written_shared, (u[:2], u[2:]), config=config())
-    for _ in range(3):
-        assert bitwise_equal(apart(u[:2], u[2:]), _written_shared(u_ref[:2], u_ref[2:])) and bitwise_equal(u, u_ref)
+    for i in range(3):
+        assert_bitwise(apart(u[:2], u[2:]), _written_shared(u_ref[:2], u_ref[2:]), f"call {i}: output")
+        assert_bitwise(u, u_ref, f"call {i}: the arguments' memory after the call")
     assert apart.stats()["replays"] == 2
 
 
@@ -863,7 +877,6 @@ def test_recurrent_modules_through_capture_are_eagers_bits(name):
     """nn.LSTM runs oneDNN's RNN kernel in eager on the CPU, which export's Python decomposition
     (addmm and pointwise ops) differs from in the last bits: it stays whole, so that its C++
     composite picks eager's kernel. GRU and RNN decompose as eager computes them."""
-    from differential import assert_bitwise
     make, shape, stateful = RECURRENT[name]
     torch.manual_seed(0)
     model = make().eval()

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import torchreplay
 from configs import backend
-from differential import total
+from differential import assert_bitwise, assert_close_not_bitwise, total
 
 aten = torch.ops.aten
 SIZES = [1, 2, 4, 8, 16, 32]
@@ -38,7 +38,7 @@ def test_a_decode_loop_over_batch_sizes_1_to_32_captures_six_and_then_only_repla
         y = c(x)
         assert y.shape == (n, 32)
         # Row-independent, but a GEMM over more rows may block its sums differently.
-        torch.testing.assert_close(y, model(x), rtol=1e-5, atol=1e-6)
+        assert_close_not_bitwise(y, model(x), 1e-5, 1e-6, f"step {step} (batch {n})")
         seen.add(next(s for s in SIZES if s >= n))
         if len(seen) == len(SIZES) and "after" not in locals():
             after = (step, total(b, "replays"), total(b, "calls"))
@@ -76,7 +76,7 @@ def test_pointwise_rows_are_bitwise():
         x, y = torch.randn(n, 16), torch.randn(n, 16)
         got = c(x, y)
         want = f(x, y)
-        assert all(torch.equal(g, w) for g, w in zip(got, want)), n
+        assert_bitwise(got, want, f"batch {n}")
     s = b.stats()[0]
     assert s["captures"] == 2 and s["eager_fallbacks"] == 0
 
@@ -87,7 +87,7 @@ def test_a_batch_above_the_largest_size_runs_eagerly_with_the_reason():
     c = torch.compile(f, backend=b, dynamic=True)
     for n in [3, 3, 3, 9, 9]:
         x = torch.randn(n, 4)
-        assert torch.equal(c(x), f(x))
+        assert_bitwise(c(x), f(x), f"batch {n}")
     s = b.stats()[0]
     assert s["eager_fallbacks"] == 2
     assert any("above the largest capture size (4)" in r for r in s["fallback_reasons"])
@@ -99,7 +99,7 @@ def test_capture_sizes_within_the_capture_limit():
     c = torch.compile(f, backend=b, dynamic=True)
     for n in [3, 3, 7, 7, 12, 12, 12]:
         x = torch.randn(n, 4)
-        assert torch.equal(c(x), f(x))
+        assert_bitwise(c(x), f(x), f"batch {n}")
     s = b.stats()[0]
     assert s["captures"] == 2 and s["eager_fallbacks"] == 3  # 16 is over the limit
     assert any("capture limit" in r for r in s["fallback_reasons"])
@@ -117,7 +117,8 @@ def test_a_write_into_a_padded_batch_input_reaches_the_callers_tensor():
         ref = x.clone()
         out = c(x)
         want = f(ref)
-        assert torch.equal(out, want) and torch.equal(x, ref), n
+        assert_bitwise(out, want, f"batch {n}: output")
+        assert_bitwise(x, ref, f"batch {n}: x after the call")
     assert b.stats()[0]["replays"] >= 2
 
 
@@ -136,7 +137,7 @@ def test_engine_precapture_captures_every_size_largest_first():
     assert [r["key"].split("(")[2].split(",")[0] for r in s["capture_log"]] == ["8", "4", "2"]
     for n in [1, 3, 5, 7]:
         x = torch.randn(n, 8)
-        assert torch.equal(e.run([x])[0], torch.tanh(x) * 2)
+        assert_bitwise(e.run([x])[0], torch.tanh(x) * 2, f"batch {n}")
     assert e.stats()["captures"] == 3
 
 
@@ -160,13 +161,12 @@ def calls_of(f, make, sizes, exact=True, **cfg):
             ours = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
             got, want = c(*ours), f(*args)
             got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
-            for g, w in zip(got, want):
-                if not exact:
-                    torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
-                assert type(g) is type(w) and (g == w if not isinstance(g, torch.Tensor)
-                                               else g.shape == w.shape and (torch.equal(g, w) or not exact)), (n, g, w)
-            for o, a in zip(ours, args):  # writes into the arguments, as eager's
-                assert not isinstance(a, torch.Tensor) or torch.equal(o, a), n
+            if exact:
+                assert_bitwise(got, want, f"batch {n}: outputs")
+            else:
+                assert [type(g) for g in got] == [type(w) for w in want], n
+                assert_close_not_bitwise(got, want, 1e-5, 1e-6, f"batch {n}: outputs")
+            assert_bitwise(ours, args, f"batch {n}: arguments after the call")  # writes into them, as eager's
     return b.stats()
 
 
@@ -214,7 +214,8 @@ def test_a_cache_written_at_batch_indices_is_not_padded():
 
     cache = torch.full((10, 4), 7.0)
     s = calls_of(step, lambda n: (torch.arange(5, 5 + n), torch.randn(n, 4), cache), [3, 3, 3, 2, 2, 2])
-    assert sum(e["captures"] for e in s) == 2 and torch.equal(cache[0], torch.full((4,), 7.0))
+    assert sum(e["captures"] for e in s) == 2
+    assert_bitwise(cache[0], torch.full((4,), 7.0), "cache row 0")
 
 
 class ConvNet(nn.Module):
@@ -315,16 +316,13 @@ def test_outputs_fed_back_into_a_padded_call_stay_readable():
     x = torch.randn(3, 4)
     h, h_ref = torch.zeros(3, 4), torch.zeros(3, 4)
     y, y_ref = torch.ones(3, 2), torch.ones(3, 2)
-    for _ in range(4):
+    for i in range(4):
         prev, h, h_ref = h, c(x, h), step(x, h_ref)
-        assert torch.equal(h, h_ref) and torch.isfinite(prev).all()  # prev: this call's input, still valid
+        assert_bitwise(h, h_ref, f"call {i}: h")
+        assert torch.isfinite(prev).all()  # prev: this call's input, still valid
         y, y_ref = c_bump(y), bump(y_ref)
-        assert torch.equal(y, y_ref)
+        assert_bitwise(y, y_ref, f"call {i}: y")
     assert sum(s["replays"] for s in b.stats()) >= 4
-
-
-def _bits(t):
-    return t if t.dtype == torch.bool else t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
 
 
 # Elementwise ops whose padded rows a graph may hold: the measurement (row_bits.py) decides.
@@ -367,10 +365,10 @@ def test_elementwise_rows_follow_an_independent_measurement():
                 for s in (row_bits.special_values(dtype, "cpu", 3) if zero_dim_last else [None]):
                     for shift in range(0, count, 29):
                         args = [f.roll(shift) for f in flat] + ([s] if s is not None else [])
-                        whole = _bits(op(*args))
+                        whole = op(*args)
                         for m in (1, 2, 5, 7, 16, 17, 31, 33, 65, 127, count - 1):
                             part = op(*[a[:m] if a.dim() else a for a in args])
-                            assert torch.equal(_bits(part), whole[:m]), (op, kinds, shift, m)
+                            assert_bitwise(part, whole[:m], f"{op} {kinds}, shift {shift}: the first {m} elements")
     assert checked >= 80 and bitwise >= 1
 
 
@@ -406,9 +404,8 @@ def test_nan_bits_survive_padding_through_both_entry_points(name):
     for seed, n in enumerate((5, 6, 7) * 6 + (8, 8)):
         x = _special_batch(n, seed)
         want = f(x)
-        for got in (c(x.clone()), step(x.clone())):
-            for g, w in zip(*((got, want) if isinstance(want, tuple) else ((got,), (want,)))):
-                assert g.shape == w.shape and torch.equal(_bits(g), _bits(w)), (name, n)
+        for entry, got in (("torch.compile", c(x.clone())), ("torchreplay.capture", step(x.clone()))):
+            assert_bitwise(got, want, f"{name} through {entry}, batch {n} (seed {seed})")
     assert total(b, "replays") > 0 and step.stats()["replays"] > 0
 
 
@@ -430,9 +427,9 @@ def test_padding_that_would_change_bits_is_refused_unless_allowed(replay_log, mo
                 x = torch.randn(n, 4)
                 got = c(x)
                 if bitwise:
-                    assert torch.equal(_bits(got), _bits(F.silu(x)))
-                else:
-                    torch.testing.assert_close(got, F.silu(x))
+                    assert_bitwise(got, F.silu(x), f"batch {n}")
+                else:   # float32's default tolerances of torch.testing.assert_close
+                    assert_close_not_bitwise(got, F.silu(x), 1.3e-6, 1e-5, f"batch {n}, padded")
         assert b.stats()[0]["cache_entries"] == (3 if bitwise else 1)
     assert "aten.silu.default give a row other bits" in replay_log.text
     assert "capture_sizes_bitwise = False to pad anyway" in replay_log.text
@@ -455,9 +452,9 @@ def test_buckets_through_torchreplay_capture():
         x = torch.randn(n, 64)
         got = step(x)
         assert got.shape == (n, 32)
-        torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-6)
+        assert_close_not_bitwise(got, model(x), 1e-5, 1e-6, f"batch {n}")
         if n == 1:
-            assert torch.equal(got, model(x))   # its own trace, not padded
+            assert_bitwise(got, model(x), "batch 1")   # its own trace, not padded
     s = step.stats()
     assert s["captures"] == 6 and s["eager_fallbacks"] == 0
     assert [t["captures"] for t in s["traces"]] == [5, 1]
@@ -483,7 +480,8 @@ def test_calls_with_a_batch_input_that_is_not_dense_are_not_padded():
                 x, y = make(n), torch.randn(n, 4)
                 y_ref = y.clone()
                 got, want = c(x, y), f(x, y_ref)
-                assert all(torch.equal(g, w) for g, w in zip(got, want)) and torch.equal(y, y_ref), (name, n)
+                assert_bitwise(got, want, f"{name}, batch {n}: outputs")
+                assert_bitwise(y, y_ref, f"{name}, batch {n}: y after the call")
         s = b.stats()[0]
         assert s["cache_entries"] == (1 if name == "dense" else 2), (name, s)   # dense: 3 and 2 padded to 4
 
@@ -517,14 +515,13 @@ def test_capture_pads_together_two_batch_symbols_that_an_op_ties():
     tensor must have same slice shapes"); the two are one batch (Note [Capture sizes]): padded
     together, replayed from the bucket's capture, bitwise eager's, and a call where they differ is
     not padded and raises eager's own error."""
-    from differential import assert_bitwise
     model = _CacheWrite()
     step = _capture_with_buckets(model, _cache_call(4, 0))
     for i, n in enumerate([3, 5, 6, 7, 3, 5, 6, 7, 3, 4]):
         args, ref = _cache_call(n, i), _cache_call(n, i)
         got, want = step(*args), model(*ref)
-        assert_bitwise(got, want, f"call {i} (batch {n})", requires_grad=False)
-        assert_bitwise(args[2], ref[2], f"call {i} (batch {n}): the cache", requires_grad=False)
+        assert_bitwise(got, want, f"call {i} (batch {n})")
+        assert_bitwise(args[2], ref[2], f"call {i} (batch {n}): the cache")
     s = step.stats()
     # 3 padded to 4, 5, 6 and 7 to 8: two keys (4 and 8), each warmed up once, then captured
     # (a capture replays too) and replayed
@@ -536,7 +533,7 @@ def test_capture_pads_together_two_batch_symbols_that_an_op_ties():
         step(*_cache_call(3, 0, rows=5))
     assert str(eager_error.value) in str(ours.value), (ours.value, eager_error.value)
     args, ref = _cache_call(5, 1), _cache_call(5, 1)
-    assert_bitwise(step(*args), model(*ref), "after the error", requires_grad=False)
+    assert_bitwise(step(*args), model(*ref), "after the error")
 
 
 @torch.no_grad()
@@ -544,8 +541,6 @@ def test_a_cache_written_from_rows_of_another_batch_size_is_not_padded_alone(rep
     """When the two batch symbols cannot be one batch (here x's rows are also summed over), the
     cache's symbol alone is refused too: its rows are written from x's, which padding would not
     give it. Every size is captured on its own, with the reason logged, and right."""
-    from differential import assert_bitwise
-
     class WriteAndSum(nn.Module):
         def forward(self, x, pos, cache):
             cache.index_copy_(1, pos, x[:, None] * 2)
@@ -557,7 +552,7 @@ def test_a_cache_written_from_rows_of_another_batch_size_is_not_padded_alone(rep
     assert "capture_sizes do not apply" in replay_log.text
     for i, n in enumerate([3, 3, 3, 5, 5, 5]):
         args, ref = _cache_call(n, i), _cache_call(n, i)
-        assert_bitwise(step(*args), model(*ref), f"call {i} (batch {n})", requires_grad=False)
-        assert_bitwise(args[2], ref[2], f"call {i}: the cache", requires_grad=False)
+        assert_bitwise(step(*args), model(*ref), f"call {i} (batch {n})")
+        assert_bitwise(args[2], ref[2], f"call {i}: the cache")
     s = step.stats()
     assert s["captures"] == 2 and s["cache_entries"] == 2 and s["replays"] == 4 and s["errors"] == 0, s  # keys 3, 5

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 
 from configs import backend
 from differential import (  # noqa: F401 (recompile_limits is autouse)
-    recompile_limits, RO_VARIANTS, gen, total, rn, ri, mlp, xy, step_basic, step_with, train_compare, TinyTokens,
-    engine_for)
+    recompile_limits, RO_VARIANTS, assert_bitwise, gen, total, rn, ri, mlp, xy, step_basic, step_with, train_compare,
+    TinyTokens, engine_for)
 
 
 @pytest.mark.parametrize("act", [nn.ReLU, nn.GELU, nn.Tanh, nn.SiLU], ids=["relu", "gelu", "tanh", "silu"])
@@ -260,9 +260,9 @@ def test_train_whole_step_compiled_with_the_loss_and_backward_inside(loss_fn, tr
         for opt in opts:
             opt.zero_grad()
         want, got = reference(x, y), compiled(x, y)
-        assert torch.equal(got, want), i
+        assert_bitwise(got, want, f"step {i}: loss")
         for (n, pe), pc in zip(eager.named_parameters(), model.parameters()):
-            assert torch.equal(pc.grad, pe.grad), (i, n)
+            assert_bitwise(pc.grad, pe.grad, f"step {i}: {n}.grad")
         for opt in opts:
             opt.step()
     kinds = {k.split(".")[1] for k in b.call_paths}
@@ -337,8 +337,8 @@ def test_train_create_graph_gives_first_order_gradients_and_refuses_double_backw
         x, y = xy(i, gen(40 + i))
         want = torch.autograd.grad(F.mse_loss(eager(x), y), list(eager.parameters()), create_graph=True)
         got = torch.autograd.grad(F.mse_loss(compiled(x), y), list(model.parameters()), create_graph=True)
-        for w, g in zip(want, got):
-            assert torch.equal(g, w), i
+        for k, (w, g) in enumerate(zip(want, got)):
+            assert_bitwise(g, w, f"call {i}: gradient {k}")
             assert g.requires_grad
         with pytest.raises(RuntimeError, match="does not currently support double backward"):
             sum(g.sum() for g in got).backward()
@@ -449,19 +449,13 @@ def test_train_gradients_read_and_scaled_by_other_compiled_functions_stay_curren
             m.zero_grad(set_to_none=True)
             F.mse_loss(f(x), y).backward()
         want = torch.stack([p.grad.norm() for p in eager.parameters()]).norm()
-        assert torch.equal(grad_norm(model), want), i
+        assert_bitwise(grad_norm(model), want, f"step {i}: grad norm")
         halve(model)
         for p in eager.parameters():
             p.grad.mul_(0.5)
         for (n, pe), pm in zip(eager.named_parameters(), model.parameters()):
-            assert torch.equal(pm.grad, pe.grad), (i, n)
+            assert_bitwise(pm.grad, pe.grad, f"step {i}: {n}.grad")
     assert all(s["replays"] >= 2 for s in b.stats()), b.stats()
-
-
-def _assert_bits(got, want, what):
-    """float32 tensors equal bit for bit (-0.0 is not 0.0): dtype, shape and integer views."""
-    assert got.dtype == want.dtype == torch.float32 and got.shape == want.shape, (what, got.dtype, got.shape)
-    assert torch.equal(got.detach().contiguous().view(torch.int32), want.detach().contiguous().view(torch.int32)), what
 
 
 class _SigmoidHead(nn.Module):
@@ -555,7 +549,7 @@ def test_train_tensor_saved_for_backward_changed_in_place_raises_on_every_call(c
         for k, (want, got) in enumerate(zip(grads[0], grads[2])):
             assert (got is None) == (want is None), (i, k)
             if want is not None:
-                _assert_bits(got, want, f"call {i}: gradient {k}")
+                assert_bitwise(got, want, f"call {i}: gradient {k}")
     assert b.call_paths and all((p == "direct") == (path == "direct") for p in _training_paths(b).values()), \
         b.call_paths
     replays = {s["name"].split(".")[-1]: s["replays"] for s in b.stats()}
@@ -578,7 +572,7 @@ def test_outputs_share_version_counters_as_eager_views_do(clone):
         s, again, st, xv, wt = engine.run([x, w])
         want = fn(x, w)
         for k, (g, e) in enumerate(zip((s, again, st, xv, wt), want)):
-            _assert_bits(g, e, f"call {i}: output {k}")
+            assert_bitwise(g, e, f"call {i}: output {k}")
         before = (again._version, st._version, xv._version, wt._version)
         s.mul_(2)
         x.add_(1)
@@ -628,11 +622,11 @@ def test_train_parameter_unfrozen_after_compiling_gets_its_gradient(schedule, co
             m[0].requires_grad_(requires_grad)
             m.zero_grad(set_to_none=True)
         x, y = xy(i, gen(90 + i))
-        _assert_bits(compiled(x, y), reference(x, y), f"call {i}: loss")
+        assert_bitwise(compiled(x, y), reference(x, y), f"call {i}: loss")
         for (name, pe), pm in zip(eager.named_parameters(), model.parameters()):
             assert (pm.grad is None) == (pe.grad is None), (i, name, requires_grad)
             if pe.grad is not None:
-                _assert_bits(pm.grad, pe.grad, f"call {i}: {name}.grad")
+                assert_bitwise(pm.grad, pe.grad, f"call {i}: {name}.grad")
     assert total(b, "replays") >= 4, b.stats()
 
 
