@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import torchreplay
 from configs import backend
-from differential import TinyTokens, gen, mlp, rn, ri, total
+from differential import TinyTokens, assert_bitwise, gen, mlp, rn, ri, total
 
 
 @pytest.fixture(autouse=True, params=["default", "switch"])
@@ -54,12 +54,13 @@ def _stepper(model, loss_fn):
 
 
 def _assert_grads_equal(got, want, what):
+    """got's gradients and buffers are want's, bit for bit."""
     for (name, pw), pg in zip(want.named_parameters(), got.parameters()):
         assert (pg.grad is None) == (pw.grad is None), (what, name)
         if pw.grad is not None:
-            assert torch.equal(pg.grad, pw.grad), (what, name)
+            assert_bitwise(pg.grad, pw.grad, f"step {what}: {name}.grad")
     for (name, bw), bg in zip(want.named_buffers(), got.buffers()):
-        assert torch.equal(bg, bw), (what, name)
+        assert_bitwise(bg, bw, f"step {what}: buffer {name}")
 
 
 def _compiled(make, loss_fn, seed=0):
@@ -87,7 +88,7 @@ def test_whole_step_is_one_direct_graph_with_eager_gradients(name):
             for opt in opts:
                 opt.zero_grad()
         kept = [p.grad for p in model.parameters()]
-        assert torch.equal(compiled(x, y), reference(x, y)), i
+        assert_bitwise(compiled(x, y), reference(x, y), f"step {i}: loss")
         _assert_grads_equal(model, eager, i)
         if i % 2 == 1:  # accumulated in place, as AccumulateGrad does
             assert all(k is p.grad for k, p in zip(kept, model.parameters())), i
@@ -112,8 +113,8 @@ def test_gradients_and_losses_kept_across_steps_stay_as_eager_left_them():
         kept_eager.append((reference(x, y), [p.grad for p in eager.parameters()]))
         kept.append((compiled(x, y), [p.grad for p in model.parameters()]))
     for i, ((loss_e, grads_e), (loss, grads)) in enumerate(zip(kept_eager, kept)):
-        assert torch.equal(loss, loss_e), i
-        assert all(torch.equal(g, ge) for g, ge in zip(grads, grads_e)), i
+        assert_bitwise(loss, loss_e, f"step {i}: loss")
+        assert_bitwise(grads, grads_e, f"step {i}: gradients")
     assert total(b, "replays") >= 3
     assert total(b, "copied_out") >= 5  # a step's loss and four gradients, at the next step
 
@@ -137,7 +138,7 @@ def test_frozen_layer_backward_of_a_nonscalar_and_two_backwards_with_retain_grap
         for m in (eager, model):
             m.zero_grad()
         x, gout = rn(gen(i), 8, 6), rn(gen(i + 50), 8, 3)
-        assert torch.equal(compiled(x, gout), reference(x, gout)), i
+        assert_bitwise(compiled(x, gout), reference(x, gout), f"step {i}: output")
         _assert_grads_equal(model, eager, i)
     assert model[0].weight.grad is None
     assert total(b, "replays") >= 3
@@ -164,7 +165,7 @@ def test_a_graph_break_after_the_backward_stays_right_and_one_graph_holds_the_ba
         for m in (eager, model):
             m.zero_grad()
         x, y = batch(gen(i))
-        assert torch.equal(compiled(x, y), reference(x, y)), i
+        assert_bitwise(compiled(x, y), reference(x, y), f"step {i}: loss")
         _assert_grads_equal(model, eager, i)
     assert sorted(k.split(".")[1] for k in b.call_paths) == ["inference", "inference"], b.call_paths
     assert total(b, "replays") >= 6
@@ -191,7 +192,7 @@ def _refused_or_left_to_autograd(regime, case, add=None, steps=3):
         for m in (eager, model):
             m.zero_grad(set_to_none=True)
         x, y = batch(gen(i))
-        assert torch.equal(compiled(x, y), reference(x, y)), i
+        assert_bitwise(compiled(x, y), reference(x, y), f"step {i}: loss")
         _assert_grads_equal(model, eager, i)
     assert any(k.endswith(".training") for k in b.call_paths), b.call_paths
 
@@ -244,7 +245,7 @@ def test_hooks_added_after_compiling_are_refused_per_call(hook):
     handle = add(model[2].bias)
     with pytest.raises(RuntimeError, match=why):
         compiled(*batch(gen(4)))
-    assert all(torch.equal(g, p.grad) for g, p in zip(before, model.parameters()))
+    assert_bitwise([p.grad for p in model.parameters()], before, "gradients after the refused call")
     if hook != "accumulator":  # a removed hook leaves an empty dict behind: the call goes on
         handle.remove()
         bias = model[2].bias
@@ -311,7 +312,8 @@ def test_a_forward_after_the_traced_backward_keeps_aotautograds_wrapper_and_its_
             m.zero_grad()
         x, y = batch(gen(i))
         got, want = compiled(x, y), reference(x, y)
-        assert torch.equal(got, want) and got.requires_grad, i
+        assert_bitwise(got, want, f"step {i}: output")
+        assert got.requires_grad, i
         _assert_grads_equal(model, eager, i)
         got.sum().backward()
         want.sum().backward()
@@ -353,9 +355,9 @@ def test_clipping_and_the_optimizer_inside_the_step_match_aot_eager():
             opt.zero_grad()
         losses = [s(x, y) for s in steps]
         for m, loss in zip(models[1:], losses[1:]):
-            assert torch.equal(loss, losses[0]), i
+            assert_bitwise(loss, losses[0], f"step {i}: loss")
             _assert_grads_equal(m, models[0], i)
-            assert all(torch.equal(p, q) for p, q in zip(m.parameters(), models[0].parameters())), i
+            assert_bitwise(list(m.parameters()), list(models[0].parameters()), f"step {i}: parameters")
     assert total(b, "replays") >= 8
 
 
@@ -404,7 +406,7 @@ def test_a_graph_break_between_the_loss_and_its_backward_runs_the_backward_in_au
         for m in (eager, model):
             m.zero_grad(set_to_none=True)
         x, y = batch(gen(i))
-        assert torch.equal(compiled(x, y), reference(x, y)), i
+        assert_bitwise(compiled(x, y), reference(x, y), f"step {i}: loss")
         _assert_grads_equal(model, eager, i)
     if compiler == "torchreplay":
         assert total(b, "replays") >= 3
@@ -424,7 +426,7 @@ def test_parameters_installed_in_the_graph_module_run_the_backward_in_autograd(s
             for m in (eager, model):
                 m.zero_grad(set_to_none=True)
             x, y = batch(gen(i))
-            assert torch.equal(compiled(x, y), reference(x, y)), i
+            assert_bitwise(compiled(x, y), reference(x, y), f"step {i}: loss")
             _assert_grads_equal(model, eager, i)
     assert total(b, "replays") >= 2
 
@@ -448,11 +450,11 @@ def test_a_parameter_unfrozen_or_frozen_after_compiling_recompiles(schedule):
             m.zero_grad(set_to_none=True)
         x, y = batch(gen(i))
         want, got = reference(x, y), compiled(x, y)
-        assert got.dtype == want.dtype and torch.equal(got.view(torch.int32), want.view(torch.int32)), i
+        assert_bitwise(got, want, f"step {i}: loss")
         for (name, pw), pg in zip(eager.named_parameters(), model.parameters()):
             assert (pg.grad is None) == (pw.grad is None), (i, name, requires_grad)
             if pw.grad is not None:
-                assert torch.equal(pg.grad.view(torch.int32), pw.grad.view(torch.int32)), (i, name)
+                assert_bitwise(pg.grad, pw.grad, f"step {i}: {name}.grad")
     assert set(b.call_paths.values()) == {"direct"}, b.call_paths
     assert total(b, "replays") >= 4, b.stats()
 
@@ -507,7 +509,7 @@ def test_returning_the_loss_is_one_graph_and_its_backward_raises_as_eagers(regim
             m.zero_grad()
         x, y = batch(gen(i))
         got, want = compiled(x, y), reference(x, y)
-        assert torch.equal(got.view(torch.int32), want.view(torch.int32)), i
+        assert_bitwise(got, want, f"step {i}: loss")
         assert (got.requires_grad, got.is_leaf) == (want.requires_grad, want.is_leaf) == (True, False), i
         _assert_grads_equal(model, eager, i)
     errors = []
