@@ -62,6 +62,10 @@ class ReplayBackward final : public Node {
       // the same).
       const at::Tensor& r = returns[k].toTensor();
       const at::Tensor t = r.is_view() ? r.detach() : r;
+      // A view of a forward input that requires grad (a parameter's transpose): AOTAutograd saves
+      // the input itself, so that a backward with create_graph=True builds the gradients' graph
+      // from it; here its view is saved detached, and the input is kept for that graph.
+      if (r.is_view() && r._base().requires_grad()) graph_roots_.emplace_back(at::Tensor(r._base()));
       if (k < s.saved_vc_end) {
         const bool is_output = std::find(outputs.begin(), outputs.end(), t.unsafeGetTensorImpl()) != outputs.end();
         saved_.emplace_back(t, is_output);
@@ -106,8 +110,9 @@ class ReplayBackward final : public Node {
       args.emplace_back(std::move(g));
     }
     variable_list from;  // create_graph=True: what the gradients' graph hangs from
-    if (needs_graph && torch::autograd::GradMode::is_enabled()) {
+    if ((needs_graph || !graph_roots_.empty()) && torch::autograd::GradMode::is_enabled()) {
       for (const c10::IValue& a : args) from.push_back(a.toTensor());
+      from.insert(from.end(), graph_roots_.begin(), graph_roots_.end());
     }
     absl::StatusOr<std::vector<c10::IValue>> out;
     {
@@ -129,6 +134,7 @@ class ReplayBackward final : public Node {
   void release_variables() override {
     for (SavedVariable& v : saved_) v.reset_data();
     saved_no_vc_.clear();
+    graph_roots_.clear();
     released_ = true;
   }
 
@@ -137,6 +143,7 @@ class ReplayBackward final : public Node {
   std::shared_ptr<const TrainingSpec> spec_;
   std::vector<SavedVariable> saved_;
   std::vector<at::Tensor> saved_no_vc_;
+  std::vector<at::Tensor> graph_roots_;  // inputs requiring grad whose views were saved detached
   bool released_ = false;
 };
 
