@@ -343,6 +343,7 @@ void BindEngine(py::module_& m) {
                d["kind"] = r.kind;
                d["shapes"] = r.shapes;
                d["us"] = r.us;
+               d["note"] = r.note;
                out.append(d);
              }
              return out;

@@ -43,6 +43,8 @@ struct StepTime {
                        // "functional", "in place", "view", "getitem", "scalar"
   std::string shapes;  // its results ("Float[1, 64]")
   double us = 0;       // mean time per replay
+  std::string note;    // why its node runs this kernel: what a check measured (Note [Checked
+                       // convolutions]), or why a faster kernel was refused; often empty
 };
 
 }  // namespace torchreplay::capture

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "capture/collective_steps.h"
+#include "capture/conv_steps.h"
 #include "capture/fused_elementwise.h"
 #include "capture/interpreter.h"
 #include "capture/prepared_pointwise.h"
@@ -47,6 +48,7 @@ struct Step {
   std::string op_name;                    // for profiles: the kernel it calls (StepTime::op)
   const char* kind_name = "";             // for profiles: what the step is (StepTime::kind)
   std::string shapes;                     // for profiles: its results' dtypes and sizes
+  std::string note;                       // for profiles: why its node runs this kernel (StepTime::note)
 };
 
 class KernelTape final : public CapturedGraph {
@@ -142,7 +144,7 @@ absl::StatusOr<std::vector<StepTime>> KernelTape::ProfileReplay(const std::vecto
     const Step& s = steps_[i];
     rows.push_back(StepTime{s.name, s.op_name, s.kind_name, s.shapes,
                             std::chrono::duration<double, std::micro>(spent[i]).count() /
-                                std::max(iterations, 1)});
+                                std::max(iterations, 1), s.note});
   }
   return rows;
 }
@@ -621,6 +623,9 @@ class Emitter {
     if (out_name == "torchreplay::native_layer_norm.out" && whole_args) {
       step.typed = MakeLayerNorm(step.args, slot_of), own = "prepared layer norm";
     }
+    if (out_name == "torchreplay::convolution.out" && whole_args) {  // Note [Checked convolutions]
+      step.typed = MakeConvolutionStep(step.args, slot_of), own = ConvolutionStepKind(step.args);
+    }
     if (step.typed == nullptr) own = nullptr;
     if (whole_args && own == nullptr) {
       step.typed = MakeTypedCall(out.op, step.args, slot_of);
@@ -826,6 +831,7 @@ class Emitter {
                                       : absl::StrCat(c10::toString(r.dtype), "[", absl::StrJoin(r.sizes, ", "), "]"));
     }
     step.shapes = absl::StrJoin(shapes, ", ");
+    step.note = plan_.nodes[&n - g_.nodes().data()].why;
     tape_->steps_.push_back(std::move(step));
   }
 

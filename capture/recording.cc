@@ -12,6 +12,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "capture/conv_steps.h"
 
 namespace torchreplay::capture {
 
@@ -180,6 +181,7 @@ absl::StatusOr<std::vector<c10::IValue>> RunAndRecord(const Interpreter& interp,
   for (size_t i = 0; i < g.inputs().size() && i < inputs.size(); ++i) record(g.inputs()[i], inputs[i]);
   recording->out_variants.assign(g.nodes().size(), std::nullopt);
   recording->out_refusals.assign(g.nodes().size(), "");
+  recording->out_notes.assign(g.nodes().size(), "");
   std::optional<OutVariant> candidate;   // the running node's out= overload, if it has one
   std::optional<at::Tensor> rng_before;  // for a random node: the CPU generator's state before it
   Interpreter::Observer observer;
@@ -198,6 +200,7 @@ absl::StatusOr<std::vector<c10::IValue>> RunAndRecord(const Interpreter& interp,
   observer.after = [&](int node, const std::vector<c10::IValue>& env) {
     const Node& n = g.nodes()[node];
     for (ValueId v : n.outputs) record(v, env[v]);
+    if (IsConvolution(n)) return CheckConvolution(g, node, env, recording);
     if (!candidate.has_value()) return;
     for (ValueId o : n.outputs) {  // fresh CPU tensors at offset 0: what an arena buffer can be
       const ValueRecord& r = recording->values[o];

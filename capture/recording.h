@@ -62,6 +62,8 @@ struct Recording {
   // nullopt with an empty reason when there was nothing to check.
   std::vector<std::optional<OutVariant>> out_variants;
   std::vector<std::string> out_refusals;
+  // Per node: what the measurement behind a checked kernel found (Note [Checked convolutions]).
+  std::vector<std::string> out_notes;
   // Per graph input: its tensor is baked into the capture (a static input whose address the
   // engine checks) rather than rebound per call. Empty: the graph's static inputs.
   std::vector<bool> baked_inputs;

@@ -183,6 +183,7 @@ class Planner {
     if (!mutable_op && all_fresh) np.out = rec_.out_variants[i];
     if (np.out.has_value()) {
       np.decision = TapePlan::Decision::kOutVariant;
+      np.why = rec_.out_notes[i];
       for (ValueId o : n.outputs) {
         const ValueRecord& r = rec_.values[o];
         const int64_t nbytes = static_cast<int64_t>(
@@ -365,6 +366,8 @@ std::string TapePlan::ToString(const Graph& g, const memory_pool::ArenaPlan* are
     }
     if (nodes[i].out.has_value()) {
       os << " " << OperatorName(nodes[i].out->op);
+      if (nodes[i].out->extra_arg.isString()) os << " " << nodes[i].out->extra_arg.toStringRef();
+      if (!nodes[i].why.empty()) os << " (" << nodes[i].why << ")";
       for (ValueId v : n.outputs) {
         const int b = values[v].buffer;
         os << " [buffer " << b << ": " << requests[b].nbytes << " B";

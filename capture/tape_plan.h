@@ -49,7 +49,8 @@ struct TapePlan {
   struct NodePlan {
     Decision decision = Decision::kFunctional;
     std::optional<OutVariant> out;  // kOutVariant
-    std::string why;                // kFunctional: why an out= overload was refused, if one was
+    std::string why;                // kFunctional: why an out= overload was refused, if one was;
+                                    // kOutVariant: what its check measured, if it says
     int group = -1;                 // kOutVariant, or kFunctional in place: its fused group, if in one
     int partner = -1;               // kCollective: its wait's node; kWait: its collective's
     std::optional<CollectiveKind> collective;  // kCollective

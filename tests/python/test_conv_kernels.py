@@ -1,0 +1,204 @@
+"""Convolutions on the CPU tape through faster calls, checked per node at capture (Note [Checked
+convolutions] in capture/conv_steps.h): replays bitwise equal to eager on convolutions of every
+kind, and the kernel each node took is the one its recorded measurement supports.
+
+Which shapes a kernel is exact for depends on the CPU, so no test names one: each case checks that
+the graph replayed with eager's bits, and that what the capture recorded per node (the profile's
+kind and note) agrees with a measurement the test makes itself on the same input."""
+import os
+import re
+
+import pytest
+import torch
+import torch.nn as nn
+
+import torchreplay
+from differential import assert_bitwise
+
+OUT = torch.ops.torchreplay.convolution.out
+
+
+def capture(model, args):
+    config = torchreplay.CompilerConfig()
+    config.mode = "reduce-overhead"
+    return torchreplay.capture(model, args, config=config)
+
+
+def conv_rows(step, args):
+    """The profile rows of the tape's convolution steps, in graph order."""
+    return [r for r in step.profile(*args, iterations=2)
+            if r["op"] in ("aten::convolution", "torchreplay::convolution.out")]
+
+
+class Conv(nn.Module):
+    def __init__(self, conv):
+        super().__init__()
+        self.conv = conv
+
+    def forward(self, x):
+        return self.conv(x)
+
+
+# (name, module, input shape): the convolutions of the zoo's CNNs and audio stack, and the rest
+CASES = [
+    ("stem_s2", lambda: nn.Conv2d(3, 16, 3, stride=2, padding=1, bias=False), (1, 3, 32, 32)),
+    ("depthwise3x3", lambda: nn.Conv2d(16, 16, 3, padding=1, groups=16, bias=False), (1, 16, 12, 12)),
+    ("depthwise5x5_s2", lambda: nn.Conv2d(24, 24, 5, stride=2, padding=2, groups=24), (1, 24, 11, 11)),
+    ("pointwise1x1", lambda: nn.Conv2d(24, 40, 1, bias=False), (1, 24, 6, 6)),
+    ("pointwise1x1_bias_1x1", lambda: nn.Conv2d(32, 8, 1), (1, 32, 1, 1)),
+    ("dense3x3", lambda: nn.Conv2d(8, 8, 3, padding=1), (1, 8, 16, 16)),
+    ("grouped", lambda: nn.Conv2d(16, 32, 3, padding=1, groups=4), (1, 16, 8, 8)),
+    ("dilated", lambda: nn.Conv2d(8, 8, 3, padding=2, dilation=2), (1, 8, 12, 12)),
+    ("batch4_3x3", lambda: nn.Conv2d(4, 8, 3, padding=1), (4, 4, 10, 10)),
+    ("batch3_depthwise", lambda: nn.Conv2d(8, 8, 3, padding=1, groups=8), (3, 8, 9, 9)),
+    ("conv1d_stem", lambda: nn.Conv1d(1, 32, 80, stride=16), (1, 1, 4000)),
+    ("conv1d_k3", lambda: nn.Conv1d(32, 64, 3), (1, 32, 14)),
+    ("conv1d_batch2_nobias", lambda: nn.Conv1d(8, 8, 5, padding=2, bias=False), (2, 8, 30)),
+    ("conv1d_depthwise", lambda: nn.Conv1d(16, 16, 3, padding=1, groups=16), (1, 16, 20)),
+]
+
+
+def inputs(shape, i):
+    return (torch.randn(shape, generator=torch.Generator().manual_seed(i)),)
+
+
+def test_out_op_is_registered():
+    assert "kernel" in str(OUT._schema)
+
+
+@pytest.mark.parametrize("name,make,shape", CASES, ids=[c[0] for c in CASES])
+def test_bitwise_and_recorded_choice(name, make, shape):
+    torch.manual_seed(0)
+    model = Conv(make()).eval()
+    with torch.no_grad():
+        step = capture(model, inputs(shape, 0))
+        for i in range(4):
+            x = inputs(shape, i)
+            assert_bitwise(step(*x), model(*x))
+        assert step.stats()["replays"] >= 2, step.stats()
+        x = inputs(shape, 7)
+        (row,) = conv_rows(step, x)
+        conv = model.conv
+        w, b = conv.weight, conv.bias
+        eager = conv(x[0])
+        kind, note = row["kind"], row["note"]
+        if kind.startswith("checked conv"):
+            kernel = re.match(r"checked conv \((\w+)\)", kind).group(1)
+            assert row["op"] == "torchreplay::convolution.out"
+            assert note.startswith(f"{kernel} ") and "bitwise on 3 inputs" in note, note
+            # the test's own run of that kernel on this input gives eager's bits too
+            out = torch.empty_like(eager)
+            OUT(x[0], w, b, list(conv.stride), list(conv.padding), list(conv.dilation), False,
+                [0] * len(conv.stride), conv.groups, kernel, out=out)
+            assert_bitwise(out, eager)
+        else:
+            assert kind == "functional" and row["op"] == "aten::convolution", row
+            assert note.startswith("torchreplay::convolution.out refused: "), note
+        # every kernel the note says was exact on the recorded input is exact here too; every
+        # kernel it says wrote other bits on the recorded input does so on that input
+        recorded = inputs(shape, 0)[0]
+        for kernel in ("slow_conv2d", "onednn_prepacked"):
+            said = re.search(kernel + r"(?: [\d.]+ us, bitwise|: exact|: other bits than eager's on the recorded input)",
+                             note)
+            if said is None:
+                continue
+            out = torch.empty_like(eager)
+            OUT(recorded, w, b, list(conv.stride), list(conv.padding), list(conv.dilation), False,
+                [0] * len(conv.stride), conv.groups, kernel, out=out)
+            want = conv(recorded)
+            same = torch.equal(out.view(torch.int32), want.view(torch.int32))
+            assert same == ("other bits" not in said.group(0)), (kernel, note)
+
+
+def test_slow_conv2d_only_where_eager_uses_it():
+    """slow_conv2d is eager's Slow2d kernel: taken for no node whose backend eager picks otherwise."""
+    for name, make, shape in CASES:
+        torch.manual_seed(0)
+        model = Conv(make()).eval()
+        x = inputs(shape, 0)
+        c = model.conv
+        backend = str(torch._C._select_conv_backend(x[0], c.weight, c.bias, list(c.stride), list(c.padding),
+                                                    list(c.dilation), False, [0] * len(c.stride), c.groups, None))
+        with torch.no_grad():
+            (row,) = conv_rows(capture(model, x), x)
+        if row["kind"] == "checked conv (slow_conv2d)":
+            assert backend.endswith("Slow2d"), (name, backend)
+        if not backend.endswith("Slow2d"):
+            assert f"slow_conv2d: eager's backend is {backend.split('.')[-1]}" in row["note"], (name, row["note"])
+
+
+def test_a_model_of_convolutions_replays_bitwise():
+    """Convolutions, batch norms and activations as the zoo's CNNs chain them, channels-last input too."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 16, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(16), nn.Hardswish(),
+        nn.Conv2d(16, 16, 3, padding=1, groups=16, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+        nn.Conv2d(16, 24, 1, bias=False), nn.BatchNorm2d(24),
+        nn.Conv2d(24, 24, 5, stride=2, padding=2, groups=24), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Conv2d(24, 8, 1), nn.ReLU(), nn.Conv2d(8, 24, 1), nn.Hardsigmoid(),
+    ).eval()
+    for memory_format in (torch.contiguous_format, torch.channels_last):
+        def make(i):
+            return inputs((2, 3, 24, 24), i)[0].contiguous(memory_format=memory_format)
+        with torch.no_grad():
+            step = capture(model, (make(0),))
+            for i in range(4):
+                assert_bitwise(step(make(i)), model(make(i)))
+            assert step.stats()["replays"] >= 2
+            rows = conv_rows(step, (make(5),))
+        assert len(rows) == 6
+        for r in rows:
+            assert r["note"], r
+
+
+def test_weight_changed_in_place_is_seen():
+    """A packed weight follows in-place writes of the weight (load_state_dict, no_grad updates)."""
+    torch.manual_seed(0)
+    model = Conv(nn.Conv2d(16, 16, 3, padding=1, groups=16)).eval()
+    x = inputs((1, 16, 12, 12), 0)
+    with torch.no_grad():
+        step = capture(model, x)
+        for _ in range(3):
+            assert_bitwise(step(*x), model(*x))
+        model.conv.weight.mul_(-1.5)
+        assert_bitwise(step(*x), model(*x))
+        model.load_state_dict({k: torch.randn_like(v) for k, v in model.state_dict().items()})
+        for i in range(3):
+            assert_bitwise(step(*inputs((1, 16, 12, 12), i)), model(*inputs((1, 16, 12, 12), i)))
+        assert step.stats()["replays"] >= 5
+
+
+def test_switched_off(monkeypatch):
+    monkeypatch.setenv("TORCHREPLAY_CHECKED_CONV", "0")
+    torch.manual_seed(0)
+    model = Conv(nn.Conv2d(8, 8, 3, padding=1)).eval()
+    x = inputs((1, 8, 16, 16), 0)
+    with torch.no_grad():
+        step = capture(model, x)
+        for _ in range(3):
+            assert_bitwise(step(*x), model(*x))
+        (row,) = conv_rows(step, x)
+    assert row["kind"] == "functional" and row["note"] == ""
+
+
+def test_dump_names_each_kernel(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=2, dilation=2)).eval()
+    config = torchreplay.CompilerConfig()
+    config.mode = "reduce-overhead"
+    config.debug.graph_dump.type = "txt"
+    config.debug.graph_dump.path = str(tmp_path)
+    x = inputs((1, 3, 10, 10), 0)
+    with torch.no_grad():
+        step = torchreplay.capture(model, x, config=config)
+        for _ in range(3):
+            step(*x)
+    (dump,) = [p for p in os.listdir(tmp_path) if p.endswith(".key0.txt")]
+    lines = [ln for ln in open(tmp_path / dump) if "convolution" in ln]
+    assert len(lines) == 2, lines
+    for ln in lines:
+        assert ("torchreplay::convolution.out slow_conv2d (" in ln or
+                "torchreplay::convolution.out onednn_prepacked (" in ln or
+                "functional (torchreplay::convolution.out refused: " in ln), ln
+    # the dilated one: eager's backend is SlowDilated2d, which no checked kernel replaces by slow_conv2d
+    assert "slow_conv2d: eager's backend is SlowDilated2d" in lines[1], lines[1]
