@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "capture/depthwise_kernel.h"
 
 namespace torchreplay::capture {
 namespace {
@@ -30,6 +31,8 @@ namespace {
 constexpr char kOutName[] = "torchreplay::convolution.out";
 constexpr char kSlowConv2d[] = "slow_conv2d";
 constexpr char kOnednn[] = "onednn_prepacked";
+constexpr char kDepthwise[] = "depthwise";                 // Note [Depthwise convolutions]: bias first
+constexpr char kDepthwiseBiasLast[] = "depthwise_bias_last";  // the bias added after the taps
 
 using PointwiseSig = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
                                 c10::ArrayRef<int64_t>, c10::ArrayRef<int64_t>, c10::ArrayRef<int64_t>, int64_t,
@@ -88,6 +91,7 @@ class ConvCall {
   }
 
   bool onednn() const { return kernel_ == kOnednn; }
+  bool depthwise() const { return kernel_ == kDepthwise || kernel_ == kDepthwiseBiasLast; }
 
   // out = convolution(input, weight, bias), into `out` (the result's recorded geometry).
   void Run(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
@@ -95,6 +99,7 @@ class ConvCall {
     // eager's _convolution makes a 1-d input contiguous, then views it (and the weight) as 2-d
     const at::Tensor x = one_d_ ? View4d(input.is_contiguous() ? input : input.contiguous()) : input;
     at::Tensor y = one_d_ ? View4d(out) : out;
+    if (depthwise()) return RunDepthwise(x, one_d_ ? View4d(weight) : weight, weight, bias, y);
     if (!onednn()) {
       const at::Tensor w = one_d_ ? View4d(weight) : weight;
       at::native::slow_conv2d_forward_out_cpu(x, w, w.sizes().slice(2), bias, stride_, padding_, y);
@@ -111,6 +116,42 @@ class ConvCall {
   }
 
  private:
+  // Note [Depthwise convolutions]: x, w4 and y as 4-d tensors; `weight` the weight as the graph
+  // has it (whose version a channels-last filter copy follows).
+  void RunDepthwise(const at::Tensor& x, const at::Tensor& w4, const at::Tensor& weight,
+                    const std::optional<at::Tensor>& bias, at::Tensor& y) const {
+    TORCH_CHECK(x.scalar_type() == c10::kFloat && y.scalar_type() == c10::kFloat && w4.size(1) == 1 &&
+                    w4.size(0) == x.size(1) && y.size(1) == x.size(1) && groups_ == x.size(1),
+                kOutName, ": ", kernel_, " is for float32 convolutions with one filter per channel");
+    const at::Tensor w = w4.is_contiguous() ? w4 : w4.contiguous();
+    at::Tensor b;
+    depthwise::Params p;
+    if (bias.has_value() && bias->defined()) {
+      b = bias->is_contiguous() ? *bias : bias->contiguous();
+      p.bias = b.const_data_ptr<float>();
+    }
+    p.x = x.const_data_ptr<float>();
+    p.w = w.const_data_ptr<float>();
+    p.y = y.data_ptr<float>();
+    p.n = x.size(0), p.c = x.size(1), p.h = x.size(2), p.w_ = x.size(3);
+    p.oh = y.size(2), p.ow = y.size(3), p.kh = w.size(2), p.kw = w.size(3);
+    for (int d = 0; d < 2; ++d) {
+      p.stride[d] = stride_[d], p.padding[d] = padding_[d], p.dilation[d] = dilation_[d];
+    }
+    for (int d = 0; d < 4; ++d) p.xs[d] = x.stride(d), p.ys[d] = y.stride(d);
+    {  // the filters as [KH, KW, C], for walks over channels (channels-last, or short rows)
+      const int64_t version =
+          weight.is_inference() ? -2 : weight.unsafeGetTensorImpl()->version_counter().current_version();
+      if (!w_hwc_.defined() || version != w_hwc_version_ || version == -2) {
+        w_hwc_ = w.view({p.c, p.kh, p.kw}).permute({1, 2, 0}).contiguous();
+        w_hwc_version_ = version;
+      }
+      p.w_hwc = w_hwc_.const_data_ptr<float>();
+    }
+    p.bias_first = kernel_ == kDepthwise;
+    depthwise::Run(p);
+  }
+
   void Pack(const at::Tensor& weight, at::IntArrayRef input_sizes) const {
     const at::Tensor w = (one_d_ ? View4d(weight) : weight).contiguous();
     packed_ = at::mkldnn_reorder_conv2d_weight(w.to_mkldnn(), padding_, stride_, dilation_, groups_, input_sizes);
@@ -126,6 +167,9 @@ class ConvCall {
   mutable at::Tensor packed_;
   mutable int64_t packed_version_ = -1;
   mutable std::vector<int64_t> packed_for_;
+  // depthwise on channels-last tensors: the filters as [KH, KW, C], and the weight's version then
+  mutable at::Tensor w_hwc_;
+  mutable int64_t w_hwc_version_ = -1;
 };
 
 // aten::convolution's arguments, as one run had them.
@@ -239,6 +283,10 @@ std::string CheckCall(const Node& n, const ConvCall& call, const ConvArgs& a, co
 
 std::string Us(double us) { return absl::StrFormat("%.1f us", us); }
 
+bool KnownKernel(c10::string_view k) {
+  return k == kSlowConv2d || k == kOnednn || k == kDepthwise || k == kDepthwiseBiasLast;
+}
+
 const char* BackendName(at::native::ConvBackend b) {
   static const char* const kNames[] = {
       "CudaDepthwise2d", "CudaDepthwise3d", "Cudnn", "CudnnTranspose", "Empty", "Miopen", "MiopenDepthwise",
@@ -323,6 +371,16 @@ void CheckConvolution(const Graph& g, int node, const std::vector<c10::IValue>& 
     } else {
       tried.push_back({kOnednn});
     }
+    const bool one_filter_per_channel = a.groups > 1 && a.weight.size(0) == a.groups && a.weight.size(1) == 1 &&
+                                        a.input.size(1) == a.groups;
+    if (one_filter_per_channel && dtype != c10::kFloat) {
+      not_tried.push_back(absl::StrCat(kDepthwise, ": float32 only"));
+    } else if (one_filter_per_channel && !depthwise::Available()) {
+      not_tried.push_back(absl::StrCat(kDepthwise, ": this CPU has no AVX2 and FMA"));
+    } else if (one_filter_per_channel) {
+      tried.push_back({kDepthwise});
+      if (a.bias.has_value()) tried.push_back({kDepthwiseBiasLast});
+    }
     std::vector<std::unique_ptr<ConvCall>> calls;
     for (Tried& t : tried) {
       calls.push_back(std::make_unique<ConvCall>(t.kernel, one_d, a.stride, a.padding, a.dilation, a.groups));
@@ -348,7 +406,7 @@ void CheckConvolution(const Graph& g, int node, const std::vector<c10::IValue>& 
     for (size_t j = 0; j < timed.size(); ++j) {
       const size_t k = timed[j];
       tried[k].us = us[j + 1];
-      if (tried[k].kernel == kOnednn && tried[k].us >= eager_us) {
+      if (tried[k].kernel != kSlowConv2d && tried[k].us >= eager_us) {
         tried[k].why = absl::StrCat("exact, but not faster than eager's op (", Us(tried[k].us), ")");
         continue;
       }
@@ -382,9 +440,11 @@ namespace {
 at::Tensor& ConvolutionOut(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                            at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
                            at::IntArrayRef output_padding, int64_t groups, c10::string_view kernel, at::Tensor& out) {
-  TORCH_CHECK(!transposed && (kernel == kSlowConv2d || kernel == kOnednn) && (input.dim() == 3 || input.dim() == 4),
-              kOutName, ": no kernel '", kernel, "' for this convolution");
+  TORCH_CHECK(!transposed && KnownKernel(kernel) && (input.dim() == 3 || input.dim() == 4), kOutName,
+              ": no kernel '", kernel, "' for this convolution");
   TORCH_CHECK(kernel != kOnednn || Pointwise() != nullptr, kOutName, ": no oneDNN convolution here");
+  TORCH_CHECK(kernel == kOnednn || kernel == kSlowConv2d || depthwise::Available(), kOutName,
+              ": the depthwise kernel needs AVX2 and FMA");
   ConvCall(std::string(kernel), input.dim() == 3, stride.vec(), padding.vec(), dilation.vec(), groups)
       .Run(input, weight, bias, out);
   return out;
@@ -427,7 +487,10 @@ std::unique_ptr<TypedCall> MakeConvolutionStep(const Slots& args, const std::vec
     return nullptr;
   }
   const std::string kernel = args[9].toStringRef();
-  if (kernel != kSlowConv2d && (kernel != kOnednn || Pointwise() == nullptr || slot_of[1] >= 0)) return nullptr;
+  if (!KnownKernel(kernel) || (kernel == kOnednn && (Pointwise() == nullptr || slot_of[1] >= 0)) ||
+      ((kernel == kDepthwise || kernel == kDepthwiseBiasLast) && !depthwise::Available())) {
+    return nullptr;
+  }
   const at::Tensor& out = args[10].toTensor();
   auto tensor = [&](int k) -> std::optional<TensorArg> {
     if (slot_of[k] >= 0) return TensorArg{at::Tensor(), slot_of[k]};
@@ -444,8 +507,22 @@ std::unique_ptr<TypedCall> MakeConvolutionStep(const Slots& args, const std::vec
 }
 
 const char* ConvolutionStepKind(const Slots& args) {
-  const bool onednn = args.size() == 11 && args[9].isString() && args[9].toStringRef() == kOnednn;
-  return onednn ? "checked conv (onednn_prepacked)" : "checked conv (slow_conv2d)";
+  const std::string kernel = args.size() == 11 && args[9].isString() ? args[9].toStringRef() : "";
+  return kernel == kOnednn               ? "checked conv (onednn_prepacked)"
+         : kernel == kDepthwise         ? "checked conv (depthwise)"
+         : kernel == kDepthwiseBiasLast ? "checked conv (depthwise_bias_last)"
+                                        : "checked conv (slow_conv2d)";
 }
+
+namespace depthwise {
+bool Available() {
+#if defined(__x86_64__)
+  static const bool available = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return available;
+#else
+  return false;
+#endif
+}
+}  // namespace depthwise
 
 }  // namespace torchreplay::capture

@@ -16,6 +16,7 @@ import torchreplay
 from differential import assert_bitwise
 
 OUT = torch.ops.torchreplay.convolution.out
+KERNELS = ("slow_conv2d", "onednn_prepacked", "depthwise", "depthwise_bias_last")
 
 
 def capture(model, args):
@@ -84,6 +85,7 @@ def test_bitwise_and_recorded_choice(name, make, shape):
         kind, note = row["kind"], row["note"]
         if kind.startswith("checked conv"):
             kernel = re.match(r"checked conv \((\w+)\)", kind).group(1)
+            assert kernel in KERNELS
             assert row["op"] == "torchreplay::convolution.out"
             assert note.startswith(f"{kernel} ") and "bitwise on 3 inputs" in note, note
             # the test's own run of that kernel on this input gives eager's bits too
@@ -97,9 +99,9 @@ def test_bitwise_and_recorded_choice(name, make, shape):
         # every kernel the note says was exact on the recorded input is exact here too; every
         # kernel it says wrote other bits on the recorded input does so on that input
         recorded = inputs(shape, 0)[0]
-        for kernel in ("slow_conv2d", "onednn_prepacked"):
-            said = re.search(kernel + r"(?: [\d.]+ us, bitwise|: exact|: other bits than eager's on the recorded input)",
-                             note)
+        for kernel in KERNELS:
+            said = re.search(r"(?<![\w])" + kernel +
+                             r"(?: [\d.]+ us, bitwise|: exact|: other bits than eager's on the recorded input)", note)
             if said is None:
                 continue
             out = torch.empty_like(eager)
@@ -197,8 +199,49 @@ def test_dump_names_each_kernel(tmp_path):
     lines = [ln for ln in open(tmp_path / dump) if "convolution" in ln]
     assert len(lines) == 2, lines
     for ln in lines:
-        assert ("torchreplay::convolution.out slow_conv2d (" in ln or
-                "torchreplay::convolution.out onednn_prepacked (" in ln or
+        assert (any(f"torchreplay::convolution.out {k} ({k} " in ln for k in KERNELS) or
                 "functional (torchreplay::convolution.out refused: " in ln), ln
     # the dilated one: eager's backend is SlowDilated2d, which no checked kernel replaces by slow_conv2d
     assert "slow_conv2d: eager's backend is SlowDilated2d" in lines[1], lines[1]
+
+
+
+@pytest.mark.parametrize("shape,k,stride,pad,dil", [
+    ((1, 16, 48, 48), 3, 2, 1, 1), ((1, 88, 12, 12), 3, 1, 1, 1), ((2, 24, 11, 13), 5, 2, 2, 1),
+    ((1, 576, 3, 3), 5, 1, 2, 1), ((1, 9, 20, 7), 3, 1, 2, 2), ((1, 40, 17, 33), 3, 3, 0, 1),
+    ((1, 8, 1, 50), (1, 7), 1, (0, 3), 1)])
+def test_depthwise_kernel_paths_agree(shape, k, stride, pad, dil):
+    """Note [Depthwise convolutions]: every path of the direct kernel (row-vectorized, border
+    lanes blended, channels-last, the channels-last walk of short rows; one thread or two) gives
+    each element the same FMA chain, so the same bits; and the result is a convolution (close to
+    F.conv2d)."""
+    kh, kw = (k, k) if isinstance(k, int) else k
+    ph, pw = (pad, pad) if isinstance(pad, int) else pad
+    c = shape[1]
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(shape, generator=g)
+    x.view(-1)[::7] = -0.0
+    w = torch.randn(c, 1, kh, kw, generator=g)
+    b = torch.randn(c, generator=g)
+    want = torch.nn.functional.conv2d(x, w, b, stride, (ph, pw), dil, c)
+    for kernel in ("depthwise", "depthwise_bias_last"):
+        results = []
+        for memory_format in (torch.contiguous_format, torch.channels_last):
+            for threads in (1, 2):
+                before = torch.get_num_threads()
+                torch.set_num_threads(threads)
+                try:
+                    out = torch.empty_like(want, memory_format=memory_format)
+                    try:
+                        OUT(x.contiguous(memory_format=memory_format), w, b, [stride, stride], [ph, pw], [dil, dil],
+                            False, [0, 0], c, kernel, out=out)
+                    except RuntimeError as e:
+                        if "AVX2" in str(e):
+                            pytest.skip("no AVX2 and FMA on this CPU")
+                        raise
+                finally:
+                    torch.set_num_threads(before)
+                results.append(out.contiguous())
+        for r in results[1:]:
+            assert_bitwise(r, results[0], kernel)
+        torch.testing.assert_close(results[0], want, rtol=1e-5, atol=1e-5)
