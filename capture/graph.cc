@@ -330,6 +330,17 @@ absl::StatusOr<std::vector<ValueId>> GraphBuilder::AddOp(
           " but is given a tensor list"));
     }
     if (a.kind == Arg::Kind::kConstant) a.constant = WrapNumberIfTensor(formal.type(), a.constant);
+    if (a.kind == Arg::Kind::kConstant && a.constant.isList() && formal.type()->kind() == c10::TypeKind::ListType) {
+      // a list of numbers (or an empty one, which Python gives as ints) where a Scalar[] or
+      // Scalar?[] goes: a list of that element type, which the op's kernel unboxes
+      const c10::TypePtr elem = formal.type()->containedType(0);
+      const c10::TypePtr base = elem->kind() == c10::TypeKind::OptionalType ? elem->containedType(0) : elem;
+      if (base->kind() == c10::TypeKind::NumberType && *a.constant.toList().elementType() != *elem) {
+        c10::impl::GenericList list(elem);
+        for (const c10::IValue& e : a.constant.toListRef()) list.push_back(e);
+        a.constant = std::move(list);
+      }
+    }
     node.arg_types.push_back(formal.type());
     node.args.push_back(std::move(a));
   }

@@ -72,11 +72,11 @@ def _register() -> None:
 
     if "torchreplay" not in _BACKENDS:
         register_backend(name="torchreplay")(named_backend)
-    # The multi-stream scope ops (registered by _C) return nothing a later node uses; they must
-    # survive dead-code elimination.
+    # The multi-stream scope ops and check_frozen (registered by _C) return nothing a later node
+    # uses; they must survive dead-code elimination.
     import torch.fx
 
-    for op in ("scope_enter", "scope_exit", "record", "wait"):
+    for op in ("scope_enter", "scope_exit", "record", "wait", "check_frozen"):
         torch.fx.node.has_side_effect(getattr(_torch.ops.torchreplay, op).default)
 
 

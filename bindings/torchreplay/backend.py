@@ -645,6 +645,9 @@ class Backend:
         self.cuda_graphs: Dict[str, str] = {}
         self._cuda_graph_calls: Dict[str, List[int]] = {}
         self._backward_hint_logged = False  # the hint at a graph broken at loss.backward(), once
+        if self.config.reduce_overhead.numerics != "bitwise":
+            logger.warning("torchreplay: config.reduce_overhead.numerics = %r applies to torchreplay.capture; "
+                           "torch.compile's graphs stay bitwise", self.config.reduce_overhead.numerics)
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **_: Any) -> Any:
         consumed = _detach_consumed_outputs(gm)

@@ -64,10 +64,13 @@ class _AsModule(torch.nn.Module):
         return self.fn(*args, **kwargs)
 
 
-def _decompositions(extra: Optional[Dict[Any, Callable]]) -> Any:
+def _decompositions(extra: Optional[Dict[Any, Callable]], close: bool = False) -> Any:
     """What AOTAutograd does under torch.compile: CompositeImplicitAutograd ops decompose (linear ->
-    t + addmm), the rest of ATen stays; plus the caller's own decompositions."""
+    t + addmm), the rest of ATen stays; plus the caller's own decompositions. `close` (numerics
+    "close", Note [Close numerics]): LSTM decomposes too."""
     table = dict(_cia_decompositions())
+    if close:
+        table.update(_lstm_decompositions())
     for op, fn in (extra or {}).items():
         table[op] = fn
     return table
@@ -83,8 +86,17 @@ def _cia_decompositions() -> Dict[Any, Callable]:
     # LSTM stays whole, for its C++ composite to pick eager's kernel at run time (oneDNN's
     # mkldnn_rnn_layer on the CPU, which the Python decomposition's addmm and pointwise ops
     # differ from in the last bits).
-    eager_only = {torch.ops.aten.lstm.input, torch.ops.aten.lstm.data}
-    return {op: fn for op, fn in table.items() if op in cia and op not in eager_only}
+    return {op: fn for op, fn in table.items() if op in cia and op not in _EAGER_ONLY}
+
+
+_EAGER_ONLY = (torch.ops.aten.lstm.input, torch.ops.aten.lstm.data)
+
+
+@functools.lru_cache(maxsize=1)
+def _lstm_decompositions() -> Dict[Any, Callable]:
+    """export's decompositions of LSTM, into addmm and pointwise ops (numerics "close")."""
+    table = torch.export.default_decompositions()
+    return {op: fn for op, fn in table.items() if op in _EAGER_ONLY}
 
 
 def _writes_back(ep: ExportedProgram, gm: torch.fx.GraphModule) -> int:
@@ -657,10 +669,17 @@ def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Option
                 program = _trace_subclassed(traced, leaves, decompositions)
             else:
                 program = _trace_exported(traced, leaves, dynamic, decompositions,
-                                          [f"argument '{n}'" for i, n in enumerate(names) if i not in constants])
+                                          [f"argument '{n}'" for i, n in enumerate(names) if i not in constants],
+                                          close=config.reduce_overhead.numerics == "close")
         finally:
             _tracing.active = False
     gm, bound, bound_names = program.gm, program.bound, program.bound_names
+    numerics = {"numerics": config.reduce_overhead.numerics}
+    if config.reduce_overhead.numerics == "close":
+        if subclassed:
+            numerics["not_rewritten"] = "DTensor models keep the bitwise graph"
+        else:
+            gm, numerics = _rewrite_close(gm, bound, bound_names, leaves, dynamic)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     example = [n.meta.get("val") for n in placeholders]
     run_passes(gm, example, config)
@@ -688,10 +707,48 @@ def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Option
     trace.size_exprs, trace.symbol_dims = size_exprs, symbol_dims
     captured = Captured(engine, bound, bound_names, _graph_inputs_tracked(gm, len(bound)), program.mutated, fixed, sizes,
                         model if isinstance(model, torch.nn.Module) else None, trace, program.grad_owners)
+    captured.numerics = numerics
     for m in [module] + [v for v in constants.values() if isinstance(v, torch.nn.Module)]:
         _watch(m, captured)
     logger.debug("torchreplay: captured %s (%d nodes, %d bound inputs)", name, graph.num_nodes, len(bound))
     return captured
+
+
+def _rewrite_close(gm: torch.fx.GraphModule, bound: List[Any], bound_names: List[str], leaves: Tuple[Any, ...],
+                   dynamic: bool) -> Tuple[torch.fx.GraphModule, Dict[str, Any]]:
+    """Note [Close numerics]: the graph rewritten, checked by running it and the bitwise graph on
+    the example inputs (unless the graph writes its inputs: the run would change them), with what
+    was done and how far the results are apart; the bitwise graph if the rewritten one fails."""
+    from . import close_numerics
+
+    reference = copy.deepcopy(gm)
+    try:
+        counts = close_numerics.rewrite(gm, bound, bound_names, dynamic)
+    except Exception as e:  # noqa: BLE001 - any failure keeps the bitwise graph
+        logger.warning("torchreplay.capture: numerics 'close': the rewrite failed (%s: %s); the graph stays bitwise",
+                       type(e).__name__, e)
+        return reference, {"numerics": "bitwise", "not_rewritten": f"{type(e).__name__}: {e}"}
+    report: Dict[str, Any] = {"numerics": "close", "rewrites": counts}
+    writes = any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and
+                 n.target._schema.is_mutable and n.target != torch.ops.torchreplay.check_frozen.default
+                 for n in gm.graph.nodes)
+    if writes:
+        report["checked"] = "not run at capture: the graph writes its inputs"
+        return gm, report
+    inputs = list(bound) + list(leaves)
+    try:
+        with torch.no_grad():
+            want = reference(*inputs)
+            got = gm(*inputs)
+    except Exception as e:  # noqa: BLE001
+        logger.warning("torchreplay.capture: numerics 'close': the rewritten graph failed on the example inputs "
+                       "(%s: %s); the graph stays bitwise", type(e).__name__, e)
+        return reference, {"numerics": "bitwise", "not_rewritten": f"{type(e).__name__}: {e}"}
+    report.update(close_numerics.difference(got, want))
+    report["checked"] = "on the example inputs, against the bitwise graph"
+    logger.info("torchreplay.capture: numerics 'close': %s; on the example inputs max abs err %.3g, max rel err %.3g",
+                counts, report["max_abs_err"], report["max_rel_err"])
+    return gm, report
 
 
 class _Program(NamedTuple):
@@ -714,7 +771,8 @@ def _bound_name(kind: str, target: str) -> str:
 
 
 def _trace_exported(traced: "_Flat", leaves: Tuple[Any, ...], dynamic: bool,
-                    decompositions: Optional[Dict[Any, Callable]], leaf_names: Sequence[str]) -> _Program:
+                    decompositions: Optional[Dict[Any, Callable]], leaf_names: Sequence[str],
+                    close: bool = False) -> _Program:
     """torch.export's trace (non-strict), decomposed; the writes to buffers and inputs put back
     into the graph (_writes_back). `leaf_names`: what errors call the arguments."""
     dynamic_shapes = None
@@ -736,7 +794,7 @@ def _trace_exported(traced: "_Flat", leaves: Tuple[Any, ...], dynamic: bool,
     rng.check()
     try:
         with torch.no_grad():
-            ep = ep.run_decompositions(_decompositions(decompositions))
+            ep = ep.run_decompositions(_decompositions(decompositions, close))
     except Exception as e:
         _refuse_shared_memory(inputs, _written_by(ep, leaves, leaf_names), e)
         raise
@@ -966,6 +1024,10 @@ def save(captured: Captured, path: Any) -> None:
     where it was traced with more) are refused by the loaded program. CPU programs only."""
     if not isinstance(captured, Captured):
         raise TypeError(f"torchreplay.save: want what torchreplay.capture returned, got {type(captured).__name__}")
+    if getattr(captured, "numerics", {}).get("numerics") == "close":
+        raise NotImplementedError("torchreplay.save: this capture was rewritten for numerics 'close' (weights folded "
+                                  "and packed at capture, some in oneDNN's layout, which a .trp file does not hold); "
+                                  "save a capture made with the default numerics 'bitwise'")
     if captured._trace.size_exprs:
         raise NotImplementedError("torchreplay.save: the trace relates its sizes by expressions only Python checks "
                                   f"({', '.join(map(str, captured._trace.size_exprs))}); capture with dynamic=False")

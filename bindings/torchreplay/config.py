@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, Optional
 MODES = ("default", "reduce-overhead")
 DUMP_TYPES = (None, "txt", "py", "dot")
 CUDA_GRAPHS = ("cudagraph_trees", "torchreplay")
+NUMERICS = ("bitwise", "close")
 
 FxPass = Callable[[Any, Any, "CompilerConfig"], None]
 
@@ -75,6 +76,11 @@ class ReduceOverheadConfig(_Section):
         "capture_sizes_bitwise": (True, _is_bool, "pad only graphs whose real rows stay bitwise equal to eager; "
                                   "False: also graphs whose rows come out close (GEMMs, sigmoid, ...)"),
         "clone_outputs": (False, _is_bool, "hand out copies instead of views of the static pool"),
+        "numerics": ("bitwise", lambda v: None if v in NUMERICS else f"want one of {NUMERICS}",
+                     "\"bitwise\": outputs bitwise equal to eager's on the CPU; \"close\" (torchreplay.capture): "
+                     "the graph rewritten as CPU runtimes do (batch norm folded, convolutions through oneDNN "
+                     "on packed weights with fused activations, channels-last, LSTM decomposed), outputs close "
+                     "to eager's"),
         "cuda_graphs": ("cudagraph_trees", lambda v: None if v in CUDA_GRAPHS else f"want one of {CUDA_GRAPHS}",
                         "who captures CUDA graphs: PyTorch's cudagraph trees around the C++ engine "
                         "(torch.compile; torchreplay.capture then runs CUDA op by op), or torchreplay's own "
@@ -131,6 +137,7 @@ class CompilerConfig(_Section):
         "capture_sizes": ("reduce_overhead", "capture_sizes"),
         "capture_sizes_bitwise": ("reduce_overhead", "capture_sizes_bitwise"),
         "clone_outputs": ("reduce_overhead", "clone_outputs"),
+        "numerics": ("reduce_overhead", "numerics"),
         "cuda_graphs": ("reduce_overhead", "cuda_graphs"),
         "run_eagerly": ("debug", "run_eagerly"),
         "graph_dump_type": ("debug", "graph_dump", "type"),

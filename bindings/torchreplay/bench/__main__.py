@@ -303,11 +303,13 @@ def compile_for(mode: str, model: torch.nn.Module, example_inputs: List[Any]) ->
         return bound if bound.steps else None
     if mode == "inductor-cpp-wrapper":
         return torch.compile(model, options={"cpp_wrapper": True})
-    if mode in ("torchreplay-capture", "torchreplay-capture-own-cuda-graphs"):
+    if mode in ("torchreplay-capture", "torchreplay-capture-own-cuda-graphs", "torchreplay-capture-close"):
         config = torchreplay.CompilerConfig()
         config.mode = "reduce-overhead"
         if mode.endswith("own-cuda-graphs"):
             config.reduce_overhead.cuda_graphs = "torchreplay"
+        if mode.endswith("-close"):
+            config.reduce_overhead.numerics = "close"
         return torchreplay.capture(model, example_inputs, config=config)
     if mode == "torchreplay-own-cuda-graphs":
         config = torchreplay.CompilerConfig.from_options({"mode": "reduce-overhead", "cuda_graphs": "torchreplay"})

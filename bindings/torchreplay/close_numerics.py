@@ -1,0 +1,406 @@
+"""The graph rewrite of `config.reduce_overhead.numerics = "close"` (Note [Close numerics]).
+
+Note [Close numerics]
+By default a replay computes eager's bits. With numerics "close", torchreplay.capture rewrites the
+exported graph of a CPU float model the way the CPU runtimes users compare it with do
+(AOTInductor's freezing passes, ONNX Runtime, OpenVINO, XNNPACK), and its results are close to
+eager's instead of equal:
+
+- batch norm (eval) folded into the convolution before it (torch.nn.utils.fusion's
+  fuse_conv_bn_weights: scale the weight, shift the bias);
+- convolutions through oneDNN on a weight reordered once (mkldnn::_convolution_pointwise, as
+  Inductor's CPU freezing packs them) with the unary op after them (relu, hardswish,
+  hardsigmoid, sigmoid, tanh, silu, gelu, leaky_relu, hardtanh) fused as its post-op, where that
+  is faster than eager's op (timed at capture; else eager's op stays); their results are
+  channels-last, and stay so through the ops between convolutions;
+- 1x1 convolutions (stride 1, no padding, one group) on a channels-last input as the GEMM they
+  are, addmm over the pixels (MKL), without oneDNN's per-call cost; depthwise convolutions
+  through torchreplay's direct kernel (torchreplay::depthwise_conv2d, Note [Depthwise
+  convolutions] in capture/depthwise_kernel.h) with relu or hardswish fused;
+- linear layers of few rows (at most 16) with a large weight read from a transposed copy stored
+  contiguous once;
+- LSTM through export's decomposition (addmm and pointwise ops, which the tape fuses) instead of
+  oneDNN's RNN layer.
+
+Channels-last results are made contiguous again only where an op could see the layout: before a
+`view` (unless the two layouts coincide) and at the graph's outputs (eager's strides).
+
+The folded and packed weights are constants of the graph, computed from the parameters at
+capture: a parameter or buffer they came from that changes afterwards would not be seen, so the
+graph's first step checks their version counters (torchreplay::check_frozen) and raises, saying
+to capture again. Convolutions with symbolic sizes (dynamic=True) keep eager's op (their batch
+norms are still folded). The rewrite is checked at capture by running both graphs on the example
+inputs: if the rewritten one fails, the capture keeps the bitwise graph and logs why; otherwise
+the largest absolute and relative differences are kept (Captured.numerics).
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import operator
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.fx
+from torch.nn.utils.fusion import fuse_conv_bn_weights
+
+aten = torch.ops.aten
+logger = logging.getLogger("torchreplay")
+
+NUMERICS = ("bitwise", "close")
+
+# aten op after a convolution -> oneDNN's post-op (attr, scalars from the op's args, algorithm)
+_UNARY = {
+    aten.relu.default: lambda n: ("relu", [], ""),
+    aten.hardswish.default: lambda n: ("hardswish", [], ""),
+    aten.hardsigmoid.default: lambda n: ("hardsigmoid", [], ""),
+    aten.sigmoid.default: lambda n: ("sigmoid", [], ""),
+    aten.tanh.default: lambda n: ("tanh", [], ""),
+    aten.silu.default: lambda n: ("swish", [], ""),
+    aten.gelu.default: lambda n: ("gelu", [], n.kwargs.get("approximate", n.args[1] if len(n.args) > 1 else "none")),
+    aten.leaky_relu.default: lambda n: ("leaky_relu", [n.args[1] if len(n.args) > 1 else 0.01], ""),
+    aten.hardtanh.default: lambda n: ("hardtanh", [n.args[1] if len(n.args) > 1 else -1.0,
+                                                   n.args[2] if len(n.args) > 2 else 1.0], ""),
+}
+# views that need their input's strides to be viewable
+_STRIDE_SENSITIVE = {aten.view.default, aten._unsafe_view.default, aten.as_strided.default}
+
+
+class _Rewriter:
+    def __init__(self, gm: torch.fx.GraphModule, bound: Sequence[Any], names: Sequence[str]) -> None:
+        self.gm, self.graph = gm, gm.graph
+        placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
+        self.value: Dict[torch.fx.Node, torch.Tensor] = {
+            p: t for p, t in zip(placeholders, bound) if isinstance(t, torch.Tensor)}
+        self.names: Dict[torch.fx.Node, str] = dict(zip(placeholders, names))
+        self.frozen: Dict[torch.fx.Node, torch.Tensor] = {}  # placeholders folded into constants
+        self.counts: Dict[str, int] = {"batch_norms_folded": 0, "convolutions_onednn": 0, "convolutions_gemm": 0,
+                                       "convolutions_depthwise": 0, "post_ops_fused": 0, "layout_copies": 0,
+                                       "linears_transposed_once": 0, "convolutions_eager": 0}
+        self.channels_last: set = set()
+        self.timings: List[Tuple[Any, ...]] = []  # (input sizes, weight sizes, eager us, oneDNN us)
+        self._names = 0
+
+    def tensor(self, node: Any) -> Optional[torch.Tensor]:
+        """The value of a placeholder bound to a parameter, buffer or constant, or of a get_attr."""
+        if not isinstance(node, torch.fx.Node):
+            return None
+        if node.op == "get_attr":
+            v = getattr(self.gm, node.target, None)
+            return v if isinstance(v, torch.Tensor) else None
+        return self.value.get(node)
+
+    def constant(self, t: torch.Tensor, hint: str) -> torch.fx.Node:
+        name = f"_close_{hint}_{self._names}"
+        self._names += 1
+        self.gm.register_buffer(name, t, persistent=False)
+        return self.graph.get_attr(name)
+
+    def freeze(self, *nodes: Any) -> None:
+        for n in nodes:
+            if isinstance(n, torch.fx.Node) and n.op == "placeholder" and n in self.value:
+                self.frozen[n] = self.value[n]
+
+    # -- batch norm folding -------------------------------------------------------------------
+    def fold_batch_norms(self) -> None:
+        for bn in list(self.graph.nodes):
+            if bn.op != "call_function" or bn.target != aten._native_batch_norm_legit_no_training.default:
+                continue
+            conv = bn.args[0]
+            if not (isinstance(conv, torch.fx.Node) and conv.target == aten.convolution.default and
+                    len(conv.users) == 1 and not conv.args[6]):
+                continue
+            users = list(bn.users)
+            if not all(u.target == operator.getitem and u.args[1] == 0 for u in users):
+                continue
+            w, b = self.tensor(conv.args[1]), self.tensor(conv.args[2]) if conv.args[2] is not None else None
+            gamma, beta, mean, var = (self.tensor(a) for a in bn.args[1:5])
+            if w is None or mean is None or var is None or (conv.args[2] is not None and b is None) or \
+                    (bn.args[1] is not None and gamma is None) or (bn.args[2] is not None and beta is None) or \
+                    w.dtype not in (torch.float32, torch.float64):
+                continue
+            with torch.no_grad():
+                fw, fb = fuse_conv_bn_weights(w, b, mean, var, bn.args[6], gamma, beta)
+            self.freeze(conv.args[1], conv.args[2], *bn.args[1:5])
+            with self.graph.inserting_before(conv):
+                args = list(conv.args)
+                args[1] = self.constant(fw.detach(), "weight")
+                args[2] = self.constant(fb.detach(), "bias")
+                folded = self.graph.call_function(aten.convolution.default, tuple(args))
+                folded.meta.update(conv.meta)
+            for u in users:
+                u.replace_all_uses_with(folded)
+                self.graph.erase_node(u)
+            self.graph.erase_node(bn)
+            self.graph.erase_node(conv)
+            self.counts["batch_norms_folded"] += 1
+
+    # -- convolutions ---------------------------------------------------------------------------
+    def rewrite_convolutions(self) -> None:
+        """In graph order, so that a 1x1 convolution knows whether its input is channels-last:
+        what a rewritten convolution gives, and what is computed from it by ops that keep the
+        layout, is (restore_layouts makes it contiguous where it must be)."""
+        erased: set = set()
+        for conv in list(self.graph.nodes):
+            if conv in erased or conv.op != "call_function":
+                continue
+            if conv.target != aten.convolution.default:
+                if conv.target not in _STRIDE_SENSITIVE and any(a in self.channels_last for a in conv.all_input_nodes):
+                    self.channels_last.add(conv)
+                continue
+            x, wn, bn, stride, padding, dilation, transposed, _output_padding, groups = conv.args
+            w = self.tensor(wn)
+            b = self.tensor(bn) if bn is not None else None
+            val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+            if transposed or w is None or (bn is not None and b is None) or val is None or \
+                    val.dtype != torch.float32 or w.dtype != torch.float32 or val.device.type != "cpu" or \
+                    val.dim() not in (3, 4) or not all(isinstance(s, int) for s in val.shape):
+                continue
+            one_d = val.dim() == 3
+            if not one_d and groups == 1 and w.shape[2:] == (1, 1) and list(stride) == [1, 1] and \
+                    list(padding) == [0, 0] and (x in self.channels_last or val.shape[2] * val.shape[3] == 1):
+                self.freeze(wn, bn)
+                self._as_gemm(conv, x, w, b, val.shape)
+            elif not one_d and groups > 1 and w.shape[0] == groups and w.shape[1] == 1 and val.shape[1] == groups \
+                    and _depthwise_available():
+                self.freeze(wn, bn)
+                post = self._depthwise(conv, x, w, b, stride, padding, dilation)
+                if post is not None:
+                    erased.add(post)
+            elif self._onednn_faster(x, w, b, stride, padding, dilation, groups, val, one_d):
+                self.freeze(wn, bn)
+                post = self._through_onednn(conv, x, w, b, stride, padding, dilation, groups, val.shape, one_d)
+                if post is not None:
+                    erased.add(post)
+            else:  # eager's op (which the tape may run through a checked faster call)
+                self.counts["convolutions_eager"] += 1
+                if x in self.channels_last:
+                    self.channels_last.add(conv)
+
+    def _as_gemm(self, conv: torch.fx.Node, x: torch.fx.Node, w: torch.Tensor, b: Optional[torch.Tensor],
+                 shape: Sequence[int]) -> None:
+        n, c, h, wd = shape
+        cout = w.shape[0]
+        with self.graph.inserting_before(conv):
+            wt = self.constant(w.detach().reshape(cout, c).t().contiguous(), "weight_t")
+            rows = self.graph.call_function(aten.view.default, (
+                self.graph.call_function(aten.permute.default, (x, [0, 2, 3, 1])), [n * h * wd, c]))
+            if b is not None:
+                mm = self.graph.call_function(aten.addmm.default, (self.constant(b.detach(), "bias"), rows, wt))
+            else:
+                mm = self.graph.call_function(aten.mm.default, (rows, wt))
+            out = self.graph.call_function(aten.permute.default, (
+                self.graph.call_function(aten.view.default, (mm, [n, h, wd, cout])), [0, 3, 1, 2]))
+        out.meta["val"] = conv.meta.get("val")  # its sizes, for the rewrites after it
+        conv.replace_all_uses_with(out)
+        self.graph.erase_node(conv)
+        self.channels_last.add(out)
+        self.counts["convolutions_gemm"] += 1
+
+    def _depthwise(self, conv: torch.fx.Node, x: torch.fx.Node, w: torch.Tensor, b: Optional[torch.Tensor],
+                   stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int]) -> Optional[torch.fx.Node]:
+        """A depthwise convolution through torchreplay's direct kernel (Note [Depthwise
+        convolutions] in capture/depthwise_kernel.h), relu or hardswish after it fused; returns
+        the node fused into it."""
+        post = next(iter(conv.users)) if len(conv.users) == 1 else None
+        fused = {aten.relu.default: "relu", aten.hardswish.default: "hardswish"}
+        if post is None or post.op != "call_function" or post.target not in fused or post.args[0] is not conv:
+            post = None
+        c, kh, kw = w.shape[0], w.shape[2], w.shape[3]
+        with self.graph.inserting_before(conv):
+            weight = w.detach().contiguous()
+            out = self.graph.call_function(torch.ops.torchreplay.depthwise_conv2d.default, (
+                x, self.constant(weight, "weight"), self.constant(weight.view(c, kh, kw).permute(1, 2, 0).contiguous(),
+                                                                 "weight_hwc"),
+                self.constant(b.detach(), "bias") if b is not None else None, list(stride), list(padding),
+                list(dilation), fused[post.target] if post is not None else "none"))
+        out.meta["val"] = conv.meta.get("val")
+        (post or conv).replace_all_uses_with(out)
+        if post is not None:
+            self.graph.erase_node(post)
+            self.counts["post_ops_fused"] += 1
+        self.graph.erase_node(conv)
+        self.channels_last.add(out)
+        self.counts["convolutions_depthwise"] += 1
+        return post
+
+    def _onednn_faster(self, x: torch.fx.Node, w: torch.Tensor, b: Optional[torch.Tensor], stride: Sequence[int],
+                       padding: Sequence[int], dilation: Sequence[int], groups: int, val: torch.Tensor,
+                       one_d: bool) -> bool:
+        """Whether oneDNN on a packed weight beats eager's op for this convolution, timed on a
+        random input of its sizes and layout (oneDNN's per-call cost exceeds a small im2col
+        GEMM's: the harness's convnet ran slower through it)."""
+        layout = torch.channels_last if x in self.channels_last and not one_d else torch.contiguous_format
+        inp = torch.randn(tuple(val.shape)).contiguous(memory_format=layout)
+        w4, st, pd, dl, x4 = w.detach(), list(stride), list(padding), list(dilation), inp
+        if one_d:
+            w4, st, pd, dl, x4 = w4.unsqueeze(2), [1] + st, [0] + pd, [1] + dl, inp.unsqueeze(2)
+        packed = torch._C._nn.mkldnn_reorder_conv2d_weight(w4.contiguous().to_mkldnn(), pd, st, dl, groups,
+                                                          list(x4.shape))
+        bias = b.detach() if b is not None else None
+        eager = lambda: aten.convolution.default(inp, w, bias, list(stride), list(padding), list(dilation), False,
+                                                 [0] * len(stride), groups)
+        onednn = lambda: torch.ops.mkldnn._convolution_pointwise.default(x4, packed, bias, pd, st, dl, groups,
+                                                                         "none", [], "")
+        with torch.no_grad():
+            t = _least_times([eager, onednn])
+        self.timings.append((tuple(val.shape), tuple(w.shape), t[0], t[1]))
+        return t[1] < t[0]
+
+    def _through_onednn(self, conv: torch.fx.Node, x: torch.fx.Node, w: torch.Tensor, b: Optional[torch.Tensor],
+                        stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], groups: int,
+                        shape: Sequence[int], one_d: bool) -> Optional[torch.fx.Node]:
+        """The convolution as oneDNN's, its weight packed; returns the unary node fused into it."""
+        stride, padding, dilation = list(stride), list(padding), list(dilation)
+        w4 = w.detach()
+        in_shape = list(shape)
+        if one_d:  # as a 2-d convolution over a dim of size 1, as eager's _convolution does
+            stride, padding, dilation = [1] + stride, [0] + padding, [1] + dilation
+            w4 = w4.unsqueeze(2)
+            in_shape.insert(2, 1)
+        packed = torch._C._nn.mkldnn_reorder_conv2d_weight(w4.contiguous().to_mkldnn(), padding, stride, dilation,
+                                                          groups, in_shape)
+        attr: Tuple[str, List[Any], str] = ("none", [], "")
+        post = next(iter(conv.users)) if len(conv.users) == 1 else None
+        if post is not None and post.op == "call_function" and post.target in _UNARY and post.args[0] is conv:
+            attr = _UNARY[post.target](post)
+        else:
+            post = None
+        with self.graph.inserting_before(conv):
+            xin = self.graph.call_function(aten.unsqueeze.default, (x, 2)) if one_d else x
+            bias = self.constant(b.detach(), "bias") if b is not None else None
+            out = self.graph.call_function(torch.ops.mkldnn._convolution_pointwise.default, (
+                xin, self.constant(packed, "packed"), bias, padding, stride, dilation, groups, attr[0], attr[1],
+                attr[2]))
+            if one_d:
+                out = self.graph.call_function(aten.squeeze.dim, (out, 2))
+        out.meta["val"] = conv.meta.get("val")  # its sizes, for the rewrites after it
+        (post or conv).replace_all_uses_with(out)
+        if post is not None:
+            self.graph.erase_node(post)
+            self.counts["post_ops_fused"] += 1
+        self.graph.erase_node(conv)
+        self.channels_last.add(out)
+        self.counts["convolutions_onednn"] += 1
+        return post
+
+    # -- linear layers --------------------------------------------------------------------------
+    def rewrite_linears(self) -> None:
+        """A linear layer of few rows (a GEMV: batch 1 decoding, a classifier) reads its weight
+        transposed in place (`addmm(b, x, w.t())`); with the transposed weight stored contiguous,
+        once, MKL streams it instead (on the zoo's classifier, 133 to 76 us a call, the weight not in
+        cache). Weights under 128 KB, which stay in cache, are left alone."""
+        for node in list(self.graph.nodes):
+            if node.op != "call_function" or node.target not in (aten.addmm.default, aten.mm.default):
+                continue
+            x, mat2 = (node.args[1], node.args[2]) if node.target == aten.addmm.default else node.args[:2]
+            if len(node.args) > 3 or node.kwargs or not isinstance(mat2, torch.fx.Node) or \
+                    mat2.target not in (aten.permute.default, aten.t.default) or \
+                    (mat2.target == aten.permute.default and list(mat2.args[1]) != [1, 0]):
+                continue
+            w = self.tensor(mat2.args[0])
+            val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+            if w is None or w.dim() != 2 or w.dtype != torch.float32 or val is None or \
+                    not isinstance(val.shape[0], int) or val.shape[0] > 16 or w.numel() * 4 < (128 << 10):
+                continue  # small weights stay in cache either way
+            self.freeze(mat2.args[0])
+            with self.graph.inserting_before(node):
+                wt = self.constant(w.detach().t().contiguous(), "weight_t")
+            node.replace_input_with(mat2, wt)
+            self.counts["linears_transposed_once"] += 1
+
+    # -- layouts --------------------------------------------------------------------------------
+    def restore_layouts(self) -> None:
+        """Makes what may be channels-last (rewrite_convolutions marked it) contiguous where an op
+        could see the layout."""
+        for node in list(self.graph.nodes):
+            sensitive = node.op == "output" or (node.op == "call_function" and node.target in _STRIDE_SENSITIVE)
+            if not sensitive:
+                continue
+            for a in list(node.all_input_nodes):
+                if a not in self.channels_last or not self._layouts_differ(a):
+                    continue
+                with self.graph.inserting_before(node):
+                    c = self.graph.call_function(aten.clone.default, (a,), {"memory_format": torch.contiguous_format})
+                node.replace_input_with(a, c)
+                self.counts["layout_copies"] += 1
+
+    @staticmethod
+    def _layouts_differ(node: torch.fx.Node) -> bool:
+        """Whether a channels-last and a contiguous tensor of this node's sizes lie differently in
+        memory (not when the spatial dims are all 1). Unknown sizes: assume they do."""
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            return True
+        return not all(isinstance(s, int) and s == 1 for s in val.shape[2:])
+
+    def guard(self) -> None:
+        """The first step checks that nothing folded into the graph's constants changed since."""
+        if not self.frozen:
+            return
+        nodes = list(self.frozen)
+        versions = [-1 if t.is_inference() else t._version for t in self.frozen.values()]
+        first = next(n for n in self.graph.nodes if n.op != "placeholder")
+        with self.graph.inserting_before(first):
+            self.graph.call_function(torch.ops.torchreplay.check_frozen.default,
+                                     (nodes, versions, [self.names.get(n, n.name) for n in nodes]))
+
+
+def _least_times(fns: Sequence[Any], rounds: int = 7) -> List[float]:
+    """The least time of each of `fns` in microseconds, over rounds that run every one once."""
+    best = [float("inf")] * len(fns)
+    for f in fns:
+        f()
+    for _ in range(rounds):
+        for k, f in enumerate(fns):
+            t0 = time.perf_counter()
+            f()
+            best[k] = min(best[k], (time.perf_counter() - t0) * 1e6)
+    return best
+
+
+@functools.lru_cache(maxsize=1)
+def _depthwise_available() -> bool:
+    """Whether torchreplay's depthwise kernel runs on this CPU (AVX2 and FMA)."""
+    try:
+        x = torch.zeros(1, 1, 1, 1)
+        torch.ops.torchreplay.depthwise_conv2d(x, x, x.view(1, 1, 1), None, [1, 1], [0, 0], [1, 1], "none")
+        return True
+    except RuntimeError:
+        return False
+
+
+def rewrite(gm: torch.fx.GraphModule, bound: Sequence[Any], names: Sequence[str], dynamic: bool) -> Dict[str, int]:
+    """Note [Close numerics]: rewrites `gm` (an exported graph whose first placeholders are the
+    `bound` tensors, which errors call `names`) in place; returns what it did."""
+    r = _Rewriter(gm, bound, names)
+    r.fold_batch_norms()
+    if not dynamic:
+        r.rewrite_convolutions()
+        r.rewrite_linears()
+        r.restore_layouts()
+    r.guard()
+    gm.graph.eliminate_dead_code()
+    gm.graph.lint()
+    gm.recompile()
+    return r.counts
+
+
+def difference(got: Any, want: Any) -> Dict[str, float]:
+    """The largest absolute and relative (|got - want| / |want|, where want is not 0) differences
+    over the floating tensors of two outputs, NaNs where both agree ignored."""
+    from torch.utils import _pytree as pytree
+    abs_err = rel_err = 0.0
+    for g, w in zip(pytree.tree_leaves(got), pytree.tree_leaves(want)):
+        if not (isinstance(g, torch.Tensor) and isinstance(w, torch.Tensor) and w.is_floating_point()):
+            continue
+        g, w = g.detach().double(), w.detach().double()
+        same = (g == w) | (torch.isnan(g) & torch.isnan(w))
+        d = torch.where(same, torch.zeros_like(g), (g - w).abs())
+        if d.numel():
+            abs_err = max(abs_err, float(d.max()))
+            nz = w != 0
+            if bool(nz.any()):
+                rel_err = max(rel_err, float((d[nz] / w[nz].abs()).max()))
+    return {"max_abs_err": abs_err, "max_rel_err": rel_err}
