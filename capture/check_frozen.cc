@@ -15,18 +15,20 @@ namespace {
 // nothing reads: a result made on every call keeps the tape from running it once, at capture (as
 // it would an op of constant arguments that returns nothing).
 void CheckFrozen(const c10::OperatorHandle&, torch::jit::Stack* stack) {
-  std::vector<std::string> names;
-  for (const c10::IValue& name : stack->back().toListRef()) names.push_back(name.toStringRef());
-  const std::vector<int64_t> versions = (*stack)[stack->size() - 2].toIntVector();
-  const c10::List<at::Tensor> tensors = (*stack)[stack->size() - 3].toTensorList();
+  const size_t n = stack->size();
+  const c10::ArrayRef<c10::IValue> tensors = (*stack)[n - 3].toListRef();
+  const c10::ArrayRef<c10::IValue> versions = (*stack)[n - 2].toListRef();
+  const c10::ArrayRef<c10::IValue> names = (*stack)[n - 1].toListRef();
   TORCH_CHECK(tensors.size() == versions.size() && names.size() == versions.size(),
               "torchreplay::check_frozen: lists of different lengths");
   for (size_t i = 0; i < tensors.size(); ++i) {
-    const at::Tensor t = tensors.get(i);
-    if (versions[i] < 0 || !t.defined() || t.is_inference()) continue;
-    TORCH_CHECK(t.unsafeGetTensorImpl()->version_counter().current_version() == versions[i], "torchreplay: ",
-                names[i], " was written after the capture (config.reduce_overhead.numerics = \"close\" folded it "
-                "into the graph's constants, which do not see the change); capture the model again");
+    const int64_t version = versions[i].toInt();
+    if (version < 0) continue;
+    c10::TensorImpl* t = tensors[i].toTensor().unsafeGetTensorImpl();
+    if (t == nullptr || t->is_inference()) continue;
+    TORCH_CHECK(t->version_counter().current_version() == version, "torchreplay: ", names[i].toStringRef(),
+                " was written after the capture (config.reduce_overhead.numerics = \"close\" folded it into the "
+                "graph's constants, which do not see the change); capture the model again");
   }
   torch::jit::drop(*stack, 3);
   stack->emplace_back(at::empty({0}, at::TensorOptions().dtype(c10::kFloat)));
