@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -545,6 +546,30 @@ class FusedStep final : public TypedCall {
   }
 
   void Run(c10::DispatchKeySet keys, const Slots& slots) const override {
+    if (mode_ == Mode::kOps) {
+      for (const auto& call : exact_) call->Run(keys, slots);
+      return;
+    }
+    if (mode_ == Mode::kFused) {
+      RunFused(keys, slots);
+      return;
+    }
+    // Mode::kTrial (Note [A fused step no slower than its ops]): the two ways in turn, timed.
+    const bool ops = trials_ % 2 == 1;
+    const auto start = std::chrono::steady_clock::now();
+    if (ops) {
+      for (const auto& call : exact_) call->Run(keys, slots);
+    } else {
+      RunFused(keys, slots);
+    }
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    double& best = ops ? best_ops_ : best_fused_;
+    best = std::min(best, took);
+    if (++trials_ == 2 * kTrials) mode_ = best_fused_ <= best_ops_ ? Mode::kFused : Mode::kOps;
+  }
+
+ private:
+  void RunFused(c10::DispatchKeySet keys, const Slots& slots) const {
     char* block = static_cast<char*>(arena_.unsafeGetStorageImpl()->mutable_data());
     for (size_t k = 0; k < where_.size(); ++k) {
       const Where& w = where_[k];
@@ -559,7 +584,24 @@ class FusedStep final : public TypedCall {
     for (const auto& call : exact_) call->Run(keys, slots);
   }
 
- private:
+  // Note [A fused step no slower than its ops]
+  // One pass over the data instead of one per op saves memory traffic and dispatch, but the
+  // fused kernel walks eager's pieces in chunks of kChunk elements, and on large tensors eager's
+  // kernels, each over its whole range (MKL's vector math in one call, 512-bit loops where ATen
+  // has them), can be faster. The bits are the same either way (every instruction is eager's
+  // arithmetic on eager's split), so a group with much work (kTimedWork element-ops) runs both
+  // ways over its first 2 * kTrials runs, in turn, and keeps the faster (by the best time of each);
+  // smaller groups always fuse.
+  enum class Mode : uint8_t { kTrial, kFused, kOps };
+  static constexpr int64_t kTimedWork = int64_t{1} << 18;
+  static constexpr int kTrials = 3;
+
+  static Mode FirstMode(const fused::Program& program) {
+    int64_t work = 0;
+    for (const fused::Instr& in : program.instrs) work += in.numel;
+    return work >= kTimedWork ? Mode::kTrial : Mode::kFused;
+  }
+
   struct Where {
     int slot = -1;
     char* fixed = nullptr;
@@ -571,6 +613,10 @@ class FusedStep final : public TypedCall {
   c10::Storage arena_;
   std::vector<Where> where_;
   mutable std::vector<char*> base_;  // a tape runs on one thread
+  mutable Mode mode_ = FirstMode(program_);
+  mutable int trials_ = 0;
+  mutable double best_fused_ = std::numeric_limits<double>::infinity();
+  mutable double best_ops_ = std::numeric_limits<double>::infinity();
   std::vector<std::vector<char>> scratch_;  // what in-place instructions overwrite, per Program::snapshot_bytes
   std::vector<char*> scratch_base_;
 };

@@ -1,11 +1,13 @@
 // capture/fused_kernels.h: the program a fused elementwise step runs (fused_elementwise.h), as
-// plain data, and the kernel that runs it. The kernel is compiled apart (fused_kernels_avx2.cc,
-// with the AVX2 flags ATen's own AVX2 kernels are built with, floating-point contraction off),
-// so that this header needs nothing of ATen's vector code.
+// plain data, and the kernel that runs it. The kernel is compiled apart, once per instruction set
+// ATen builds its kernels for (fused_kernels_impl.h, in fused_kernels_avx2.cc and _avx512.cc, with
+// ATen's flags for each and floating-point contraction off), so that this header needs nothing of
+// ATen's vector code; fused_kernels.cc runs the one for ATen's CPU capability.
 #pragma once
 
 #include <c10/core/ScalarType.h>
 
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -76,8 +78,19 @@ struct Segment {
   int first = 0, count = 0;  // into Program::instrs
 };
 
-// Runs one instruction over elements [begin, end) of a piece of `len` (fused_kernels_avx2.cc).
-struct Cursor;
+// Runs one instruction over elements [begin, end) of a piece of `len` (fused_kernels_impl.h).
+// The operands of one instruction at the first element of a piece, their inner strides, and
+// where to say that an input named by the instruction's NanCheck was met.
+struct Cursor {
+  char* p[kMaxOperands];
+  int64_t s[kMaxOperands];
+  std::atomic<bool>* inexact;
+  template <class T>
+  T& at(int k, int64_t i) const {
+    return *reinterpret_cast<T*>(p[k] + i * s[k]);
+  }
+};
+
 using Kernel = void (*)(const Instr&, const Cursor&, int64_t len, int64_t begin, int64_t end);
 
 struct Program {
