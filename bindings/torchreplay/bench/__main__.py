@@ -262,14 +262,16 @@ class ConvBound:
     """Mode "conv-bound": the model captured with torchreplay.capture (called for the checks), timed
     as the sum of its tape's convolution steps alone (Captured.profile over a block of replays)."""
 
-    OPS = ("aten::convolution", "aten::_convolution", "aten::mkldnn_convolution")
+    # Eager's convolution ops, and the checked kernels the tape may run in their place
+    # (Note [Checked convolutions]).
+    OPS = ("aten::convolution", "aten::_convolution", "aten::mkldnn_convolution", "torchreplay::convolution")
 
     def __init__(self, model: torch.nn.Module, example_inputs: List[Any]) -> None:
         self.captured = compile_for("torchreplay-capture", model, example_inputs)
         self.steps = sum(1 for s in self.captured.profile(*example_inputs, iterations=1) if self._conv(s))
 
     def _conv(self, step: Dict[str, Any]) -> bool:
-        return step["op"].split("(")[0] in self.OPS
+        return step["op"].split("(")[0].split(".")[0] in self.OPS
 
     def __call__(self, *inputs: Any) -> Any:
         return self.captured(*inputs)
