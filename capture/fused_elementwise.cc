@@ -659,6 +659,55 @@ std::vector<TapePlan::FusedGroup> PlanFusion(const Graph& g, const Recording& re
   // [In-place instructions]), by root.
   absl::flat_hash_map<ValueId, bool> fresh;
   absl::flat_hash_map<ValueId, Access> saved;  // by root: the mapping its saved copy covers
+  // Per instruction of the open group: each operand's value (-1 for a constant or a number).
+  std::vector<std::array<ValueId, fused::kMaxOperands>> operand_values;
+  // Per root: the last node reading it or a view of it (nodes().size() for a graph output).
+  std::vector<int> root_last_use(g.last_use().size(), -1);
+  for (ValueId v = 0; v < static_cast<ValueId>(root_last_use.size()); ++v) {
+    const ValueId r = rec.values[v].root_or(v);
+    root_last_use[r] = std::max(root_last_use[r], g.last_use()[v]);
+  }
+  // Note [Intermediates kept in chunks]: the group's roots that qualify get a chunk buffer each.
+  auto keep_in_chunks = [&] {
+    struct Use {
+      int segment = -1;
+      bool qualifies = true;
+    };
+    absl::flat_hash_map<ValueId, Use> uses;
+    for (int s = 0; s < static_cast<int>(group.segments.size()); ++s) {
+      const fused::Segment& seg = group.segments[s];
+      for (int j = seg.first; j < seg.first + seg.count; ++j) {
+        const fused::Instr& in = group.instrs[j];
+        for (int k = 0; k <= in.num_inputs; ++k) {
+          const ValueId v = operand_values[j][k];
+          if (v < 0 || !rec.values[v].is_tensor) continue;
+          const ValueId r = rec.values[v].root_or(v);
+          auto [it, first] = uses.try_emplace(r);
+          Use& u = it->second;
+          // Written first, by an out= instruction (fresh memory), accessed as itself (no view)
+          // with unit inner stride, in one segment only, and read by nothing after the group.
+          const bool out_write = k == 0 && fresh.contains(r) && in.snapshot < 0;
+          const int64_t size = static_cast<int64_t>(c10::elementSize(rec.values[v].dtype));
+          u.qualifies = u.qualifies && (first ? out_write : k > 0) && v == r && (u.segment < 0 || u.segment == s) &&
+                        (in.strides[k][0] == size || in.shape[0] == 1) && root_last_use[r] <= group.nodes.back();
+          u.segment = s;
+        }
+      }
+    }
+    absl::flat_hash_map<ValueId, int> temp;
+    for (int j = 0; j < static_cast<int>(group.instrs.size()); ++j) {
+      fused::Instr& in = group.instrs[j];
+      for (int k = 0; k <= in.num_inputs; ++k) {
+        const ValueId v = operand_values[j][k];
+        if (v < 0 || !uses.contains(v) || !uses[v].qualifies) continue;
+        if (!temp.contains(v)) {
+          if (static_cast<int>(temp.size()) == fused::kMaxTemps) continue;
+          temp.emplace(v, static_cast<int>(temp.size()));
+        }
+        in.temp[k] = static_cast<int8_t>(temp[v]);
+      }
+    }
+  };
   auto close = [&] {
     bool falls_back = false;
     for (const Instr& in : group.instrs) falls_back = falls_back || in.nan_check != Instr::NanCheck::kNone;
@@ -666,8 +715,12 @@ std::vector<TapePlan::FusedGroup> PlanFusion(const Graph& g, const Recording& re
       for (Instr& in : group.instrs) in.snapshot = -1;
       group.snapshot_bytes.clear();
     }
-    if (!group.nodes.empty()) groups.push_back(std::move(group));
+    if (!group.nodes.empty()) {
+      keep_in_chunks();
+      groups.push_back(std::move(group));
+    }
     group = TapePlan::FusedGroup();
+    operand_values.clear();
     accesses.clear();
     fresh.clear();
     saved.clear();
@@ -726,6 +779,9 @@ std::vector<TapePlan::FusedGroup> PlanFusion(const Graph& g, const Recording& re
     if (!in_place) fresh[mine[0].root] = true;
     group.nodes.push_back(i);
     group.instrs.push_back(*in);
+    operand_values.emplace_back();
+    operand_values.back().fill(-1);
+    for (int k = 0; k <= in->num_inputs && k < static_cast<int>(values.size()); ++k) operand_values.back()[k] = values[k];
     ++group.segments.back().count;
     accesses.insert(accesses.end(), mine.begin(), mine.end());
   }

@@ -45,6 +45,19 @@
 // without AVX2, or a libtorch built without MKL for the MKL ops. Differential tests pin every fused op against
 // eager for every dtype, length, layout, thread count and special value (tests/python/
 // test_fusion.py). TORCHREPLAY_FUSE=0 (EngineOptions::fuse_elementwise) turns fusion off.
+//
+// Note [Intermediates kept in chunks]
+// An intermediate that nothing after the group reads need not reach memory: the fused kernel keeps
+// it in a buffer of one chunk (kChunk elements, per thread, on the stack), written by its
+// instruction and read by the next ones of the same segment while it is in the L1 cache, so a
+// chain over a large tensor writes its results only. It qualifies when it is a fresh out= result
+// (a planned buffer, not a view, not written in place), written before it is read, accessed with
+// unit inner stride, by one segment only, and read by no node after the group's last one (views
+// of it included; graph outputs never qualify). Its planned buffer stays: the per-node calls the
+// step may run instead (a NaN the kernel does not promise bits for, Note [A fused step no slower
+// than its ops]) write it. Addresses and strides are otherwise the ones the op's iterator gives, so
+// every element takes the path and the bits it took before. At most kMaxTemps per group; the
+// profile's note of the step says how many.
 #pragma once
 
 #include <memory>

@@ -65,6 +65,9 @@ struct Instr {
   // instructions] in fused_elementwise.h): the index of the scratch buffer its output's elements
   // are saved into, piece by piece, just before it writes them; -1 for none.
   int snapshot = -1;
+  // Per operand: the chunk buffer it lives in instead of its memory (Note [Intermediates kept in
+  // chunks] in fused_elementwise.h), an index below kMaxTemps; -1 for its own memory.
+  int8_t temp[kMaxOperands] = {-1, -1, -1, -1};
   int ndim = 1;
   int64_t numel = 0;
   int64_t shape[kMaxDims] = {};
@@ -74,6 +77,8 @@ struct Instr {
 // Consecutive instructions with one iteration shape: run piece by piece, every instruction on a
 // piece before the next piece (Note [Fused elementwise steps]). At most kMaxSegment of them.
 constexpr int kMaxSegment = 32;
+// Intermediates of one program kept in per-thread chunk buffers rather than in memory.
+constexpr int kMaxTemps = 16;
 struct Segment {
   int first = 0, count = 0;  // into Program::instrs
 };

@@ -563,10 +563,18 @@ void RunPiece(const Program& program, const Segment& seg, char* const* base, cha
     }
     c[j].inexact = inexact;
   }
+  // The segment's intermediates kept in chunks (Note [Intermediates kept in chunks]): element i of
+  // the chunk starting at `from` is at byte (i - from) * size of the operand's buffer.
+  alignas(64) char temps[kMaxTemps][kChunk * sizeof(double)];
   for (; from < to; from += kChunk) {
     const int64_t end = std::min(to, from + kChunk);
     for (int j = 0; j < seg.count; ++j) {
       const Instr& in = program.instrs[seg.first + j];
+      for (int k = 0; k <= in.num_inputs; ++k) {
+        if (in.temp[k] >= 0) {
+          c[j].p[k] = reinterpret_cast<char*>(reinterpret_cast<uintptr_t>(temps[in.temp[k]]) - from * c[j].s[k]);
+        }
+      }
       if (in.snapshot >= 0) {  // what this instruction overwrites, saved at its linear position
         const int64_t size = static_cast<int64_t>(c10::elementSize(in.dtype));
         CopyElements(scratch[in.snapshot] + start * size, size, c[j].p[0], c[j].s[0], size, from, end);

@@ -229,6 +229,48 @@ def test_a_chain_walked_in_pieces_reads_what_it_wrote():
                                        special(64 * 64, torch.float32, 9 + k).view(64, 64)))
 
 
+def _returned(x, y):
+    a = torch.sigmoid(x) * y
+    return torch.tanh(a), a
+
+
+def _read_after(x, y):
+    a = torch.sigmoid(x) * y
+    return torch.tanh(a) + a.sum()
+
+
+KEPT = {  # name -> (fn, intermediates the fused kernel keeps in chunks)
+    "chain": (lambda x, y: torch.tanh(torch.sigmoid(x) * y) + y, 3),
+    "an intermediate also returned": (_returned, 1),
+    "an intermediate read after the group": (_read_after, 1),
+}
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("name", list(KEPT))
+def test_intermediates_nothing_else_reads_stay_in_chunks(name, threads):
+    """Note [Intermediates kept in chunks]: only intermediates no later node and no output reads
+    skip memory; the results stay eager's bits on every path (odd seeds take the per-node calls)."""
+    fn, kept = KEPT[name]
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        n = 3 * 65536 + 37  # above the grain: cut per thread as eager cuts it
+        inputs = lambda k: (special(n, torch.float32, k), special(n, torch.float32, 40 + k))  # noqa: E731
+        example = inputs(0)
+        engine = _C.Engine(lower(make_fx(fn)(*example), example, ()), _C.EngineOptions(capture_limit=1000))
+        for k in range(6):
+            want = fn(*inputs(k))
+            got = engine.run(list(inputs(k)))
+            for g, w in zip(got, want if isinstance(want, tuple) else (want,)):
+                assert_bitwise(g, w, f"call {k}")
+        assert engine.stats()["replays"] == 5, engine.stats()
+        notes = [s["note"] for s in engine.profile(list(inputs(0)), 1) if s["kind"] == "fused elementwise"]
+        assert notes[0] == f"{kept} intermediates kept in chunks by the fused kernel", notes
+    finally:
+        torch.set_num_threads(saved)
+
+
 def test_fusion_off_gives_the_same_bits_and_no_fused_steps():
     fn = CHAINS["rms norm tail"]
     example = (torch.randn(4, 64), torch.randn(64))
