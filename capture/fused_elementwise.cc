@@ -564,8 +564,8 @@ class FusedStep final : public TypedCall {
     }
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     double& best = ops ? best_ops_ : best_fused_;
-    best = std::min(best, took);
-    if (++trials_ == 2 * kTrials) mode_ = best_fused_ <= best_ops_ ? Mode::kFused : Mode::kOps;
+    if (trials_ >= 2 * kSettle) best = std::min(best, took);
+    if (++trials_ == 2 * (kSettle + kTrials)) mode_ = best_fused_ <= best_ops_ ? Mode::kFused : Mode::kOps;
   }
 
  private:
@@ -590,11 +590,14 @@ class FusedStep final : public TypedCall {
   // kernels, each over its whole range (MKL's vector math in one call, 512-bit loops where ATen
   // has them), can be faster. The bits are the same either way (every instruction is eager's
   // arithmetic on eager's split), so a group with much work (kTimedWork element-ops) runs both
-  // ways over its first 2 * kTrials runs, in turn, and keeps the faster (by the best time of each);
-  // smaller groups always fuse.
+  // ways in turn over its first runs and keeps the faster: the first 2 * kSettle runs are not
+  // counted (caches, pages and threads still settling make them slower, unevenly), then the best
+  // time of each way over kTrials runs decides. Smaller groups always fuse. The "ops" way is
+  // each node's own step as the tape would make it unfused (a prepared iterator where there is one).
   enum class Mode : uint8_t { kTrial, kFused, kOps };
   static constexpr int64_t kTimedWork = int64_t{1} << 18;
-  static constexpr int kTrials = 3;
+  static constexpr int kSettle = 2;
+  static constexpr int kTrials = 4;
 
   static Mode FirstMode(const fused::Program& program) {
     int64_t work = 0;

@@ -7,7 +7,7 @@
 // fused_elementwise.cc; nodes that run nothing per call, such as views of planned buffers, may sit
 // between them) becomes one step: a small program of instructions, one per node, run by one
 // kernel (fused_kernels.h) with no dispatch, no TensorIterator and no per-op call in between. Consecutive instructions over the same iteration space form a segment,
-// walked piece by piece (at most 512 elements of a row), every instruction on a piece before the
+// walked piece by piece (at most 2048 elements of a row), every instruction on a piece before the
 // next piece, so that a chain over a large tensor reads and writes it once from memory, not once
 // per op. The results are eager's, bit for bit, because each instruction does what the op's
 // ATen CPU kernel does to each element:
@@ -48,7 +48,7 @@
 //
 // Note [Intermediates kept in chunks]
 // An intermediate that nothing after the group reads need not reach memory: the fused kernel keeps
-// it in a buffer of one chunk (kChunk elements, per thread, on the stack), written by its
+// it in a buffer of one chunk (kChunk elements, one per thread, made once), written by its
 // instruction and read by the next ones of the same segment while it is in the L1 cache, so a
 // chain over a large tensor writes its results only. It qualifies when it is a fresh out= result
 // (a planned buffer, not a view, not written in place), written before it is read, accessed with

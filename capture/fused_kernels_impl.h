@@ -19,6 +19,7 @@
 #include <cstring>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 // MKL's vector math, as ATen's vml.h calls it for float and double exp, log, sin, cos, tanh, erf
 // and sqrt (VML_HA | VML_FTZDAZ_OFF | VML_ERRMODE_IGNORE). libtorch exports these where it was
@@ -45,8 +46,9 @@ using at::vec::Vectorized;
 constexpr long long kVmlMode = 0x00000002 | 0x00140000 | 0x00000100;
 // Elements of one piece each instruction of a segment runs before the next instruction: a
 // multiple of every vectorized loop's block (32 floats at most), small enough for the segment's
-// operands to stay in the L1 cache between instructions.
-constexpr int64_t kChunk = 512;
+// operands to stay in the core's caches between instructions (8 KB a float operand), large enough
+// that the per-call cost of MKL's vector math (one call per instruction and chunk) stays small.
+constexpr int64_t kChunk = 2048;
 
 using NanCheck = Instr::NanCheck;
 
@@ -564,15 +566,17 @@ void RunPiece(const Program& program, const Segment& seg, char* const* base, cha
     c[j].inexact = inexact;
   }
   // The segment's intermediates kept in chunks (Note [Intermediates kept in chunks]): element i of
-  // the chunk starting at `from` is at byte (i - from) * size of the operand's buffer.
-  alignas(64) char temps[kMaxTemps][kChunk * sizeof(double)];
+  // the chunk starting at `from` is at byte (i - from) * size of the operand's buffer. Per thread,
+  // made once (not on the stack: threads a caller makes may have small stacks).
+  thread_local std::vector<double> temp_store(static_cast<size_t>(kMaxTemps * kChunk));
+  const auto temp = [&](int t) { return reinterpret_cast<uintptr_t>(temp_store.data() + t * kChunk); };
   for (; from < to; from += kChunk) {
     const int64_t end = std::min(to, from + kChunk);
     for (int j = 0; j < seg.count; ++j) {
       const Instr& in = program.instrs[seg.first + j];
       for (int k = 0; k <= in.num_inputs; ++k) {
         if (in.temp[k] >= 0) {
-          c[j].p[k] = reinterpret_cast<char*>(reinterpret_cast<uintptr_t>(temps[in.temp[k]]) - from * c[j].s[k]);
+          c[j].p[k] = reinterpret_cast<char*>(temp(in.temp[k]) - from * c[j].s[k]);
         }
       }
       if (in.snapshot >= 0) {  // what this instruction overwrites, saved at its linear position

@@ -575,6 +575,9 @@ class Emitter {
       for (const Patch& p : stack.patches) slot_of[p.arg] = p.elem < 0 ? p.slot : -2;
       const bool in_place = plan_.nodes[group.nodes[j]].decision != TapePlan::Decision::kOutVariant;
       exact.push_back(in_place ? nullptr : MakeTypedCall(*stack.op, stack.args, slot_of));
+      if (exact.back() != nullptr && options_.prepared_steps) {  // the faster of the two ways to call it
+        exact.back() = MakePrepared(*stack.op, stack.args, slot_of, std::move(exact.back()));
+      }
       if (exact.back() == nullptr) exact.back() = MakeBoxedCall(*stack.op, stack.args, slot_of);  // in place, pow.Scalar_out
       if (exact.back() == nullptr) return nullptr;
       for (int k = 0; k <= in.num_inputs; ++k) {

@@ -102,7 +102,7 @@ def capture_and_compare(fn, inputs_for_call, calls=4, fuse_expected=True):
     return log
 
 
-LENGTHS = [1, 2, 7, 8, 15, 16, 17, 31, 32, 33, 47, 63, 64, 65, 100, 513, 1037]
+LENGTHS = [1, 2, 7, 8, 15, 16, 17, 31, 32, 33, 47, 63, 64, 65, 100, 513, 1037, 2049]
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
