@@ -215,15 +215,7 @@ class _Rewriter:
                                                                  "weight_hwc"),
                 self.constant(b.detach(), "bias") if b is not None else None, list(stride), list(padding),
                 list(dilation), fused[post.target] if post is not None else "none"))
-        out.meta["val"] = conv.meta.get("val")
-        (post or conv).replace_all_uses_with(out)
-        if post is not None:
-            self.graph.erase_node(post)
-            self.counts["post_ops_fused"] += 1
-        self.graph.erase_node(conv)
-        self.channels_last.add(out)
-        self.counts["convolutions_depthwise"] += 1
-        return post
+        return self._replace_convolution(conv, post, out, "convolutions_depthwise")
 
     def _onednn_faster(self, x: torch.fx.Node, w: torch.Tensor, b: Optional[torch.Tensor], stride: Sequence[int],
                        padding: Sequence[int], dilation: Sequence[int], groups: int, val: torch.Tensor,
@@ -275,6 +267,11 @@ class _Rewriter:
                 attr[2]))
             if one_d:
                 out = self.graph.call_function(aten.squeeze.dim, (out, 2))
+        return self._replace_convolution(conv, post, out, "convolutions_onednn")
+
+    def _replace_convolution(self, conv: torch.fx.Node, post: Optional[torch.fx.Node], out: torch.fx.Node,
+                             count: str) -> Optional[torch.fx.Node]:
+        """`out` in place of `conv` and of the activation `post` it fused (if any); returns `post`."""
         out.meta["val"] = conv.meta.get("val")  # its sizes, for the rewrites after it
         (post or conv).replace_all_uses_with(out)
         if post is not None:
@@ -282,7 +279,7 @@ class _Rewriter:
             self.counts["post_ops_fused"] += 1
         self.graph.erase_node(conv)
         self.channels_last.add(out)
-        self.counts["convolutions_onednn"] += 1
+        self.counts[count] += 1
         return post
 
     # -- linear layers --------------------------------------------------------------------------
