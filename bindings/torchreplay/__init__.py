@@ -19,6 +19,7 @@ from .captured import Captured, capture, load, save
 from .config import CompilerConfig
 from .engines import precapture, stats
 from .lowering import LoweringError
+from .patches import install as _install_patches
 
 __all__ = ["Backend", "Captured", "CompilerConfig", "LoweringError", "capture", "get_backend", "load", "precapture", "save", "stats",
            "set_log_level", "cuda_available"]
@@ -80,5 +81,6 @@ def _register() -> None:
         torch.fx.node.has_side_effect(getattr(_torch.ops.torchreplay, op).default)
 
 
+_install_patches()  # every import-time patch of PyTorch, once (patches.py)
 _setup_logging()
 _register()

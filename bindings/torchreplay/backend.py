@@ -5,7 +5,6 @@ import functools
 import itertools
 import logging
 import operator
-import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Union
 
 import torch
@@ -321,17 +320,17 @@ def _guard_requires_grad(gm: torch.fx.GraphModule, name: str) -> Optional[Any]:
 # accumulated into `.grad` under no_grad (a new `.grad` as an output, or the old one written in
 # place). It does so under its global `torch._dynamo.config.trace_autograd_ops` (off by default),
 # and, for the frames a torchreplay backend compiles with config.trace_backward (the default),
-# while it traces their backward (_trace_backward_for_torchreplay). None of such a graph's outputs
-# require grad, so AOTAutograd hands it over as an inference graph and the whole step (forward,
-# backward, accumulation) replays as one graph through a direct call: no graph break, no autograd
-# engine, no AccumulateGrad nodes, no copies of saved activations. Its gradients are eager's,
-# bitwise (tests/python/test_traced_backward.py).
+# while it traces their backward (_trace_backward_for_torchreplay in patches.py). None of such a
+# graph's outputs require grad, so AOTAutograd hands it over as an inference graph and the whole
+# step (forward, backward, accumulation) replays as one graph through a direct call: no graph
+# break, no autograd engine, no AccumulateGrad nodes, no copies of saved activations. Its
+# gradients are eager's, bitwise (tests/python/test_traced_backward.py).
 # Dynamo's traced backward (PyTorch 2.11) differs from eager's where autograd's graph holds more
 # than the compiled graph sees. For torchreplay's own tracing, those are seen while Dynamo traces
-# the backward and left to autograd (the graph breaks at the backward: _left_to_autograd); under
-# Dynamo's global switch the backend refuses them with an error (running the traced graph eagerly
-# is just as wrong), when the graph is compiled and again on every call (the leaves' checks are
-# bits read in C++, BackwardHazards; Python only when one is set):
+# the backward and left to autograd (the graph breaks at the backward: _left_to_autograd in
+# patches.py); under Dynamo's global switch the backend refuses them with an error (running the
+# traced graph eagerly is just as wrong), when the graph is compiled and again on every call (the
+# leaves' checks are bits read in C++, BackwardHazards; Python only when one is set):
 #   - an argument that requires grad and has a grad_fn, in a graph that computes values requiring
 #     grad: the backward stops at it, or, when the graph has no leaf of its own (a graph break
 #     inside the model's forward, a module with backward hooks), Dynamo drops the backward
@@ -435,113 +434,16 @@ class _TracedBackward:
         return checked
 
 
-def _compiled_by(tx: Any) -> Optional[CompilerConfig]:
-    """The config of the torchreplay backend that compiles the frame `tx` traces, or None when
-    another backend compiles it (torch.compile wraps a backend in _TorchCompileWrapper, and Dynamo
-    in its debug wrapper: both unwrapped here)."""
-    fn = getattr(getattr(tx, "output", None), "compiler_fn", None)
-    if fn is None:
-        return None
-    wrapper = torch._dynamo.eval_frame.innermost_backend(fn)
-    inner = getattr(wrapper, "compiler_fn", wrapper)
-    if isinstance(inner, Backend):
-        return inner.config
-    if inner is named_backend:
-        return CompilerConfig.from_options(getattr(wrapper, "kwargs", {}).get("options"))
-    return None
-
-
-def _left_to_autograd(loss: Any, tx: Any, given: Dict[str, Any], leaves: Sequence[Any]) -> Optional[str]:
-    """Why a `loss.backward()` torchreplay would trace (Note [Traced backward]) must run in
-    autograd instead, seen while Dynamo traces it; None when the traced backward is eager's."""
-    create_graph = given.get("create_graph")
-    if create_graph is not None and not (create_graph.is_python_constant() and not create_graph.as_python_constant()):
-        return "create_graph=True (the gradients must themselves require grad)"
-    from torch._dynamo.variables.tensor import TensorVariable
-    for var in tx.output.input_source_to_var.values():
-        if isinstance(var, TensorVariable) and var.requires_grad and var.has_grad_fn:
-            return (f"the argument {var.source.name if var.source else '?'} has a grad_fn: autograd's graph "
-                    "goes on outside the compiled graph (a graph break before the backward, a module Dynamo "
-                    "does not trace, a module backward hook)")
-    # The leaves' real tensors, through their sources, as Dynamo's guards read them.
-    root = tx.output.root_tx
-    scope = {"L": root.f_locals, "G": root.f_globals}
-    closure, cache = torch._dynamo.guards._get_closure_vars(), weakref.WeakKeyDictionary()
-    for var in leaves:
-        try:
-            t = var.source.get_value(scope, dict(closure), cache) if var.source else None
-        except Exception:  # a leaf made inside the graph: nothing of it outside
-            continue
-        if isinstance(t, torch.Tensor) and _hazard(t):
-            return f"the leaf {var.source.name} {_hazard(t)}"
-    return None
-
-
-def _trace_backward_for_torchreplay() -> None:
-    """Note [Traced backward]: Dynamo traces `loss.backward()` into the graph only with its own
-    switch, torch._dynamo.config.trace_autograd_ops, which is global and off by default. This
-    turns it on while Dynamo traces the backward of a frame a torchreplay backend compiles (with
-    config.trace_backward, the default), for that backward only: other backends and frames are
-    unchanged. A backward whose traced form would not be eager's breaks the graph there instead,
-    so that autograd runs it (_left_to_autograd), as without the switch. And with the switch on,
-    whoever compiles, Dynamo (2.11) traces the backward of a tensor whose leaves are all outside
-    its frame (a graph break between the loss and the backward: `print(loss.item())`) as nothing,
-    and no graph shows it: this makes Dynamo break the graph there instead."""
-    try:
-        from torch._dynamo.exc import unimplemented
-        from torch._dynamo.variables.tensor import TensorVariable
-    except ImportError:
-        return
-    original = TensorVariable.method_backward
-    if getattr(original, "_torchreplay", False) or not hasattr(TensorVariable, "_collect_backward_inputs"):
-        return
-
-    def method_backward(self: Any, tx: Any, *args: Any, **kwargs: Any) -> Any:
-        given = dict(zip(("gradient", "retain_graph", "create_graph", "inputs"), args), **kwargs)
-        switch = torch._dynamo.config.trace_autograd_ops
-        config = None if switch else _compiled_by(tx)
-        ours = config is not None and config.trace_backward
-        if not (switch or ours):
-            return original(self, tx, *args, **kwargs)   # Dynamo breaks the graph here
-        leaves = []
-        if given.get("inputs") is None and (self.requires_grad or self.has_grad_fn):
-            leaves = self._collect_backward_inputs(itertools.chain(tx.output.leaf_var_creation_order,
-                                                                   tx.output.input_source_to_var.values()))
-            if not leaves:
-                unimplemented(
-                    gb_type="Tensor.backward() with every leaf outside the graph",
-                    context=f"call_method {self} backward",
-                    explanation="The tensor's autograd graph reaches its leaves only through tensors "
-                                "computed before a graph break, where a traced backward would do nothing; "
-                                "torchreplay breaks the graph here so that autograd runs it.",
-                    hints=["Remove the graph break between the loss and loss.backward() to trace the "
-                           "backward into the graph."])
-        if not ours:
-            return original(self, tx, *args, **kwargs)
-        why = _left_to_autograd(self, tx, given, leaves)
-        if why:
-            unimplemented(
-                gb_type="Tensor.backward() left to autograd by torchreplay",
-                context=why,
-                explanation=f"torchreplay traces loss.backward() into the graph, but not this one: {why}. "
-                            "Autograd runs it, as with other backends.",
-                hints=["Set config.trace_backward = False to break every such graph at its backward."])
-        with torch._dynamo.config.patch(trace_autograd_ops=True):
-            return original(self, tx, *args, **kwargs)
-
-    method_backward._torchreplay = True  # type: ignore[attr-defined]
-    TensorVariable.method_backward = method_backward
-
-
 # Note [Returning a tensor whose backward ran]
 # `loss.backward(); return loss` is how a training step is naturally written. Dynamo (2.11)
 # refuses to return from a traced graph a tensor whose autograd graph the traced backward consumed
 # (a later backward through it would have to raise as eager's does): it traces the frame again
 # with a graph break at the backward, and the step is two graphs. For torchreplay's compiles
-# such outputs are marked instead (_mark_consumed_outputs) and returned detached from the graph
-# (_detach_consumed_outputs), which stays one inference graph; after each call the backend gives
-# each of them a grad_fn that raises eager's error on a backward through it (DelayedError), so the
-# tensor is what eager returns: requires_grad, not a leaf, its backward refused.
+# such outputs are marked instead (_mark_consumed_outputs, patches.py) and returned detached from
+# the graph (_detach_consumed_outputs), which stays one inference graph; after each call the
+# backend gives each of them a grad_fn that raises eager's error on a backward through it
+# (DelayedError), so the tensor is what eager returns: requires_grad, not a leaf, its backward
+# refused.
 _CONSUMED = "torchreplay_backward_ran"
 _BACKWARD_TWICE = (
     "Trying to backward through the graph a second time (or directly access saved tensors after they have "
@@ -550,37 +452,9 @@ _BACKWARD_TWICE = (
     "if you need to access saved tensors after calling backward.")
 
 
-def _mark_consumed_outputs() -> None:
-    """Note [Returning a tensor whose backward ran]: for torchreplay's compiles, Dynamo's check of
-    returned tensors whose autograd graph a traced backward consumed marks them instead of
-    tracing the frame again with a graph break."""
-    try:
-        from torch._dynamo.output_graph import OutputGraph, collect_reachable_grad_fns
-        from torch._dynamo.variables.tensor import TensorVariable
-    except ImportError:
-        return
-    original = OutputGraph._validate_outputs_safe_for_autograd_nodes
-    if getattr(original, "_torchreplay", False):
-        return
-
-    def validate(self: Any, rv: Any, tx: Any) -> None:
-        config = _compiled_by(tx) if self.autograd_grad_consumed_grad_fns else None
-        if config is None or not config.trace_backward:
-            return original(self, rv, tx)
-        for var in rv:
-            if isinstance(var, TensorVariable) and var.requires_grad:
-                node = var.as_proxy().node
-                fake = node.meta.get("example_value")
-                if isinstance(fake, torch.Tensor) and fake.grad_fn is not None and \
-                        collect_reachable_grad_fns([(fake, None)]) & self.autograd_grad_consumed_grad_fns:
-                    node.meta[_CONSUMED] = True
-
-    validate._torchreplay = True  # type: ignore[attr-defined]
-    OutputGraph._validate_outputs_safe_for_autograd_nodes = validate
-
-
 def _detach_consumed_outputs(gm: torch.fx.GraphModule) -> List[int]:
-    """The graph's outputs marked by _mark_consumed_outputs, returned detached (in place in gm)."""
+    """The graph's outputs marked by _mark_consumed_outputs (patches.py), returned detached (in
+    place in gm)."""
     output = next(n for n in gm.graph.nodes if n.op == "output")
     outs = list(output.args[0]) if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
     consumed = [k for k, o in enumerate(outs) if isinstance(o, torch.fx.Node) and o.meta.get(_CONSUMED)]
@@ -610,9 +484,6 @@ def _raise_on_backward_of(fn: Callable, consumed: Sequence[int]) -> Callable:
         return outs
     return call
 
-
-_trace_backward_for_torchreplay()
-_mark_consumed_outputs()
 
 
 # Note [CUDA graphs]

@@ -37,6 +37,7 @@ from .config import CompilerConfig
 from .engines import dump_graph, engine_options, new_engine
 from .lowering import lower
 from .passes import run_passes
+from .patches import _watch
 
 logger = logging.getLogger("torchreplay")
 _capture_ids = itertools.count()
@@ -597,37 +598,6 @@ def _describe(spec: Any) -> str:
         return show(spec)
 
 
-# Modules whose parameters, buffers and submodules a Captured has bound: assigning a new one
-# (model.weight = nn.Parameter(...), model.buf = t, model.sub = ...) makes those Captureds raise
-# on every later call, as their graph still holds the old tensors. Conversions that go through
-# Module._apply (.to(), .half(), .double()) change parameters through .data, which the engine
-# sees (new memory, or a dtype it refuses), but replace buffers without a hook.
-_watched: "weakref.WeakKeyDictionary[torch.nn.Module, weakref.WeakSet]" = weakref.WeakKeyDictionary()
-_hooks: List[Any] = []
-
-
-def _on_registration(module: torch.nn.Module, name: str, value: Any) -> None:
-    if torch.compiler.is_compiling():
-        # Dynamo traces global hooks into the frames it compiles: reading _watched there would
-        # make it guard on the weak dictionary's keys, which garbage collection changes under it
-        # (a guard that fails to build). The modules it traces are not torchreplay.capture's.
-        return None
-    captures = _watched.get(module)
-    if not captures:
-        return None
-    what = "submodule" if isinstance(value, torch.nn.Module) else "parameter" if isinstance(
-        value, torch.nn.Parameter) else "buffer"
-    for c in list(captures):
-        c._set_stale(f"torchreplay: {what} '{name}' of {type(module).__name__} was replaced after the model was "
-                     f"captured as {c.name!r} (its graph holds the old tensors); capture the model again")
-    return None
-
-
-def _watch(module: torch.nn.Module, captured: Captured) -> None:
-    for m in module.modules():
-        _watched.setdefault(m, weakref.WeakSet()).add(captured)
-
-
 def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Optional[Dict[str, Any]] = None, *,
             config: Optional[CompilerConfig] = None, dynamic: bool = False,
             decompositions: Optional[Dict[Any, Callable]] = None) -> Captured:
@@ -985,34 +955,6 @@ def _trace_subclassed(traced: "_Flat", leaves: Tuple[Any, ...],
             "return local tensors (to_local(), or the parallel styles' use_local_output=True), or compile "
             "it: torch.compile(model, backend=torchreplay.get_backend(...))")
     return _Program(gm, bound, bound_names, mutated, len(output.args[0]), joint.out_spec, {}, grad_owners)
-
-
-def _install_watchers() -> None:
-    """Once, when torchreplay is imported: the module registration hooks (_on_registration) and
-    nn.Module.train (and eval, which calls it) telling every Captured to check its modules' modes
-    on its next call (Captured._slow_call, Trace.check_modes). At import, not at the first
-    capture: Dynamo guards on the global hooks and on nn.Module.train, so installing them later
-    would recompile every function torch.compile had compiled before."""
-    if not _hooks:
-        from torch.nn.modules import module as nn_module
-        _hooks.extend([nn_module.register_module_parameter_registration_hook(_on_registration),
-                       nn_module.register_module_buffer_registration_hook(_on_registration),
-                       nn_module.register_module_module_registration_hook(_on_registration)])
-    if getattr(torch.nn.Module.train, "_torchreplay", False):
-        return
-    train = torch.nn.Module.train
-
-    def watched_train(self: torch.nn.Module, mode: bool = True) -> torch.nn.Module:
-        out = train(self, mode)
-        _C.module_modes_changed()
-        return out
-
-    watched_train._torchreplay = True  # type: ignore[attr-defined]
-    watched_train.__doc__ = train.__doc__
-    torch.nn.Module.train = watched_train  # type: ignore[method-assign]
-
-
-_install_watchers()
 
 
 def save(captured: Captured, path: Any) -> None:

@@ -1,0 +1,229 @@
+"""The patches torchreplay makes to PyTorch when it is imported, in one place: install() puts them
+in, once (the package's __init__ calls it); each is idempotent (a patched function is marked
+`_torchreplay` and not patched again; the hooks are registered once). What is patched, and why:
+
+- torch.nn.Module.train (and eval, which calls it): counts the mode changes in C++
+  (_C.module_modes_changed), so that every Captured checks its modules' train/eval mode on its
+  next call (Captured._slow_call, _Trace.check_modes in arguments.py): a mode changes what the
+  captured graph computes. (_install_watchers; no Note: its docstring below.)
+- the global nn.Module registration hooks of parameters, buffers and submodules: a module a
+  Captured has bound that is given a new parameter, buffer or submodule makes that Captured
+  raise on every later call, as its graph still holds the old tensors (_on_registration; the
+  comment at _watched below). These two at import, not at the first capture: Dynamo guards on
+  the global hooks and on nn.Module.train, so installing them later would recompile every
+  function torch.compile had compiled before.
+- Dynamo's TensorVariable.method_backward: turns Dynamo's own switch (trace_autograd_ops) on
+  while it traces the `loss.backward()` of a frame a torchreplay backend compiles, so that the
+  whole step is one graph; breaks the graph at a backward whose traced form would not be eager's
+  (_left_to_autograd), and, for every backend, at one whose leaves are all outside the frame,
+  which Dynamo would trace as nothing (_trace_backward_for_torchreplay; Note [Traced backward]
+  in backend.py).
+- Dynamo's OutputGraph._validate_outputs_safe_for_autograd_nodes: for torchreplay's compiles, a
+  returned tensor whose autograd graph the traced backward consumed is marked (the backend returns
+  it detached) instead of Dynamo tracing the frame again with a graph break there
+  (_mark_consumed_outputs; Note [Returning a tensor whose backward ran] in backend.py).
+"""
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
+
+import torch
+
+from . import _C
+from .backend import _CONSUMED, Backend, _hazard, named_backend
+from .config import CompilerConfig
+
+if TYPE_CHECKING:
+    from .captured import Captured
+
+
+def install() -> None:
+    """Every patch of this module, once (a second call changes nothing)."""
+    _trace_backward_for_torchreplay()
+    _mark_consumed_outputs()
+    _install_watchers()
+
+
+def _compiled_by(tx: Any) -> Optional[CompilerConfig]:
+    """The config of the torchreplay backend that compiles the frame `tx` traces, or None when
+    another backend compiles it (torch.compile wraps a backend in _TorchCompileWrapper, and Dynamo
+    in its debug wrapper: both unwrapped here)."""
+    fn = getattr(getattr(tx, "output", None), "compiler_fn", None)
+    if fn is None:
+        return None
+    wrapper = torch._dynamo.eval_frame.innermost_backend(fn)
+    inner = getattr(wrapper, "compiler_fn", wrapper)
+    if isinstance(inner, Backend):
+        return inner.config
+    if inner is named_backend:
+        return CompilerConfig.from_options(getattr(wrapper, "kwargs", {}).get("options"))
+    return None
+
+
+def _left_to_autograd(loss: Any, tx: Any, given: Dict[str, Any], leaves: Sequence[Any]) -> Optional[str]:
+    """Why a `loss.backward()` torchreplay would trace (Note [Traced backward]) must run in
+    autograd instead, seen while Dynamo traces it; None when the traced backward is eager's."""
+    create_graph = given.get("create_graph")
+    if create_graph is not None and not (create_graph.is_python_constant() and not create_graph.as_python_constant()):
+        return "create_graph=True (the gradients must themselves require grad)"
+    from torch._dynamo.variables.tensor import TensorVariable
+    for var in tx.output.input_source_to_var.values():
+        if isinstance(var, TensorVariable) and var.requires_grad and var.has_grad_fn:
+            return (f"the argument {var.source.name if var.source else '?'} has a grad_fn: autograd's graph "
+                    "goes on outside the compiled graph (a graph break before the backward, a module Dynamo "
+                    "does not trace, a module backward hook)")
+    # The leaves' real tensors, through their sources, as Dynamo's guards read them.
+    root = tx.output.root_tx
+    scope = {"L": root.f_locals, "G": root.f_globals}
+    closure, cache = torch._dynamo.guards._get_closure_vars(), weakref.WeakKeyDictionary()
+    for var in leaves:
+        try:
+            t = var.source.get_value(scope, dict(closure), cache) if var.source else None
+        except Exception:  # a leaf made inside the graph: nothing of it outside
+            continue
+        if isinstance(t, torch.Tensor) and _hazard(t):
+            return f"the leaf {var.source.name} {_hazard(t)}"
+    return None
+
+
+def _trace_backward_for_torchreplay() -> None:
+    """Note [Traced backward]: Dynamo traces `loss.backward()` into the graph only with its own
+    switch, torch._dynamo.config.trace_autograd_ops, which is global and off by default. This
+    turns it on while Dynamo traces the backward of a frame a torchreplay backend compiles (with
+    config.trace_backward, the default), for that backward only: other backends and frames are
+    unchanged. A backward whose traced form would not be eager's breaks the graph there instead,
+    so that autograd runs it (_left_to_autograd), as without the switch. And with the switch on,
+    whoever compiles, Dynamo (2.11) traces the backward of a tensor whose leaves are all outside
+    its frame (a graph break between the loss and the backward: `print(loss.item())`) as nothing,
+    and no graph shows it: this makes Dynamo break the graph there instead."""
+    try:
+        from torch._dynamo.exc import unimplemented
+        from torch._dynamo.variables.tensor import TensorVariable
+    except ImportError:
+        return
+    original = TensorVariable.method_backward
+    if getattr(original, "_torchreplay", False) or not hasattr(TensorVariable, "_collect_backward_inputs"):
+        return
+
+    def method_backward(self: Any, tx: Any, *args: Any, **kwargs: Any) -> Any:
+        given = dict(zip(("gradient", "retain_graph", "create_graph", "inputs"), args), **kwargs)
+        switch = torch._dynamo.config.trace_autograd_ops
+        config = None if switch else _compiled_by(tx)
+        ours = config is not None and config.trace_backward
+        if not (switch or ours):
+            return original(self, tx, *args, **kwargs)   # Dynamo breaks the graph here
+        leaves = []
+        if given.get("inputs") is None and (self.requires_grad or self.has_grad_fn):
+            leaves = self._collect_backward_inputs(itertools.chain(tx.output.leaf_var_creation_order,
+                                                                   tx.output.input_source_to_var.values()))
+            if not leaves:
+                unimplemented(
+                    gb_type="Tensor.backward() with every leaf outside the graph",
+                    context=f"call_method {self} backward",
+                    explanation="The tensor's autograd graph reaches its leaves only through tensors "
+                                "computed before a graph break, where a traced backward would do nothing; "
+                                "torchreplay breaks the graph here so that autograd runs it.",
+                    hints=["Remove the graph break between the loss and loss.backward() to trace the "
+                           "backward into the graph."])
+        if not ours:
+            return original(self, tx, *args, **kwargs)
+        why = _left_to_autograd(self, tx, given, leaves)
+        if why:
+            unimplemented(
+                gb_type="Tensor.backward() left to autograd by torchreplay",
+                context=why,
+                explanation=f"torchreplay traces loss.backward() into the graph, but not this one: {why}. "
+                            "Autograd runs it, as with other backends.",
+                hints=["Set config.trace_backward = False to break every such graph at its backward."])
+        with torch._dynamo.config.patch(trace_autograd_ops=True):
+            return original(self, tx, *args, **kwargs)
+
+    method_backward._torchreplay = True  # type: ignore[attr-defined]
+    TensorVariable.method_backward = method_backward
+
+
+def _mark_consumed_outputs() -> None:
+    """Note [Returning a tensor whose backward ran]: for torchreplay's compiles, Dynamo's check of
+    returned tensors whose autograd graph a traced backward consumed marks them instead of
+    tracing the frame again with a graph break."""
+    try:
+        from torch._dynamo.output_graph import OutputGraph, collect_reachable_grad_fns
+        from torch._dynamo.variables.tensor import TensorVariable
+    except ImportError:
+        return
+    original = OutputGraph._validate_outputs_safe_for_autograd_nodes
+    if getattr(original, "_torchreplay", False):
+        return
+
+    def validate(self: Any, rv: Any, tx: Any) -> None:
+        config = _compiled_by(tx) if self.autograd_grad_consumed_grad_fns else None
+        if config is None or not config.trace_backward:
+            return original(self, rv, tx)
+        for var in rv:
+            if isinstance(var, TensorVariable) and var.requires_grad:
+                node = var.as_proxy().node
+                fake = node.meta.get("example_value")
+                if isinstance(fake, torch.Tensor) and fake.grad_fn is not None and \
+                        collect_reachable_grad_fns([(fake, None)]) & self.autograd_grad_consumed_grad_fns:
+                    node.meta[_CONSUMED] = True
+
+    validate._torchreplay = True  # type: ignore[attr-defined]
+    OutputGraph._validate_outputs_safe_for_autograd_nodes = validate
+
+
+# Modules whose parameters, buffers and submodules a Captured has bound: assigning a new one
+# (model.weight = nn.Parameter(...), model.buf = t, model.sub = ...) makes those Captureds raise
+# on every later call, as their graph still holds the old tensors. Conversions that go through
+# Module._apply (.to(), .half(), .double()) change parameters through .data, which the engine
+# sees (new memory, or a dtype it refuses), but replace buffers without a hook.
+_watched: "weakref.WeakKeyDictionary[torch.nn.Module, weakref.WeakSet]" = weakref.WeakKeyDictionary()
+_hooks: List[Any] = []
+
+
+def _on_registration(module: torch.nn.Module, name: str, value: Any) -> None:
+    if torch.compiler.is_compiling():
+        # Dynamo traces global hooks into the frames it compiles: reading _watched there would
+        # make it guard on the weak dictionary's keys, which garbage collection changes under it
+        # (a guard that fails to build). The modules it traces are not torchreplay.capture's.
+        return None
+    captures = _watched.get(module)
+    if not captures:
+        return None
+    what = "submodule" if isinstance(value, torch.nn.Module) else "parameter" if isinstance(
+        value, torch.nn.Parameter) else "buffer"
+    for c in list(captures):
+        c._set_stale(f"torchreplay: {what} '{name}' of {type(module).__name__} was replaced after the model was "
+                     f"captured as {c.name!r} (its graph holds the old tensors); capture the model again")
+    return None
+
+
+def _watch(module: torch.nn.Module, captured: Captured) -> None:
+    for m in module.modules():
+        _watched.setdefault(m, weakref.WeakSet()).add(captured)
+
+
+def _install_watchers() -> None:
+    """Once, when torchreplay is imported: the module registration hooks (_on_registration) and
+    nn.Module.train (and eval, which calls it) telling every Captured to check its modules' modes
+    on its next call (Captured._slow_call, _Trace.check_modes). At import, not at the first
+    capture: Dynamo guards on the global hooks and on nn.Module.train, so installing them later
+    would recompile every function torch.compile had compiled before."""
+    if not _hooks:
+        from torch.nn.modules import module as nn_module
+        _hooks.extend([nn_module.register_module_parameter_registration_hook(_on_registration),
+                       nn_module.register_module_buffer_registration_hook(_on_registration),
+                       nn_module.register_module_module_registration_hook(_on_registration)])
+    if getattr(torch.nn.Module.train, "_torchreplay", False):
+        return
+    train = torch.nn.Module.train
+
+    def watched_train(self: torch.nn.Module, mode: bool = True) -> torch.nn.Module:
+        out = train(self, mode)
+        _C.module_modes_changed()
+        return out
+
+    watched_train._torchreplay = True  # type: ignore[attr-defined]
+    watched_train.__doc__ = train.__doc__
+    torch.nn.Module.train = watched_train  # type: ignore[method-assign]
