@@ -369,7 +369,7 @@ void BindEngine(py::module_& m) {
 // thread (cProfile) keeps seeing every event, and is put back by Stop. What sys.getprofile()
 // shows while watching is a builtin function that does the same when called from Python, so a
 // model that saves and restores the profile function puts the watch back. Calls made from C
-// (map(gen.manual_seed, ...)) raise no event: captured.py also compares the CPU generator's
+// (map(gen.manual_seed, ...)) raise no event: random_state.py also compares the CPU generator's
 // initial seed before and after.
 class GeneratorWatch {
  public:

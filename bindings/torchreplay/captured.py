@@ -3,38 +3,35 @@
     step = torchreplay.capture(model, (x, pos), config=cfg)
     out = step(x, pos)         # straight into C++: the engine's guard key, then replay
 
-torch.export traces the model once (functional ATen graph, input mutations as extra outputs; a
-model with DTensors, which export cannot trace, goes through AOTAutograd's export instead:
-_trace_subclassed); the same passes, lowering and engine as the torch.compile path then run it. Parameters and buffers
-are bound once as static inputs; the writes the model makes to buffers and inputs are put back
-into the graph as in-place updates, so they land in the real tensors. What is checked per call and
-what is not: docs/design.md, "torchreplay.capture".
+This module owns capture() and what it returns, Captured: the call and its Python slow path.
+torch.export traces the model once (export.py: functional ATen graph, input mutations as extra
+outputs; a model with DTensors, which export cannot trace, goes through AOTAutograd's export
+instead); the same passes, lowering and engine as the torch.compile path then run it. Parameters
+and buffers are bound once as static inputs; the writes the model makes to buffers and inputs
+are put back into the graph as in-place updates, so they land in the real tensors. What is
+checked per call and what is not: docs/design.md, "torchreplay.capture".
 """
 from __future__ import annotations
 
 import copy
-import functools
 import inspect
 import itertools
 import logging
 import os
 import struct
-import sys
 import threading
-import warnings
 import weakref
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.fx
-from torch.export import ExportedProgram
-from torch.export.graph_signature import InputKind, OutputKind
 from torch.utils import _pytree as pytree
 
 from . import _C
 from .capture_sizes import batch_fields
 from .config import CompilerConfig
 from .engines import dump_graph, engine_options, new_engine
+from .export import _dtensors, _Flat, trace_program
 from .lowering import lower
 from .passes import run_passes
 from .patches import _watch
@@ -63,77 +60,6 @@ class _AsModule(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
-
-
-def _decompositions(extra: Optional[Dict[Any, Callable]], close: bool = False) -> Any:
-    """What AOTAutograd does under torch.compile: CompositeImplicitAutograd ops decompose (linear ->
-    t + addmm), the rest of ATen stays; plus the caller's own decompositions. `close` (numerics
-    "close", Note [Close numerics]): LSTM decomposes too."""
-    table = dict(_cia_decompositions())
-    if close:
-        table.update(_lstm_decompositions())
-    for op, fn in (extra or {}).items():
-        table[op] = fn
-    return table
-
-
-@functools.lru_cache(maxsize=1)
-def _cia_decompositions() -> Dict[Any, Callable]:
-    """export's default decompositions of the CompositeImplicitAutograd ops (made once: 0.1 s)."""
-    from torch._export.utils import _collect_all_valid_cia_ops
-
-    table = torch.export.default_decompositions()
-    cia = _collect_all_valid_cia_ops()
-    # LSTM stays whole, for its C++ composite to pick eager's kernel at run time (oneDNN's
-    # mkldnn_rnn_layer on the CPU, which the Python decomposition's addmm and pointwise ops
-    # differ from in the last bits).
-    return {op: fn for op, fn in table.items() if op in cia and op not in _EAGER_ONLY}
-
-
-_EAGER_ONLY = (torch.ops.aten.lstm.input, torch.ops.aten.lstm.data)
-
-
-@functools.lru_cache(maxsize=1)
-def _lstm_decompositions() -> Dict[Any, Callable]:
-    """export's decompositions of LSTM, into addmm and pointwise ops (numerics "close")."""
-    table = torch.export.default_decompositions()
-    return {op: fn for op, fn in table.items() if op in _EAGER_ONLY}
-
-
-def _writes_back(ep: ExportedProgram, gm: torch.fx.GraphModule) -> int:
-    """Turns the export's mutation outputs (the new value of a buffer or an input) into copy_
-    nodes, so that the graph writes them itself (the reinplace pass then makes some of them
-    in-place updates). Each copy_ goes right after the last read of the old value, and later
-    uses of the new value read the written tensor, so that an output computed from it (x.mul_(2);
-    return x.view(-1)) aliases the caller's tensor as in eager. Returns the user output count."""
-    sig = ep.graph_signature
-    placeholders = {n.name: n for n in gm.graph.nodes if n.op == "placeholder"}
-    written = {}  # buffer FQN or user input name -> placeholder
-    for spec in sig.input_specs:
-        if spec.kind == InputKind.BUFFER:
-            written[spec.target] = placeholders[spec.arg.name]
-        elif spec.kind == InputKind.USER_INPUT and hasattr(spec.arg, "name"):
-            written[spec.arg.name] = placeholders[spec.arg.name]
-    output = next(n for n in gm.graph.nodes if n.op == "output")
-    user = []
-    for spec, new in zip(sig.output_specs, list(output.args[0])):
-        if spec.kind == OutputKind.USER_OUTPUT:
-            user.append(new)
-            continue
-        if spec.kind not in (OutputKind.BUFFER_MUTATION, OutputKind.USER_INPUT_MUTATION):
-            raise NotImplementedError(f"torchreplay.capture: export output kind {spec.kind.name}")
-        buf = written[spec.target]
-        order = {n: i for i, n in enumerate(gm.graph.nodes)}
-        last = max([new] + [u for u in buf.users if u.op != "output"], key=order.__getitem__)
-        with gm.graph.inserting_after(last):
-            copy = gm.graph.call_function(aten.copy_.default, (buf, new))
-        new.replace_all_uses_with(copy, delete_user_cb=lambda u: u is not copy and u.op != "output"
-                                  and order.get(u, len(order)) > order[last])
-        user = [copy if u is new else u for u in user]
-    output.args = (tuple(user),)
-    gm.graph.lint()
-    gm.recompile()
-    return len(user)
 
 
 def _size_checks(vals: List[Any], ranges: Dict[Any, Any]) -> Tuple[List[Any], List[Any], Dict[Any, Any]]:
@@ -326,81 +252,6 @@ class Captured(_C.Call):
         if spec.is_leaf():
             return outs
         return pytree.tree_unflatten(list(outs), spec)
-
-
-class _RandomStateWatch:
-    """Sees a model set the state of a random generator while it is traced (torch.manual_seed,
-    torch.set_rng_state, a Generator's manual_seed/seed/set_state, also inside fork_rng), and then
-    puts the CPU generator back as it was. (Random ops in the model are graph ops, traced on fake
-    tensors: they draw nothing while traced.) The calls are seen by a C profile function on this
-    thread (Note [Watching the random generators] in bindings/module.cc), counted only when the code
-    calling them (past torch's own Python wrappers) is not torch's or torchreplay's: export's own
-    bookkeeping is not the model's. A seed no profile function sees (manual_seed called from C, as
-    through map or functools.partial, or from another thread) shows in the CPU generator's initial
-    seed, compared before and after (not its state: other threads may draw from it meanwhile).
-    Python's `random` module is not watched: its values are constants of the trace, as any Python
-    value is. With calls=False only the initial seed is compared (a trace through Dynamo, whose
-    generated code sets generator states of its own)."""
-
-    _SETTERS = ["manual_seed", "seed", "set_state", "graphsafe_set_state"]
-
-    def __init__(self, calls: bool = True) -> None:
-        self._calls = calls
-
-    def __enter__(self) -> "_RandomStateWatch":
-        self._state = torch.random.get_rng_state()
-        self._seed = torch.initial_seed()
-        self._changed = ""
-        self._watch = _C.GeneratorWatch(torch.Generator, self._SETTERS, _TORCH_DIR, _PACKAGE_DIR)
-        if self._calls:
-            self._watch.start()
-        return self
-
-    @property
-    def touched(self) -> str:
-        return (self._watch.touched if self._calls else "") or self._changed
-
-    def check(self) -> None:
-        """Raises if the model touched a generator while it was traced."""
-        if self.touched:
-            raise ValueError(f"torchreplay.capture: the model {self.touched} while it was traced; a capture "
-                             "replays the graph's ops, not that (its replays would draw other numbers than "
-                             "eager): seed outside the captured model")
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._calls:
-            self._watch.stop()
-        if not self.touched and torch.initial_seed() != self._seed:
-            self._changed = "seeded the CPU generator"
-        if self.touched:  # else the state is left alone: another thread may be drawing from it
-            torch.random.set_rng_state(self._state)
-
-
-_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_PACKAGE_DIR = os.path.dirname(__file__) + os.sep
-_TRACE_LOCK = threading.Lock()   # one torch.export trace at a time in a process
-_tracing = threading.local()     # .active while this thread traces (nested captures are refused)
-
-
-class _Flat(torch.nn.Module):
-    """What torch.export traces: the model called on the flat leaves of its arguments that are
-    graph inputs (tensors, Python numbers), the others (None, strings, dtypes, devices, modules,
-    ...) put back in their places as they were at capture time. Modules among them are
-    submodules, so that their parameters and buffers are bound as the model's are."""
-
-    def __init__(self, model: torch.nn.Module, spec: Any, constants: Dict[int, Any], n: int) -> None:
-        super().__init__()
-        self.model = model
-        for i, v in constants.items():
-            if isinstance(v, torch.nn.Module):
-                self.add_module(f"argument{i}", v)
-        self._spec, self._constants, self._n = spec, constants, n
-
-    def forward(self, *leaves: Any) -> Any:
-        it = iter(leaves)
-        flat = [self._constants[i] if i in self._constants else next(it) for i in range(self._n)]
-        args, kwargs = pytree.tree_unflatten(flat, self._spec)
-        return self.model(*args, **kwargs)
 
 
 class _Trace:
@@ -623,26 +474,9 @@ def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Option
     leaves = tuple(a for i, a in enumerate(flat_args) if i not in constants)
     traced = _Flat(module, in_spec, constants, len(flat_args))
     names = _argument_names(module, model, flat_args, in_spec)
-    if getattr(_tracing, "active", False):
-        raise RuntimeError("torchreplay.capture: called while another capture is tracing its model (from inside "
-                           "that model's forward?); torch.export does not nest: capture the inner model first, "
-                           "outside, and call the result from the outer one")
-    with _TRACE_LOCK, warnings.catch_warnings():  # one trace at a time: torch.export keeps global state
-        # torch.export's own use of a deprecated pytree API (nothing a caller can change)
-        warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
-        _tracing.active = True
-        try:
-            if subclassed:
-                if dynamic:
-                    raise NotImplementedError("torchreplay.capture: dynamic=True with DTensors (tensor parallelism) "
-                                              "is not supported; capture once per shape")
-                program = _trace_subclassed(traced, leaves, decompositions)
-            else:
-                program = _trace_exported(traced, leaves, dynamic, decompositions,
-                                          [f"argument '{n}'" for i, n in enumerate(names) if i not in constants],
-                                          close=config.reduce_overhead.numerics == "close")
-        finally:
-            _tracing.active = False
+    program = trace_program(traced, leaves, subclassed=subclassed, dynamic=dynamic, decompositions=decompositions,
+                            leaf_names=[f"argument '{n}'" for i, n in enumerate(names) if i not in constants],
+                            close=config.reduce_overhead.numerics == "close")
     gm, bound, bound_names = program.gm, program.bound, program.bound_names
     numerics = {"numerics": config.reduce_overhead.numerics}
     if config.reduce_overhead.numerics == "close":
@@ -719,242 +553,6 @@ def _rewrite_close(gm: torch.fx.GraphModule, bound: List[Any], bound_names: List
     logger.info("torchreplay.capture: numerics 'close': %s; on the example inputs max abs err %.3g, max rel err %.3g",
                 counts, report["max_abs_err"], report["max_rel_err"])
     return gm, report
-
-
-class _Program(NamedTuple):
-    """A traced model, as capture() uses it: the graph (bound inputs first, then one per flat
-    argument leaf), the bound tensors and what errors call them, the leaves the graph writes, the
-    user outputs, their structure, and the size ranges of a dynamic trace."""
-    gm: torch.fx.GraphModule
-    bound: List[Any]
-    bound_names: List[str]
-    mutated: List[int]
-    num_outputs: int
-    out_spec: Any
-    ranges: Dict[Any, Any]
-    grad_owners: List[Optional[torch.Tensor]]  # per bound tensor: whose requires_grad stands for it
-
-
-def _bound_name(kind: str, target: str) -> str:
-    fqn = target[len("model."):] if target.startswith("model.") else target
-    return f"{kind} '{fqn}'"
-
-
-def _trace_exported(traced: "_Flat", leaves: Tuple[Any, ...], dynamic: bool,
-                    decompositions: Optional[Dict[Any, Callable]], leaf_names: Sequence[str],
-                    close: bool = False) -> _Program:
-    """torch.export's trace (non-strict), decomposed; the writes to buffers and inputs put back
-    into the graph (_writes_back). `leaf_names`: what errors call the arguments."""
-    dynamic_shapes = None
-    if dynamic:  # every dimension of every tensor (one entry: forward's *leaves)
-        dynamic_shapes = (tuple({d: torch.export.Dim.AUTO for d in range(a.dim())} if isinstance(a, torch.Tensor)
-                                else None for a in leaves),)
-    state = dict(traced.named_parameters(remove_duplicate=False))
-    buffers = dict(traced.named_buffers(remove_duplicate=False))
-    state.update(buffers)
-    # every input as errors call it, for Note [Inputs that share memory]
-    inputs = [(_bound_name("buffer" if k in buffers else "parameter", k), t) for k, t in state.items()] + \
-        [(n, a) for n, a in zip(leaf_names, leaves) if isinstance(a, torch.Tensor)]
-    try:
-        with _RandomStateWatch() as rng, torch.no_grad():
-            ep = torch.export.export(traced, leaves, dynamic_shapes=dynamic_shapes, strict=False)
-    except Exception as e:
-        _refuse_shared_memory(inputs, (), e)
-        raise
-    rng.check()
-    try:
-        with torch.no_grad():
-            ep = ep.run_decompositions(_decompositions(decompositions, close))
-    except Exception as e:
-        _refuse_shared_memory(inputs, _written_by(ep, leaves, leaf_names), e)
-        raise
-    gm = ep.graph_module
-    num_outputs = _writes_back(ep, gm)
-    bound: List[Any] = []
-    bound_names: List[str] = []  # as the caller knows them: "parameter 'fc1.weight'"
-    user_specs = []
-    for spec in ep.graph_signature.input_specs:
-        if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
-            bound.append(state[spec.target])
-            bound_names.append(_bound_name(spec.kind.name.lower(), spec.target))
-        elif spec.kind == InputKind.CONSTANT_TENSOR:
-            bound.append(ep.constants[spec.target])
-            bound_names.append(f"constant '{spec.target}'")
-        elif spec.kind == InputKind.USER_INPUT:
-            user_specs.append(spec)
-        else:
-            raise NotImplementedError(f"torchreplay.capture: export input kind {spec.kind.name}")
-    if len(user_specs) != len(leaves):
-        raise AssertionError("torchreplay.capture: graph inputs and signature disagree")
-    mutated_names = {s.target for s in ep.graph_signature.output_specs if s.kind == OutputKind.USER_INPUT_MUTATION}
-    mutated = [k for k, spec in enumerate(user_specs) if spec.arg.name in mutated_names]
-    return _Program(gm, bound, bound_names, mutated, num_outputs, ep.call_spec.out_spec, ep.range_constraints,
-                    [None] * len(bound))
-
-
-# Note [Inputs that share memory]
-# Two of a model's inputs (buffers, parameters, arguments) may be views of one memory: buffers
-# registered as a tensor and a slice or view of it, an argument passed twice or over a buffer's
-# memory. When the model writes one of them where the other overlaps it, torch.export (2.11)
-# cannot trace it: its decomposition step (AOTAutograd's export) has no graph for inputs that
-# alias and are written ("expected compiled_fn to be GraphModule, got <class 'function'>"), and
-# an argument over a buffer's memory fails in its fake tensors where written, or where it views the
-# whole buffer (a view of it with its very sizes) even when only read. torch.compile takes such a model
-# (AOTAutograd's runtime wrapper gives the graph their common base; bitwise eager's, replayed:
-# tests/python/test_capture.py). So a trace that fails where two inputs overlap (in their
-# elements' bytes, not only their storage: disjoint slices of one tensor trace) is refused with
-# an error naming them and the one written (found in export's graph before its decompositions,
-# when there is one), saying what to do, and quoting export's error (should the overlap not be
-# its cause). Inputs that overlap where the trace does not fail (arguments read, not written)
-# trace as any others; later calls that overlap a written argument are refused per call
-# (replay/trace_checks.h).
-def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether a and b may share an element: one storage and intersecting byte ranges."""
-    if a.layout != torch.strided or b.layout != torch.strided or a.device != b.device or \
-            a.numel() == 0 or b.numel() == 0:
-        return False
-    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
-        return False
-
-    def span(t: torch.Tensor) -> Tuple[int, int]:
-        start = t.storage_offset() * t.element_size()
-        last = sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 1)
-        return start, start + (last + 1) * t.element_size()
-
-    (a0, a1), (b0, b1) = span(a), span(b)
-    return a0 < b1 and b0 < a1
-
-
-def _written_by(ep: ExportedProgram, leaves: Sequence[Any], leaf_names: Sequence[str]) -> List[str]:
-    """The names (as _trace_exported's `inputs` give them) of the inputs that export's graph (before
-    its decompositions: in-place ops on views of its inputs) writes."""
-    from .passes import _root
-    placeholders = [n for n in ep.graph.nodes if n.op == "placeholder"]
-    named = {}
-    buffers = set(ep.graph_signature.buffers)
-    leaf = iter(zip(leaf_names, leaves))
-    for n, spec in zip(placeholders, ep.graph_signature.input_specs):
-        if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
-            named[n] = _bound_name("buffer" if spec.target in buffers else "parameter", spec.target)
-        elif spec.kind == InputKind.USER_INPUT:
-            named[n] = next(leaf, ("", None))[0]
-    written = []
-    for n in ep.graph.nodes:
-        if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
-            continue
-        for formal, a in zip(n.target._schema.arguments, n.args):
-            if formal.alias_info is not None and formal.alias_info.is_write and isinstance(a, torch.fx.Node):
-                root = _root(a)
-                if root in named and named[root] not in written:
-                    written.append(named[root])
-    return written
-
-
-def _refuse_shared_memory(inputs: Sequence[Tuple[str, Any]], written: Sequence[str], error: Exception) -> None:
-    """Raises the error of Note [Inputs that share memory] for the trace's `error` if two of
-    `inputs` ((name, tensor)) overlap: a pair with one of them `written` first."""
-    pairs = [(name, other, t is u or (t.storage_offset(), t.shape, t.stride()) == (u.storage_offset(), u.shape, u.stride()))
-             for i, (name, t) in enumerate(inputs) for other, u in inputs[i + 1:] if _overlap(t, u)]
-    if not pairs:
-        return
-    pairs.sort(key=lambda p: p[0] not in written and p[1] not in written)
-    name, other, same = pairs[0]
-    which = [n for n in (name, other) if n in written]
-    what = f"{name} and {other} are the same memory" if same else f"{name} and {other} share memory"
-    writes = f", and the model writes {'it' if same else ' and '.join(which)}" if which else ""
-    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    raise NotImplementedError(
-        f"torchreplay.capture: {what}{writes}; torch.export cannot trace inputs that overlap where one is written "
-        f"(nor an argument that views a whole buffer), and failed with {type(error).__name__}: {first}. Compile the "
-        "model instead: torch.compile(model, backend=torchreplay.get_backend(...)) takes it (AOTAutograd gives "
-        "the graph their common base); or keep one of them and take the other as a view of it inside forward, "
-        "or give each memory of its own (clone). Note [Inputs that share memory] in captured.py") from error
-
-
-def _dtensors(module: torch.nn.Module, leaves: Sequence[Any]) -> bool:
-    """Whether a parameter, buffer or tensor argument is a DTensor (tensor parallelism)."""
-    dtensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
-    if dtensor is None:  # nobody made a DTensor in this process
-        return False
-    values = itertools.chain(leaves, module.parameters(), module.buffers())
-    return any(isinstance(v, dtensor) for v in values)
-
-
-def _trace_subclassed(traced: "_Flat", leaves: Tuple[Any, ...],
-                      decompositions: Optional[Dict[Any, Callable]]) -> _Program:
-    """A model with DTensors, which torch.export (torch 2.11) cannot trace: AOTAutograd's export
-    with descriptors (Dynamo once, at capture) traces its local computation, the subclasses taken
-    apart as under torch.compile: the graph reads each DTensor parameter's local shard and holds
-    the collectives its redistributions make. Each graph input's descriptor says what it is: a
-    parameter or buffer (or the local tensor of one), or the i-th argument leaf."""
-    import contextlib
-    from torch._functorch._aot_autograd import descriptors as d
-    from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
-
-    with _RandomStateWatch(calls=False) as rng, torch.no_grad(), contextlib.ExitStack() as stack:
-        # writes into buffers and arguments stay in the graph (copy_ into the input), as under torch.compile
-        try:
-            joint = aot_export_joint_with_descriptors(stack, traced, leaves, keep_inference_input_mutations=True,
-                                                      decompositions=_decompositions(decompositions))
-        except AssertionError as e:
-            if "FakeTensor" not in str(e):
-                raise
-            raise NotImplementedError(
-                "torchreplay.capture: this DTensor model reads a tensor that is neither a parameter, a buffer "
-                "nor an argument (a plain attribute, or a global), which its trace through AOTAutograd cannot "
-                "take; register it as a buffer (module.register_buffer), or compile the model: "
-                "torch.compile(model, backend=torchreplay.get_backend(...))") from None
-    rng.check()
-    # AOTAutograd's RNG tracker keeps the trace's fake mode (and its converted copies of the
-    # parameters) alive after the trace: it would outlive the capture.
-    from torch._decomp.decompositions_for_rng import PhiloxStateTracker
-    PhiloxStateTracker.reset()
-    gm = joint.graph_module
-    state = dict(traced.named_parameters(remove_duplicate=False))
-    state.update(traced.named_buffers(remove_duplicate=False))
-
-    def tensor_of(desc: Any) -> Tuple[Any, str, Any]:
-        """The tensor a graph input is, what errors call it, and the parameter or buffer it is of."""
-        if isinstance(desc, d.SubclassGetAttrAOTInput):
-            value, name, owner = tensor_of(desc.base)
-            return getattr(value, desc.attr), f"{name} (its {desc.attr})", owner
-        if isinstance(desc, (d.ParamAOTInput, d.BufferAOTInput)):
-            kind = "parameter" if isinstance(desc, d.ParamAOTInput) else "buffer"
-            return state[desc.target], _bound_name(kind, desc.target), state[desc.target]
-        raise NotImplementedError(f"torchreplay.capture: a DTensor model's graph input of kind {type(desc).__name__} "
-                                  "is not supported (DTensor arguments are not: pass local tensors, and make "
-                                  "DTensors inside the model, as the parallel styles' input hooks do)")
-
-    bound: List[Any] = []
-    bound_names: List[str] = []
-    grad_owners: List[Optional[torch.Tensor]] = []
-    plain = []
-    written = {n.args[0] for n in gm.graph.nodes if n.op == "call_function" and n.target is aten.copy_.default}
-    mutated = []
-    for n in gm.graph.nodes:
-        if n.op != "placeholder":
-            continue
-        desc = n.meta.get("desc")
-        if isinstance(desc, d.PlainAOTInput):
-            if n in written:
-                mutated.append(len(plain))
-            plain.append(desc.idx)
-        elif plain:
-            raise NotImplementedError("torchreplay.capture: a bound input after the arguments in a DTensor "
-                                      "model's graph")
-        else:
-            value, name, owner = tensor_of(desc)
-            bound.append(value)
-            bound_names.append(name)
-            grad_owners.append(owner if owner is not value else None)
-    output = next(n for n in gm.graph.nodes if n.op == "output")
-    if plain != list(range(len(leaves))) or \
-            not all(isinstance(o, d.PlainAOTOutput) for o in output.meta.get("desc", [])):
-        raise NotImplementedError(
-            "torchreplay.capture: this DTensor model returns DTensors, which a capture does not support; "
-            "return local tensors (to_local(), or the parallel styles' use_local_output=True), or compile "
-            "it: torch.compile(model, backend=torchreplay.get_backend(...))")
-    return _Program(gm, bound, bound_names, mutated, len(output.args[0]), joint.out_spec, {}, grad_owners)
 
 
 def save(captured: Captured, path: Any) -> None:

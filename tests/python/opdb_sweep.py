@@ -310,7 +310,7 @@ def _reference_path(entry: str, fn: Callable, args: Any, kwargs: Any) -> Callabl
         def forward(self, *a: Any, **k: Any) -> Any:
             return fn(*a, **k)
 
-    from torchreplay.captured import _decompositions   # the ones capture applies
+    from torchreplay.export import _decompositions   # the ones capture applies
     ep = torch.export.export(M(), tuple(args), kwargs, strict=False)
     return ep.run_decompositions(_decompositions(None)).module()
 

@@ -38,7 +38,7 @@ def test_loaded_program_is_bitwise_the_capture(name, tmp_path):
         if name == "llama_decode":
             # Tracing changes the arithmetic here (docs/performance.md): the reference is the
             # exported program with capture's decompositions, run eagerly.
-            from torchreplay.captured import _decompositions
+            from torchreplay.export import _decompositions
             exported = torch.export.export(reference, make_inputs(0), strict=False)
             reference = exported.run_decompositions(_decompositions(None)).module()
         step = torchreplay.capture(model, make_inputs(0), config=_config())

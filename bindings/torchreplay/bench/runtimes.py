@@ -337,7 +337,7 @@ def traced_check(mode: str, model: torch.nn.Module, make_inputs: Callable[[int],
     change the arithmetic: torch.export's program with capture's decompositions (capture), or
     torch.compile with backend aot_eager (through torch.compile); each on a fresh copy."""
     if mode == "torchreplay-capture":
-        from torchreplay.captured import _decompositions
+        from torchreplay.export import _decompositions
         ep = torch.export.export(copy.deepcopy(model), tuple(make_inputs(0)))
         traced, name = ep.run_decompositions(_decompositions(None)).module(), "the exported program's"
     else:
