@@ -15,11 +15,12 @@ import torch as _torch  # loads libtorch before the extension
 
 from . import _C
 from .backend import Backend, get_backend, named_backend
-from .captured import Captured, capture, load, save
+from .captured import Captured, capture
 from .config import CompilerConfig
 from .engines import precapture, stats
 from .lowering import LoweringError
 from .patches import install as _install_patches
+from .saved import load, save
 
 __all__ = ["Backend", "Captured", "CompilerConfig", "LoweringError", "capture", "get_backend", "load", "precapture", "save", "stats",
            "set_log_level", "cuda_available"]

@@ -10,7 +10,8 @@ outputs; a model with DTensors, which export cannot trace, goes through AOTAutog
 instead); the same passes, lowering and engine as the torch.compile path then run it. Parameters
 and buffers are bound once as static inputs; the writes the model makes to buffers and inputs
 are put back into the graph as in-place updates, so they land in the real tensors. What is
-checked per call and what is not: docs/design.md, "torchreplay.capture".
+checked per call and what is not: docs/design.md, "torchreplay.capture". Saving a capture as a
+.trp file: saved.py.
 """
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ import copy
 import inspect
 import itertools
 import logging
-import os
 import threading
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -31,7 +31,7 @@ from . import _C
 from .arguments import _argument_names, _size_checks, _Trace
 from .capture_sizes import batch_fields
 from .config import CompilerConfig
-from .engines import dump_graph, engine_options, new_engine
+from .engines import dump_graph, new_engine
 from .export import _dtensors, _Flat, trace_program
 from .lowering import lower
 from .passes import run_passes
@@ -313,35 +313,3 @@ def _rewrite_close(gm: torch.fx.GraphModule, bound: List[Any], bound_names: List
     logger.info("torchreplay.capture: numerics 'close': %s; on the example inputs max abs err %.3g, max rel err %.3g",
                 counts, report["max_abs_err"], report["max_rel_err"])
     return gm, report
-
-
-def save(captured: Captured, path: Any) -> None:
-    """Writes a torchreplay.capture result to `path` as a .trp file (Note [The .trp format] in
-    torchreplay/format.h): its graph, weights and buffers, and what its trace assumed, for
-    torchreplay::Load in a C++ program (torchreplay/torchreplay.h) with no Python. The C++ program
-    takes the call's arguments flattened (Program::ArgumentNames) and returns the outputs flattened.
-    Only the capture's own trace is saved: with dynamic=True, sizes it does not hold for (0 and 1
-    where it was traced with more) are refused by the loaded program. CPU programs only."""
-    if not isinstance(captured, Captured):
-        raise TypeError(f"torchreplay.save: want what torchreplay.capture returned, got {type(captured).__name__}")
-    if getattr(captured, "numerics", {}).get("numerics") == "close":
-        raise NotImplementedError("torchreplay.save: this capture was rewritten for numerics 'close' (weights folded "
-                                  "and packed at capture, some in oneDNN's layout, which a .trp file does not hold); "
-                                  "save a capture made with the default numerics 'bitwise'")
-    if captured._trace.size_exprs:
-        raise NotImplementedError("torchreplay.save: the trace relates its sizes by expressions only Python checks "
-                                  f"({', '.join(map(str, captured._trace.size_exprs))}); capture with dynamic=False")
-    kinds, names = [], []
-    for described in captured._bound_names:  # "parameter 'fc.weight'"
-        kind, _, name = described.partition(" ")
-        kinds.append(kind)
-        names.append(name.strip("'"))
-    _C.save_program(captured, os.fspath(path), kinds, names)
-
-
-def load(path: Any, config: Optional[CompilerConfig] = None) -> Any:
-    """A .trp file loaded by the C++ loader, exactly as torchreplay::Load in a C++ program loads
-    it, callable from Python with the flattened arguments (to check a file before shipping it).
-    `config`: the engine's settings (default: reduce-overhead)."""
-    options = engine_options(config, "graph") if config is not None else None
-    return _C.load_program(os.fspath(path), options)
