@@ -5,7 +5,7 @@ in, once (the package's __init__ calls it); each is idempotent (a patched functi
 - torch.nn.Module.train (and eval, which calls it): counts the mode changes in C++
   (_C.module_modes_changed), so that every Captured checks its modules' train/eval mode on its
   next call (Captured._slow_call, _Trace.check_modes in arguments.py): a mode changes what the
-  captured graph computes. (_install_watchers; no Note: its docstring below.)
+  captured graph computes (_install_watchers, whose docstring says more; no Note).
 - the global nn.Module registration hooks of parameters, buffers and submodules: a module a
   Captured has bound that is given a new parameter, buffer or submodule makes that Captured
   raise on every later call, as its graph still holds the old tensors (_on_registration; the
