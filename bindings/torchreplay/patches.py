@@ -22,10 +22,14 @@ in, once (the package's __init__ calls it); each is idempotent (a patched functi
   returned tensor whose autograd graph the traced backward consumed is marked (the backend returns
   it detached) instead of Dynamo tracing the frame again with a graph break there
   (_mark_consumed_outputs; Note [Returning a tensor whose backward ran] in backend.py).
+- Dynamo's VariableBuilder.wrap_module: logs once per module class, for torchreplay's compiles,
+  why an nn.RNN, nn.GRU or nn.LSTM runs eagerly between graphs and what replays it instead
+  (_explain_untraced_rnns, whose docstring says why torchreplay does not trace them).
 """
 from __future__ import annotations
 
 import itertools
+import logging
 import weakref
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
@@ -34,6 +38,8 @@ import torch
 from . import _C
 from .backend import _CONSUMED, Backend, _hazard, named_backend
 from .config import CompilerConfig
+
+logger = logging.getLogger("torchreplay")
 
 if TYPE_CHECKING:
     from .captured import Captured
@@ -44,6 +50,7 @@ def install() -> None:
     _trace_backward_for_torchreplay()
     _mark_consumed_outputs()
     _install_watchers()
+    _explain_untraced_rnns()
 
 
 def _compiled_by(tx: Any) -> Optional[CompilerConfig]:
@@ -180,6 +187,41 @@ def _mark_consumed_outputs() -> None:
 # sees (new memory, or a dtype it refuses), but replace buffers without a hook.
 _watched: "weakref.WeakKeyDictionary[torch.nn.Module, weakref.WeakSet]" = weakref.WeakKeyDictionary()
 _hooks: List[Any] = []
+
+
+def _explain_untraced_rnns() -> None:
+    """Dynamo (2.11) breaks the graph at an nn.RNN, nn.GRU or nn.LSTM unless its global switch
+    torch._dynamo.config.allow_rnn is on: the module runs eagerly between graphs, and a model
+    that is mostly such a module runs slower under torch.compile than eagerly (Dynamo's frame
+    costs more than its graphs save). torchreplay does not turn the switch on for its compiles:
+    traced, a GRU is decomposed into ops whose results are not eager's bits (with aot_eager too),
+    and an LSTM still runs eager's one kernel, so nothing is gained. This says so in torchreplay's
+    log, once per module class, at WARNING, for frames a torchreplay backend compiles, with what
+    replays such a model whole: torchreplay.capture, bitwise (it keeps the module's own kernel)."""
+    try:
+        from torch._dynamo.variables.builder import VariableBuilder
+    except ImportError:
+        return
+    original = VariableBuilder.wrap_module
+    if getattr(original, "_torchreplay", False):
+        return
+    told: set = set()
+
+    def wrap_module(self: Any, value: torch.nn.Module) -> Any:
+        kind = type(value)
+        if (isinstance(value, (torch.nn.RNN, torch.nn.GRU, torch.nn.LSTM)) and not torch._dynamo.config.allow_rnn
+                and kind not in told and _compiled_by(self.tx) is not None):
+            told.add(kind)
+            logger.warning(
+                "torchreplay: Dynamo does not trace %s (torch._dynamo.config.allow_rnn is off): it runs eagerly "
+                "between the compiled graphs, and Dynamo's frame can make the call slower than eager. torchreplay "
+                "leaves the switch off: traced, a GRU's results are not eager's bits, and an LSTM runs the same "
+                "kernel. torchreplay.capture(model, example_args) replays such a model whole, bitwise.",
+                kind.__name__)
+        return original(self, value)
+
+    wrap_module._torchreplay = True  # type: ignore[attr-defined]
+    VariableBuilder.wrap_module = wrap_module
 
 
 def _on_registration(module: torch.nn.Module, name: str, value: Any) -> None:

@@ -60,3 +60,41 @@ def test_torch_logs_and_the_environment_show_captures_once(env, lines):
                          env=dict(clean, **env))
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stderr.count("captured key") == lines, out.stderr[-3000:]
+
+
+def test_an_rnn_dynamo_leaves_eager_is_explained_once_for_torchreplay_compiles(replay_log):
+    """Dynamo does not trace nn.GRU / nn.LSTM: for torchreplay's compiles the log says so once per
+    module class, with what replays the model whole; other backends' compiles add nothing."""
+    from differential import assert_bitwise
+
+    class Gru(torch.nn.GRU):  # a class of this test's own: the message is once per class
+        pass
+
+    class Lstm(torch.nn.LSTM):
+        pass
+
+    class Model(torch.nn.Module):
+        def __init__(self, rnn):
+            super().__init__()
+            self.rnn, self.head = rnn, torch.nn.Linear(8, 2)
+
+        def forward(self, x):
+            return self.head(self.rnn(x)[0][:, -1]).tanh()
+
+    torch._dynamo.reset()
+    x = torch.randn(1, 5, 8)
+    ours = [Model(Gru(8, 8, batch_first=True)).eval() for _ in range(2)]
+    other = Model(Lstm(8, 8, batch_first=True)).eval()
+    with replay_log.at_level(logging.WARNING, logger="torchreplay"), torch.no_grad():
+        for m in ours:
+            b = torchreplay.get_backend(compiler_config=config())
+            f = torch.compile(m, backend=b)
+            for _ in range(3):  # Dynamo (2.11) makes no graph of this frame: it runs eagerly
+                assert_bitwise(f(x), m(x), "GRU model through torch.compile")
+        g = torch.compile(other, backend="aot_eager")
+        for _ in range(2):
+            g(x)
+    said = [r.getMessage() for r in replay_log.records if "allow_rnn" in r.getMessage()]
+    assert len(said) == 1, said
+    assert said[0].startswith("torchreplay: Dynamo does not trace Gru ") and "torchreplay.capture" in said[0]
+    assert replay_log.records[0].levelno == logging.WARNING
