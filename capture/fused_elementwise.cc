@@ -1,5 +1,7 @@
 // Fused elementwise steps (Note [Fused elementwise steps] in fused_elementwise.h): which nodes
 // the fused kernel computes, how groups and segments are cut, and the step.
+// Over 600 lines, not split yet: the describer (OpInfo, Describer) and the grouping (PlanFusion)
+// share this file's anonymous helpers; the cut to come is the describer apart, FusedStep apart.
 #include "capture/fused_elementwise.h"
 
 #include <ATen/Dispatch.h>

@@ -6,6 +6,9 @@
 // capability, so that an op ATen runs with 512-bit vectors (sigmoid, silu, exp2) runs as fast
 // here; an element's bits do not depend on the vector width, only on which path eager gives it.
 // TORCHREPLAY_FUSED_ISA names the namespace of this copy.
+// One file on purpose (over 600 lines): it is compiled once per instruction set with that set's
+// flags, and every op's functors, loops and the runner must be in the same translation unit so
+// that each copy inlines them with its own vector width.
 #include "capture/fused_kernels.h"
 
 #include <ATen/Parallel.h>

@@ -12,6 +12,8 @@ unless --threads says otherwise.
 Writes DIR/results.json, DIR/results.csv and DIR/per_call.png; with --trace, also one
 torch.profiler trace per model and mode in DIR/traces (see python -m torchreplay.trace).
 """
+# Over 600 lines: the harness runner with its reference modes (Exported, ConvBound, the floors);
+# the reference modes are the part to move into a module of their own.
 from __future__ import annotations
 
 import argparse
