@@ -602,6 +602,10 @@ class FusedStep final : public TypedCall {
   static constexpr int kTrials = 4;
 
   static Mode FirstMode(const fused::Program& program) {
+    // TORCHREPLAY_FUSED_WAY=fused or =ops: that way always (read at each capture, for comparisons)
+    const char* env = std::getenv("TORCHREPLAY_FUSED_WAY");
+    if (env != nullptr && std::string(env) == "fused") return Mode::kFused;
+    if (env != nullptr && std::string(env) == "ops") return Mode::kOps;
     int64_t work = 0;
     for (const fused::Instr& in : program.instrs) work += in.numel;
     return work >= kTimedWork ? Mode::kTrial : Mode::kFused;
@@ -699,17 +703,39 @@ std::vector<TapePlan::FusedGroup> PlanFusion(const Graph& g, const Recording& re
         }
       }
     }
+    // Chunk buffers by liveness: a value takes a free one at the instruction that writes it (never
+    // one an input of that instruction holds) and frees it after the last instruction reading it,
+    // so a chain of any length cycles through two or three buffers that stay in the L1 cache.
+    absl::flat_hash_map<ValueId, int> last_read;
+    for (int j = 0; j < static_cast<int>(group.instrs.size()); ++j) {
+      for (int k = 0; k <= group.instrs[j].num_inputs; ++k) {
+        const ValueId v = operand_values[j][k];
+        if (v >= 0 && uses.contains(v) && uses[v].qualifies) last_read[v] = j;
+      }
+    }
     absl::flat_hash_map<ValueId, int> temp;
+    std::vector<int> free_temps;
+    int made = 0;
     for (int j = 0; j < static_cast<int>(group.instrs.size()); ++j) {
       fused::Instr& in = group.instrs[j];
+      const ValueId out = operand_values[j][0];
+      if (out >= 0 && last_read.contains(out) && !temp.contains(out)) {
+        if (!free_temps.empty()) {
+          temp.emplace(out, free_temps.back());
+          free_temps.pop_back();
+        } else if (made < fused::kMaxTemps) {
+          temp.emplace(out, made++);
+        }
+      }
+      for (int k = 0; k <= in.num_inputs; ++k) {
+        if (auto it = temp.find(operand_values[j][k]); it != temp.end()) in.temp[k] = static_cast<int8_t>(it->second);
+      }
       for (int k = 0; k <= in.num_inputs; ++k) {
         const ValueId v = operand_values[j][k];
-        if (v < 0 || !uses.contains(v) || !uses[v].qualifies) continue;
-        if (!temp.contains(v)) {
-          if (static_cast<int>(temp.size()) == fused::kMaxTemps) continue;
-          temp.emplace(v, static_cast<int>(temp.size()));
+        if (auto it = temp.find(v); it != temp.end() && last_read[v] == j) {
+          free_temps.push_back(it->second);
+          temp.erase(it);
         }
-        in.temp[k] = static_cast<int8_t>(temp[v]);
       }
     }
   };

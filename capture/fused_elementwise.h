@@ -56,8 +56,11 @@
 // of it included; graph outputs never qualify). Its planned buffer stays: the per-node calls the
 // step may run instead (a NaN the kernel does not promise bits for, Note [A fused step no slower
 // than its ops]) write it. Addresses and strides are otherwise the ones the op's iterator gives, so
-// every element takes the path and the bits it took before. At most kMaxTemps per group; the
-// profile's note of the step says how many.
+// every element takes the path and the bits it took before. The chunk buffers are reused by
+// liveness (a chain of any length needs two or three; kMaxTemps at once at most), and since the
+// kernel never touches the planned buffer, the plan gives it the liveness it has without fusion
+// (TapePlan's Fuse), so the per-node calls reuse memory as the unfused tape does. The profile's
+// note of the step says how many intermediates are kept.
 #pragma once
 
 #include <memory>

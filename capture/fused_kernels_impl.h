@@ -88,6 +88,32 @@ bool Flagged(NanCheck check, const T* v) {
   return check == NanCheck::kNanPair ? all : any;
 }
 
+// The vector body of Map over [i, stop): returns where it stopped. The NaN check and whether any
+// input is broadcast are template arguments, so that the common loop (dense inputs, no check)
+// carries no per-vector branch.
+template <class T, int N, NanCheck kCheck, bool kBroadcast, class F>
+int64_t VecLoop(const F& f, const Cursor& c, const Vectorized<T>* bcast, int64_t i, int64_t stop) {
+  using Vec = Vectorized<T>;
+  constexpr int64_t kSize = sizeof(T);
+  Vec flagged(T(0));  // lanes with inputs the NanCheck names, seen so far
+  for (; i + Vec::size() <= stop; i += Vec::size()) {
+    Vec in[N];
+    for (int k = 0; k < N; ++k) {
+      in[k] = kBroadcast && c.s[k + 1] == 0 ? bcast[k] : Vec::loadu(c.p[k + 1] + i * kSize);
+    }
+    if constexpr (kCheck != NanCheck::kNone) flagged = flagged | Flagged<T, N>(kCheck, in);
+    Vec r;
+    if constexpr (N == 1) r = f.V(in[0]);
+    if constexpr (N == 2) r = f.V(in[0], in[1]);
+    if constexpr (N == 3) r = f.V(in[0], in[1], in[2]);
+    r.store(c.p[0] + i * kSize);
+  }
+  if constexpr (kCheck != NanCheck::kNone) {
+    if (AnyLane(flagged)) c.inexact->store(true, std::memory_order_relaxed);
+  }
+  return i;
+}
+
 // Runs elements [begin, end) of a piece of `len` elements (one vectorized_loop call in eager).
 // `f.S` is the op's scalar lambda, `f.V` its vector lambda. With `block` > 0 the op's two paths
 // can round an element differently, so each element takes the path eager gives it: the vector
@@ -112,22 +138,21 @@ void Map(const F& f, const Cursor& c, int64_t len, int64_t begin, int64_t end, i
     for (int k = 0; k < N; ++k) {
       if (c.s[k + 1] == 0) bcast[k] = Vec(c.at<T>(k + 1, 0));
     }
-    auto load = [&](int k, int64_t at) {
-      return c.s[k + 1] == 0 ? bcast[k] : Vec::loadu(c.p[k + 1] + at * kSize);
-    };
     const int64_t stop = std::min(end, vec_end);
-    Vec flagged(T(0));  // lanes with inputs the NanCheck names, seen so far
-    for (; i + Vec::size() <= stop; i += Vec::size()) {
-      Vec in[N];
-      for (int k = 0; k < N; ++k) in[k] = load(k, i);
-      if (check != NanCheck::kNone) flagged = flagged | Flagged<T, N>(check, in);
-      Vec r;
-      if constexpr (N == 1) r = f.V(in[0]);
-      if constexpr (N == 2) r = f.V(in[0], in[1]);
-      if constexpr (N == 3) r = f.V(in[0], in[1], in[2]);
-      r.store(c.p[0] + i * kSize);
+    switch (check) {
+      case NanCheck::kNone:
+        i = broadcast > 0 ? VecLoop<T, N, NanCheck::kNone, true>(f, c, bcast, i, stop)
+                          : VecLoop<T, N, NanCheck::kNone, false>(f, c, bcast, i, stop);
+        break;
+      case NanCheck::kNanPair:
+        i = broadcast > 0 ? VecLoop<T, N, NanCheck::kNanPair, true>(f, c, bcast, i, stop)
+                          : VecLoop<T, N, NanCheck::kNanPair, false>(f, c, bcast, i, stop);
+        break;
+      case NanCheck::kAnyNan:
+        i = broadcast > 0 ? VecLoop<T, N, NanCheck::kAnyNan, true>(f, c, bcast, i, stop)
+                          : VecLoop<T, N, NanCheck::kAnyNan, false>(f, c, bcast, i, stop);
+        break;
     }
-    if (check != NanCheck::kNone && AnyLane(flagged)) c.inexact->store(true, std::memory_order_relaxed);
   }
   for (; i < end; ++i) {
     T in[N];
@@ -287,17 +312,26 @@ struct Addcdiv {
 // vml ops (vml.h): every element through the vector function, the tail too, so the bits of an
 // element do not depend on where a loop starts or ends. Layouts other than contiguous go through
 // a buffer, as UnaryOpsKernel.cpp's IMPLEMENT_ITERATOR_LAMBDA does.
+// Whether input 1 of `c` holds a NaN in [begin, end).
+template <class T>
+bool AnyNan(const Cursor& c, int64_t begin, int64_t end) {
+  using Vec = Vectorized<T>;
+  int64_t i = begin;
+  if (c.s[1] == sizeof(T)) {
+    Vec flagged(T(0));
+    for (; i + Vec::size() <= end; i += Vec::size()) flagged = flagged | Vec::loadu(c.p[1] + i * sizeof(T)).isnan();
+    if (AnyLane(flagged)) return true;
+  }
+  for (; i < end; ++i) {
+    if (std::isnan(c.at<T>(1, i))) return true;
+  }
+  return false;
+}
+
 template <class T, class F>
 void Vml(const F& f, const Cursor& c, int64_t begin, int64_t end, NanCheck check) {
   constexpr int64_t kSize = sizeof(T);
-  if (check != NanCheck::kNone) {
-    for (int64_t i = begin; i < end; ++i) {
-      if (std::isnan(c.at<T>(1, i))) {
-        c.inexact->store(true, std::memory_order_relaxed);
-        break;
-      }
-    }
-  }
+  if (check != NanCheck::kNone && AnyNan<T>(c, begin, end)) c.inexact->store(true, std::memory_order_relaxed);
   if (c.s[0] == kSize && c.s[1] == kSize) {
     f(reinterpret_cast<T*>(c.p[0] + begin * kSize), reinterpret_cast<const T*>(c.p[1] + begin * kSize),
       end - begin);

@@ -537,8 +537,8 @@ class Emitter {
       ++tape_->info_.fused_steps;
       tape_->info_.fused_nodes += static_cast<int>(group.nodes.size());
       Push(std::move(step), g_.nodes()[i], "fused elementwise");
-      int kept = 0;  // Note [Intermediates kept in chunks]
-      for (const fused::Instr& in : group.instrs) kept = std::max(kept, 1 + *std::max_element(in.temp, in.temp + fused::kMaxOperands));
+      int kept = 0;  // Note [Intermediates kept in chunks]: each written once, as an instruction's result
+      for (const fused::Instr& in : group.instrs) kept += in.temp[0] >= 0;
       if (kept > 0) tape_->steps_.back().note = absl::StrCat(kept, " intermediates kept in chunks by the fused kernel");
       return;
     }

@@ -304,15 +304,23 @@ class Planner {
   }
 
   // A fused segment runs every instruction on a piece before the next piece, so the arena
-  // buffers a group reads or writes stay live until its last node: none is reused under it.
+  // buffers a group reads or writes stay live until its last node: none is reused under it. The
+  // exception: an intermediate the kernel keeps in chunks (Note [Intermediates kept in chunks])
+  // never touches its buffer there; only the nodes' own calls, one after another, write and read
+  // it, so it keeps the liveness it has without fusion and its memory is reused as theirs is.
   void Fuse() {
     plan_.groups = PlanFusion(g_, rec_, plan_);
     for (size_t k = 0; k < plan_.groups.size(); ++k) {
-      const int end = plan_.groups[k].nodes.back();
-      for (int i : plan_.groups[k].nodes) {
+      const TapePlan::FusedGroup& group = plan_.groups[k];
+      const int end = group.nodes.back();
+      absl::flat_hash_set<ValueId> kept;
+      for (size_t j = 0; j < group.nodes.size(); ++j) {
+        if (group.instrs[j].temp[0] >= 0) kept.insert(root_of(g_.nodes()[group.nodes[j]].outputs[0]));
+      }
+      for (int i : group.nodes) {
         plan_.nodes[i].group = static_cast<int>(k);
         auto extend = [&](ValueId v) {
-          if (const int b = val_[root_of(v)].buffer; b >= 0) {
+          if (const int b = val_[root_of(v)].buffer; b >= 0 && !kept.contains(root_of(v))) {
             plan_.requests[b].last_use = std::max(plan_.requests[b].last_use, end);
           }
         };

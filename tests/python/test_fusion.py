@@ -239,8 +239,15 @@ def _read_after(x, y):
     return torch.tanh(a) + a.sum()
 
 
+def _long_chain(x, y):
+    for _ in range(4):
+        x = torch.tanh(torch.sigmoid(x) * y) + y
+    return x
+
+
 KEPT = {  # name -> (fn, intermediates the fused kernel keeps in chunks)
     "chain": (lambda x, y: torch.tanh(torch.sigmoid(x) * y) + y, 3),
+    "a chain of sixteen": (_long_chain, 15),
     "an intermediate also returned": (_returned, 1),
     "an intermediate read after the group": (_read_after, 1),
 }
@@ -269,6 +276,26 @@ def test_intermediates_nothing_else_reads_stay_in_chunks(name, threads):
         assert notes[0] == f"{kept} intermediates kept in chunks by the fused kernel", notes
     finally:
         torch.set_num_threads(saved)
+
+
+def test_kept_intermediates_reuse_memory_as_the_unfused_tape_does():
+    """The planned buffers of intermediates kept in chunks take their unfused liveness: a chain
+    of sixteen needs no more arena than its unfused tape, and both ways of the step (the kernel,
+    and the per-node calls it runs on NaN inputs, odd seeds) give eager's bits."""
+    n = 4096 + 3
+    inputs = lambda k: (special(n, torch.float32, k), special(n, torch.float32, 20 + k))  # noqa: E731
+    example = inputs(0)
+    graph = lower(make_fx(_long_chain)(*example), example, ())
+    on, off = (_C.Engine(graph, _C.EngineOptions(fuse_elementwise=f)) for f in (True, False))
+    for k in range(4):
+        want = _long_chain(*inputs(k))
+        assert_bitwise(on.run(list(inputs(k)))[0], want, f"fused, call {k}")
+        assert_bitwise(off.run(list(inputs(k)))[0], want, f"unfused, call {k}")
+    assert on.stats()["replays"] == 3 and off.stats()["replays"] == 3
+    fused, unfused = on.stats()["capture_log"][-1], off.stats()["capture_log"][-1]
+    assert fused["fused_nodes"] == 16 and unfused["fused_nodes"] == 0, (fused, unfused)
+    # sixteen separate buffers would be 16 * n * 4 bytes; the unfused tape reuses two or three
+    assert fused["arena_bytes"] <= unfused["arena_bytes"] < 8 * n * 4, (fused, unfused)
 
 
 def test_fusion_off_gives_the_same_bits_and_no_fused_steps():
