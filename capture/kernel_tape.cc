@@ -1,9 +1,5 @@
 // The CPU kernel tape (see kernel_tape.h): the emitter that turns a TapePlan into steps, and
 // replay.
-// Over 600 lines, not split yet: the emitter still picks each step's kind by op name
-// (Emitter::OutVariantStep), so its families cannot leave this file one by one without a step-kind
-// table (a Match the plan calls, a Make the emitter calls) that the move to a tape/ package is to
-// bring; splitting before that would only scatter the name checks.
 #include "capture/kernel_tape.h"
 
 #include <ATen/EmptyTensor.h>
@@ -25,6 +21,7 @@
 #include "capture/fused_elementwise.h"
 #include "capture/interpreter.h"
 #include "capture/prepared_pointwise.h"
+#include "capture/step_kinds.h"
 #include "capture/tape_plan.h"
 #include "capture/typed_call.h"
 
@@ -50,7 +47,7 @@ struct Step {
   std::unique_ptr<TypedCall> typed;       // set for typed out= steps (Note [Typed steps])
   std::string name;                       // the node, for errors
   std::string op_name;                    // for profiles: the kernel it calls (StepTime::op)
-  const char* kind_name = "";             // for profiles: what the step is (StepTime::kind)
+  std::string kind_name;                  // for profiles: what the step is (StepTime::kind)
   std::string shapes;                     // for profiles: its results' dtypes and sizes
   std::string note;                       // for profiles: why its node runs this kernel (StepTime::note)
 };
@@ -306,7 +303,7 @@ std::vector<size_t> WrappedNumbersToPrecast(c10::ScalarType out_dtype, const Slo
 
 // Turns the plan into the tape's steps, with the arena planned. Constants are known here for the
 // first time: the baked inputs, the arena buffers, and what precomputed nodes give.
-class Emitter {
+class Emitter final : public EmitContext {
  public:
   Emitter(const Graph& g, const Recording& rec, const TapePlan& plan,
           const std::vector<at::Tensor>& buffers, c10::Storage arena_storage, const CaptureOptions& options,
@@ -316,6 +313,21 @@ class Emitter {
 
   // The constant value of `v` (valid after Emit, for values the plan made constant).
   const c10::IValue& constant(ValueId v) const { return constants_[v]; }
+  // Per node, what its step is (StepTime::kind; empty for a node with no step of its own).
+  std::vector<std::string> made() && { return std::move(made_); }
+
+  // EmitContext, for the step families (Note [Step kinds]).
+  const Recording& recording() const override { return rec_; }
+  TensorArg TensorArgOf(ValueId v) const override {
+    TensorArg a;
+    if (plan_.values[v].constant) {
+      a.value = constants_[v].toTensor();
+    } else {
+      a.slot = plan_.values[v].slot;
+    }
+    return a;
+  }
+  const at::Tensor& BufferOf(ValueId v) const override { return buffers_[plan_.values[v].buffer]; }
 
   absl::Status Emit(const std::vector<c10::IValue>& inputs) {
     for (size_t i = 0; i < g_.inputs().size(); ++i) {
@@ -614,6 +626,7 @@ class Emitter {
     return MakeFusedStep(std::move(program), std::move(operands), std::move(exact), arena_storage_);
   }
 
+  // Note [Step kinds]: the step of the family the plan chose.
   void OutVariantStep(const Node& n, const OutVariant& out, Step step) {
     std::vector<int> slot_of(step.args.size(), -1);
     bool whole_args = true;
@@ -621,37 +634,14 @@ class Emitter {
       slot_of[p.arg] = p.slot;
       whole_args = whole_args && p.elem < 0;
     }
-    bool prepared = false;
-    const std::string out_name = OperatorName(out.op);
-    const char* own = nullptr;  // a step the tape makes itself: what it is, for profiles
-    if (out_name == "aten::cat.out") step.typed = CatAsCopies(n), own = "copies";
-    if (out_name == "aten::clone.out" || out_name == "aten::copy.out") step.typed = CopyAsCopies(n), own = "copies";
-    if (out_name == "aten::embedding.out") step.typed = EmbeddingAsCopies(n), own = "copies";
-    if (out_name == "torchreplay::_scaled_dot_product_flash_attention_for_cpu.out" && whole_args) {
-      step.typed = MakeFlashAttention(step.args, slot_of), own = "prepared attention";
-    }
-    if (out_name == "torchreplay::native_layer_norm.out" && whole_args) {
-      step.typed = MakeLayerNorm(step.args, slot_of), own = "prepared layer norm";
-    }
-    if (out_name == "torchreplay::convolution.out" && whole_args) {  // Note [Checked convolutions]
-      step.typed = MakeConvolutionStep(step.args, slot_of), own = ConvolutionStepKind(step.args);
-    }
-    if (step.typed == nullptr) own = nullptr;
-    if (whole_args && own == nullptr) {
-      step.typed = MakeTypedCall(out.op, step.args, slot_of);
-      if (options_.prepared_steps && step.typed != nullptr) {
-        const TypedCall* plain = step.typed.get();
-        step.typed = MakePrepared(out.op, step.args, slot_of, std::move(step.typed));
-        prepared = step.typed.get() != plain;
-        tape_->info_.prepared_steps += prepared;
-      }
-    }
+    const StepKind kind = plan_.nodes[&n - g_.nodes().data()].kind;
+    Made made = MakeOutStep(kind, *this, OutCall{n, out.op, step.args, slot_of, whole_args}, options_);
+    step.typed = std::move(made.call);
+    tape_->info_.prepared_steps += made.prepared;
     tape_->info_.typed_steps += step.typed != nullptr;
     ++tape_->info_.out_variant_steps;
-    const bool reduction = out_name == "aten::sum.IntList_out" || out_name == "aten::mean.out";
-    step.op_name = out_name;
-    Push(std::move(step), n, prepared ? (reduction ? "prepared reduction" : "prepared pointwise")
-                             : own != nullptr ? own : step.typed != nullptr ? "typed out=" : "boxed out=");
+    step.op_name = OperatorName(out.op);
+    Push(std::move(step), n, std::move(made.what));
   }
 
   void FunctionalStep(const Node& n) {
@@ -671,8 +661,8 @@ class Emitter {
       any_fresh = any_fresh || rec_.values[o].root == o;
     }
     step.op_name = OperatorName(*n.op);
-    if (step.op_name == "aten::index_copy_") {
-      if ((step.typed = IndexCopyAsCopies(n)) != nullptr) return Push(std::move(step), n, "copies");
+    if (plan_.nodes[&n - g_.nodes().data()].kind == StepKind::kCopies) {
+      if ((step.typed = MakeIndexCopy(*this, n)) != nullptr) return Push(std::move(step), n, "copies");
     }
     if (any_fresh) {
       ++tape_->info_.functional_steps;
@@ -717,122 +707,10 @@ class Emitter {
     Push(std::move(step), n, "wait");
   }
 
-  // Note [Copies]: self.index_copy_(dim, index, source) with one int64 index, all of one dtype.
-  std::unique_ptr<TypedCall> IndexCopyAsCopies(const Node& n) {
-    if (n.args.size() != 4 || n.args[1].kind != Arg::Kind::kConstant || !n.args[1].constant.isInt() ||
-        n.args[2].kind != Arg::Kind::kValue || n.args[0].kind != Arg::Kind::kValue) {
-      return nullptr;
-    }
-    const ValueRecord& self = rec_.values[n.args[0].value];
-    const ValueRecord& index = rec_.values[n.args[2].value];
-    if (!self.is_tensor || self.sizes.empty() || !index.is_tensor || index.dtype != c10::kLong ||
-        c10::multiply_integers(index.sizes) != 1) {
-      return nullptr;
-    }
-    const int64_t dim = c10::maybe_wrap_dim(n.args[1].constant.toInt(), static_cast<int64_t>(self.sizes.size()));
-    std::optional<CatInput> dst = CopiedInput(n.args[0], self.dtype), src = CopiedInput(n.args[3], self.dtype);
-    if (!dst.has_value() || !src.has_value() || src->sizes.size() != dst->sizes.size() || src->sizes[dim] != 1) {
-      return nullptr;
-    }
-    for (size_t d = 0; d < src->sizes.size(); ++d) {
-      if (static_cast<int64_t>(d) != dim && src->sizes[d] != dst->sizes[d]) return nullptr;
-    }
-    return MakeIndexCopyOne(*std::move(dst), dim, TensorArgOf(n.args[2].value), *std::move(src));
-  }
-
-  // Note [Copies]: embedding(weight, indices) of a 2-d weight and contiguous int64 indices.
-  std::unique_ptr<TypedCall> EmbeddingAsCopies(const Node& n) {
-    if (n.args.size() < 2 || n.args[1].kind != Arg::Kind::kValue) return nullptr;
-    const ValueRecord& out = rec_.values[n.outputs[0]];
-    const ValueRecord& indices = rec_.values[n.args[1].value];
-    std::optional<CatInput> weight = CopiedInput(n.args[0], out.dtype);
-    if (!weight.has_value() || weight->sizes.size() != 2 || !indices.is_tensor || indices.dtype != c10::kLong ||
-        !indices.contiguous() || !out.contiguous()) {
-      return nullptr;
-    }
-    return MakeEmbeddingRows(*std::move(weight), TensorArgOf(n.args[1].value),
-                             buffers_[plan_.values[n.outputs[0]].buffer]);
-  }
-
-  // A tensor value as a step argument: its constant, or its per-call slot.
-  TensorArg TensorArgOf(ValueId v) {
-    TensorArg a;
-    if (plan_.values[v].constant) {
-      a.value = constants_[v].toTensor();
-    } else {
-      a.slot = plan_.values[v].slot;
-    }
-    return a;
-  }
-
-  // Note [Concatenation as copies]: aten::cat of tensors of the result's dtype into a contiguous
-  // buffer, as copies; nullptr where cat would do more than move elements.
-  std::unique_ptr<TypedCall> CatAsCopies(const Node& n) {
-    const ValueRecord& out = rec_.values[n.outputs[0]];
-    const int64_t rank = static_cast<int64_t>(out.sizes.size());
-    const at::Tensor& buffer = buffers_[plan_.values[n.outputs[0]].buffer];
-    if (rank == 0 || n.args.size() != 2 || n.args[0].kind != Arg::Kind::kList ||
-        n.args[1].kind != Arg::Kind::kConstant || !n.args[1].constant.isInt()) {
-      return nullptr;
-    }
-    const int64_t dim = c10::maybe_wrap_dim(n.args[1].constant.toInt(), rank);
-    std::vector<CatInput> inputs;
-    for (const Arg& el : n.args[0].elems) {
-      std::optional<CatInput> in = CopiedInput(el, out.dtype);
-      if (!in.has_value()) return nullptr;
-      if (in->sizes.size() == 1 && in->sizes[0] == 0) continue;  // a legacy empty tensor: cat skips it
-      if (static_cast<int64_t>(in->sizes.size()) != rank) return nullptr;
-      for (int64_t d = 0; d < rank; ++d) {
-        if (d != dim && in->sizes[d] != out.sizes[d]) return nullptr;
-      }
-      inputs.push_back(*std::move(in));
-    }
-    return MakeCatCopies(std::move(inputs), dim, buffer);
-  }
-
-  // clone(x) and copy(self, src) of src with the result's dtype and sizes: a cat of one input.
-  std::unique_ptr<TypedCall> CopyAsCopies(const Node& n) {
-    const ValueRecord& out = rec_.values[n.outputs[0]];
-    const bool clone = n.op->schema().name() == "aten::clone";
-    const size_t from = clone ? 0 : 1;
-    if (n.args.size() <= from) return nullptr;
-    std::optional<CatInput> in = CopiedInput(n.args[from], out.dtype);
-    if (!in.has_value() || in->sizes != out.sizes) return nullptr;
-    std::vector<CatInput> inputs;
-    inputs.push_back(*std::move(in));
-    return MakeCatCopies(std::move(inputs), 0, buffers_[plan_.values[n.outputs[0]].buffer]);
-  }
-
-  // A tensor argument as a copy's input, when its dtype is `dtype` and it is no conjugate or
-  // negative view (whose elements are not its bytes): its recorded geometry, and its value (a
-  // constant) or slot (per call).
-  std::optional<CatInput> CopiedInput(const Arg& arg, c10::ScalarType dtype) {
-    CatInput in;
-    if (arg.kind == Arg::Kind::kValue) {
-      const ValueRecord& r = rec_.values[arg.value];
-      if (!r.is_tensor || r.dtype != dtype || r.lazy_bits) return std::nullopt;
-      in.sizes = r.sizes, in.strides = r.strides;
-      const TapePlan::ValuePlan& v = plan_.values[arg.value];
-      if (v.constant) {
-        in.tensor.value = constants_[arg.value].toTensor();
-      } else {
-        in.tensor.slot = v.slot;
-      }
-    } else {
-      if (arg.kind != Arg::Kind::kConstant || !arg.constant.isTensor() ||
-          arg.constant.toTensor().scalar_type() != dtype || arg.constant.toTensor().is_conj() ||
-          arg.constant.toTensor().is_neg()) {
-        return std::nullopt;
-      }
-      in.tensor.value = arg.constant.toTensor();
-      in.sizes = in.tensor.value.sizes().vec(), in.strides = in.tensor.value.strides().vec();
-    }
-    return in;
-  }
-
   // Appends `step`, described for profiles: `kind` and the dtypes and sizes of n's results.
-  void Push(Step step, const Node& n, const char* kind) {
-    step.kind_name = kind;
+  void Push(Step step, const Node& n, std::string kind) {
+    made_[&n - g_.nodes().data()] = kind;
+    step.kind_name = std::move(kind);
     std::vector<std::string> shapes;
     for (ValueId o : n.outputs) {
       const ValueRecord& r = rec_.values[o];
@@ -856,6 +734,7 @@ class Emitter {
   std::vector<std::pair<int, at::Tensor>> holders_;  // (slot, wrapped number): see Holder
   absl::flat_hash_map<int, int> sym_step_of_slot_;   // slot -> the kSymArith step giving it
   std::vector<Step> group_stacks_;  // the stacks of the open fused group's nodes so far
+  std::vector<std::string> made_ = std::vector<std::string>(g_.nodes().size());  // see made()
   absl::flat_hash_map<int, std::shared_ptr<PendingWork>> pending_of_wait_;  // wait node -> its work
 };
 
@@ -917,7 +796,8 @@ absl::StatusOr<std::unique_ptr<CapturedGraph>> CaptureKernelTape(
     tape->outputs_.push_back(std::move(out));
     tape->output_in_pool_.push_back(pool);
   }
-  tape->listing_ = plan->ToString(g, &arena_plan);
+  const std::vector<std::string> made = std::move(emitter).made();
+  tape->listing_ = plan->ToString(g, &arena_plan, &made);
   return std::unique_ptr<CapturedGraph>(std::move(tape));
 }
 

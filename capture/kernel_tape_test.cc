@@ -11,13 +11,17 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <random>
 
 #include "capture/interpreter.h"
 #include "capture/recording.h"
+#include "capture/step_kinds.h"
 #include "capture/tape_plan.h"
 #include "capture/testing.h"
+#include "absl/strings/str_split.h"
 #include "guards/guard_key.h"
 #include "memory_pool/arena.h"
 
@@ -272,6 +276,57 @@ TEST(KernelTapeTest, PlanSaysWhatEachNodeBecomes) {
   EXPECT_THAT(text, HasSubstr("aten::relu: out= aten::clamp_min.out"));
   EXPECT_THAT(text, HasSubstr("aten::add_.Tensor: functional in place"));
   EXPECT_THAT(text, HasSubstr("getitem[0]: getitem"));
+}
+
+bool SameBits(const at::Tensor& a, const at::Tensor& b);
+
+// Note [Step kinds]: the plan picks each out= node's family; where a family's Make finds the
+// arguments other than its Match assumed, the node becomes a typed out= step (boxed where no typed
+// call exists), and the dump says so.
+TEST(KernelTapeTest, StepFamiliesComeFromThePlanAndTheDumpSaysWhatEachBecame) {
+  GraphBuilder b;
+  const ValueId x = b.AddInput("x", ValueType::kTensor);
+  const ValueId d = b.AddInput("d", ValueType::kTensor);
+  const ValueId same = Op(b, "aten::cat", {Arg::List({Arg::Ref(x), Arg::Ref(x)}), Arg::Const(int64_t{0})});
+  // float and double: cat promotes, which copies cannot do
+  const ValueId mixed = Op(b, "aten::cat", {Arg::List({Arg::Ref(x), Arg::Ref(d)}), Arg::Const(int64_t{0})});
+  const ValueId sin = Op(b, "aten::sin", {Arg::Ref(same)});
+  ASSERT_TRUE(b.SetOutputs({Arg::Ref(same), Arg::Ref(mixed), Arg::Ref(sin)}).ok());
+  auto g = b.Build();
+  ASSERT_TRUE(g.ok()) << g.status();
+  const std::vector<c10::IValue> inputs = {at::randn({3, 4}), at::randn({2, 4}, at::kDouble)};
+  Interpreter interp(*g);
+  Recording rec;
+  ASSERT_TRUE(RunAndRecord(interp, Clone(inputs), &rec).ok());
+  auto plan = PlanTape(**g, rec, /*fuse=*/false);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->nodes[0].kind, StepKind::kCopies);
+  EXPECT_EQ(plan->nodes[1].kind, StepKind::kCopies);
+  EXPECT_EQ(plan->nodes[2].kind, StepKind::kTypedOut);
+
+  memory_pool::Arena arena;
+  auto tape = Capture(*g, inputs, &arena, Unfused());
+  const std::string stem = ::testing::TempDir() + "step_kinds";
+  auto path = tape->Dump(stem);
+  ASSERT_TRUE(path.ok()) << path.status();
+  std::ifstream f(*path);
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const std::vector<std::string> lines = absl::StrSplit(text, '\n');
+  ASSERT_GE(lines.size(), 4u) << text;
+  EXPECT_THAT(lines[1], HasSubstr("family: copies; step: copies")) << text;
+  // no typed signature takes cat's list: the out= overload, boxed
+  EXPECT_THAT(lines[2], HasSubstr("family: copies; step: boxed out=")) << text;
+#if defined(__x86_64__)
+  EXPECT_THAT(lines[3], HasSubstr("family: typed out=; step: prepared pointwise")) << text;
+#endif
+  for (int call = 0; call < 2; ++call) {
+    const std::vector<c10::IValue> in = {at::randn({3, 4}), at::randn({2, 4}, at::kDouble)};
+    auto want = Interpreter(*g).Run(Clone(in));
+    ASSERT_TRUE(want.ok()) << want.status();
+    std::vector<c10::IValue> got;
+    ASSERT_TRUE(tape->Replay(in, &got).ok());
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(SameBits(got[i].toTensor(), (*want)[i].toTensor())) << i;
+  }
 }
 
 // x, s (float), k (int): s and k reach kernels only as data (a wrapped number where a Tensor

@@ -184,6 +184,7 @@ class Planner {
     if (np.out.has_value()) {
       np.decision = TapePlan::Decision::kOutVariant;
       np.why = rec_.out_notes[i];
+      np.kind = MatchOutFamily(n, OperatorName(np.out->op), WholeArgs(n));
       for (ValueId o : n.outputs) {
         const ValueRecord& r = rec_.values[o];
         const int64_t nbytes = static_cast<int64_t>(
@@ -195,6 +196,7 @@ class Planner {
       return;
     }
     np.out.reset();
+    if (MatchIndexCopy(n)) np.kind = StepKind::kCopies;
     Functional(i, mutable_op);
   }
 
@@ -303,6 +305,17 @@ class Planner {
     }
   }
 
+  // Whether no list argument of n has an element computed per call (its step's stack is then
+  // whole at capture: Note [Step kinds]).
+  bool WholeArgs(const Node& n) const {
+    for (const Arg& a : n.args) {
+      for (const Arg& el : a.elems) {
+        if (el.kind == Arg::Kind::kValue && !val_[el.value].constant) return false;
+      }
+    }
+    return true;
+  }
+
   // A fused segment runs every instruction on a piece before the next piece, so the arena
   // buffers a group reads or writes stay live until its last node: none is reused under it. The
   // exception: an intermediate the kernel keeps in chunks (Note [Intermediates kept in chunks])
@@ -351,7 +364,8 @@ absl::StatusOr<TapePlan> PlanTape(const Graph& g, const Recording& rec, bool fus
   return Planner(g, rec).Plan(fuse);
 }
 
-std::string TapePlan::ToString(const Graph& g, const memory_pool::ArenaPlan* arena) const {
+std::string TapePlan::ToString(const Graph& g, const memory_pool::ArenaPlan* arena,
+                               const std::vector<std::string>* made) const {
   auto name = [&](ValueId v) {
     const ValuePlan& p = values[v];
     return absl::StrCat("%", g.values()[v].name,
@@ -387,6 +401,8 @@ std::string TapePlan::ToString(const Graph& g, const memory_pool::ArenaPlan* are
     } else if (!nodes[i].why.empty()) {
       os << " (" << nodes[i].why << ")";
     }
+    if (nodes[i].kind != StepKind::kNone && nodes[i].group < 0) os << "; family: " << StepKindName(nodes[i].kind);
+    if (made != nullptr && !(*made)[i].empty()) os << "; step: " << (*made)[i];
     os << "\n";
   }
   if (arena != nullptr) {

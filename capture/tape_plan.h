@@ -10,8 +10,9 @@
 //     data (Note [Scalars bound per call] in graph.h), and results of ops that must run
 //     functionally (no out= variant, or an argument that changes per call);
 // and each node by its Decision below. The arena requests (one buffer per out= result, with its
-// lifetime in node indices) come with it. The emitter (kernel_tape.cc) then plans the arena and
-// turns the plan into steps; it decides nothing the plan has not.
+// lifetime in node indices) come with it, and each out= node's step family (Note [Step kinds]).
+// The emitter (kernel_tape.cc) then plans the arena and turns the plan into steps; it decides
+// nothing the plan has not.
 //
 // Note [Why in-place ops keep their meaning]
 // Non-static inputs are bound by reference, so an in-place op on an input (copy_ into a KV cache,
@@ -30,6 +31,7 @@
 #include "capture/graph.h"
 #include "capture/out_variants.h"
 #include "capture/recording.h"
+#include "capture/step_kinds.h"
 #include "memory_pool/arena.h"
 
 namespace torchreplay::capture {
@@ -52,6 +54,8 @@ struct TapePlan {
     std::string why;                // kFunctional: why an out= overload was refused, if one was;
                                     // kOutVariant: what its check measured, if it says
     int group = -1;                 // kOutVariant, or kFunctional in place: its fused group, if in one
+    StepKind kind = StepKind::kNone;  // kOutVariant (and kFunctional index_copy_): its step's family
+                                      // (Note [Step kinds]); a group's members are its fused step
     int partner = -1;               // kCollective: its wait's node; kWait: its collective's
     std::optional<CollectiveKind> collective;  // kCollective
   };
@@ -80,9 +84,11 @@ struct TapePlan {
   std::vector<memory_pool::BufferRequest> requests;  // ValuePlan::buffer indexes these
   std::vector<FusedGroup> groups;
 
-  // One line per node: its decision and, for out= steps, the buffers it writes (at `arena`'s
-  // offsets, when given).
-  std::string ToString(const Graph& graph, const memory_pool::ArenaPlan* arena = nullptr) const;
+  // One line per node: its decision, its step's family, for out= steps the buffers it writes (at
+  // `arena`'s offsets, when given), and, when `made` is given (per node, what the emitter made
+  // of it), the step it became.
+  std::string ToString(const Graph& graph, const memory_pool::ArenaPlan* arena = nullptr,
+                       const std::vector<std::string>* made = nullptr) const;
 };
 
 // Plans the tape of `graph` from the recording of its last warm-up run; with `fuse`, runs of
