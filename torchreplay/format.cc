@@ -1,4 +1,7 @@
 // The .trp writer and reader (Note [The .trp format] in format.h).
+// Over 600 lines, not split: each field's write (Serialize) and read (GraphReader, ValueReader)
+// stay in one file so that a change to one is seen next to the other; the reader is the cut if
+// the format grows.
 #include "torchreplay/format.h"
 
 #include <ATen/ops/empty.h>

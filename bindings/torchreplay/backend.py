@@ -591,6 +591,9 @@ class Backend:
 
     def _compile(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
                  graph_id: int, kind: str, built: Dict[str, Any]) -> Callable:
+        # Over 80 lines on purpose: the passes, the training guards and the call path chosen for
+        # one graph, in the order they apply, read top to bottom; each piece needs all of config,
+        # gm and built.
         config = self.config
         name = f"g{graph_id}.{kind}"
         # A backward's inputs saved by its forward (named as the forward's nodes) in the dtypes

@@ -231,7 +231,9 @@ def _check(gm: torch.fx.GraphModule, symbol: Any, sizes: List[int],
            same: Optional[Dict[Any, Any]] = None) -> Any:
     """The fields for batch symbol `symbol`, or why its rows are not independent (and which
     nodes' padded rows would be close, not bitwise, for buckets of these sizes). `same`: other
-    symbols taken as this one (symbols an op ties together, module docstring)."""
+    symbols taken as this one (symbols an op ties together, module docstring).
+    Over 80 lines: one walk over the graph's nodes whose cases all read and extend the same
+    per-node row counts."""
     # node -> rows of its dim 0 per batch element (c when its dim 0 is c * s: a linear over
     # (n, L, d) runs on (n * L, d), each element owning L rows in a row), None when it does not
     # involve s

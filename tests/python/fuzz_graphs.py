@@ -96,6 +96,7 @@ class _Ref:
 
 
 def _emit_random_op(g: _Gen) -> None:
+    # Over 80 lines: one branch per op family the fuzzer draws from, side by side on purpose.
     rng = g.rng
     a, b = g.pick(), g.pick()
     R = _Ref

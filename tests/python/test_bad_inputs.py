@@ -246,6 +246,7 @@ class Kind:
 
 
 def kinds() -> List[Kind]:
+    # Over 80 lines: a table of bad inputs, one entry each.
     x = lambda s=1: t(s, 4, 3)  # noqa: E731
     one_x = lambda i: (t(10 + i, 4, 3),)  # noqa: E731
     all_eager = {e: EAGER for e in ENTRIES}

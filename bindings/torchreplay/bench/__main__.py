@@ -515,6 +515,8 @@ def plot(rows: List[Dict[str, Any]], path: str) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    # Over 80 lines: the flags of every harness mode and the tables they print; each mode's work is
+    # a function of its own, this only wires flags to them.
     p = argparse.ArgumentParser(prog="python -m torchreplay.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
