@@ -921,4 +921,10 @@ absl::StatusOr<std::unique_ptr<CapturedGraph>> CaptureKernelTape(
   return std::unique_ptr<CapturedGraph>(std::move(tape));
 }
 
+bool CheckTapeNode(const Graph& g, int node, const std::vector<c10::IValue>& env, Recording* rec) {
+  if (!IsConvolution(g.nodes()[node])) return false;
+  CheckConvolution(g, node, env, rec);
+  return true;
+}
+
 }  // namespace torchreplay::capture

@@ -28,4 +28,9 @@ absl::StatusOr<std::unique_ptr<CapturedGraph>> CaptureKernelTape(
     const std::vector<c10::IValue>& inputs, memory_pool::Arena* arena,
     const CaptureOptions& options);
 
+// The tape's check of the nodes it has faster kernels for, made by the recording run
+// (RunAndRecord's `check`): measures a convolution node (Note [Checked convolutions]) and returns
+// true; false for any other node. Every recording the tape may capture from is made with it.
+bool CheckTapeNode(const Graph& g, int node, const std::vector<c10::IValue>& env, Recording* rec);
+
 }  // namespace torchreplay::capture

@@ -68,7 +68,7 @@ std::unique_ptr<CapturedGraph> Capture(const std::shared_ptr<const Graph>& g,
                                        memory_pool::Arena* arena, CaptureOptions options = {}) {
   Interpreter interp(g);
   Recording rec;
-  auto warm = RunAndRecord(interp, Clone(inputs), &rec);
+  auto warm = RunAndRecord(interp, Clone(inputs), &rec, CheckTapeNode);
   EXPECT_TRUE(warm.ok()) << warm.status();
   auto tape = CaptureKernelTape(g, rec, inputs, arena, options);
   EXPECT_TRUE(tape.ok()) << tape.status();
@@ -132,7 +132,7 @@ TEST(KernelTapeTest, ElementwiseRunsAreOneFusedStep) {
   EXPECT_EQ(info.steps, 2);  // mm, the fused step
   Interpreter interp(g);
   Recording rec;
-  ASSERT_TRUE(RunAndRecord(interp, Inputs(w, 4), &rec).ok());
+  ASSERT_TRUE(RunAndRecord(interp, Inputs(w, 4), &rec, CheckTapeNode).ok());
   auto plan = PlanTape(*g, rec, /*fuse=*/true);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_THAT(plan->ToString(*g), HasSubstr("aten::relu: out= fused 0 (clamp_min) aten::clamp_min.out"));
@@ -204,7 +204,7 @@ TEST(KernelTapeTest, OutKernelsThatMisuseTheirOutputsRunAsEagerDoes) {
   memory_pool::Arena arena;
   Interpreter interp(*g);
   Recording rec;
-  ASSERT_TRUE(RunAndRecord(interp, inputs(), &rec).ok());
+  ASSERT_TRUE(RunAndRecord(interp, inputs(), &rec, CheckTapeNode).ok());
   auto plan = PlanTape(**g, rec, /*fuse=*/true);
   ASSERT_TRUE(plan.ok()) << plan.status();
   const std::string text = plan->ToString(**g);
@@ -263,7 +263,7 @@ TEST(KernelTapeTest, PlanSaysWhatEachNodeBecomes) {
   const auto g = Model();
   Interpreter interp(g);
   Recording rec;
-  ASSERT_TRUE(RunAndRecord(interp, Inputs(at::randn({16, 8}), 4), &rec).ok());
+  ASSERT_TRUE(RunAndRecord(interp, Inputs(at::randn({16, 8}), 4), &rec, CheckTapeNode).ok());
   auto plan = PlanTape(*g, rec, /*fuse=*/false);
   ASSERT_TRUE(plan.ok()) << plan.status();
   const std::string text = plan->ToString(*g);
@@ -388,7 +388,7 @@ TEST(KernelTapeTest, DataDependentShapesAreRefusedWithTheNode) {
   Interpreter interp(g);
   Recording rec;
   std::vector<c10::IValue> in = {at::randn({5})};
-  ASSERT_TRUE(RunAndRecord(interp, in, &rec).ok());
+  ASSERT_TRUE(RunAndRecord(interp, in, &rec, CheckTapeNode).ok());
   memory_pool::Arena arena;
   auto tape = CaptureKernelTape(g, rec, in, &arena, {});
   ASSERT_FALSE(tape.ok());

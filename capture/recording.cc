@@ -12,7 +12,6 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "capture/conv_steps.h"
 
 namespace torchreplay::capture {
 
@@ -142,7 +141,7 @@ bool IsSizeQuery(const std::string& name) {
 
 absl::StatusOr<std::vector<c10::IValue>> RunAndRecord(const Interpreter& interp,
                                                       std::vector<c10::IValue> inputs,
-                                                      Recording* recording) {
+                                                      Recording* recording, const NodeCheck& check) {
   const Graph& g = interp.graph();
   recording->values.assign(g.values().size(), ValueRecord{});
   absl::flat_hash_map<const c10::StorageImpl*, ValueId> owner;
@@ -200,7 +199,7 @@ absl::StatusOr<std::vector<c10::IValue>> RunAndRecord(const Interpreter& interp,
   observer.after = [&](int node, const std::vector<c10::IValue>& env) {
     const Node& n = g.nodes()[node];
     for (ValueId v : n.outputs) record(v, env[v]);
-    if (IsConvolution(n)) return CheckConvolution(g, node, env, recording);
+    if (check && check(g, node, env, recording)) return;
     if (!candidate.has_value()) return;
     for (ValueId o : n.outputs) {  // fresh CPU tensors at offset 0: what an arena buffer can be
       const ValueRecord& r = recording->values[o];

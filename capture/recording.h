@@ -8,6 +8,7 @@
 
 #include <ATen/core/ivalue.h>
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -72,10 +73,22 @@ struct Recording {
   }
 };
 
+// A check the recording run makes of a node the CPU tape has a faster kernel for than its out=
+// overload (Note [Checked convolutions]): called right after node `node` of `g` ran, `env` holding
+// its arguments and results, it records its decision in `recording` (out_variants, out_notes,
+// out_refusals) and returns true, or returns false for a node it has nothing to say about, which
+// then gets the check of Note [Checked out= kernels]. The kernels live with the tape, which
+// depends on this file, so the tape hands its check in (CheckTapeNode in tape/kernel_tape.h).
+using NodeCheck = std::function<bool(const Graph& g, int node, const std::vector<c10::IValue>& env,
+                                     Recording* recording)>;
+
 // Runs `interp` eagerly on `inputs` and records every value. Returns the run's outputs.
+// `check`: the tape's check of the nodes it has faster kernels for (CheckTapeNode), which every
+// recording the CPU tape may capture from must be made with; empty for none. Borrowed: the caller
+// owns it, it is called only during this call, and no copy of it is kept.
 absl::StatusOr<std::vector<c10::IValue>> RunAndRecord(const Interpreter& interp,
                                                       std::vector<c10::IValue> inputs,
-                                                      Recording* recording);
+                                                      Recording* recording, const NodeCheck& check);
 
 // Refuses graphs that no captured graph can replay: data-dependent output shapes (nonzero, ...)
 // and scalars read from tensor data on the host (item, ...). FailedPrecondition naming the node.

@@ -518,7 +518,7 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::RunKeyed(std::vector<c10::IValu
       e->recording.emplace();
       e->recording->baked_inputs = e->baked;
       absl::StatusOr<std::vector<c10::IValue>> out =
-          capture::RunAndRecord(interpreter_, inputs, &*e->recording);
+          capture::RunAndRecord(interpreter_, inputs, &*e->recording, capture::CheckTapeNode);
       if (!out.ok()) {
         e->recording.reset();
         return capture::WithContext(out.status(), absl::StrCat("graph '", options_.name, "': "));
