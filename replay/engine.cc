@@ -12,11 +12,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "capture/cuda_graph.h"
-#include "capture/kernel_tape.h"
+#include "cuda/cuda_graph.h"
 #include "memory_pool/arena.h"
 #include "memory_pool/cuda_pool.h"
 #include "replay/handout.h"
+#include "tape/kernel_tape.h"
 
 namespace torchreplay::replay {
 
