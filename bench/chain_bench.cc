@@ -17,8 +17,8 @@
 #include <ATen/ops/sin.h>
 #include <benchmark/benchmark.h>
 
-#include "capture/graph.h"
-#include "capture/interpreter.h"
+#include "ir/graph.h"
+#include "ir/interpreter.h"
 #include "replay/engine.h"
 
 namespace {

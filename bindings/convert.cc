@@ -11,7 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "capture/interpreter.h"
+#include "ir/interpreter.h"
 
 namespace torchreplay {
 

@@ -12,11 +12,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "capture/cuda_graph.h"
-#include "capture/kernel_tape.h"
+#include "cuda/cuda_graph.h"
 #include "memory_pool/arena.h"
 #include "memory_pool/cuda_pool.h"
 #include "replay/handout.h"
+#include "tape/kernel_tape.h"
 
 namespace torchreplay::replay {
 
@@ -518,7 +518,7 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::RunKeyed(std::vector<c10::IValu
       e->recording.emplace();
       e->recording->baked_inputs = e->baked;
       absl::StatusOr<std::vector<c10::IValue>> out =
-          capture::RunAndRecord(interpreter_, inputs, &*e->recording);
+          capture::RunAndRecord(interpreter_, inputs, &*e->recording, capture::CheckTapeNode);
       if (!out.ok()) {
         e->recording.reset();
         return capture::WithContext(out.status(), absl::StrCat("graph '", options_.name, "': "));

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "capture/captured_graph.h"
+#include "ir/captured_graph.h"
 #include "memory_pool/arena.h"
 
 namespace torchreplay::replay {

@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "capture/captured_graph.h"
-#include "capture/recording.h"
 #include "guards/guard_key.h"
+#include "ir/captured_graph.h"
+#include "ir/recording.h"
 
 namespace torchreplay::replay {
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "capture/graph.h"
+#include "ir/graph.h"
 
 namespace torchreplay::replay {
 

@@ -14,8 +14,8 @@
 
 #include <limits>
 
-#include "capture/graph.h"
-#include "capture/interpreter.h"
+#include "ir/graph.h"
+#include "ir/interpreter.h"
 
 namespace torchreplay::capture {
 namespace {

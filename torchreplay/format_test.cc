@@ -18,8 +18,8 @@
 #include <random>
 #include <thread>
 
-#include "capture/interpreter.h"
-#include "capture/testing.h"
+#include "ir/interpreter.h"
+#include "ir/testing.h"
 #include "torchreplay/torchreplay.h"
 
 namespace torchreplay::format {

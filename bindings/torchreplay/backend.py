@@ -499,7 +499,7 @@ def _raise_on_backward_of(fn: Callable, consumed: Sequence[int]) -> Callable:
 # inputs written that are not static) run op by op, the reason in stats()'s "cuda_graphs", as
 # there: a skipped forward's backward runs plain, a skipped backward of a captured forward tells
 # the trees it ran (set_to_running_backward). The call stays AOTAutograd's wrapper. "torchreplay" selects the engine's own CUDA graphs
-# (EngineOptions.cuda_graphs, capture/cuda_graph.h): untested, logged as such.
+# (EngineOptions.cuda_graphs, cuda/cuda_graph.h): untested, logged as such.
 class Backend:
     """A torch.compile backend; one instance per CompilerConfig. Callable as
     backend(gm, example_inputs). Keeps the engines it created, for stats(), and in eager_graphs
@@ -646,7 +646,7 @@ class Backend:
         run = engine.run
         forward = gm.forward
         # Int arithmetic inside the graph can leave int64 where Python's ints would not: such a
-        # call is run by Python instead (Note [Scalars bound per call] in capture/graph.h), on a
+        # call is run by Python instead (Note [Scalars bound per call] in ir/graph.h), on a
         # copy of its arguments, since the engine consumes them. Inference graphs only (training
         # graphs free their saved tensors as the run goes), and not when the graph writes into its
         # inputs (the run may have written some already): those raise the OverflowError.

@@ -16,7 +16,7 @@ eager's instead of equal:
 - 1x1 convolutions (stride 1, no padding, one group) on a channels-last input as the GEMM they
   are, addmm over the pixels (MKL), without oneDNN's per-call cost; depthwise convolutions
   through torchreplay's direct kernel (torchreplay::depthwise_conv2d, Note [Depthwise
-  convolutions] in capture/depthwise_kernel.h) with relu or hardswish fused;
+  convolutions] in tape/depthwise_kernel.h) with relu or hardswish fused;
 - linear layers of few rows (at most 16) with a large weight read from a transposed copy stored
   contiguous once;
 - LSTM through export's decomposition (addmm and pointwise ops, which the tape fuses) instead of
@@ -201,7 +201,7 @@ class _Rewriter:
     def _depthwise(self, conv: torch.fx.Node, x: torch.fx.Node, w: torch.Tensor, b: Optional[torch.Tensor],
                    stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int]) -> Optional[torch.fx.Node]:
         """A depthwise convolution through torchreplay's direct kernel (Note [Depthwise
-        convolutions] in capture/depthwise_kernel.h), relu or hardswish after it fused; returns
+        convolutions] in tape/depthwise_kernel.h), relu or hardswish after it fused; returns
         the node fused into it."""
         post = next(iter(conv.users)) if len(conv.users) == 1 else None
         fused = {aten.relu.default: "relu", aten.hardswish.default: "hardswish"}

@@ -1,0 +1,33 @@
+// tape/: the CPU backend, a tape of kernel calls captured per guard key and replayed step by step
+// into arena buffers.
+//
+//   kernel_tape.h         the backend's entry points: CaptureKernelTape, and CheckTapeNode, the
+//                         check the recording run makes for the tape (RunAndRecord's `check`)
+//   tape_plan.h           everything decided per node and value at capture, printable
+//   step_kinds.h          the families a node's step can be, one table: a Match the plan calls,
+//                         a Make the emitter calls (Note [Step kinds]); copy_steps.cc: copies
+//   typed_call.h          steps called unboxed (Note [Typed steps]), and copies
+//   prepared_pointwise.h  pointwise steps, sums and means on a TensorIterator built once
+//   fused_elementwise.h   runs of elementwise nodes as one step (Note [Fused elementwise steps]);
+//                         the step itself in fused_step.cc
+//   fused_kernels.h       the fused step's program and kernel (fused_kernels_impl.h, compiled per
+//                         instruction set in fused_kernels_avx2.cc and fused_kernels_avx512.cc)
+//   conv_steps.h          checked convolutions (Note [Checked convolutions])
+//   depthwise_kernel.h    the direct depthwise convolution (depthwise_kernel_avx2.cc; the op in
+//                         depthwise_op.cc); check_frozen.cc: torchreplay::check_frozen
+//   collective_steps.h    torch.distributed's collectives as steps (Note [Collective steps])
+//
+// Namespaces torchreplay::capture (and ::fused, ::depthwise), kept from when ir/, tape/ and cuda/
+// were one capture/ package. Depends on ir/, memory_pool/ (the arena), ATen and Abseil; never on
+// cuda/.
+#pragma once
+
+#include "tape/collective_steps.h"
+#include "tape/conv_steps.h"
+#include "tape/fused_elementwise.h"
+#include "tape/fused_kernels.h"
+#include "tape/kernel_tape.h"
+#include "tape/prepared_pointwise.h"
+#include "tape/step_kinds.h"
+#include "tape/tape_plan.h"
+#include "tape/typed_call.h"
