@@ -66,7 +66,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default=",".join(map(str, SIZES)))
     p.add_argument("--threads", default="1,2")
-    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--rounds", type=int, default=15)
     args = p.parse_args()
     before = torch.get_num_threads()
     print(f"{'elements':>10} {'threads':>7} {'eager us':>11} {'fused us':>11} {'vs eager':>9}  check")
