@@ -552,6 +552,9 @@ class Emitter final : public EmitContext {
       ++tape_->info_.fused_steps;
       tape_->info_.fused_nodes += static_cast<int>(group.nodes.size());
       Push(std::move(step), g_.nodes()[i], "fused elementwise");
+      for (int m : group.nodes) {
+        if (m != i) made_[m] = absl::StrCat("in the fused step of ", g_.nodes()[i].name);
+      }
       int kept = 0;  // Note [Intermediates kept in chunks]: each written once, as an instruction's result
       for (const fused::Instr& in : group.instrs) kept += in.temp[0] >= 0;
       if (kept > 0) tape_->steps_.back().note = absl::StrCat(kept, " intermediates kept in chunks by the fused kernel");

@@ -16,6 +16,7 @@
 #include <limits>
 #include <random>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "guards/guard_key.h"
 #include "ir/interpreter.h"
@@ -141,6 +142,16 @@ TEST(KernelTapeTest, ElementwiseRunsAreOneFusedStep) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_THAT(plan->ToString(*g), HasSubstr("aten::relu: out= fused 0 (clamp_min) aten::clamp_min.out"));
   EXPECT_THAT(plan->ToString(*g), HasSubstr("aten::add_.Tensor: functional fused 0 (add) in place"));
+  // The dump: the group's last node is the fused step; the others say whose step computes them.
+  auto path = tape->Dump(::testing::TempDir() + "fused_group");
+  ASSERT_TRUE(path.ok()) << path.status();
+  std::ifstream f(*path);
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  for (const absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (absl::StrContains(line, "aten::relu:")) EXPECT_THAT(std::string(line), HasSubstr("; step: in the fused step of "));
+    if (absl::StrContains(line, "aten::add_.Tensor:")) EXPECT_THAT(std::string(line), HasSubstr("; step: fused elementwise"));
+  }
+  EXPECT_THAT(text, HasSubstr("; step: fused elementwise")) << text;
 }
 
 // Note [In-place instructions]: a fused group that writes an input in place, on calls where the
