@@ -307,6 +307,9 @@ bool IsConvolution(const Node& n) {
          n.op->schema().overload_name().empty() && n.outputs.size() == 1 && n.args.size() == 9;
 }
 
+// Over 80 lines: the check of Note [Checked convolutions] in the order it reads, each candidate
+// measured on the same inputs and compared with the same result; split, each piece would need all
+// of them.
 void CheckConvolution(const Graph& g, int node, const std::vector<c10::IValue>& env, Recording* rec) {
   const Node& n = g.nodes()[node];
   const ValueId out = n.outputs[0];

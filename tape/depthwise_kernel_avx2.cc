@@ -52,7 +52,8 @@ inline void Taps(int64_t o, int64_t stride, int64_t pad, int64_t dil, int64_t k,
 // from a copy of the plane whose rows have zeros on both sides (so that every load is a plain
 // one: for stride 2, the even elements of 16). Where a lane's tap falls outside the input row
 // (borders, the row's end), the lane keeps its accumulator (the FMA's result blended away):
-// the same as skipping that tap.
+// the same as skipping that tap. Over 80 lines: the padded copy and the loop nest that reads it,
+// in the order they run; the copy's layout is what the loop's loads assume.
 void Plane(const Params& p, int64_t n, int64_t c, std::vector<float>* scratch) {
   const float* xc = p.x + n * p.xs[0] + c * p.xs[1];
   float* yc = p.y + n * p.ys[0] + c * p.ys[1];

@@ -170,7 +170,9 @@ class Describer {
   Describer(const Graph& g, const Recording& rec, const TapePlan& plan) : g_(g), rec_(rec), plan_(plan) {}
 
   // The instruction computing node `i` (an out= node), with the graph values of its operands
-  // (-1 for constants); nullopt if the fused kernel does not compute it as eager does.
+  // (-1 for constants); nullopt if the fused kernel does not compute it as eager does. Over 80
+  // lines: every condition under which an op's kernel gives eager's bits, in one reading order
+  // (the op, its arguments, dtypes, layouts, the vector path); each is one early return.
   std::optional<Instr> Describe(int i, std::vector<ValueId>* values) const {
     const Node& n = g_.nodes()[i];
     const TapePlan::NodePlan& np = plan_.nodes[i];
@@ -522,6 +524,8 @@ bool FusionAvailable() {
   return available;
 }
 
+// Over 80 lines: one walk over the nodes with the open group's state (accesses, fresh and saved
+// roots) in local lambdas (keep_in_chunks, close) that read and reset it together.
 std::vector<TapePlan::FusedGroup> PlanFusion(const Graph& g, const Recording& rec, const TapePlan& plan) {
   std::vector<TapePlan::FusedGroup> groups;
   if (!FusionAvailable()) return groups;

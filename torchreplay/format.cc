@@ -521,6 +521,7 @@ uint64_t Checksum(std::string_view payload) {
   return h;
 }
 
+// Over 80 lines: the file's sections written in the order Note [The .trp format] lists them.
 absl::StatusOr<std::string> Serialize(const SavedProgram& p) {
   try {
     const capture::Graph& g = *p.graph;
@@ -615,6 +616,7 @@ absl::StatusOr<std::string> Serialize(const SavedProgram& p) {
   }
 }
 
+// Over 80 lines: the sections read back in the order Serialize writes them, each checked.
 absl::StatusOr<SavedProgram> Deserialize(std::string_view bytes) {
   try {
     Reader header(bytes);
