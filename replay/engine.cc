@@ -278,14 +278,15 @@ absl::Status Engine::Capture(ThreadState& ts, Entry& e, const std::vector<c10::I
   }
   if (cuda && !options_.cuda_graphs) {
     return absl::FailedPreconditionError(
-        "torchreplay's own CUDA graphs have not run on a GPU yet and are off, so CUDA keys run op by "
-        "op; torch.compile's reduce-overhead mode wraps PyTorch's cudagraph trees around the engine "
-        "instead (config.reduce_overhead.cuda_graphs = 'cudagraph_trees', the default); opt in with "
-        "'torchreplay' (EngineOptions.cuda_graphs = True)");
+        "torchreplay's own CUDA graphs are opt-in (tried on one GPU, an H100, only), so CUDA keys "
+        "run op by op; torch.compile's reduce-overhead mode wraps PyTorch's cudagraph trees around "
+        "the engine instead (config.reduce_overhead.cuda_graphs = 'cudagraph_trees', the default); "
+        "opt in with 'torchreplay' (EngineOptions.cuda_graphs = True)");
   }
   if (cuda && !cuda_logged_.exchange(true)) {
     Log(LogLevel::kWarning,
-        "capturing with torchreplay's own CUDA graphs (EngineOptions.cuda_graphs), untested on a GPU");
+        "capturing with torchreplay's own CUDA graphs (EngineOptions.cuda_graphs), tried on one "
+        "GPU (an H100) only");
   }
   absl::StatusOr<std::unique_ptr<capture::CapturedGraph>> graph;
   try {  // an allocation that fails half-way (out of memory) fails the capture, not the call

@@ -3,7 +3,7 @@
     config = torchreplay.CompilerConfig()
     config.mode = "reduce-overhead"                 # or "default"
     config.reduce_overhead.warmup_iters = 1
-    config.reduce_overhead.cuda_graphs = "cudagraph_trees"  # or "torchreplay" (untested on a GPU)
+    config.reduce_overhead.cuda_graphs = "cudagraph_trees"  # or "torchreplay" (tried on one H100 only)
     config.debug.graph_dump.type = "txt"            # "txt", "py", "dot" (or None)
     config.post_grad_custom_pre_pass = my_pass      # fn(gm, example_inputs, config) -> None
 
@@ -84,7 +84,7 @@ class ReduceOverheadConfig(_Section):
         "cuda_graphs": ("cudagraph_trees", lambda v: None if v in CUDA_GRAPHS else f"want one of {CUDA_GRAPHS}",
                         "who captures CUDA graphs: PyTorch's cudagraph trees around the C++ engine "
                         "(torch.compile; torchreplay.capture then runs CUDA op by op), or torchreplay's own "
-                        "(untested on a GPU)"),
+                        "(tried on one H100 only)"),
     }
 
 

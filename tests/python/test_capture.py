@@ -296,9 +296,10 @@ def test_flat_call_runs_no_python_of_ours_and_shows_in_the_profiler():
 
 @pytest.mark.skipif(not torchreplay.cuda_available(), reason="needs the CUDA build and a CUDA device")
 def test_capture_on_cuda_matches_eager():
+    """Own CUDA graphs (opt-in): each call's new input copied into the graph's static input."""
     torch.manual_seed(5)
     model = MLP().eval().cuda()
-    step = torchreplay.capture(model, (torch.randn(1, 64, device="cuda"),), config=config())
+    step = torchreplay.capture(model, (torch.randn(1, 64, device="cuda"),), config=config(cuda_graphs="torchreplay"))
     with torch.no_grad():
         for i in range(4):
             x = torch.randn(1, 64, device="cuda")

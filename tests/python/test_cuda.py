@@ -431,7 +431,13 @@ def test_training_through_cudagraph_trees_matches_eager():
     reference = copy.deepcopy(model)
     torch._dynamo.reset()
     compiled, backend = _compiled(model, "cudagraph_trees")
+    # Gradients set to None each step, as training through the trees needs: with them accumulated
+    # across steps, AccumulateGrad keeps the backward graph's output as .grad and the next replay
+    # overwrites it ("accessing tensor output of CUDAGraphs that has been overwritten"), with
+    # torch.compile(backend="cudagraphs") alike (H100, torch 2.11).
     for _ in range(4):
+        model.zero_grad(set_to_none=True)
+        reference.zero_grad(set_to_none=True)
         x, y = torch.randn(16, 32, device=DEV), torch.randn(16, 4, device=DEV)
         torch.nn.functional.mse_loss(compiled(x), y).backward()
         torch.nn.functional.mse_loss(reference(x), y).backward()
