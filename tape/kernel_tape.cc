@@ -466,6 +466,13 @@ class Emitter final : public EmitContext {
   absl::Status Precompute(const Node& n) {
     Step probe;
     BuildArgs(n, &probe);
+    // A per-call tensor of a metadata-only op (Note [Metadata-only ops]): a stand-in with its
+    // recorded sizes, strides and dtype (the tape is the CPU's).
+    for (const Patch& p : probe.patches) {
+      if (p.elem >= 0) return absl::InternalError(absl::StrCat("node '", n.name, "': a list folded"));
+      const ValueRecord& r = rec_.values[n.args[p.arg].value];
+      probe.args[p.arg] = at::Tensor(at::detail::empty_strided_cpu(r.sizes, r.strides, r.dtype));
+    }
     try {
       n.op->callBoxed(&probe.args);
     } catch (const c10::Error& e) {

@@ -36,6 +36,23 @@ bool Deterministic(const c10::OperatorHandle& op) {
   return fs.name().rfind("aten::", 0) == 0;  // custom ops may keep state of their own
 }
 
+// Note [Metadata-only ops]
+// empty_like, ones_like, zeros_like, full_like and the new_* factories read nothing of their
+// tensor argument but its sizes, strides, dtype and device, which are fixed per key. A traced
+// backward makes them every step (each new .grad is copy(empty_like(param), grad), the loss's
+// seed is ones_like(loss)), and as functional steps each cost an allocation and a boxed call per
+// replay. With their other arguments fixed, and their result neither written nor received by
+// the caller, they are computed once, at capture, like any fold: the emitter calls the op on a
+// stand-in of the recorded metadata where the tensor is a per-call value (Emitter::Precompute).
+// empty_like's bytes are unspecified in eager as well; a reused buffer promises no less.
+bool MetadataOnly(const c10::OperatorHandle& op) {
+  static const absl::flat_hash_set<std::string> kLike = {
+      "aten::empty_like", "aten::ones_like", "aten::zeros_like", "aten::full_like",
+      "aten::new_empty",  "aten::new_zeros", "aten::new_ones",   "aten::new_full",
+      "aten::new_empty_strided"};
+  return kLike.contains(op.schema().name());
+}
+
 const char* DecisionName(TapePlan::Decision d) {
   switch (d) {
     case TapePlan::Decision::kScalar: return "scalar";
@@ -200,11 +217,14 @@ class Planner {
     Functional(i, mutable_op);
   }
 
-  // Made from constants only (arange, scalar_tensor, a cast of a constant, ...): computed once,
-  // at capture, unless something writes into it later or the caller receives it.
+  // Made from constants only (arange, scalar_tensor, a cast of a constant, ...), or from the
+  // metadata of tensors (Note [Metadata-only ops]): computed once, at capture, unless something
+  // writes into it later or the caller receives it.
   bool Fold(int i) {
     const Node& n = g_.nodes()[i];
-    bool foldable = AllFixed(n) && Deterministic(*n.op);
+    bool foldable = MetadataOnly(*n.op)
+                        ? AllArgs(n, [&](ValueId v) { return fixed_[v] || rec_.values[v].is_tensor; })
+                        : AllFixed(n) && Deterministic(*n.op);
     for (ValueId o : n.outputs) foldable = foldable && !mutated_[o] && !is_output_[o];
     if (!foldable) return false;
     plan_.nodes[i].decision = TapePlan::Decision::kPrecompute;

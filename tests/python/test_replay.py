@@ -370,6 +370,36 @@ def test_a_constant_written_in_place_later_is_not_folded():
         assert_bitwise(run(e, x)[0], x.sum(0) * 2)
 
 
+def test_like_ops_of_per_call_tensors_are_made_once_unless_written_or_returned():
+    """Note [Metadata-only ops]: ones_like, empty_like, zeros_like, full_like and new_* read only
+    their tensor argument's metadata, so those of per-call tensors are made once at capture (a
+    traced backward's loss seed and new gradients are such); not one written in place or
+    returned."""
+    def fn(x):
+        seed = torch.ones_like(x.sum())                                 # made once
+        twice = torch.full_like(x, 2.0) * x + torch.zeros_like(x)       # both made once
+        grad = torch.empty_like(x).copy_(x.t().t() * 3)                 # written in place
+        acc = torch.zeros_like(x)
+        acc.add_(x)                                                     # written in place
+        mine = x.new_zeros(x.shape)                                     # returned
+        return x.sum() * seed, twice, grad, acc * 1, mine
+
+    e = engine_for(fn, [torch.randn(4, 3)])
+    mine = []
+    for _ in range(4):
+        x = torch.randn(4, 3)
+        got, want = run(e, x), fn(x)
+        for g, w in zip(got, want):
+            assert_bitwise(g, w)
+        got[4].add_(1)                      # the caller owns what it receives
+        mine.append(got[4])
+    assert e.stats()["replays"] == 3
+    assert all(m.eq(1).all() for m in mine) and mine[-1].data_ptr() != mine[-2].data_ptr()
+    functional = e.stats()["capture_log"][0]["functional_ops"]
+    assert [functional.count(op) for op in ("aten::ones_like", "aten::empty_like", "aten::zeros_like",
+                                            "aten::new_zeros", "aten::full_like")] == [0, 1, 1, 1, 0], functional
+
+
 # ---- through torch.compile: behaviours that once went wrong
 
 @pytest.mark.parametrize("kind", ["parameter", "buffer"])
