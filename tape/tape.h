@@ -2,7 +2,9 @@
 // into arena buffers.
 //
 //   kernel_tape.h         the backend's entry points: CaptureKernelTape, and CheckTapeNode, the
-//                         check the recording run makes for the tape (RunAndRecord's `check`)
+//                         check the recording run makes for the tape (RunAndRecord's `check`);
+//                         emitter.cc captures (plan to steps), kernel_tape.cc replays, sharing
+//                         the private kernel_tape_internal.h (Step, KernelTape)
 //   tape_plan.h           everything decided per node and value at capture, printable
 //   step_kinds.h          the families a node's step can be, one table: a Match the plan calls,
 //                         a Make the emitter calls (Note [Step kinds]); copy_steps.cc: copies

@@ -11,7 +11,7 @@
 //     functionally (no out= variant, or an argument that changes per call);
 // and each node by its Decision below. The arena requests (one buffer per out= result, with its
 // lifetime in node indices) come with it, and each out= node's step family (Note [Step kinds]).
-// The emitter (kernel_tape.cc) then plans the arena and turns the plan into steps; it decides
+// The emitter (emitter.cc) then plans the arena and turns the plan into steps; it decides
 // nothing the plan has not.
 //
 // Note [Why in-place ops keep their meaning]
