@@ -1,5 +1,7 @@
 // bindings/module.cc: the pybind11 module torchreplay._C: graphs and their builder, engines and
 // their options, the log, and the Call (call.h).
+// Over 500 lines: one PYBIND11_MODULE, each class bound beside the next; the Call's own binding
+// lives in call.cc and the training call's in training.cc.
 //
 // Graph construction: the Python lowering hands each argument over as a tagged tuple,
 // ("v", value_id) for a graph value, ("l", [tagged...]) for a list with values in it, or

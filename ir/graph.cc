@@ -1,3 +1,6 @@
+// The graph IR (see graph.h): values and arguments, operators found by name, printing, the
+// builder's checks, and the analyses the backends read (per-call scalars, written inputs, last
+// uses). Over 500 lines: the builder validates what the printers and analyses then trust.
 #include "ir/graph.h"
 
 #include <ATen/core/function_schema.h>

@@ -1,5 +1,7 @@
 // The engine: the whole warm-up -> capture -> replay life of a compiled graph, its three states
 // marked where they happen (WARM-UP, CAPTURE, REPLAY), plus the eager fallback.
+// Over 500 lines: that life is one class whose states share its key cache and per-thread state;
+// keys, buckets, hand-out and the trace's checks live in files of their own.
 #include "replay/engine.h"
 
 #include <ATen/record_function.h>

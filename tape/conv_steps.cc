@@ -1,5 +1,7 @@
 // Convolutions through faster calls that compute eager's bits (Note [Checked convolutions] in
 // conv_steps.h): the check the recording run makes per node, the out= op, and the tape's step.
+// Over 500 lines: the check, the op and the step read one convolution's arguments (ConvArgs) and
+// must agree on the kernel it picks; apart, each would repeat that choice.
 #include "tape/conv_steps.h"
 
 #include <ATen/ATen.h>

@@ -1,4 +1,6 @@
 // Prepared pointwise steps (Note [Prepared pointwise steps] in prepared_pointwise.h).
+// Over 500 lines: the prepared kinds (pointwise, sums and means, attention, layer norm) share
+// one guard (the DispatchStub capability below) and the TypedCall plumbing around it.
 //
 // Prepared pointwise steps call ATen's CPU kernel stubs. DispatchStub's inline code must be
 // compiled with the CPU capability set torch itself was built with: on x86-64 that is AVX2 and

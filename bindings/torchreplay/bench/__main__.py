@@ -11,6 +11,10 @@ unless --threads says otherwise.
                                 [--quick] [--threads N] [--out DIR] [--trace]
 Writes DIR/results.json, DIR/results.csv and DIR/per_call.png; with --trace, also one
 torch.profiler trace per model and mode in DIR/traces (see python -m torchreplay.trace).
+
+Over 700 lines in one module: the harness's one command, whose modes (a builder each), checks,
+interleaved timing, reference rows and summary share each model's state; the other benchmarks are
+modules of their own (train, fusion, runtimes, deploy, tp, buckets).
 """
 # Over 600 lines: the harness runner with its reference modes (Exported, ConvBound, the floors);
 # the reference modes are the part to move into a module of their own.

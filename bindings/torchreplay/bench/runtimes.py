@@ -28,6 +28,9 @@ so. torch.set_num_threads and each runtime's own thread settings follow the thre
 
 The peers are benchmark-only packages: tools/bench-requirements.txt (tools/bench.sh installs
 them). Writes DIR/runtimes.json; --markdown also prints the tables as Markdown.
+
+Over 500 lines in one module: each runtime's build (export, conversion, binding its buffers) is a
+function of its own, and all share the one check, timing loop and table a fair comparison needs.
 """
 from __future__ import annotations
 
