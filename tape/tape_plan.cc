@@ -15,14 +15,20 @@
 namespace torchreplay::capture {
 namespace {
 
-// An op whose result is a pure function of its (constant) arguments: no random numbers, no
-// uninitialized memory, no side effects. Such a node with constant arguments is folded at capture.
-bool Deterministic(const c10::OperatorHandle& op) {
+// An op whose result's bytes are unspecified (under torch.use_deterministic_algorithms with
+// fill_uninitialized_memory, eager fills them with NaN or the largest integer, per call).
+bool Uninitialized(const c10::OperatorHandle& op) {
   static const absl::flat_hash_set<std::string> kUninitialized = {
       "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
       "aten::new_empty_strided", "aten::empty_permuted"};
+  return kUninitialized.contains(op.schema().name());
+}
+
+// An op whose result is a pure function of its (constant) arguments: no random numbers, no
+// uninitialized memory, no side effects. Such a node with constant arguments is folded at capture.
+bool Deterministic(const c10::OperatorHandle& op) {
   const c10::FunctionSchema& fs = op.schema();
-  if (fs.is_mutable() || kUninitialized.contains(fs.name()) ||
+  if (fs.is_mutable() || Uninitialized(op) ||
       op.hasTag(at::Tag::nondeterministic_seeded) || op.hasTag(at::Tag::nondeterministic_bitwise)) {
     return false;
   }
@@ -44,7 +50,10 @@ bool Deterministic(const c10::OperatorHandle& op) {
 // replay. With their other arguments fixed, and their result neither written nor received by
 // the caller, they are computed once, at capture, like any fold: the emitter calls the op on a
 // stand-in of the recorded metadata where the tensor is a per-call value (Emitter::Precompute).
-// empty_like's bytes are unspecified in eager as well; a reused buffer promises no less.
+// empty_like and new_empty only where nothing reads their bytes, each use being the `self` of a
+// functional aten::copy (which takes only its shape): eager's bytes there are unspecified, or,
+// with deterministic algorithms and fill_uninitialized_memory, filled per call, which a buffer
+// made once at capture would not follow when the setting changes later.
 bool MetadataOnly(const c10::OperatorHandle& op) {
   static const absl::flat_hash_set<std::string> kLike = {
       "aten::empty_like", "aten::ones_like", "aten::zeros_like", "aten::full_like",
@@ -226,9 +235,31 @@ class Planner {
                         ? AllArgs(n, [&](ValueId v) { return fixed_[v] || rec_.values[v].is_tensor; })
                         : AllFixed(n) && Deterministic(*n.op);
     for (ValueId o : n.outputs) foldable = foldable && !mutated_[o] && !is_output_[o];
+    if (foldable && Uninitialized(*n.op)) {
+      for (ValueId o : n.outputs) foldable = foldable && OnlyShapeRead(i, o);
+    }
     if (!foldable) return false;
     plan_.nodes[i].decision = TapePlan::Decision::kPrecompute;
     for (ValueId o : n.outputs) val_[o].constant = fixed_[o] = true;
+    return true;
+  }
+
+  // Whether every use of `v` (made by node `at`) is as the `self` of a functional aten::copy,
+  // which reads only its shape (Note [Metadata-only ops]).
+  bool OnlyShapeRead(int at, ValueId v) const {
+    static const c10::OperatorName kCopy("aten::copy", "");
+    for (int j = at + 1; j < static_cast<int>(g_.nodes().size()); ++j) {
+      const Node& n = g_.nodes()[j];
+      for (size_t k = 0; k < n.args.size(); ++k) {
+        bool used = false;
+        ForEachValueUse(n.args[k], [&](ValueId u) { used = used || u == v || root_of(u) == v; });
+        if (!used) continue;
+        if (!n.op.has_value() || n.op->schema().operator_name() != kCopy || k != 0 ||
+            n.args[0].kind != Arg::Kind::kValue || n.args[0].value != v) {
+          return false;
+        }
+      }
+    }
     return true;
   }
 
