@@ -248,11 +248,11 @@ class Planner {
   // which reads only its shape (Note [Metadata-only ops]).
   bool OnlyShapeRead(int at, ValueId v) const {
     static const c10::OperatorName kCopy("aten::copy", "");
-    for (int j = at + 1; j < static_cast<int>(g_.nodes().size()); ++j) {
+    for (int j = at + 1; j <= last_use_[v]; ++j) {
       const Node& n = g_.nodes()[j];
       for (size_t k = 0; k < n.args.size(); ++k) {
         bool used = false;
-        ForEachValueUse(n.args[k], [&](ValueId u) { used = used || u == v || root_of(u) == v; });
+        ForEachValueUse(n.args[k], [&](ValueId u) { used = used || root_of(u) == v; });
         if (!used) continue;
         if (!n.op.has_value() || n.op->schema().operator_name() != kCopy || k != 0 ||
             n.args[0].kind != Arg::Kind::kValue || n.args[0].value != v) {
