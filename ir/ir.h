@@ -8,6 +8,8 @@
 //   captured_graph.h  CapturedGraph, the interface of a graph captured under one guard key
 //   capture_info.h    the plain structs a capture is described by (no Abseil: public C++ API)
 //   scopes.h          the multi-stream scope ops (torchreplay::scope_enter, ...)
+//   eager_rnn.cc      torchreplay::eager_lstm and kin: recurrent modules kept whole in traced graphs
+//                     (Note [Recurrent modules whole]); registrations only, no header
 //   testing.h         what the C++ tests share to build graphs (//ir:testing, testonly)
 //
 // Namespace torchreplay::capture, kept from when ir/, tape/ and cuda/ were one capture/ package.

@@ -19,7 +19,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from . import _C
+from . import _C, rnn
 from .capture_sizes import batch_fields
 from .config import CompilerConfig
 from .engines import dump_graph, new_engine
@@ -526,6 +526,7 @@ class Backend:
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **_: Any) -> Any:
         consumed = _detach_consumed_outputs(gm)
+        rnn.keep_whole(gm)
         fn = self._compile_graph(gm, example_inputs)
         return _raise_on_backward_of(fn, consumed) if consumed else fn
 

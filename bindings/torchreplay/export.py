@@ -21,6 +21,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.utils import _pytree as pytree
 
+from . import rnn
 from .random_state import _RandomStateWatch
 
 aten = torch.ops.aten
@@ -90,37 +91,23 @@ def trace_program(traced: _Flat, leaves: Tuple[Any, ...], *, subclassed: bool, d
 
 def _decompositions(extra: Optional[Dict[Any, Callable]], close: bool = False) -> Any:
     """What AOTAutograd does under torch.compile: CompositeImplicitAutograd ops decompose (linear ->
-    t + addmm), the rest of ATen stays; plus the caller's own decompositions. `close` (numerics
-    "close", Note [Close numerics]): LSTM decomposes too."""
-    table = dict(_cia_decompositions())
-    if close:
-        table.update(_lstm_decompositions())
+    t + addmm), the rest of ATen stays; plus the caller's own decompositions. The recurrent ops
+    decompose only where that gives eager's bits (rnn.py), unless `close` (numerics "close",
+    Note [Close numerics])."""
+    table = dict(_cia_decompositions(close))
     for op, fn in (extra or {}).items():
         table[op] = fn
     return table
 
 
-@functools.lru_cache(maxsize=1)
-def _cia_decompositions() -> Dict[Any, Callable]:
+@functools.lru_cache(maxsize=2)
+def _cia_decompositions(close: bool) -> Dict[Any, Callable]:
     """export's default decompositions of the CompositeImplicitAutograd ops (made once: 0.1 s)."""
     from torch._export.utils import _collect_all_valid_cia_ops
 
-    table = torch.export.default_decompositions()
     cia = _collect_all_valid_cia_ops()
-    # LSTM stays whole, for its C++ composite to pick eager's kernel at run time (oneDNN's
-    # mkldnn_rnn_layer on the CPU, which the Python decomposition's addmm and pointwise ops
-    # differ from in the last bits).
-    return {op: fn for op, fn in table.items() if op in cia and op not in _EAGER_ONLY}
-
-
-_EAGER_ONLY = (torch.ops.aten.lstm.input, torch.ops.aten.lstm.data)
-
-
-@functools.lru_cache(maxsize=1)
-def _lstm_decompositions() -> Dict[Any, Callable]:
-    """export's decompositions of LSTM, into addmm and pointwise ops (numerics "close")."""
-    table = torch.export.default_decompositions()
-    return {op: fn for op, fn in table.items() if op in _EAGER_ONLY}
+    table = {op: fn for op, fn in torch.export.default_decompositions().items() if op in cia}
+    return table if close else rnn.export_decompositions(table)
 
 
 def _writes_back(ep: ExportedProgram, gm: torch.fx.GraphModule) -> int:

@@ -22,9 +22,10 @@ in, once (the package's __init__ calls it); each is idempotent (a patched functi
   returned tensor whose autograd graph the traced backward consumed is marked (the backend returns
   it detached) instead of Dynamo tracing the frame again with a graph break there
   (_mark_consumed_outputs; Note [Returning a tensor whose backward ran] in backend.py).
-- Dynamo's VariableBuilder.wrap_module: logs once per module class, for torchreplay's compiles,
-  why an nn.RNN, nn.GRU or nn.LSTM runs eagerly between graphs and what replays it instead
-  (_explain_untraced_rnns, whose docstring says why torchreplay does not trace them).
+- Dynamo's VariableBuilder.wrap_module: for torchreplay's compiles, lets Dynamo trace an nn.RNN,
+  nn.GRU or nn.LSTM (its switch allow_rnn on for that module alone) where the backend can keep
+  the module's results eager's bits (rnn.py); elsewhere logs once per module class why it runs
+  eagerly between graphs and what replays it instead (_trace_rnns_for_torchreplay).
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 import torch
 
-from . import _C
+from . import _C, rnn
 from .backend import _CONSUMED, Backend, _hazard, named_backend
 from .config import CompilerConfig
 
@@ -50,7 +51,7 @@ def install() -> None:
     _trace_backward_for_torchreplay()
     _mark_consumed_outputs()
     _install_watchers()
-    _explain_untraced_rnns()
+    _trace_rnns_for_torchreplay()
 
 
 def _compiled_by(tx: Any) -> Optional[CompilerConfig]:
@@ -189,15 +190,15 @@ _watched: "weakref.WeakKeyDictionary[torch.nn.Module, weakref.WeakSet]" = weakre
 _hooks: List[Any] = []
 
 
-def _explain_untraced_rnns() -> None:
+def _trace_rnns_for_torchreplay() -> None:
     """Dynamo (2.11) breaks the graph at an nn.RNN, nn.GRU or nn.LSTM unless its global switch
-    torch._dynamo.config.allow_rnn is on: the module runs eagerly between graphs, and a model
-    that is mostly such a module runs slower under torch.compile than eagerly (Dynamo's frame
-    costs more than its graphs save). torchreplay does not turn the switch on for its compiles:
-    traced, a GRU is decomposed into ops whose results are not eager's bits (with aot_eager too),
-    and an LSTM still runs eager's one kernel, so nothing is gained. This says so in torchreplay's
-    log, once per module class, at WARNING, for frames a torchreplay backend compiles, with what
-    replays such a model whole: torchreplay.capture, bitwise (it keeps the module's own kernel)."""
+    torch._dynamo.config.allow_rnn is on: the module runs eagerly between graphs, and a model that
+    is mostly such a module runs slower under torch.compile than eagerly (Dynamo's frame costs
+    more than its graphs save). For frames a torchreplay backend compiles, the module is traced
+    with the switch on for it alone where rnn.dynamo_traces allows (grad disabled, no dropout
+    drawn, on the CPU): the backend then keeps its calls eager's bits (rnn.keep_whole, Note
+    [Recurrent modules whole]). Elsewhere this says in torchreplay's log, once per module class,
+    at WARNING, why not and what replays such a model whole: torchreplay.capture, bitwise."""
     try:
         from torch._dynamo.variables.builder import VariableBuilder
     except ImportError:
@@ -208,16 +209,20 @@ def _explain_untraced_rnns() -> None:
     told: set = set()
 
     def wrap_module(self: Any, value: torch.nn.Module) -> Any:
+        if (not isinstance(value, (torch.nn.RNN, torch.nn.GRU, torch.nn.LSTM)) or torch._dynamo.config.allow_rnn
+                or _compiled_by(self.tx) is None):
+            return original(self, value)
+        why = rnn.dynamo_traces(value)
+        if why is None:
+            with torch._dynamo.config.patch(allow_rnn=True):
+                return original(self, value)
         kind = type(value)
-        if (isinstance(value, (torch.nn.RNN, torch.nn.GRU, torch.nn.LSTM)) and not torch._dynamo.config.allow_rnn
-                and kind not in told and _compiled_by(self.tx) is not None):
+        if kind not in told:
             told.add(kind)
             logger.warning(
-                "torchreplay: Dynamo does not trace %s (torch._dynamo.config.allow_rnn is off): it runs eagerly "
-                "between the compiled graphs, and Dynamo's frame can make the call slower than eager. torchreplay "
-                "leaves the switch off: traced, a GRU's results are not eager's bits, and an LSTM runs the same "
-                "kernel. torchreplay.capture(model, example_args) replays such a model whole, bitwise.",
-                kind.__name__)
+                "torchreplay: Dynamo does not trace this %s: %s. It runs eagerly between the compiled graphs, and "
+                "Dynamo's frame can make the call slower than eager. torchreplay.capture(model, example_args) "
+                "replays such a model whole, bitwise.", kind.__name__, why)
         return original(self, value)
 
     wrap_module._torchreplay = True  # type: ignore[attr-defined]

@@ -63,8 +63,10 @@ def test_torch_logs_and_the_environment_show_captures_once(env, lines):
 
 
 def test_an_rnn_dynamo_leaves_eager_is_explained_once_for_torchreplay_compiles(replay_log):
-    """Dynamo does not trace nn.GRU / nn.LSTM: for torchreplay's compiles the log says so once per
-    module class, with what replays the model whole; other backends' compiles add nothing."""
+    """For torchreplay's compiles Dynamo traces nn.GRU / nn.LSTM with grad disabled (Note
+    [Recurrent modules whole]); with grad enabled it makes no graph of them, and the log says so
+    and why once per module class, with what replays the model whole; other backends' compiles
+    add nothing."""
     from differential import assert_bitwise
 
     class Gru(torch.nn.GRU):  # a class of this test's own: the message is once per class
@@ -85,16 +87,23 @@ def test_an_rnn_dynamo_leaves_eager_is_explained_once_for_torchreplay_compiles(r
     x = torch.randn(1, 5, 8)
     ours = [Model(Gru(8, 8, batch_first=True)).eval() for _ in range(2)]
     other = Model(Lstm(8, 8, batch_first=True)).eval()
-    with replay_log.at_level(logging.WARNING, logger="torchreplay"), torch.no_grad():
+    with replay_log.at_level(logging.WARNING, logger="torchreplay"):
+        traced = torchreplay.get_backend(compiler_config=config())
+        f = torch.compile(ours[0], backend=traced)
+        with torch.no_grad():
+            for _ in range(3):
+                assert_bitwise(f(x), ours[0](x), "GRU model through torch.compile, grad disabled")
+        assert [s["replays"] for s in traced.stats()] == [2] and not replay_log.records
         for m in ours:
             b = torchreplay.get_backend(compiler_config=config())
             f = torch.compile(m, backend=b)
-            for _ in range(3):  # Dynamo (2.11) makes no graph of this frame: it runs eagerly
-                assert_bitwise(f(x), m(x), "GRU model through torch.compile")
+            for _ in range(3):  # Dynamo makes no graph of the GRU: it runs eagerly
+                assert_bitwise(f(x), m(x), "GRU model through torch.compile, grad enabled")
         g = torch.compile(other, backend="aot_eager")
         for _ in range(2):
             g(x)
-    said = [r.getMessage() for r in replay_log.records if "allow_rnn" in r.getMessage()]
+    said = [r.getMessage() for r in replay_log.records if "Dynamo does not trace" in r.getMessage()]
     assert len(said) == 1, said
-    assert said[0].startswith("torchreplay: Dynamo does not trace Gru ") and "torchreplay.capture" in said[0]
+    assert said[0].startswith("torchreplay: Dynamo does not trace this Gru: grad is enabled") \
+        and "torchreplay.capture" in said[0]
     assert replay_log.records[0].levelno == logging.WARNING

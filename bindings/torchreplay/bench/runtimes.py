@@ -356,7 +356,7 @@ def graphs_note(fn: Any, model: torch.nn.Module) -> str:
         return ""
     rnn = any(isinstance(m, torch.nn.RNNBase) for m in model.modules())
     return "; Dynamo made no graph, the model ran eagerly" + (
-        " (torch.nn.LSTM and GRU: torch._dynamo.config.allow_rnn is off by default)" if rnn else "")
+        " (torch.nn.LSTM and GRU: traced for torchreplay with grad disabled only)" if rnn else "")
 
 
 def prepare(model_name: str, mode: str, threads: int) -> Tuple[Dict[str, Any], Optional[Callable[[], None]]]:

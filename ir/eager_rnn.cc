@@ -1,0 +1,70 @@
+// torchreplay::eager_lstm, eager_gru, eager_rnn_tanh, eager_rnn_relu: aten::lstm, gru, rnn_tanh
+// and rnn_relu under other names, each forwarding its stack to the aten op unchanged.
+//
+// Note [Recurrent modules whole]
+// aten::lstm and its kin are CompositeImplicitAutograd: a trace (AOTAutograd under
+// torch.compile, torch.export) replaces them with Python decompositions, whose results are not
+// always eager's bits. Eager's GRU cell, for one, adds and squashes its gates in place on chunks of
+// a [batch, 3 * hidden] tensor; the decomposition computes them into new contiguous tensors, so
+// with more than one row the elementwise kernels split the elements between their vector and
+// scalar paths at other places (GRU(32, 20) at batch 3 differs in the last bits), and its LSTM is
+// two oneDNN calls where eager's one aten::lstm costs less. An op of another name is opaque to
+// those decompositions: in a graph it stays one node, and at run time it is eager's own call of
+// the aten op (its C++ composite then picks eager's kernels). bindings/torchreplay/rnn.py puts
+// these ops into torch.compile's graphs; torchreplay.capture keeps the aten ops whole instead
+// (export.py). No autograd kernel: they are for graphs traced with grad disabled (a call that
+// needs gradients gets none, as with any op without a derivative formula).
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include <string>
+
+namespace torchreplay::capture {
+namespace {
+
+template <const char* kName, const char* kOverload>
+void CallAten(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(kName, kOverload);
+  op.callBoxed(stack);
+}
+
+constexpr char kLstm[] = "aten::lstm";
+constexpr char kGru[] = "aten::gru";
+constexpr char kRnnTanh[] = "aten::rnn_tanh";
+constexpr char kRnnRelu[] = "aten::rnn_relu";
+constexpr char kInput[] = "input";
+constexpr char kData[] = "data";
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(torchreplay, m) {
+  // The schemas are aten's (native_functions.yaml), renamed.
+  m.def("eager_lstm.input(Tensor input, Tensor[] hx, Tensor[] params, bool has_biases, int num_layers, "
+        "float dropout, bool train, bool bidirectional, bool batch_first) -> (Tensor, Tensor, Tensor)");
+  m.def("eager_lstm.data(Tensor data, Tensor batch_sizes, Tensor[] hx, Tensor[] params, bool has_biases, "
+        "int num_layers, float dropout, bool train, bool bidirectional) -> (Tensor, Tensor, Tensor)");
+  for (const char* name : {"eager_gru", "eager_rnn_tanh", "eager_rnn_relu"}) {
+    const std::string input = std::string(name) +
+                              ".input(Tensor input, Tensor hx, Tensor[] params, bool has_biases, int num_layers, "
+                              "float dropout, bool train, bool bidirectional, bool batch_first) -> (Tensor, Tensor)";
+    const std::string data = std::string(name) +
+                             ".data(Tensor data, Tensor batch_sizes, Tensor hx, Tensor[] params, bool has_biases, "
+                             "int num_layers, float dropout, bool train, bool bidirectional) -> (Tensor, Tensor)";
+    m.def(torch::schema(input.c_str()));
+    m.def(torch::schema(data.c_str()));
+  }
+}
+
+// CompositeExplicitAutograd: every backend, Meta (and so fake tensors) included, runs the aten op.
+TORCH_LIBRARY_IMPL(torchreplay, CompositeExplicitAutograd, m) {
+  m.impl("eager_lstm.input", torch::CppFunction::makeFromBoxedFunction<&CallAten<kLstm, kInput>>());
+  m.impl("eager_lstm.data", torch::CppFunction::makeFromBoxedFunction<&CallAten<kLstm, kData>>());
+  m.impl("eager_gru.input", torch::CppFunction::makeFromBoxedFunction<&CallAten<kGru, kInput>>());
+  m.impl("eager_gru.data", torch::CppFunction::makeFromBoxedFunction<&CallAten<kGru, kData>>());
+  m.impl("eager_rnn_tanh.input", torch::CppFunction::makeFromBoxedFunction<&CallAten<kRnnTanh, kInput>>());
+  m.impl("eager_rnn_tanh.data", torch::CppFunction::makeFromBoxedFunction<&CallAten<kRnnTanh, kData>>());
+  m.impl("eager_rnn_relu.input", torch::CppFunction::makeFromBoxedFunction<&CallAten<kRnnRelu, kInput>>());
+  m.impl("eager_rnn_relu.data", torch::CppFunction::makeFromBoxedFunction<&CallAten<kRnnRelu, kData>>());
+}
+
+}  // namespace torchreplay::capture
