@@ -1,15 +1,16 @@
 """Recurrent modules (nn.LSTM, nn.GRU, nn.RNN) in traced graphs, kept to eager's bits.
 
 aten::lstm, gru, rnn_tanh and rnn_relu are CompositeImplicitAutograd ops that a trace replaces
-with PyTorch's Python decompositions. Those give eager's bits for a plain RNN and for a GRU over
-one row, not for a GRU over several rows (eager's cell squashes its gates in place on chunks of
-one tensor, the decomposition on new ones, and the elementwise kernels split the elements between
-their vector and scalar paths at other places), and they make an LSTM two oneDNN calls that cost
-more than eager's one. So (Note [Recurrent modules whole] in ir/eager_rnn.cc):
+with PyTorch's Python decompositions. Those give eager's bits for a GRU or a plain RNN over one
+row, not over several (eager's GRU cell squashes its gates in place on chunks of one tensor, the
+decomposition on new ones, so the elementwise kernels split the elements between their vector
+and scalar paths at other places; a batch-first RNN's input projection is another GEMM call),
+and they make an LSTM two oneDNN calls that cost more than eager's one. So (Note [Recurrent
+modules whole] in ir/eager_rnn.cc):
 
 - torchreplay.capture keeps those ops whole (export_decompositions): the graph calls the aten op,
-  whose C++ composite picks eager's kernels at run time; a GRU over one row, and a plain RNN,
-  decompose (their decomposition is eager's arithmetic, and replays as fused steps).
+  whose C++ composite picks eager's kernels at run time; a GRU or RNN whose batch is a static 1
+  decomposes (there the decomposition is eager's arithmetic, and replays as fused steps).
 - torch.compile: Dynamo makes no graph of a frame that calls such a module unless its global
   switch allow_rnn is on. For frames a torchreplay backend compiles with grad disabled, the
   module is traced with the switch on for that module alone (patches.py, dynamo_traces), and the
@@ -18,6 +19,7 @@ more than eager's one. So (Note [Recurrent modules whole] in ir/eager_rnn.cc):
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Dict, Optional
 
 import torch
@@ -27,13 +29,15 @@ from . import _C  # noqa: F401 (registers the torchreplay::eager_* ops)
 
 aten = torch.ops.aten
 
-# aten op -> its opaque torchreplay twin; the input overloads of gru, rnn_tanh and rnn_relu also
-# decompose where gives_eager_bits says so.
+# aten op -> its opaque torchreplay twin; the input overloads of gru, rnn_tanh and rnn_relu
+# decompose where _decomposes says so.
 _WHOLE = {
     aten.lstm.input: torch.ops.torchreplay.eager_lstm.input,
     aten.lstm.data: torch.ops.torchreplay.eager_lstm.data,
     aten.gru.input: torch.ops.torchreplay.eager_gru.input,
     aten.gru.data: torch.ops.torchreplay.eager_gru.data,
+    aten.rnn_tanh.input: torch.ops.torchreplay.eager_rnn_tanh.input,
+    aten.rnn_relu.input: torch.ops.torchreplay.eager_rnn_relu.input,
     aten.rnn_tanh.data: torch.ops.torchreplay.eager_rnn_tanh.data,
     aten.rnn_relu.data: torch.ops.torchreplay.eager_rnn_relu.data,
 }
@@ -41,29 +45,27 @@ _VF_OPS = {"lstm": aten.lstm, "gru": aten.gru, "rnn_tanh": aten.rnn_tanh, "rnn_r
 
 
 def _decomposes(op: Any, args: tuple) -> bool:
-    """Whether PyTorch's decomposition of the input overload `op` on `args` (aten's arguments,
-    fake or real) computes eager's bits: a plain RNN's always, a GRU's over one row (its batch a
-    static 1), an LSTM's or a packed sequence's never (see the module's docstring)."""
-    if op in (aten.rnn_tanh.input, aten.rnn_relu.input):
-        return True
-    if op is aten.gru.input:
-        if args[0].dim() != 3:
-            return False
-        batch = args[0].shape[0 if args[8] else 1]
-        return isinstance(batch, int) and batch == 1
-    return False
+    """Whether PyTorch's decomposition of `op` on `args` (aten's arguments, fake or real) computes
+    eager's bits: a GRU's or a plain RNN's over one row (a 3-d input whose batch is a static 1),
+    an LSTM's or a packed sequence's never (see the module's docstring)."""
+    if op not in (aten.gru.input, aten.rnn_tanh.input, aten.rnn_relu.input) or args[0].dim() != 3:
+        return False
+    batch = args[0].shape[0 if args[8] else 1]
+    return isinstance(batch, int) and batch == 1
 
 
 def export_decompositions(table: Dict[Any, Callable]) -> Dict[Any, Callable]:
     """`table` (export's decompositions) with the recurrent ops kept whole but where _decomposes:
     a decomposition that returns NotImplemented keeps the op in export's graph."""
     out = {op: fn for op, fn in table.items() if op not in _WHOLE}
-    gru = table.get(aten.gru.input)
-    if gru is not None:
-        def gru_where_eager(*args: Any, **kwargs: Any) -> Any:
-            return gru(*args, **kwargs) if not kwargs and _decomposes(aten.gru.input, args) else NotImplemented
-        out[aten.gru.input] = gru_where_eager
+    for op in (aten.gru.input, aten.rnn_tanh.input, aten.rnn_relu.input):
+        if op in table:
+            out[op] = functools.partial(_where_eager, op, table[op])
     return out
+
+
+def _where_eager(op: Any, decomposition: Callable, *args: Any, **kwargs: Any) -> Any:
+    return decomposition(*args, **kwargs) if not kwargs and _decomposes(op, args) else NotImplemented
 
 
 def _aten_overload(fn: Any, args: tuple) -> Optional[Any]:

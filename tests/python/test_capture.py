@@ -874,6 +874,8 @@ RECURRENT = {  # (module, input shape (T, B, I), with a state)
                                                (5, 8, 16), False),
     "rnn relu": (lambda: nn.RNN(16, 32, nonlinearity="relu"), (7, 2, 16), False),
     "rnn tanh, 2 layers, batch 3": (lambda: nn.RNN(16, 20, num_layers=2), (7, 3, 16), True),
+    "rnn tanh batch_first, batch 3": (lambda: nn.RNN(16, 20, batch_first=True), (2, 3, 16), False),
+    "rnn tanh bidirectional, batch 1": (lambda: nn.RNN(16, 20, bidirectional=True), (9, 1, 16), True),
 }
 
 
@@ -881,9 +883,9 @@ RECURRENT = {  # (module, input shape (T, B, I), with a state)
 @pytest.mark.parametrize("name", list(RECURRENT))
 def test_recurrent_modules_are_eagers_bits(name, entry):
     """nn.LSTM, nn.GRU and nn.RNN on the CPU, inference, through both entry points: PyTorch's
-    decompositions of these ops are not always eager's bits (an LSTM's oneDNN kernel; a GRU over
-    several rows, whose cell eager squashes in place on chunks: "gru batch 3, hidden 20" differs
-    decomposed), so they stay whole where they would differ (Note [Recurrent modules whole])."""
+    decompositions of these ops are not always eager's bits (an LSTM's oneDNN kernel; a GRU or RNN
+    over several rows: "gru batch 3, hidden 20" and "rnn tanh batch_first, batch 3" differ
+    decomposed), so they stay whole but over one row (Note [Recurrent modules whole])."""
     make, shape, stateful = RECURRENT[name]
     torch.manual_seed(0)
     model = make().eval()
