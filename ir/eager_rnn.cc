@@ -15,6 +15,7 @@
 // (export.py). No autograd kernel: they are for graphs traced with grad disabled (a call that
 // needs gradients gets none, as with any op without a derivative formula).
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
 #include <string>
@@ -22,9 +23,13 @@
 namespace torchreplay::capture {
 namespace {
 
+// Below PyTorch's Python dispatcher, which a trace turns on: on fake tensors it would run the
+// aten op's Python decomposition, whose LSTM hands back states of other sizes than the op's
+// ([layers, 1, batch, hidden]); the C++ composite computes the sizes and strides the CPU run gives.
 template <const char* kName, const char* kOverload>
 void CallAten(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(kName, kOverload);
+  c10::impl::ExcludeDispatchKeyGuard no_python_dispatcher(c10::DispatchKey::PythonDispatcher);
   op.callBoxed(stack);
 }
 

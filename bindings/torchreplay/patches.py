@@ -215,7 +215,9 @@ def _trace_rnns_for_torchreplay() -> None:
         why = rnn.dynamo_traces(value)
         if why is None:
             with torch._dynamo.config.patch(allow_rnn=True):
-                return original(self, value)
+                traced = original(self, value)
+            traced._torchreplay_rnn = True  # marked for call_function below
+            return traced
         kind = type(value)
         if kind not in told:
             told.add(kind)
@@ -227,6 +229,35 @@ def _trace_rnns_for_torchreplay() -> None:
 
     wrap_module._torchreplay = True  # type: ignore[attr-defined]
     VariableBuilder.wrap_module = wrap_module
+    _break_at_packed_sequences()
+
+
+def _break_at_packed_sequences() -> None:
+    """A traced RNN module called on a PackedSequence: Dynamo skips the frame, which then runs
+    eagerly, as it does where it does not trace the module. (Traced, or with a graph break at the
+    call, the frame's later pad_packed_sequence fails in Dynamo on the fake batch_sizes.)"""
+    from torch._dynamo.exc import SkipFrame
+    from torch._dynamo.variables.nn_module import NNModuleVariable, UnspecializedNNModuleVariable
+    from torch.nn.utils.rnn import PackedSequence
+
+    def packed(var: Any) -> bool:
+        try:
+            return issubclass(var.python_type(), PackedSequence)
+        except (NotImplementedError, TypeError):
+            return False
+
+    for cls in (NNModuleVariable, UnspecializedNNModuleVariable):
+        original = cls.call_function
+        if getattr(original, "_torchreplay", False):
+            continue
+
+        def call_function(self: Any, tx: Any, args: Any, kwargs: Any, _original: Any = original) -> Any:
+            if getattr(self, "_torchreplay_rnn", False) and any(packed(a) for a in [*args, *kwargs.values()]):
+                raise SkipFrame("torchreplay: an RNN module on a PackedSequence runs eagerly")
+            return _original(self, tx, args, kwargs)
+
+        call_function._torchreplay = True  # type: ignore[attr-defined]
+        cls.call_function = call_function
 
 
 def _on_registration(module: torch.nn.Module, name: str, value: Any) -> None:

@@ -913,3 +913,56 @@ def test_recurrent_modules_are_eagers_bits(name, entry):
             assert_bitwise(step(*args(i)), model(*args(i)), f"call {i}")
     stats = step.stats() if entry == "capture" else backend.stats()[0]  # [0]: Dynamo made a graph
     assert stats["replays"] >= 2
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru", "rnn"])
+def test_recurrent_states_read_inside_the_compiled_graph_are_eagers(kind):
+    """The states a recurrent module returns, read by later ops of the same graph (a head on the
+    last layer's state; the module called again on its own state): their sizes in the trace are
+    the op's (PyTorch's Python decomposition of an LSTM gives other sizes under a trace)."""
+    make = {"lstm": nn.LSTM, "gru": nn.GRU, "rnn": nn.RNN}[kind]
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn, self.head = make(16, 16, num_layers=2, batch_first=True), nn.Linear(16, 5)
+
+        def forward(self, x):
+            y, state = self.rnn(x)
+            z, state = self.rnn(y, state)
+            h = state[0] if kind == "lstm" else state
+            return self.head(h[-1]), z
+
+    torch.manual_seed(0)
+    model = Model().eval()
+    backend = torchreplay.get_backend(compiler_config=config())
+    compiled = torch.compile(model, backend=backend)
+    with torch.no_grad():
+        for i in range(4):
+            x = torch.randn(4, 7, 16, generator=torch.Generator().manual_seed(i))
+            assert_bitwise(compiled(x), model(x), f"call {i}")
+    assert [s["replays"] for s in backend.stats()] == [3]
+
+
+def test_a_recurrent_module_on_a_packed_sequence_runs_eagerly_under_torch_compile():
+    """pack_padded_sequence -> GRU -> pad_packed_sequence: Dynamo skips the frame (traced, its
+    pad_packed_sequence fails in Dynamo on the fake batch sizes), which runs eagerly, eager's bits."""
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = nn.GRU(16, 20, batch_first=True)
+
+        def forward(self, x, lengths):
+            out, h = self.rnn(pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False))
+            return pad_packed_sequence(out, batch_first=True)[0], h
+
+    torch.manual_seed(0)
+    model = Model().eval()
+    compiled = torch.compile(model, backend=torchreplay.get_backend(compiler_config=config()))
+    lengths = torch.tensor([6, 3, 5, 1])
+    with torch.no_grad():
+        for i in range(3):
+            x = torch.randn(4, 6, 16, generator=torch.Generator().manual_seed(i))
+            assert_bitwise(compiled(x, lengths), model(x, lengths), f"call {i}")
