@@ -23,9 +23,8 @@
 namespace torchreplay::capture {
 namespace {
 
-// Below PyTorch's Python dispatcher, which a trace turns on: on fake tensors it would run the
-// aten op's Python decomposition, whose LSTM hands back states of other sizes than the op's
-// ([layers, 1, batch, hidden]); the C++ composite computes the sizes and strides the CPU run gives.
+// Below PyTorch's Python dispatcher, which a trace turns on: it would run the aten op's Python
+// decomposition (whose LSTM hands back states of other sizes than the op's) instead of eager's.
 template <const char* kName, const char* kOverload>
 void CallAten(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(kName, kOverload);
@@ -60,8 +59,9 @@ TORCH_LIBRARY_FRAGMENT(torchreplay, m) {
   }
 }
 
-// CompositeExplicitAutograd: every backend, Meta (and so fake tensors) included, runs the aten op.
-TORCH_LIBRARY_IMPL(torchreplay, CompositeExplicitAutograd, m) {
+// The CPU and CUDA kernels run the aten op; sizes under a trace come from the fake kernels of
+// bindings/torchreplay/rnn.py (symbolic sizes included).
+static void RegisterKernels(torch::Library& m) {
   m.impl("eager_lstm.input", torch::CppFunction::makeFromBoxedFunction<&CallAten<kLstm, kInput>>());
   m.impl("eager_lstm.data", torch::CppFunction::makeFromBoxedFunction<&CallAten<kLstm, kData>>());
   m.impl("eager_gru.input", torch::CppFunction::makeFromBoxedFunction<&CallAten<kGru, kInput>>());
@@ -71,5 +71,8 @@ TORCH_LIBRARY_IMPL(torchreplay, CompositeExplicitAutograd, m) {
   m.impl("eager_rnn_relu.input", torch::CppFunction::makeFromBoxedFunction<&CallAten<kRnnRelu, kInput>>());
   m.impl("eager_rnn_relu.data", torch::CppFunction::makeFromBoxedFunction<&CallAten<kRnnRelu, kData>>());
 }
+
+TORCH_LIBRARY_IMPL(torchreplay, CPU, m) { RegisterKernels(m); }
+TORCH_LIBRARY_IMPL(torchreplay, CUDA, m) { RegisterKernels(m); }
 
 }  // namespace torchreplay::capture

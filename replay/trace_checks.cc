@@ -74,7 +74,9 @@ absl::Status CheckSizes(const std::vector<SizeCheck>& sizes, const capture::Grap
       return absl::InvalidArgumentError(absl::StrCat(
           "torchreplay: argument ", c.arg, " has size ", size, " in dim ", c.dim, ", but ", why,
           " (the trace depends on it); capture again for this shape",
-          c.lo == c.hi ? ", or with dynamic=True" : ""));
+          c.lo == c.hi ? " (or with dynamic=True, unless the model's code made the trace specialize this size, "
+                         "as a loop over it does)"
+                       : ""));
     }
   }
   return absl::OkStatus();

@@ -8,6 +8,7 @@ refused with an error that says what to do (Note [Inputs that share memory]). Wh
 capture() is a _Program: the graph, the tensors bound into it and what errors call them."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import sys
@@ -167,7 +168,8 @@ def _trace_exported(traced: "_Flat", leaves: Tuple[Any, ...], dynamic: bool,
     inputs = [(_bound_name("buffer" if k in buffers else "parameter", k), t) for k, t in state.items()] + \
         [(n, a) for n, a in zip(leaf_names, leaves) if isinstance(a, torch.Tensor)]
     try:
-        with _RandomStateWatch() as rng, torch.no_grad():
+        with _RandomStateWatch() as rng, torch.no_grad(), \
+                (contextlib.nullcontext() if close else rnn.whole_in_trace()):
             ep = torch.export.export(traced, leaves, dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as e:
         _refuse_shared_memory(inputs, (), e)

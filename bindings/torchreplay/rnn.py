@@ -8,8 +8,8 @@ and scalar paths at other places; a batch-first RNN's input projection is anothe
 and they make an LSTM two oneDNN calls that cost more than eager's one. So (Note [Recurrent
 modules whole] in ir/eager_rnn.cc):
 
-- torchreplay.capture keeps those ops whole (export_decompositions): the graph calls the aten op,
-  whose C++ composite picks eager's kernels at run time; a GRU or RNN whose batch is a static 1
+- torchreplay.capture keeps those ops whole (export_decompositions) as torchreplay::eager_* ops:
+  at run time the aten op, whose C++ composite picks eager's kernels; a GRU or RNN over one row
   decomposes (there the decomposition is eager's arithmetic, and replays as fused steps).
 - torch.compile: Dynamo makes no graph of a frame that calls such a module unless its global
   switch allow_rnn is on. For frames a torchreplay backend compiles with grad disabled, the
@@ -19,11 +19,13 @@ modules whole] in ir/eager_rnn.cc):
 """
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Iterator, Optional
 
 import torch
 import torch.fx
+from torch._subclasses.fake_tensor import FakeTensor
 
 from . import _C  # noqa: F401 (registers the torchreplay::eager_* ops)
 
@@ -44,37 +46,122 @@ _WHOLE = {
 _VF_OPS = {"lstm": aten.lstm, "gru": aten.gru, "rnn_tanh": aten.rnn_tanh, "rnn_relu": aten.rnn_relu}
 
 
+def _fake_output(input: torch.Tensor, hx: torch.Tensor, bidirectional: bool, batch_first: bool) -> torch.Tensor:
+    """The sequence output of aten's RNN ops: [T, B, directions * hx's last size], made
+    contiguous and then transposed for batch_first; a packed sequence's data [N, that size]."""
+    width = (2 if bidirectional else 1) * hx.shape[-1]
+    if input.dim() == 2:
+        return input.new_empty((input.shape[0], width))
+    out = input.new_empty((input.shape[1], input.shape[0], width) if batch_first else
+                          (input.shape[0], input.shape[1], width))
+    return out.transpose(0, 1) if batch_first else out
+
+
+def _register_fakes() -> None:
+    """Sizes and strides of the torchreplay::eager_* ops under a trace (symbolic sizes too), as
+    the CPU run gives them (the kernels are eager's, ir/eager_rnn.cc)."""
+    def lstm_input(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
+        return _fake_output(input, hx[0], bidirectional, batch_first), hx[0].new_empty(hx[0].shape), \
+            hx[1].new_empty(hx[1].shape)
+
+    def lstm_data(data, batch_sizes, hx, params, has_biases, num_layers, dropout, train, bidirectional):
+        return _fake_output(data, hx[0], bidirectional, False), hx[0].new_empty(hx[0].shape), \
+            hx[1].new_empty(hx[1].shape)
+
+    def rnn_input(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
+        return _fake_output(input, hx, bidirectional, batch_first), hx.new_empty(hx.shape)
+
+    def rnn_data(data, batch_sizes, hx, params, has_biases, num_layers, dropout, train, bidirectional):
+        return _fake_output(data, hx, bidirectional, False), hx.new_empty(hx.shape)
+
+    torch.library.register_fake("torchreplay::eager_lstm.input")(lstm_input)
+    torch.library.register_fake("torchreplay::eager_lstm.data")(lstm_data)
+    for name in ("eager_gru", "eager_rnn_tanh", "eager_rnn_relu"):
+        torch.library.register_fake(f"torchreplay::{name}.input")(rnn_input)
+        torch.library.register_fake(f"torchreplay::{name}.data")(rnn_data)
+
+
+_register_fakes()
+
+
 def _decomposes(op: Any, args: tuple) -> bool:
     """Whether PyTorch's decomposition of `op` on `args` (aten's arguments, fake or real) computes
-    eager's bits: a GRU's or a plain RNN's over one row (a 3-d input whose batch is a static 1),
+    eager's bits: a GRU's or a plain RNN's over one row (a contiguous 3-d input whose batch is a
+    static 1), without dropout drawn (the decomposition never applies it) and outside autocast;
     an LSTM's or a packed sequence's never (see the module's docstring)."""
-    if op not in (aten.gru.input, aten.rnn_tanh.input, aten.rnn_relu.input) or args[0].dim() != 3:
+    if op not in (aten.gru.input, aten.rnn_tanh.input, aten.rnn_relu.input):
         return False
-    batch = args[0].shape[0 if args[8] else 1]
+    input, dropout, train, batch_first = args[0], args[5], args[6], args[8]
+    if input.dim() != 3 or not input.is_contiguous() or (train and dropout > 0) \
+            or torch.is_autocast_enabled("cpu"):
+        return False
+    batch = input.shape[0 if batch_first else 1]
     return isinstance(batch, int) and batch == 1
 
 
 def export_decompositions(table: Dict[Any, Callable]) -> Dict[Any, Callable]:
-    """`table` (export's decompositions) with the recurrent ops kept whole but where _decomposes:
-    a decomposition that returns NotImplemented keeps the op in export's graph."""
+    """`table` (export's decompositions) with each recurrent op decomposed where _decomposes,
+    else into its torchreplay::eager_* twin (whose sizes under the trace are the op's)."""
     out = {op: fn for op, fn in table.items() if op not in _WHOLE}
-    for op in (aten.gru.input, aten.rnn_tanh.input, aten.rnn_relu.input):
-        if op in table:
-            out[op] = functools.partial(_where_eager, op, table[op])
+    for op, twin in _WHOLE.items():
+        out[op] = functools.partial(_where_eager, op, table.get(op), twin)
     return out
 
 
-def _where_eager(op: Any, decomposition: Callable, *args: Any, **kwargs: Any) -> Any:
-    return decomposition(*args, **kwargs) if not kwargs and _decomposes(op, args) else NotImplemented
+def _where_eager(op: Any, decomposition: Optional[Callable], twin: Any, *args: Any, **kwargs: Any) -> Any:
+    if decomposition is not None and not kwargs and len(args) == 9 and _decomposes(op, args):
+        return decomposition(*args, **kwargs)
+    return twin(*args, **kwargs)
+
+
+def _overload(packet: Any, args: tuple) -> Optional[Any]:
+    """Which overload of the aten op `packet` a torch._VF call with `args` is: `data` when its
+    second argument is a packed sequence's batch_sizes (then its fourth, params, is a list)."""
+    if len(args) != 9:
+        return None
+    return packet.data if isinstance(args[3], (list, tuple)) else packet.input
 
 
 def _aten_overload(fn: Any, args: tuple) -> Optional[Any]:
-    """The aten overload a torch._VF recurrent call in a Dynamo graph is: `data` when its second
-    argument is the packed sequence's batch_sizes (then its fourth, params, is a list)."""
+    """The aten overload a torch._VF recurrent call in a Dynamo graph is."""
     packet = next((p for name, p in _VF_OPS.items() if fn is getattr(torch._VF, name, None)), None)
-    if packet is None or len(args) != 9:
-        return None
-    return packet.data if isinstance(args[3], (list, tuple)) else packet.input
+    return None if packet is None else _overload(packet, args)
+
+
+class _VFInTrace:
+    """torch._VF as nn.RNN's modules see it while torch.export traces (whole_in_trace): the
+    recurrent calls on fake tensors become their torchreplay::eager_* twins where _decomposes says
+    no, so that the trace computes the op's sizes (PyTorch's Python decomposition of an LSTM gives
+    states of other sizes, which the module's next call refuses)."""
+
+    def __init__(self, vf: Any) -> None:
+        self._vf = vf
+
+    def __getattr__(self, name: str) -> Any:
+        fn = getattr(self._vf, name)
+        packet = _VF_OPS.get(name)
+        if packet is None:
+            return fn
+
+        def call(*args: Any) -> Any:
+            op = _overload(packet, args)
+            if op is None or not isinstance(args[0], FakeTensor) or _decomposes(op, args):
+                return fn(*args)
+            return _WHOLE[op](*args)
+        return call
+
+
+@contextlib.contextmanager
+def whole_in_trace() -> Iterator[None]:
+    """While torch.export traces a model for torchreplay.capture (one trace at a time in the
+    process, export.py): nn.RNN, nn.GRU and nn.LSTM call torchreplay's twins (_VFInTrace)."""
+    from torch.nn.modules import rnn as modules
+    original = modules._VF
+    modules._VF = _VFInTrace(original)
+    try:
+        yield
+    finally:
+        modules._VF = original
 
 
 def _needs_grad(node: torch.fx.Node) -> bool:
@@ -109,6 +196,8 @@ def dynamo_traces(module: torch.nn.Module) -> Optional[str]:
     for it alone); else why not, for the log."""
     if torch.is_grad_enabled():
         return "grad is enabled (inference under torch.no_grad() or torch.inference_mode() is traced)"
+    if torch._C._is_any_autocast_enabled():
+        return "autocast is on"
     if module.training and module.dropout > 0:
         return "it applies dropout (training mode), whose random draws a replay would repeat"
     if any(p.device.type != "cpu" for p in module.parameters()):

@@ -915,8 +915,9 @@ def test_recurrent_modules_are_eagers_bits(name, entry):
     assert stats["replays"] >= 2
 
 
+@pytest.mark.parametrize("entry", ["capture", "torch.compile"])
 @pytest.mark.parametrize("kind", ["lstm", "gru", "rnn"])
-def test_recurrent_states_read_inside_the_compiled_graph_are_eagers(kind):
+def test_recurrent_states_read_inside_the_graph_are_eagers(kind, entry):
     """The states a recurrent module returns, read by later ops of the same graph (a head on the
     last layer's state; the module called again on its own state): their sizes in the trace are
     the op's (PyTorch's Python decomposition of an LSTM gives other sizes under a trace)."""
@@ -935,13 +936,48 @@ def test_recurrent_states_read_inside_the_compiled_graph_are_eagers(kind):
 
     torch.manual_seed(0)
     model = Model().eval()
+    x = [torch.randn(4, 7, 16, generator=torch.Generator().manual_seed(i)) for i in range(4)]
     backend = torchreplay.get_backend(compiler_config=config())
-    compiled = torch.compile(model, backend=backend)
     with torch.no_grad():
+        step = torchreplay.capture(model, (x[0],), config=config()) if entry == "capture" else \
+            torch.compile(model, backend=backend)
         for i in range(4):
-            x = torch.randn(4, 7, 16, generator=torch.Generator().manual_seed(i))
-            assert_bitwise(compiled(x), model(x), f"call {i}")
-    assert [s["replays"] for s in backend.stats()] == [3]
+            assert_bitwise(step(x[i]), model(x[i]), f"call {i}")
+    assert (step.stats()["replays"] if entry == "capture" else [s["replays"] for s in backend.stats()]) in (3, [3])
+
+
+@pytest.mark.parametrize("entry, case", [(e, c) for e in ("capture", "torch.compile") for c in (
+    "dynamic=True", "a strided input over one row", "dropout in training, one row", "autocast")] + [
+    ("torch.compile", "a second batch size")])
+def test_recurrent_modules_where_a_decomposition_would_not_be_eagers(entry, case):
+    """A GRU and an RNN where PyTorch's decomposition is not eager's arithmetic or Dynamo's
+    trace cannot keep the op (Note [Recurrent modules whole]): each call eager's bits."""
+    torch.manual_seed(0)
+    train = case.startswith("dropout")
+    models = [nn.GRU(16, 20, num_layers=2, dropout=0.5 if train else 0.0, batch_first=True),
+              nn.RNN(16, 20, num_layers=2, dropout=0.5 if train else 0.0, batch_first=True)]
+    shapes = {"a second batch size": [(3, 5), (4, 5), (4, 5)], "dynamic=True": [(3, 5), (4, 5), (2, 5)],
+              "a strided input over one row": [(1, 7)] * 3, "dropout in training, one row": [(1, 5)] * 3,
+              "autocast": [(3, 5)] * 3}[case]
+
+    def arg(i, batch, length):
+        g = torch.Generator().manual_seed(i)
+        if case == "a strided input over one row":
+            return torch.randn(batch, length, 32, generator=g)[..., :16]
+        return torch.randn(batch, length, 16, generator=g)
+    for model in models:
+        model.train(train)
+        args = [arg(i, *shape) for i, shape in enumerate(shapes)]
+        torch._dynamo.reset()
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=case == "autocast"):
+            step = torch.compile(model, backend=torchreplay.get_backend(compiler_config=config()),
+                                 dynamic=True if case == "dynamic=True" else None) if entry == "torch.compile" \
+                else torchreplay.capture(model, (args[0],), config=config(), dynamic=case == "dynamic=True")
+            for i, a in enumerate(args):
+                torch.manual_seed(i)
+                got = step(a)
+                torch.manual_seed(i)
+                assert_bitwise(got, model(a), f"{type(model).__name__}, call {i}")
 
 
 def test_a_recurrent_module_on_a_packed_sequence_runs_eagerly_under_torch_compile():
