@@ -86,7 +86,7 @@ void BM_AtenOutPreallocated(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * kNodes);
 }
 
-// The MLP of torchreplay.bench.models as the lowered graph the engine gets: weights and biases
+// The MLP of torchreplay_bench.models as the lowered graph the engine gets: weights and biases
 // are inputs (static ones: same address every call), then x.
 std::shared_ptr<const torchreplay::capture::Graph> Mlp() {
   GraphBuilder b;

@@ -1,7 +1,7 @@
 // Serving from C++ with no Python: a model saved by torchreplay.save and loaded with
 // torchreplay::Load, against the same model compiled by AOTInductor and loaded with its C++ loader
 // (torch::inductor::AOTIModelPackageLoader), on the same inputs, one thread: the time to load,
-// and the time per call. The files come from `python -m torchreplay.bench.deploy`, which runs
+// and the time per call. The files come from `python -m torchreplay_bench.deploy`, which runs
 // this program and prints the table:
 //
 //   deploy_bench --dir=DIR [google benchmark flags]   # DIR/NAME.trp and DIR/NAME.pt2 per model

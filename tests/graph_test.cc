@@ -23,7 +23,7 @@ namespace {
 using ::testing::HasSubstr;
 
 TEST(GraphTest, LinearSubScaleMatchesAten) {
-  // DemoModel (torchreplay.bench.models) after AOTAutograd: t, addmm, sub, mul by a scalar input.
+  // DemoModel (torchreplay_bench.models) after AOTAutograd: t, addmm, sub, mul by a scalar input.
   GraphBuilder b;
   ValueId w = b.AddInput("w", ValueType::kTensor, TensorSpec{at::kFloat, c10::DeviceType::CPU, 2});
   ValueId bias = b.AddInput("bias", ValueType::kTensor);

@@ -4,19 +4,19 @@
 # "reduce-overhead") vs the torch.compile peers on the built-in models (the tiny Llama decode step
 # included) through the Python harness, with Dynamo's floor and the bare engine as reference rows;
 # it prints a table and a per-model summary and writes JSON, CSV and a PNG plot to bench_out/ (or
-# --out DIR). Last, batch-size buckets in a decode-style loop (python -m torchreplay.bench.buckets:
+# --out DIR). Last, batch-size buckets in a decode-style loop (python -m torchreplay_bench.buckets:
 # capture_sizes against one capture per size, eager and Inductor; then a Python int changing
-# every call, eager against torchreplay). Then tensor parallelism (python -m torchreplay.bench.tp: the
+# every call, eager against torchreplay). Then tensor parallelism (python -m torchreplay_bench.tp: the
 # tiny Llama step sharded over 2 ranks with DTensor, gloo on 127.0.0.1: eager, torch.compile and
 # capture against the step's communication floor, and compute overlapping an all_reduce). Last,
-# training steps (python -m torchreplay.bench.train: the MLP and the tiny Llama, with and without
+# training steps (python -m torchreplay_bench.train: the MLP and the tiny Llama, with and without
 # a compiled Adam, against eager, Inductor and aot_eager, and the breakdown of torchreplay's step).
-# Then serving from C++ (python -m torchreplay.bench.deploy: models saved by torchreplay.save and
+# Then serving from C++ (python -m torchreplay_bench.deploy: models saved by torchreplay.save and
 # loaded by torchreplay::Load against AOTInductor's package and C++ loader, bench/deploy_bench.cc).
-# Last, the CPU runtimes a user weighs (python -m torchreplay.bench.runtimes: eager, torchreplay
+# Last, the CPU runtimes a user weighs (python -m torchreplay_bench.runtimes: eager, torchreplay
 # through both entry points, AOTInductor, ONNX Runtime, OpenVINO and ExecuTorch per model, at 1
 # and 2 threads; the peers are installed from tools/bench-requirements.txt when missing).
-# Arguments go to `python -m torchreplay.bench` (try --help).
+# Arguments go to `python -m torchreplay_bench` (try --help).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
@@ -48,21 +48,21 @@ bazel build --noshow_progress --ui_event_filters=-info,-stdout //bench:chain_ben
 echo "== Google Benchmark: bench/chain_bench.cc (64 elementwise ops on 16 floats, one thread)"
 bazel-bin/bench/chain_bench --benchmark_min_time="$min_time" 2>/dev/null
 echo
-echo "== Python harness: python -m torchreplay.bench $*"
-.venv/bin/python -m torchreplay.bench "$@"
+echo "== Python harness: python -m torchreplay_bench $*"
+.venv/bin/python -m torchreplay_bench "$@"
 [ -z "$help" ] || exit 0
 echo
-echo "== Batch-size buckets: python -m torchreplay.bench.buckets ${buckets[*]}"
-.venv/bin/python -m torchreplay.bench.buckets "${buckets[@]}"
+echo "== Batch-size buckets: python -m torchreplay_bench.buckets ${buckets[*]}"
+.venv/bin/python -m torchreplay_bench.buckets "${buckets[@]}"
 echo
-echo "== Tensor parallelism: python -m torchreplay.bench.tp ${tp[*]}"
-.venv/bin/python -m torchreplay.bench.tp "${tp[@]}"
+echo "== Tensor parallelism: python -m torchreplay_bench.tp ${tp[*]}"
+.venv/bin/python -m torchreplay_bench.tp "${tp[@]}"
 echo
-echo "== Training steps: python -m torchreplay.bench.train ${train[*]}"
-.venv/bin/python -m torchreplay.bench.train "${train[@]}"
+echo "== Training steps: python -m torchreplay_bench.train ${train[*]}"
+.venv/bin/python -m torchreplay_bench.train "${train[@]}"
 echo
-echo "== Serving from C++: python -m torchreplay.bench.deploy ${deploy[*]}"
-.venv/bin/python -m torchreplay.bench.deploy "${deploy[@]}"
+echo "== Serving from C++: python -m torchreplay_bench.deploy ${deploy[*]}"
+.venv/bin/python -m torchreplay_bench.deploy "${deploy[@]}"
 echo
-echo "== CPU runtimes: python -m torchreplay.bench.runtimes ${runtimes[*]}"
-.venv/bin/python -m torchreplay.bench.runtimes "${runtimes[@]}"
+echo "== CPU runtimes: python -m torchreplay_bench.runtimes ${runtimes[*]}"
+.venv/bin/python -m torchreplay_bench.runtimes "${runtimes[@]}"

@@ -61,7 +61,7 @@ if [ $build_rc -ne 0 ]; then
   log "build failed (log: $OUT/cmake.log)"
   exit 1
 fi
-export PYTHONPATH="$ROOT/bindings${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$ROOT/bindings:$ROOT/bench${PYTHONPATH:+:$PYTHONPATH}"  # the package and the harness
 "$PY" -c "import torchreplay; print('[gpu_check] module', torchreplay._C.__file__, 'CUDA backend', torchreplay._C.built_with_cuda(), 'usable', torchreplay.cuda_available())" >&2
 
 (cd build-gpu && timeout "$limit" ctest --output-on-failure) >"$OUT/ctest.log" 2>&1
@@ -90,7 +90,7 @@ timeout "$limit" ./build-gpu/chain_bench --benchmark_min_time=0.3 >"$OUT/chain_b
 device=cpu; [ "$cuda" = ON ] && device=cuda
 modes=eager,torchreplay-reduce-overhead,torchreplay-capture,inductor,cudagraphs
 [ "$device" = cuda ] && modes=$modes,torchreplay-own-cuda-graphs,torchreplay-capture-own-cuda-graphs,inductor-reduce-overhead,cuda-graph-by-hand
-timeout "$limit" "$PY" -m torchreplay.bench --device $device "${quick[@]}" --models mlp,demo,attention_decode,chain64 \
+timeout "$limit" "$PY" -m torchreplay_bench --device $device "${quick[@]}" --models mlp,demo,attention_decode,chain64 \
   --modes "$modes" --out "$OUT/bench" >"$OUT/bench.log" 2>"$OUT/bench.err"
 bench_rc=$?
 

@@ -40,4 +40,4 @@ if ! cmp -s bazel-bin/bindings/_C.so "bindings/torchreplay/_C$suffix"; then
   install -m 755 bazel-bin/bindings/_C.so "bindings/torchreplay/_C$suffix"
 fi
 site=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-echo "$ROOT/bindings" > "$site/torchreplay.pth"
+printf "%s\n" "$ROOT/bindings" "$ROOT/bench" > "$site/torchreplay.pth"  # the package, and the benchmark harness beside it

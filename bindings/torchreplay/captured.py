@@ -141,7 +141,7 @@ class Captured(_C.Call):
         place, view, ...), result shapes and mean microseconds over `iterations` replays
         (captured first if needed: these are real calls; a graph with collectives is not warmed
         up here, since other ranks would not match those calls: its shape must replay already, on
-        every rank, and every rank profiles). `python -m torchreplay.bench.profile` prints it for
+        every rank, and every rank profiles). `python -m torchreplay_bench.profile` prints it for
         the harness's models."""
         flat = self._trace.flatten(args, kwargs)
         target = self._trace_for(flat, args, kwargs)

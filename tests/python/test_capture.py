@@ -14,7 +14,7 @@ import torchreplay
 from configs import config
 from differential import assert_bitwise, bitwise_diff
 from fuzz_graphs import C, make_inputs, make_program
-from torchreplay.bench.models import (MLP, ConvBN, CountingModel, DecodeAttention, DemoModel, ElementwiseChain,
+from torchreplay_bench.models import (MLP, ConvBN, CountingModel, DecodeAttention, DemoModel, ElementwiseChain,
                                       MmAbsModel, ViewOfInput)
 
 FUZZ_GRAPHS = int(os.environ.get("TORCHREPLAY_CAPTURE_FUZZ_GRAPHS", "60"))

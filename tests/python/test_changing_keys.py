@@ -197,7 +197,7 @@ def test_a_hundred_thousand_new_keys_keep_memory_flat():
 
 
 def test_a_scalar_changing_every_call_replays_every_timed_call():
-    from torchreplay.bench.buckets import scalar_loop
+    from torchreplay_bench.buckets import scalar_loop
 
     eager, ours = scalar_loop(50)   # outputs checked bitwise inside
     assert ours["captures"] == 1 and ours["replays"] >= 7 * 50

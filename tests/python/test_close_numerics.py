@@ -8,7 +8,7 @@ import torch.nn as nn
 
 import torchreplay
 from differential import assert_bitwise
-from torchreplay.bench.models import MODELS
+from torchreplay_bench.models import MODELS
 
 # The stated tolerance: every output element within this fraction of the output's largest
 # magnitude of eager's (the results of a folded batch norm, a packed GEMM or a fused activation

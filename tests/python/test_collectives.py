@@ -13,9 +13,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from differential import bitwise_diff
-from torchreplay.bench import ranks
-from torchreplay.bench.ranks import spawn
-from torchreplay.bench.ranks import sequence as _seq
+from torchreplay_bench import ranks
+from torchreplay_bench.ranks import spawn
+from torchreplay_bench.ranks import sequence as _seq
 
 
 def _cases(world):
@@ -351,7 +351,7 @@ def test_the_tensor_parallel_report_checks_each_mode_against_its_own_reference()
     """Where torch.compile's TP step gives aot_eager's bits but not eager's (AOTAutograd's
     decompositions, on some CPUs), its row says so and is no failure; differing from its own
     reference, or capture differing from eager, is."""
-    from torchreplay.bench import tp
+    from torchreplay_bench import tp
 
     def rank(compile_ok=True, eager_ok=False, capture_ok=True):
         timing = dict(us=100.0, p10_us=90.0, p90_us=110.0)
@@ -381,7 +381,7 @@ def test_the_tensor_parallel_llama_step_replays_bitwise_through_both_entry_point
     change the arithmetic: eager's bits come out on some CPUs only), eager's collectives per call,
     replayed; the overlap steps too. The ranks are killed at the deadline."""
     pytest.importorskip("transformers")
-    from torchreplay.bench import tp
+    from torchreplay_bench import tp
 
     assert tp.main(["--rounds", "1", "--calls", "3", "--out", str(tmp_path), "--deadline", "480"]) == 0
     table = capsys.readouterr().out

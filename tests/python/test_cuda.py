@@ -293,7 +293,7 @@ def test_scopes_make_parallel_branches_in_the_captured_graph(tmp_path):
 
 
 def test_a_multi_stream_scope_pass_with_a_dot_dump_through_torch_compile(tmp_path):
-    from torchreplay.bench.models import MmAbsModel
+    from torchreplay_bench.models import MmAbsModel
 
     model = MmAbsModel()
     compiled = compile_with_scopes(model, "reduce-overhead", "dot", tmp_path, cuda_graphs="torchreplay")
@@ -393,7 +393,7 @@ def _compiled(model, cuda_graphs):
 def test_zoo_models_on_cuda_match_eager(cuda_graphs):
     import copy
 
-    from torchreplay.bench.models import MODELS
+    from torchreplay_bench.models import MODELS
 
     for name in ("mlp", "demo", "attention_decode", "convnet", "chain64"):
         torch._dynamo.reset()

@@ -1,4 +1,4 @@
-"""python -m torchreplay.bench.runtimes end to end on the MLP, at 1 and 2 threads, few rounds: the
+"""python -m torchreplay_bench.runtimes end to end on the MLP, at 1 and 2 threads, few rounds: the
 table's rows are well formed, the torchreplay rows bitwise equal to eager, and each CPU runtime
 compared with (ONNX Runtime, OpenVINO, ExecuTorch) built, close to eager and timed where its
 packages are installed (tools/bench-requirements.txt, which tools/bench.sh installs)."""
@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from torchreplay.bench import runtimes
+from torchreplay_bench import runtimes
 
 MODES = ["eager", "torchreplay-capture", "torchreplay-reduce-overhead", "onnxruntime", "openvino", "executorch"]
 THREADS = [1, 2]
@@ -26,7 +26,7 @@ def run(tmp_path_factory):
     """One run of the module in a process of its own (it sets torch's and ExecuTorch's threads):
     the table's rows parsed from stdout, and the JSON's rows."""
     out = tmp_path_factory.mktemp("runtimes")
-    proc = subprocess.run([sys.executable, "-m", "torchreplay.bench.runtimes", "--models", "mlp",
+    proc = subprocess.run([sys.executable, "-m", "torchreplay_bench.runtimes", "--models", "mlp",
                            "--modes", ",".join(MODES), "--threads", ",".join(map(str, THREADS)), "--rounds", "2",
                            "--seconds", "0.02", "--out", str(out)],
                           capture_output=True, text=True, timeout=300)

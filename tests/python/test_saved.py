@@ -12,7 +12,7 @@ import torch
 
 import torchreplay
 from differential import assert_bitwise
-from torchreplay.bench.models import MODELS, DemoModel
+from torchreplay_bench.models import MODELS, DemoModel
 
 # examples/replay_saved: Bazel's, or (tools/cmake_check.sh) the one built against the CMake package.
 BIN = os.environ.get("TORCHREPLAY_EXAMPLE_BIN") or \

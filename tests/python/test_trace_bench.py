@@ -9,8 +9,8 @@ import torch
 
 import torchreplay
 from torchreplay import trace
-from torchreplay.bench import __main__ as bench
-from torchreplay.bench.models import ElementwiseChain
+from torchreplay_bench import __main__ as bench
+from torchreplay_bench.models import ElementwiseChain
 
 STEPS = 5
 

@@ -10,7 +10,7 @@ import torch
 
 import torchreplay
 from torchreplay import _C
-from torchreplay.bench.models import (MLP, ConvBN, CountingModel, DecodeAttention, DemoModel, ElementwiseChain,
+from torchreplay_bench.models import (MLP, ConvBN, CountingModel, DecodeAttention, DemoModel, ElementwiseChain,
                     MmAbsModel, ViewOfInput)
 from differential import assert_bitwise, assert_exercised, assert_same, total
 from scope_pass import compile_with_scopes
@@ -304,7 +304,7 @@ def test_llama_decode_step_with_static_cache():
     """The real-world case: a tiny Llama decode step writing a static KV cache (needs
     transformers; skipped without it)."""
     pytest.importorskip("transformers")
-    from torchreplay.bench.models import MODELS
+    from torchreplay_bench.models import MODELS
 
     torch.manual_seed(0)
     model, make_inputs = MODELS["llama_decode"][0]()

@@ -1,8 +1,8 @@
 """Where a replay's time goes, step by step, for the harness's models.
 
-    python -m torchreplay.bench.profile [MODEL ...] [--iterations N] [--top K] [--json PATH]
+    python -m torchreplay_bench.profile [MODEL ...] [--iterations N] [--top K] [--json PATH]
 
-Each model (default: all of torchreplay.bench.models.MODELS) is captured with torchreplay.capture
+Each model (default: all of torchreplay_bench.models.MODELS) is captured with torchreplay.capture
 (reduce-overhead, one thread) and its captured tape replayed N times with every step timed
 (Captured.profile). Printed per model: the whole replay (a plain call, timed apart), the sum over
 steps by kind (prepared pointwise, typed out=, boxed out=, functional, in place, view, getitem,
@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 import torchreplay
-from torchreplay.bench.models import MODELS
+from torchreplay_bench.models import MODELS
 
 
 def replay_us(step: Any, args: Any, iterations: int) -> float:
@@ -66,7 +66,7 @@ def render(result: Dict[str, Any], top: int) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m torchreplay.bench.profile", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m torchreplay_bench.profile", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("models", nargs="*", default=list(MODELS), help=f"of {', '.join(MODELS)}")
     p.add_argument("--iterations", type=int, default=500)

@@ -1,7 +1,7 @@
 """Model zoo benchmark: tiny random-weight transformers architectures and torchvision CNNs, each
 through eager, torchreplay (torch.compile, reduce-overhead), torchreplay.capture and Inductor.
 
-    python -m torchreplay.bench.zoo [--models llama,resnet18] [--modes eager,inductor]
+    python -m torchreplay_bench.zoo [--models llama,resnet18] [--modes eager,inductor]
                                     [--rounds 7] [--out DIR]
 
 Per model every mode is compiled (compile time reported), checked against eager on fresh inputs
@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from torchreplay.bench.__main__ import compile_for, fresh_dynamo, same
+from torchreplay_bench.__main__ import compile_for, fresh_dynamo, same
 
 MODES = ["eager", "torchreplay-reduce-overhead", "torchreplay-capture", "inductor", "conv-bound"]
 
@@ -197,7 +197,7 @@ def render(rows: List[Dict[str, Any]], modes: List[str]) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m torchreplay.bench.zoo", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m torchreplay_bench.zoo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default=",".join(MODELS), help="comma-separated, of " + ", ".join(MODELS))
     p.add_argument("--modes", default=",".join(MODES))

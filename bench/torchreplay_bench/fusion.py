@@ -6,7 +6,7 @@ threads: eager (each op one ATen call, split over the threads as ATen splits it)
 `torchreplay.capture` (one fused step). Rounds interleave the two; the median per call is kept.
 Each row also checks that the replay's output is bitwise eager's.
 
-    python -m torchreplay.bench.fusion [--sizes 1024,16384,...] [--threads 1,2] [--rounds N]
+    python -m torchreplay_bench.fusion [--sizes 1024,16384,...] [--threads 1,2] [--rounds N]
 """
 from __future__ import annotations
 

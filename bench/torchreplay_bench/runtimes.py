@@ -4,7 +4,7 @@ AOTInductor, ONNX Runtime, OpenVINO and ExecuTorch (XNNPACK), each built, checke
 (the largest absolute and relative errors of the modes that are close, not bitwise) and timed in
 one process.
 
-    python -m torchreplay.bench.runtimes [--models mlp,lstm_step] [--modes eager,onnxruntime]
+    python -m torchreplay_bench.runtimes [--models mlp,lstm_step] [--modes eager,onnxruntime]
                                          [--threads 1,2] [--rounds 7] [--quick] [--out DIR]
 
 Per model and thread count every mode is built from a fresh copy of the model (build time: making
@@ -50,8 +50,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 from torch.utils import _pytree as pytree
 
-from torchreplay.bench.__main__ import compile_for, fresh_dynamo, same, time_interleaved
-from torchreplay.bench.models import MODELS as ALL_MODELS
+from torchreplay_bench.__main__ import compile_for, fresh_dynamo, same, time_interleaved
+from torchreplay_bench.models import MODELS as ALL_MODELS
 
 MODES = {
     "eager": "eager PyTorch",
@@ -503,7 +503,7 @@ def versions() -> Dict[str, Optional[str]]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m torchreplay.bench.runtimes", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m torchreplay_bench.runtimes", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default=None, help="comma-separated (default: " + ",".join(MODELS) + "; --quick: "
                    + ",".join(QUICK_MODELS) + "), of " + ", ".join(ALL_MODELS))
@@ -555,7 +555,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             "cores": os.cpu_count(), "date": started, "threads": threads, "rounds": rounds, "seconds": seconds,
             "load_before": load_before, "load_after": load_after,
             "load_as_timing_started": [min(loads, default=0), max(loads, default=0)], "versions": versions(),
-            "modes": {m: MODES[m] for m in modes}, "command": " ".join(["python -m torchreplay.bench.runtimes"]
+            "modes": {m: MODES[m] for m in modes}, "command": " ".join(["python -m torchreplay_bench.runtimes"]
                                                                         + (argv if argv is not None else sys.argv[1:]))}
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "runtimes.json"), "w") as f:

@@ -2,7 +2,7 @@
 processes (spawned), joins them in one gloo process group over 127.0.0.1, runs
 worker(rank, world, *args) on each and returns what each returned (JSON). Bounded in time: the
 process group's timeout makes a lost peer an error, and ranks still running at the deadline are
-killed. Used by the tensor-parallel benchmark (torchreplay.bench.tp) and the collectives tests."""
+killed. Used by the tensor-parallel benchmark (torchreplay_bench.tp) and the collectives tests."""
 from __future__ import annotations
 
 import datetime

@@ -1,7 +1,7 @@
 """Training steps, whole: against eager and the peers, with and without a compiled optimizer, and
 where torchreplay's step spends its time.
 
-    python -m torchreplay.bench.train [--models mlp,llama] [--rounds 7] [--seconds 6]
+    python -m torchreplay_bench.train [--models mlp,llama] [--rounds 7] [--seconds 6]
 
 The step as a user writes it: the loss and `loss.backward()` inside the compiled function, returning
 `loss.detach()` (or, in the "returns loss" modes, the loss itself). Models: `mlp`, the MLP 32-64-64-4 with tanh, batch 16, MSE; `llama`,
@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 
 import torchreplay
-from torchreplay.bench.__main__ import RecordingBackend, fresh_dynamo, time_interleaved
+from torchreplay_bench.__main__ import RecordingBackend, fresh_dynamo, time_interleaved
 
 MODES = ["eager", "torchreplay", "torchreplay, broken bw", "inductor", "aot_eager", "inductor, traced bw",
          "torchreplay, returns loss", "inductor, traced bw, returns loss"]
@@ -270,7 +270,7 @@ def _breakdown(model0: torch.nn.Module, inputs: tuple, loss_fn: Callable[..., to
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m torchreplay.bench.train", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m torchreplay_bench.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default=",".join(MODELS), help="comma-separated: " + ", ".join(MODELS))
     p.add_argument("--rounds", type=int, default=7)

@@ -7,7 +7,7 @@ the floor under a replay bitwise equal to eager); a summary per model then split
 time through torch.compile into the two and what the torch.compile path adds on top. One thread
 unless --threads says otherwise.
 
-    python -m torchreplay.bench [--device cpu|cuda] [--models mlp,demo] [--modes eager,replay]
+    python -m torchreplay_bench [--device cpu|cuda] [--models mlp,demo] [--modes eager,replay]
                                 [--quick] [--threads N] [--out DIR] [--trace]
 Writes DIR/results.json, DIR/results.csv and DIR/per_call.png; with --trace, also one
 torch.profiler trace per model and mode in DIR/traces (see python -m torchreplay.trace).
@@ -35,7 +35,7 @@ import torch.utils.benchmark as tbench
 
 import torchreplay
 from torchreplay.backend import _lifted
-from torchreplay.bench.models import HARNESS_MODELS, MODELS, out_by_hand
+from torchreplay_bench.models import HARNESS_MODELS, MODELS, out_by_hand
 
 MODES = {
     "eager": "eager PyTorch",
@@ -521,7 +521,7 @@ def plot(rows: List[Dict[str, Any]], path: str) -> None:
 def main(argv: Optional[List[str]] = None) -> int:
     # Over 80 lines: the flags of every harness mode and the tables they print; each mode's work is
     # a function of its own, this only wires flags to them.
-    p = argparse.ArgumentParser(prog="python -m torchreplay.bench", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m torchreplay_bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--models", default=",".join(HARNESS_MODELS),
@@ -542,7 +542,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     torch.set_num_threads(args.threads)
 
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("torchreplay.bench: --device cuda, but no CUDA device is available", file=sys.stderr)
+        print("torchreplay_bench: --device cuda, but no CUDA device is available", file=sys.stderr)
         return 2
     if args.modes:
         modes = args.modes.split(",")
@@ -561,7 +561,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             try:
                 import transformers  # noqa: F401
             except ImportError:
-                print("torchreplay.bench: skipping llama_decode (transformers is not installed)", file=sys.stderr)
+                print("torchreplay_bench: skipping llama_decode (transformers is not installed)", file=sys.stderr)
                 continue
         models.append(name)
     os.makedirs(args.out, exist_ok=True)

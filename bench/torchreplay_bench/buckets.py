@@ -17,7 +17,7 @@ size b: a padded call (n = b // 2 + 1 rows, padded to b) against a call of exact
 a Python int that changes on every call (`y = sin(y) * s + 1` ten times on 64 floats, s = i + 2,
 dynamic=True): eager against torchreplay, whose key does not hold s (it is bound per call).
 
-    python -m torchreplay.bench.buckets [--rounds N] [--out DIR]
+    python -m torchreplay_bench.buckets [--rounds N] [--out DIR]
 """
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ def scalar_loop(calls: int) -> List[Dict[str, Any]]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m torchreplay.bench.buckets", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m torchreplay_bench.buckets", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=20, help="passes over sizes 1..32 per timing")
     p.add_argument("--no-inductor", action="store_true")

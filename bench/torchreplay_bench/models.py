@@ -208,7 +208,7 @@ def _zoo(name: str, calibrate: bool = False, **kwargs):
     weights with the initial statistics leave a deep CNN's outputs near zero, where any output
     passes a check with an absolute tolerance)."""
     def build():
-        from torchreplay.bench import zoo
+        from torchreplay_bench import zoo
         model, make_inputs = zoo.build(name, **kwargs)
         if calibrate:
             model.train()
@@ -303,7 +303,7 @@ MODELS = {
     "convnet": (lambda: (ConvBN().eval(), lambda i: (torch.randn(1, 3, 16, 16),)), "small conv net + BN"),
     "chain64": (lambda: (ElementwiseChain(), lambda i: (torch.randn(16),)), "64 elementwise ops, 16 elems"),
     "llama_decode": (_llama_decode, "tiny Llama decode step (transformers)"),
-    # Models of the CPU-runtime comparison (python -m torchreplay.bench.runtimes): not in the
+    # Models of the CPU-runtime comparison (python -m torchreplay_bench.runtimes): not in the
     # harness's default run.
     "mobilenet_v3_small_96": (_zoo("mobilenet_v3_small", calibrate=True, size=96),
                               "torchvision mobilenet_v3_small, 96x96, batch 1, batch norms calibrated"),
@@ -316,5 +316,5 @@ MODELS = {
     "embedding_bag": (lambda: (EmbeddingBagRecommender().eval(), _recommender_inputs),
                       "EmbeddingBag recommender, batch 4"),
 }
-# The harness's own models (python -m torchreplay.bench runs these unless --models says otherwise).
+# The harness's own models (python -m torchreplay_bench runs these unless --models says otherwise).
 HARNESS_MODELS = ["mlp", "demo", "attention_decode", "convnet", "chain64", "llama_decode"]

@@ -1,6 +1,6 @@
 """What running a model's kernels does to Dynamo's per-call cost right after them.
 
-    python -m torchreplay.bench.interference [MODEL] [--calls N]
+    python -m torchreplay_bench.interference [MODEL] [--calls N]
 
 Through torch.compile a call costs Dynamo's frame (the `dynamo-floor` of the harness: guards,
 frame, a backend returning stale outputs) and then the compiled graph; the two back to back cost
@@ -20,8 +20,8 @@ from typing import Callable, List, Optional
 import torch
 
 import torchreplay
-from torchreplay.bench.__main__ import compile_for, fresh_dynamo
-from torchreplay.bench.zoo import MODELS
+from torchreplay_bench.__main__ import compile_for, fresh_dynamo
+from torchreplay_bench.zoo import MODELS
 
 
 def pairs(floor: Callable[[], None], other: Callable[[], None], calls: int) -> tuple:
@@ -44,7 +44,7 @@ def pairs(floor: Callable[[], None], other: Callable[[], None], calls: int) -> t
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m torchreplay.bench.interference", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m torchreplay_bench.interference", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", nargs="?", default="gpt_neox", help=f"of {', '.join(MODELS)}")
     p.add_argument("--calls", type=int, default=1500)

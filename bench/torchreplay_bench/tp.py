@@ -1,8 +1,8 @@
 """Tensor parallelism: the harness's tiny Llama decode step sharded over ranks with DTensor.
 
-    python -m torchreplay.bench.tp [--world 2] [--rounds 7] [--calls 40] [--out bench_out] [--deadline 900]
+    python -m torchreplay_bench.tp [--world 2] [--rounds 7] [--calls 40] [--out bench_out] [--deadline 900]
 
-Each rank is a process (gloo over 127.0.0.1, one thread; torchreplay.bench.ranks). It builds the
+Each rank is a process (gloo over 127.0.0.1, one thread; torchreplay_bench.ranks). It builds the
 harness's tiny Llama decode step (models.py, same seed on every rank) and shards it with
 PyTorch's parallel styles: attention's q/k/v and the MLP's gate/up column-wise, o_proj and
 down_proj row-wise, so a step makes two all_reduces a layer. Then, per rank:
@@ -46,7 +46,7 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 import torch.distributed as dist
 
-from torchreplay.bench.ranks import sequence, spawn
+from torchreplay_bench.ranks import sequence, spawn
 
 MODES = ["eager", "compile", "capture", "comm-floor"]
 # What each checked mode must equal, bit for bit: eager where the graph keeps eager's arithmetic;
@@ -70,7 +70,7 @@ def _shard(model: torch.nn.Module) -> None:
 
 
 def _tp_llama():
-    from torchreplay.bench.models import _llama_decode
+    from torchreplay_bench.models import _llama_decode
 
     torch.manual_seed(0)
     return _llama_decode(shard=_shard)
@@ -322,7 +322,7 @@ def _table(results: List[Dict[str, Any]], world: int) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m torchreplay.bench.tp", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m torchreplay_bench.tp", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--world", type=int, default=2, help="ranks (processes)")
     p.add_argument("--rounds", type=int, default=7)

@@ -1,7 +1,7 @@
 """Serving from C++ with no Python: torchreplay.save + torchreplay::Load against AOTInductor's
 package and its C++ loader, on the same models and inputs, one thread.
 
-    python -m torchreplay.bench.deploy [--out bench_out] [--min-time 1]
+    python -m torchreplay_bench.deploy [--out bench_out] [--min-time 1]
 
 For mlp and llama_decode (the harness's models): the model captured and saved (.trp), and
 exported, compiled and packaged by AOTInductor (.pt2), each build timed; both files loaded in
@@ -23,9 +23,9 @@ from typing import List, Optional
 import torch
 
 import torchreplay
-from torchreplay.bench.models import MODELS
+from torchreplay_bench.models import MODELS
 
-BIN = os.path.join(os.path.dirname(__file__), "..", "..", "..", "bazel-bin", "bench", "deploy_bench")
+BIN = os.path.join(os.path.dirname(__file__), "..", "..", "bazel-bin", "bench", "deploy_bench")
 NAMES = ["mlp", "llama_decode"]
 
 
@@ -79,7 +79,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     out = os.path.join(args.out, "deploy")
     os.makedirs(out, exist_ok=True)
     if not os.path.exists(BIN):
-        print(f"torchreplay.bench.deploy: {BIN} is not built (bazel build //bench:deploy_bench)", file=sys.stderr)
+        print(f"torchreplay_bench.deploy: {BIN} is not built (bazel build //bench:deploy_bench)", file=sys.stderr)
         return 1
     builds = {name: build(name, out) for name in NAMES if name != "llama_decode" or _has_transformers()}
     run = subprocess.run([BIN, f"--dir={out}", f"--benchmark_min_time={args.min_time}", "--benchmark_format=json"],

@@ -1,1 +1,0 @@
-"""The benchmark harness: python -m torchreplay.bench --help."""
