@@ -63,14 +63,14 @@ struct AotEpilogue {
   // Takes a call whose ints leave 64 bits (an argument, or the graph's own int arithmetic when it
   // writes no input): Python's ints have no bound. None: the OverflowError propagates.
   py::object fallback = py::none();
-  // A graph with loss.backward() traced into it (Note [Traced backward] in backend.py): the
+  // A graph with loss.backward() traced into it (Note [Traced backward] in training_guards.py): the
   // arguments its backward differentiates. One for which BackwardHazards is not 0 is handed to
   // hazard_check(argument index, tensor), which raises if the traced backward would differ from
   // eager's for it.
   std::vector<int> grad_leaves;
   py::object hazard_check = py::none();
   // A traced backward differentiates the leaves it was traced with (Note [Leaves' requires_grad]
-  // in backend.py): an argument that is a leaf requiring grad now and was not one then, or the
+  // in training_guards.py): an argument that is a leaf requiring grad now and was not one then, or the
   // reverse, is handed to hazard_check too. Per argument: whether it was such a leaf.
   bool leaves_fixed = false;
   std::vector<bool> leaf_mask;

@@ -50,7 +50,7 @@ namespace py = pybind11;
 //     error for double backward when a backward goes through them, as AOTAutograd's do.
 //   - an input that requires grad now but did not when the graph was compiled would get no
 //     gradient (the backward graph has none for it): Dynamo recompiles such a call first (Note
-//     [Leaves' requires_grad] in backend.py); should one reach the call anyway, it raises,
+//     [Leaves' requires_grad] in training_guards.py); should one reach the call anyway, it raises,
 //     naming the input. One that no longer requires grad has no gradient edge: autograd drops
 //     its gradient, as it drops autograd.Function's.
 struct TrainingSpec {

@@ -11,7 +11,7 @@ One thread. Modes, timed interleaved in rounds (µs per step, median of rounds):
   eager                    the step as it is
   torchreplay              torch.compile(step, backend=torchreplay), mode reduce-overhead, nothing
                            else set: loss.backward() traced into the graph, the step one graph
-                           (Note [Traced backward] in backend.py)
+                           (Note [Traced backward] in training_guards.py)
   torchreplay, broken bw   the same with config.trace_backward = False: Dynamo breaks the graph at
                            the backward, which autograd runs (two graphs, the training call)
   inductor                 torch.compile(step)

@@ -17,11 +17,11 @@ in, once (the package's __init__ calls it); each is idempotent (a patched functi
   whole step is one graph; breaks the graph at a backward whose traced form would not be eager's
   (_left_to_autograd), and, for every backend, at one whose leaves are all outside the frame,
   which Dynamo would trace as nothing (_trace_backward_for_torchreplay; Note [Traced backward]
-  in backend.py).
+  in training_guards.py).
 - Dynamo's OutputGraph._validate_outputs_safe_for_autograd_nodes: for torchreplay's compiles, a
   returned tensor whose autograd graph the traced backward consumed is marked (the backend returns
   it detached) instead of Dynamo tracing the frame again with a graph break there
-  (_mark_consumed_outputs; Note [Returning a tensor whose backward ran] in backend.py).
+  (_mark_consumed_outputs; Note [Returning a tensor whose backward ran] in training_guards.py).
 - Dynamo's VariableBuilder.wrap_module: for torchreplay's compiles, lets Dynamo trace an nn.RNN,
   nn.GRU or nn.LSTM (its switch allow_rnn on for that module alone) where the backend can keep
   the module's results eager's bits (rnn.py); elsewhere logs once per module class why it runs
@@ -37,8 +37,9 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 import torch
 
 from . import _C, rnn
-from .backend import _CONSUMED, Backend, _hazard, named_backend
+from .backend import Backend, named_backend
 from .config import CompilerConfig
+from .training_guards import _CONSUMED, _hazard
 
 logger = logging.getLogger("torchreplay")
 

@@ -437,7 +437,7 @@ def test_a_parameter_unfrozen_or_frozen_after_compiling_recompiles(schedule):
     differentiates the leaves that required grad when Dynamo traced it, and Dynamo skips the
     tensor guards of a module whose __dict__ is unchanged, so the step kept its old leaves (a new
     leaf's .grad stayed None; a frozen one's was still written). The graph recompiles for the new
-    leaves (Note [Leaves' requires_grad] in backend.py): losses and every .grad eager's bits, call
+    leaves (Note [Leaves' requires_grad] in training_guards.py): losses and every .grad eager's bits, call
     by call, each leaf set replayed as one direct graph."""
     flags = {"unfrozen": [False, False, False, True, True, True, True],
              "frozen_then_unfrozen": [True, True, True, False, False, False, True, True, True]}[schedule]

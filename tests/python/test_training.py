@@ -605,7 +605,7 @@ def test_train_parameter_unfrozen_after_compiling_gets_its_gradient(schedule, co
     """A layer frozen (requires_grad_(False)) when the graph was compiled and unfrozen later, and
     the reverse: Dynamo skips the tensor guards of a module whose __dict__ is unchanged, so
     without more the graph compiled for the old requires_grad kept running and the new leaves'
-    .grad stayed None (Note [Leaves' requires_grad] in backend.py: the graph recompiles). Losses
+    .grad stayed None (Note [Leaves' requires_grad] in training_guards.py: the graph recompiles). Losses
     and every .grad eager's bits, call by call; the step compiled, the module, or the first layer
     alone (an inference graph while it is frozen); replayed."""
     torch.manual_seed(9)
