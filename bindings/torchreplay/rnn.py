@@ -93,7 +93,7 @@ def _decomposes(op: Any, args: tuple) -> bool:
         return False
     input, dropout, train, batch_first = args[0], args[5], args[6], args[8]
     if input.dim() != 3 or not input.is_contiguous() or (train and dropout > 0) \
-            or torch.is_autocast_enabled("cpu"):
+            or torch._C._is_any_autocast_enabled():
         return False
     batch = input.shape[0 if batch_first else 1]
     return isinstance(batch, int) and batch == 1
@@ -164,7 +164,9 @@ def whole_in_trace() -> Iterator[None]:
         modules._VF = original
 
 
-def _needs_grad(node: torch.fx.Node) -> bool:
+def _keeps_aten_call(node: torch.fx.Node) -> bool:
+    """Whether a Dynamo graph's recurrent call must stay as it is: its results need gradients (the
+    twins have no autograd kernel) or are not on the CPU."""
     value = node.meta.get("example_value")
     values = value if isinstance(value, (list, tuple)) else [value]
     return any(isinstance(v, torch.Tensor) and (v.requires_grad or v.device.type != "cpu") for v in values)
@@ -173,14 +175,13 @@ def _needs_grad(node: torch.fx.Node) -> bool:
 def keep_whole(gm: torch.fx.GraphModule) -> int:
     """Replaces the torch._VF recurrent calls of Dynamo's graph `gm` whose decomposition would not
     be eager's bits by their torchreplay::eager_* twins (opaque to AOTAutograd, eager's call at run
-    time). Calls whose results need gradients or are not on the CPU stay (the twins have no
-    autograd kernel). Returns how many were replaced."""
+    time), but where _keeps_aten_call. Returns how many were replaced."""
     replaced = 0
     for node in gm.graph.nodes:
         if node.op != "call_function" or node.kwargs:
             continue
         op = _aten_overload(node.target, node.args)
-        if op is None or _needs_grad(node):
+        if op is None or _keeps_aten_call(node):
             continue
         example = [a.meta.get("example_value") if isinstance(a, torch.fx.Node) else a for a in node.args]
         if op in _WHOLE and not _decomposes(op, tuple(example)):
