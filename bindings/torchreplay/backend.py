@@ -243,8 +243,14 @@ class Backend:
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **_: Any) -> Any:
         consumed = _detach_consumed_outputs(gm)
-        rnn.keep_whole(gm)
-        fn = self._compile_graph(gm, example_inputs)
+        why = rnn.keep_whole(gm)
+        if why is None:
+            fn = self._compile_graph(gm, example_inputs)
+        else:  # Note [Recurrent modules whole]
+            name = f"g{next(_graph_ids)}"
+            logger.warning("torchreplay: %s runs eagerly: %s", name, why)
+            self.eager_graphs[name] = why
+            fn = gm.forward
         return _raise_on_backward_of(fn, consumed) if consumed else fn
 
     def _compile_graph(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:

@@ -164,32 +164,33 @@ def whole_in_trace() -> Iterator[None]:
         modules._VF = original
 
 
-def _keeps_aten_call(node: torch.fx.Node) -> bool:
-    """Whether a Dynamo graph's recurrent call must stay as it is: its results need gradients (the
-    twins have no autograd kernel) or are not on the CPU."""
-    value = node.meta.get("example_value")
-    values = value if isinstance(value, (list, tuple)) else [value]
-    return any(isinstance(v, torch.Tensor) and (v.requires_grad or v.device.type != "cpu") for v in values)
-
-
-def keep_whole(gm: torch.fx.GraphModule) -> int:
+def keep_whole(gm: torch.fx.GraphModule) -> Optional[str]:
     """Replaces the torch._VF recurrent calls of Dynamo's graph `gm` whose decomposition would not
-    be eager's bits by their torchreplay::eager_* twins (opaque to AOTAutograd, eager's call at run
-    time), but where _keeps_aten_call. Returns how many were replaced."""
+    be eager's bits by their torchreplay::eager_* twins (opaque to AOTAutograd, eager's call at
+    run time). None when every recurrent call is a twin or decomposes as eager computes; else why
+    the graph must run eagerly (Dynamo's graph run as it is calls torch._VF as eager does): a call
+    whose results need gradients (the twins have no autograd kernel, and PyTorch's decomposition
+    of an LSTM gives its states other sizes), inside an autocast region of the graph (the twins do
+    not cast), or not on the CPU."""
+    autocast = any(n.op == "call_function" and n.target is torch.amp._enter_autocast for n in gm.graph.nodes)
     replaced = 0
     for node in gm.graph.nodes:
-        if node.op != "call_function" or node.kwargs:
+        op = _aten_overload(node.target, node.args) if node.op == "call_function" and not node.kwargs else None
+        if op is None:
             continue
-        op = _aten_overload(node.target, node.args)
-        if op is None or _keeps_aten_call(node):
-            continue
+        value = node.meta.get("example_value")
+        values = value if isinstance(value, (list, tuple)) else [value]
+        if any(isinstance(v, torch.Tensor) and (v.requires_grad or v.device.type != "cpu") for v in values) \
+                or autocast:
+            return (f"its {op.overloadpacket.__name__} call needs gradients, runs under autocast or not on the "
+                    "CPU, where torchreplay cannot keep it eager's bits")
         example = [a.meta.get("example_value") if isinstance(a, torch.fx.Node) else a for a in node.args]
-        if op in _WHOLE and not _decomposes(op, tuple(example)):
+        if not _decomposes(op, tuple(example)):
             node.target = _WHOLE[op]
             replaced += 1
     if replaced:
         gm.recompile()
-    return replaced
+    return None
 
 
 def dynamo_traces(module: torch.nn.Module) -> Optional[str]:

@@ -980,6 +980,42 @@ def test_recurrent_modules_where_a_decomposition_would_not_be_eagers(entry, case
                 assert_bitwise(got, model(a), f"{type(model).__name__}, call {i}")
 
 
+@pytest.mark.parametrize("inside", ["torch.enable_grad()", "torch.autocast"])
+def test_a_recurrent_call_the_twins_cannot_stand_for_runs_its_graph_eagerly(inside):
+    """Compiled under no_grad, the module then called inside torch.enable_grad() or an autocast
+    region of the same frame: the twins have neither an autograd kernel nor casts, and PyTorch's
+    decomposition of an LSTM gives its states other sizes, so the graph runs eagerly (logged in
+    backend.eager_graphs): eager's bits, eager's gradients."""
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = nn.LSTM(16, 20, num_layers=2, proj_size=4, batch_first=True)
+
+        def forward(self, x):
+            self.rnn.flatten_parameters()
+            ctx = torch.enable_grad() if inside == "torch.enable_grad()" else \
+                torch.autocast("cpu", dtype=torch.bfloat16)
+            with ctx:
+                return self.rnn(x)
+
+    torch.manual_seed(0)
+    model = Model().eval()
+    backend = torchreplay.get_backend(compiler_config=config())
+    compiled = torch.compile(model, backend=backend)
+    with torch.no_grad():
+        for i in range(3):
+            x = torch.randn(3, 5, 16, generator=torch.Generator().manual_seed(i))
+            got, want = compiled(x), model(x)
+            assert_bitwise(got, want, f"call {i}")
+            if inside == "torch.enable_grad()":
+                with torch.enable_grad():
+                    grads = [torch.autograd.grad(o[0].sum(), model.rnn.weight_hh_l0)[0] for o in (got, want)]
+                assert_bitwise(grads[0], grads[1], f"call {i}: gradient")
+    assert list(backend.eager_graphs.values()) == [
+        "its lstm call needs gradients, runs under autocast or not on the CPU, where torchreplay cannot keep it "
+        "eager's bits"]
+
+
 def test_a_recurrent_module_on_a_packed_sequence_runs_eagerly_under_torch_compile():
     """pack_padded_sequence -> GRU -> pad_packed_sequence: Dynamo skips the frame (traced, its
     pad_packed_sequence fails in Dynamo on the fake batch sizes), which runs eagerly, eager's bits."""
