@@ -87,12 +87,12 @@ _register_fakes()
 def _decomposes(op: Any, args: tuple) -> bool:
     """Whether PyTorch's decomposition of `op` on `args` (aten's arguments, fake or real) computes
     eager's bits: a GRU's or a plain RNN's over one row (a contiguous 3-d input whose batch is a
-    static 1), without dropout drawn (the decomposition never applies it) and outside autocast;
+    static 1, a contiguous state), without dropout drawn (the decomposition never applies it) and outside autocast;
     an LSTM's or a packed sequence's never (see the module's docstring)."""
     if op not in (aten.gru.input, aten.rnn_tanh.input, aten.rnn_relu.input):
         return False
-    input, dropout, train, batch_first = args[0], args[5], args[6], args[8]
-    if input.dim() != 3 or not input.is_contiguous() or (train and dropout > 0) \
+    input, hx, dropout, train, batch_first = args[0], args[1], args[5], args[6], args[8]
+    if input.dim() != 3 or not input.is_contiguous() or not hx.is_contiguous() or (train and dropout > 0) \
             or torch._C._is_any_autocast_enabled():
         return False
     batch = input.shape[0 if batch_first else 1]
