@@ -6,6 +6,7 @@ happened, and nothing is left behind (cache entries, handed-out storages, pool b
 tensors, RSS)."""
 import gc
 import random
+import signal
 import threading
 import _thread
 import weakref
@@ -158,8 +159,17 @@ def test_allocation_failure_hook_is_off_by_default_and_counts_down():
     assert engine.stats()["captures"] == 4
 
 
+@pytest.fixture
+def sigint_raises():
+    """Python's own SIGINT handler for the test: a process started in the background by a
+    non-interactive shell ignores SIGINT, and then _thread.interrupt_main() does nothing."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.parametrize("entry", ENTRIES)
-def test_keyboard_interrupt_during_and_between_calls(entry):
+def test_keyboard_interrupt_during_and_between_calls(entry, sigint_raises):
     fn = lambda x, y: torch.sigmoid(x) * y - x.mean()  # noqa: E731
     gen = torch.Generator().manual_seed(0)
     inputs = [(torch.randn(8, 8, generator=gen), torch.randn(8, 8, generator=gen)) for _ in range(16)]
