@@ -11,9 +11,9 @@
 // two oneDNN calls where eager's one aten::lstm costs less. An op of another name is opaque to
 // those decompositions: in a graph it stays one node, and at run time it is eager's own call of
 // the aten op (its C++ composite then picks eager's kernels). bindings/torchreplay/rnn.py puts
-// these ops into torch.compile's graphs; torchreplay.capture keeps the aten ops whole instead
-// (export.py). No autograd kernel: they are for graphs traced with grad disabled (a call that
-// needs gradients gets none, as with any op without a derivative formula).
+// these ops into both entry points' graphs (torch.compile: keep_whole; torchreplay.capture:
+// whole_in_trace and export_decompositions) and says where a decomposition may stay. No autograd
+// kernel: a graph whose recurrent call needs gradients runs eagerly instead (keep_whole).
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>

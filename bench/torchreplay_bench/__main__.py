@@ -14,10 +14,9 @@ torch.profiler trace per model and mode in DIR/traces (see python -m torchreplay
 
 Over 700 lines in one module: the harness's one command, whose modes (a builder each), checks,
 interleaved timing, reference rows and summary share each model's state; the other benchmarks are
-modules of their own (train, fusion, runtimes, deploy, tp, buckets).
+modules of their own (train, fusion, runtimes, deploy, tp, buckets). The reference modes
+(Exported, ConvBound, the floors) are the part to move into a module of their own.
 """
-# Over 600 lines: the harness runner with its reference modes (Exported, ConvBound, the floors);
-# the reference modes are the part to move into a module of their own.
 from __future__ import annotations
 
 import argparse

@@ -8,9 +8,10 @@ and scalar paths at other places; a batch-first RNN's input projection is anothe
 and they make an LSTM two oneDNN calls that cost more than eager's one. So (Note [Recurrent
 modules whole] in ir/eager_rnn.cc):
 
-- torchreplay.capture keeps those ops whole (export_decompositions) as torchreplay::eager_* ops:
-  at run time the aten op, whose C++ composite picks eager's kernels; a GRU or RNN over one row
-  decomposes (there the decomposition is eager's arithmetic, and replays as fused steps).
+- torchreplay.capture keeps those ops whole as torchreplay::eager_* ops (whole_in_trace while
+  export traces, export_decompositions after): at run time the aten op, whose C++ composite picks
+  eager's kernels; a GRU or RNN over one row decomposes (there the decomposition is eager's
+  arithmetic, and replays as fused steps).
 - torch.compile: Dynamo makes no graph of a frame that calls such a module unless its global
   switch allow_rnn is on. For frames a torchreplay backend compiles with grad disabled, the
   module is traced with the switch on for that module alone (patches.py, dynamo_traces), and the
