@@ -956,7 +956,7 @@ def test_recurrent_modules_where_a_decomposition_would_not_be_eagers(entry, case
     train = case.startswith("dropout")
     models = [nn.GRU(16, 20, num_layers=2, dropout=0.5 if train else 0.0, batch_first=True),
               nn.RNN(16, 20, num_layers=2, dropout=0.5 if train else 0.0, batch_first=True)]
-    shapes = {"a second batch size": [(3, 5), (4, 5), (4, 5)], "dynamic=True": [(3, 5), (4, 5), (2, 5)],
+    shapes = {"a second batch size": [(3, 5), (4, 5), (4, 5)], "dynamic=True": [(3, 5), (4, 5), (2, 5), (4, 5)],
               "a strided input over one row": [(1, 7)] * 3, "dropout in training, one row": [(1, 5)] * 3,
               "autocast": [(3, 5)] * 3}[case]
 
@@ -969,15 +969,20 @@ def test_recurrent_modules_where_a_decomposition_would_not_be_eagers(entry, case
         model.train(train)
         args = [arg(i, *shape) for i, shape in enumerate(shapes)]
         torch._dynamo.reset()
+        backend = torchreplay.get_backend(compiler_config=config())
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=case == "autocast"):
-            step = torch.compile(model, backend=torchreplay.get_backend(compiler_config=config()),
-                                 dynamic=True if case == "dynamic=True" else None) if entry == "torch.compile" \
+            step = torch.compile(model, backend=backend, dynamic=True if case == "dynamic=True" else None) \
+                if entry == "torch.compile" \
                 else torchreplay.capture(model, args[0], config=config(), dynamic=case == "dynamic=True")
             for i, a in enumerate(args):
                 torch.manual_seed(i)
                 got = step(*a)
                 torch.manual_seed(i)
                 assert_bitwise(got, model(*a), f"{type(model).__name__}, call {i}")
+        replays = step.stats()["replays"] if entry == "capture" else sum(s["replays"] for s in backend.stats())
+        # the repeated shapes replay; through torch.compile, dropout and autocast run eagerly by design
+        eager = entry == "torch.compile" and case in ("dropout in training, one row", "autocast")
+        assert replays == (0 if eager else 1 if case in ("dynamic=True", "a second batch size") else 2), replays
 
 
 @pytest.mark.parametrize("make", [lambda: nn.GRU(6, 5), lambda: nn.RNN(6, 5)], ids=["gru", "rnn"])
