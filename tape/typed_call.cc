@@ -164,6 +164,7 @@ std::unique_ptr<TypedCall> MakeTypedCall(const c10::OperatorHandle& op, const Sl
   if (code == "TTTO") return MakeTyped<T, T, T, O>(op, args, slot_of);
   if (code == "TTTSO") return MakeTyped<T, T, T, S, O>(op, args, slot_of);
   if (code == "TTTSSO") return MakeTyped<T, T, T, S, S, O>(op, args, slot_of);
+  if (code == "TTTBO") return MakeTyped<T, T, T, BoolArg, O>(op, args, slot_of);  // torchreplay::small_gemm
   if (code == "TssO") return MakeTyped<T, OptScalarArg, OptScalarArg, O>(op, args, slot_of);
   if (code == "TIBO") return MakeTyped<T, IntArg, BoolArg, O>(op, args, slot_of);
   if (code == "TLBDO") return MakeTyped<T, DimsArg, BoolArg, DtypeArg, O>(op, args, slot_of);  // sum, mean

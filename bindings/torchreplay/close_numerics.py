@@ -17,10 +17,14 @@ eager's instead of equal:
   are, addmm over the pixels (MKL), without oneDNN's per-call cost; depthwise convolutions
   through torchreplay's direct kernel (torchreplay::depthwise_conv2d, Note [Depthwise
   convolutions] in tape/depthwise_kernel.h) with relu or hardswish fused;
-- linear layers of few rows (at most 16) with a large weight read from a transposed copy stored
+- products of few rows (at most 64) by a weight known at capture (linear layers at batch 1, a
+  recurrent cell's projections, a 1x1 convolution of one pixel) through torchreplay's small GEMM
+  (torchreplay::small_gemm, Note [Small GEMMs] in tape/small_gemm.h) on the weight stored [K, N]
+  once, a relu after it fused, where that is faster than the addmm (timed at capture); else
+  linear layers of at most 16 rows with a large weight read from a transposed copy stored
   contiguous once;
-- LSTM through export's decomposition (addmm and pointwise ops, which the tape fuses) instead of
-  oneDNN's RNN layer.
+- LSTM (and GRU and RNN over several rows) through export's decomposition (products and
+  pointwise ops, which the tape fuses) instead of the whole op.
 
 Channels-last results are made contiguous again only where an op could see the layout: before a
 `view` (unless the two layouts coincide) and at the graph's outputs (eager's strides).
@@ -77,9 +81,11 @@ class _Rewriter:
         self.frozen: Dict[torch.fx.Node, torch.Tensor] = {}  # placeholders folded into constants
         self.counts: Dict[str, int] = {"batch_norms_folded": 0, "convolutions_onednn": 0, "convolutions_gemm": 0,
                                        "convolutions_depthwise": 0, "post_ops_fused": 0, "layout_copies": 0,
-                                       "linears_transposed_once": 0, "convolutions_eager": 0}
+                                       "linears_transposed_once": 0, "linears_small_gemm": 0,
+                                       "convolutions_eager": 0}
         self.channels_last: set = set()
-        self.timings: List[Tuple[Any, ...]] = []  # (input sizes, weight sizes, eager us, oneDNN us)
+        # (input sizes, weight sizes, eager's us, oneDNN's or the small GEMM's us)
+        self.timings: List[Tuple[Any, ...]] = []
         self._names = 0
 
     def tensor(self, node: Any) -> Optional[torch.Tensor]:
@@ -284,28 +290,80 @@ class _Rewriter:
 
     # -- linear layers --------------------------------------------------------------------------
     def rewrite_linears(self) -> None:
-        """A linear layer of few rows (a GEMV: batch 1 decoding, a classifier) reads its weight
-        transposed in place (`addmm(b, x, w.t())`); with the transposed weight stored contiguous,
-        once, MKL streams it instead (on the zoo's classifier, 133 to 76 us a call, the weight not in
-        cache). Weights under 128 KB, which stay in cache, are left alone."""
+        """A product of few rows by a weight known at capture (a linear layer at batch 1, a
+        recurrent cell's projections, a 1x1 convolution of one pixel) through the small GEMM
+        (Note [Small GEMMs] in tape/small_gemm.h) on the weight stored [K, N] once, a relu after
+        it fused, where that timed faster than the addmm at capture (MKL's set-up exceeds the
+        arithmetic of a few rows). Else a GEMV whose weight is 128 KB or more reads it from a
+        transposed copy stored contiguous once (MKL streams it: on the zoo's classifier, 133 to
+        76 us a call, the weight not in cache); smaller weights stay in cache either way."""
         for node in list(self.graph.nodes):
-            if node.op != "call_function" or node.target not in (aten.addmm.default, aten.mm.default):
+            if node.op != "call_function" or node.target not in (aten.addmm.default, aten.mm.default) or \
+                    len(node.args) != (3 if node.target == aten.addmm.default else 2) or node.kwargs:
                 continue
-            x, mat2 = (node.args[1], node.args[2]) if node.target == aten.addmm.default else node.args[:2]
-            if len(node.args) > 3 or node.kwargs or not isinstance(mat2, torch.fx.Node) or \
-                    mat2.target not in (aten.permute.default, aten.t.default) or \
-                    (mat2.target == aten.permute.default and list(mat2.args[1]) != [1, 0]):
-                continue
-            w = self.tensor(mat2.args[0])
+            x, mat2 = node.args[-2:]
             val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
-            if w is None or w.dim() != 2 or w.dtype != torch.float32 or val is None or \
-                    not isinstance(val.shape[0], int) or val.shape[0] > 16 or w.numel() * 4 < (128 << 10):
-                continue  # small weights stay in cache either way
-            self.freeze(mat2.args[0])
+            if val is None or val.dim() != 2 or val.dtype != torch.float32 or val.device.type != "cpu" or \
+                    not all(isinstance(s, int) for s in val.shape) or not isinstance(mat2, torch.fx.Node):
+                continue
+            transposed = mat2.target == aten.t.default or \
+                (mat2.target == aten.permute.default and list(mat2.args[1]) == [1, 0])
+            source = mat2.args[0] if transposed else mat2
+            w = self.tensor(source)
+            if w is None or w.dim() != 2 or w.dtype != torch.float32 or w.device.type != "cpu":
+                continue
+            kn = (w.t() if transposed else w).detach()
+            if self._small_gemm(node, x, source, kn, val.shape[0]):
+                continue
+            if not transposed or val.shape[0] > 16 or w.numel() * 4 < (128 << 10):
+                continue
+            self.freeze(source)
             with self.graph.inserting_before(node):
-                wt = self.constant(w.detach().t().contiguous(), "weight_t")
+                wt = self.constant(kn.contiguous(), "weight_t")
             node.replace_input_with(mat2, wt)
             self.counts["linears_transposed_once"] += 1
+
+    def _small_gemm(self, node: torch.fx.Node, x: torch.fx.Node, source: torch.fx.Node, kn: torch.Tensor,
+                    rows: int) -> bool:
+        """`node` (addmm or mm of `x` by the weight `kn`, [K, N], read from `source`) through the
+        small GEMM if its bias is a vector and it timed faster; returns whether it was rewritten."""
+        bias = node.args[0] if node.target == aten.addmm.default else None
+        n = kn.shape[1]
+        if bias is not None:
+            b = self.tensor(bias)
+            bval = b if b is not None else bias.meta.get("val") if isinstance(bias, torch.fx.Node) else None
+            if not isinstance(bval, torch.Tensor) or tuple(bval.shape) != (n,) or bval.dtype != torch.float32:
+                return False
+        if rows > 64 or not _small_gemm_available():
+            return False
+        inp, packed, vec, out = torch.randn(rows, kn.shape[0]), kn.contiguous(), torch.randn(n), torch.empty(rows, n)
+        if bias is not None:
+            library = lambda: aten.addmm.out(vec, inp, kn, out=out)
+        else:
+            library = lambda: aten.mm.out(inp, kn, out=out)
+        small = lambda: torch.ops.torchreplay.small_gemm.out(inp, packed, vec, False, out=out)
+        with torch.no_grad():
+            t = _least_times([library, small], rounds=15)
+        self.timings.append(((rows, kn.shape[0]), tuple(kn.shape), t[0], t[1]))
+        if t[1] >= t[0]:
+            return False
+        post = next(iter(node.users)) if len(node.users) == 1 else None
+        if post is None or post.op != "call_function" or post.target != aten.relu.default or post.args[0] is not node:
+            post = None
+        self.freeze(source)
+        with self.graph.inserting_before(node):
+            if bias is None:
+                bias = self.constant(torch.zeros(n), "bias")
+            out_node = self.graph.call_function(torch.ops.torchreplay.small_gemm.default, (
+                x, self.constant(packed, "weight_kn"), bias, post is not None))
+        out_node.meta["val"] = (post or node).meta.get("val")
+        (post or node).replace_all_uses_with(out_node)
+        if post is not None:
+            self.graph.erase_node(post)
+            self.counts["post_ops_fused"] += 1
+        self.graph.erase_node(node)
+        self.counts["linears_small_gemm"] += 1
+        return True
 
     # -- layouts --------------------------------------------------------------------------------
     def restore_layouts(self) -> None:
@@ -358,6 +416,16 @@ def _least_times(fns: Sequence[Any], rounds: int = 7) -> List[float]:
 
 
 @functools.lru_cache(maxsize=1)
+def _small_gemm_available() -> bool:
+    """Whether torchreplay's small GEMM runs on this CPU (AVX2 and FMA)."""
+    try:
+        torch.ops.torchreplay.small_gemm(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1), False)
+        return True
+    except RuntimeError:
+        return False
+
+
+@functools.lru_cache(maxsize=1)
 def _depthwise_available() -> bool:
     """Whether torchreplay's depthwise kernel runs on this CPU (AVX2 and FMA)."""
     try:
@@ -379,6 +447,9 @@ def rewrite(gm: torch.fx.GraphModule, bound: Sequence[Any], names: Sequence[str]
         r.restore_layouts()
     r.guard()
     gm.graph.eliminate_dead_code()
+    used = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
+    for name in [b for b, _ in gm.named_buffers() if b.startswith("_close_") and b not in used]:
+        delattr(gm, name)  # a constant a later rewrite replaced (a 1x1 convolution's GEMM weight)
     gm.graph.lint()
     gm.recompile()
     return r.counts

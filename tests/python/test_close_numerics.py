@@ -50,7 +50,7 @@ def test_default_is_bitwise():
         assert step.stats()["replays"] >= 2
 
 
-@pytest.mark.parametrize("name", ["mobilenet_v3_small_96", "convnet", "audio_conv1d", "lstm_step"])
+@pytest.mark.parametrize("name", ["mobilenet_v3_small_96", "convnet", "audio_conv1d", "lstm_step", "gru_seq16", "mlp"])
 def test_zoo_within_tolerance(name):
     torch.manual_seed(0)
     model, make = MODELS[name][0]()
@@ -66,9 +66,13 @@ def test_zoo_within_tolerance(name):
         assert step.stats()["replays"] >= 3, step.stats()
         ops = ops_of(step, make(0))
     rewrites = report["rewrites"]
-    if name == "lstm_step":  # through its decomposition, not oneDNN's RNN layer
-        assert not any("lstm" in op or "rnn" in op for op in ops), ops
-        assert "aten::addmm.out" in ops
+    products = {"aten::addmm.out", "torchreplay::small_gemm.out"}  # which one: timed at capture
+    if name in ("lstm_step", "gru_seq16"):  # through their decomposition, not oneDNN's RNN layer
+        assert not any("lstm" in op or "gru" in op or "rnn" in op for op in ops), ops
+        assert ops & products, ops
+    elif name == "mlp":
+        assert ops & products, ops
+        assert rewrites["linears_small_gemm"] == 0 or rewrites["post_ops_fused"] > 0, rewrites
     else:
         assert rewrites["batch_norms_folded"] > 0, rewrites
         assert "aten::_native_batch_norm_legit_no_training" not in ops, ops
@@ -177,3 +181,88 @@ def test_save_refuses_a_close_capture(tmp_path):
         step = capture(model, make(0), "close")
     with pytest.raises(NotImplementedError, match="numerics 'close'"):
         torchreplay.save(step, tmp_path / "m.trp")
+
+
+def small_gemm(x, w_kn, b, relu=False):
+    try:
+        return torch.ops.torchreplay.small_gemm(x, w_kn, b, relu)
+    except RuntimeError as e:
+        if "AVX2" in str(e):
+            pytest.skip("no AVX2 and FMA on this CPU")
+        raise
+
+
+def test_small_gemm_bits_do_not_depend_on_tiling_or_threads():
+    """Note [Small GEMMs]: each element is one FMA chain over k, whichever tile, row block, column
+    vector or scalar tail computes it, on one thread or two."""
+    g = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(7, 37, generator=g), torch.randn(37, 203, generator=g), torch.randn(203, generator=g)
+    y = small_gemm(x, w, b)
+    want = torch.addmm(b.double(), x.double(), w.double())
+    assert (y.double() - want).abs().max().item() < 1e-5 * want.abs().max().item()
+    for r in range(7):  # one row at a time: the one-row tiles
+        assert_bitwise(small_gemm(x[r:r + 1], w, b), y[r:r + 1])
+    for c0, c1 in ((0, 8), (8, 203), (200, 203), (5, 29)):  # other column tilings, the scalar tail
+        assert_bitwise(small_gemm(x, w[:, c0:c1].contiguous(), b[c0:c1].contiguous()), y[:, c0:c1].contiguous())
+    strided = torch.randn(7, 80, generator=g)[:, ::2][:, :37]  # rows not contiguous: copied first
+    assert_bitwise(small_gemm(strided, w, b), small_gemm(strided.contiguous(), w, b))
+    big = torch.randn(16, 256, generator=g), torch.randn(256, 1024, generator=g), torch.randn(1024, generator=g)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = small_gemm(*big)
+        torch.set_num_threads(2)
+        assert_bitwise(small_gemm(*big), one)
+    finally:
+        torch.set_num_threads(threads)
+    out = torch.full((7, 203), float("nan"))
+    torch.ops.torchreplay.small_gemm.out(x, w, b, True, out=out)
+    assert_bitwise(out, torch.relu(y))
+    nan = small_gemm(torch.full((1, 3), float("nan")), torch.randn(3, 9), torch.zeros(9), True)
+    assert torch.isnan(nan).all()  # relu keeps NaN, as torch.relu does
+    with pytest.raises(RuntimeError, match=r"small_gemm: a float32 \[M, K\] input"):
+        small_gemm(x.double(), w, b)
+    with pytest.raises(RuntimeError, match=r"small_gemm: bias is float32 \[203\]"):
+        small_gemm(x, w, b[:5])
+
+
+class TwoLinears(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(24, 40)
+        self.b = nn.Linear(40, 12, bias=False)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+@pytest.mark.parametrize("small_faster", [True, False])
+def test_products_of_few_rows_take_the_small_gemm_where_it_timed_faster(monkeypatch, small_faster):
+    """The rewrite takes the small GEMM exactly where the capture's timing says it is faster (the
+    timing forced here both ways), relu fused, a product without bias included; results within
+    the tolerance, replayed; a weight written after the capture is a clear error."""
+    from torchreplay import close_numerics
+    small_gemm(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1))  # skips without AVX2
+    monkeypatch.setattr(close_numerics, "_least_times",
+                        lambda fns, rounds=7: [2.0, 1.0] if small_faster else [1.0, 2.0])
+    torch.manual_seed(0)
+    model = TwoLinears().eval()
+    make = lambda i: (torch.randn(3, 24, generator=torch.Generator().manual_seed(i)),)  # noqa: E731
+    with torch.no_grad():
+        step = capture(model, make(0), "close")
+        for i in range(4):
+            x = make(i)
+            assert_within(step(*x), model(*x))
+        assert step.stats()["replays"] >= 2
+        ops = ops_of(step, make(0))
+        rewrites = step.numerics["rewrites"]
+        if small_faster:
+            assert rewrites["linears_small_gemm"] == 2 and rewrites["post_ops_fused"] == 1, rewrites
+            assert "torchreplay::small_gemm.out" in ops and "aten::addmm.out" not in ops, ops
+            assert "aten::relu" not in ops and "aten::clamp_min.out" not in ops, ops
+            model.b.weight.mul_(2)
+            with pytest.raises(RuntimeError, match=r"'b\.weight' was written after the capture"):
+                step(*make(0))
+        else:
+            assert rewrites["linears_small_gemm"] == 0, rewrites
+            assert "torchreplay::small_gemm.out" not in ops, ops

@@ -1,0 +1,39 @@
+// tape/small_gemm.h: y = bias + x w for float32 matrices of few rows (a GEMV, a recurrent cell's
+// projections, a batch-1 MLP), compiled with AVX2 and FMA (small_gemm_avx2.cc), for numerics
+// "close" (Note [Close numerics] in bindings/torchreplay/close_numerics.py; the op is
+// torchreplay::small_gemm, small_gemm_op.cc).
+//
+// Note [Small GEMMs]
+// A library GEMM spends more on its set-up than on the arithmetic of a few rows: MKL takes about
+// 3 us for a [1, 64] x [64, 192] product on this project's CPUs, whose 12k multiply-adds take a
+// tenth of that. This kernel has no set-up: the weight is stored [K, N] once, at capture, and each
+// tile of up to 4 rows by up to 64 columns keeps its sums in registers over the whole K. Each
+// output element is one chain of fused multiply-adds over k in order, starting from the bias (or
+// +0): vector and scalar columns compute it alike, so no bit depends on the tiling or on how the
+// columns are split over torch's intra-op threads. MKL sums in other orders: the results are
+// close to eager's, not equal, which is why only numerics "close" uses it, and only where it
+// timed faster than the addmm it replaces.
+#pragma once
+
+#include <cstdint>
+
+namespace torchreplay::capture::small_gemm {
+
+enum class PostOp : uint8_t { kNone, kRelu };
+
+struct Params {
+  const float* x = nullptr;     // [m, k], row r at x + r * x_row, elements contiguous
+  const float* w = nullptr;     // [k, n] contiguous
+  const float* bias = nullptr;  // [n], or null for zeros
+  float* y = nullptr;           // [m, n], row r at y + r * y_row, elements contiguous
+  int64_t x_row = 0, y_row = 0, m = 0, k = 0, n = 0;
+  PostOp post = PostOp::kNone;
+};
+
+// Whether this CPU runs the kernel (AVX2 and FMA).
+bool Available();
+
+// y = post(bias + x w) (Note [Small GEMMs]), the columns over torch's intra-op threads.
+void Run(const Params& p);
+
+}  // namespace torchreplay::capture::small_gemm
