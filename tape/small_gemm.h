@@ -24,7 +24,11 @@ enum class PostOp : uint8_t { kNone, kRelu };
 struct Params {
   const float* x = nullptr;     // [m, k], row r at x + r * x_row, elements contiguous
   const float* w = nullptr;     // [k, n] contiguous
-  const float* bias = nullptr;  // [n], or null for zeros
+  // or null, with row k of w at w_rows[k] instead (an indirect GEMM: a convolution's taps read
+  // from the input where they lie, Note [Small GEMMs])
+  const float* const* w_rows = nullptr;
+  const float* bias = nullptr;      // [n] or null: each column's sums start from it
+  const float* row_bias = nullptr;  // [m] or null: each row's sums start from it (not with bias)
   float* y = nullptr;           // [m, n], row r at y + r * y_row, elements contiguous
   int64_t x_row = 0, y_row = 0, m = 0, k = 0, n = 0;
   PostOp post = PostOp::kNone;
@@ -33,7 +37,8 @@ struct Params {
 // Whether this CPU runs the kernel (AVX2 and FMA).
 bool Available();
 
-// y = post(bias + x w) (Note [Small GEMMs]), the columns over torch's intra-op threads.
+// y = post(bias + x w) (Note [Small GEMMs]), the columns over torch's intra-op threads; the sums
+// start from bias, row_bias or +0.
 void Run(const Params& p);
 
 }  // namespace torchreplay::capture::small_gemm

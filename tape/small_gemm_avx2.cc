@@ -33,6 +33,7 @@ inline void Tile(const Params& p, int64_t r0, int64_t c0) {
   static_assert(MR <= 4 && NV <= 8);
   const int64_t k_end = p.k, w_row = p.n, x_row = p.x_row;
   const float* x = p.x + r0 * x_row;
+  const float* const* rows = p.w_rows;
   const float* w = p.w + c0;
   const float* bias = p.bias != nullptr ? p.bias + c0 : nullptr;
 #define DECLARE(r, v) __m256 a##r##v = _mm256_setzero_ps();
@@ -43,11 +44,17 @@ inline void Tile(const Params& p, int64_t r0, int64_t c0) {
   if constexpr (r < MR && v < NV) a##r##v = _mm256_loadu_ps(bias + v * kLanes);
     TORCHREPLAY_TILE(START)
 #undef START
+  } else if (p.row_bias != nullptr) {
+#define START(r, v) \
+  if constexpr (r < MR && v < NV) a##r##v = _mm256_broadcast_ss(p.row_bias + r0 + r);
+    TORCHREPLAY_TILE(START)
+#undef START
   }
-  for (int64_t k = 0; k < k_end; ++k, w += w_row) {
+  for (int64_t k = 0; k < k_end; ++k) {
+    const float* wk = rows != nullptr ? rows[k] + c0 : w + k * w_row;
     __m256 w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3;
 #define LOAD_W(v) \
-  if constexpr (v < NV) w##v = _mm256_loadu_ps(w + v * kLanes);
+  if constexpr (v < NV) w##v = _mm256_loadu_ps(wk + v * kLanes);
     LOAD_W(0) LOAD_W(1) LOAD_W(2) LOAD_W(3) LOAD_W(4) LOAD_W(5) LOAD_W(6) LOAD_W(7)
 #undef LOAD_W
 #define LOAD_X(r) \
@@ -80,6 +87,39 @@ inline void Rest(const Params& p, int64_t r0, int64_t c0, int64_t vectors) {
   }
 }
 
+// Rows [r0, r0 + MR) by the last n % 8 columns, from c0: one vector, its lanes past n masked off.
+template <int MR>
+void TailTile(const Params& p, int64_t r0, int64_t c0, __m256i mask) {
+  const int64_t k_end = p.k, w_row = p.n, x_row = p.x_row;
+  const float* x = p.x + r0 * x_row;
+  const float* const* rows = p.w_rows;
+  const float* w = p.w + c0;
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  if (p.bias != nullptr) {
+    a0 = a1 = a2 = a3 = _mm256_maskload_ps(p.bias + c0, mask);
+  } else if (p.row_bias != nullptr) {
+#define START(r) \
+  if constexpr (r < MR) a##r = _mm256_broadcast_ss(p.row_bias + r0 + r);
+    START(0) START(1) START(2) START(3)
+#undef START
+  }
+  for (int64_t k = 0; k < k_end; ++k) {
+    const float* wk = rows != nullptr ? rows[k] + c0 : w + k * w_row;
+    const __m256 wv = _mm256_maskload_ps(wk, mask);
+#define MULTIPLY_ADD(r) \
+  if constexpr (r < MR) a##r = _mm256_fmadd_ps(_mm256_broadcast_ss(x + r * x_row + k), wv, a##r);
+    MULTIPLY_ADD(0) MULTIPLY_ADD(1) MULTIPLY_ADD(2) MULTIPLY_ADD(3)
+#undef MULTIPLY_ADD
+  }
+  const bool relu = p.post == PostOp::kRelu;
+  float* y = p.y + r0 * p.y_row + c0;
+#define STORE(r) \
+  if constexpr (r < MR)  \
+    _mm256_maskstore_ps(y + r * p.y_row, mask, relu ? _mm256_max_ps(_mm256_setzero_ps(), a##r) : a##r);
+  STORE(0) STORE(1) STORE(2) STORE(3)
+#undef STORE
+}
+
 // Rows [r0, r0 + MR) by the column vectors [v0, v1).
 template <int MR>
 void Block(const Params& p, int64_t r0, int64_t v0, int64_t v1) {
@@ -100,6 +140,23 @@ void Rows(const Params& p, int64_t v0, int64_t v1) {
   }
 }
 
+// The last n % 8 columns of every row.
+void TailRows(const Params& p) {
+  const int64_t c0 = p.n / kLanes * kLanes, left = p.n - c0;
+  if (left == 0) return;
+  alignas(32) int32_t lanes[kLanes];
+  for (int i = 0; i < kLanes; ++i) lanes[i] = i < left ? -1 : 0;
+  const __m256i mask = _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes));
+  int64_t r = 0;
+  for (; r + kMaxRows <= p.m; r += kMaxRows) TailTile<kMaxRows>(p, r, c0, mask);
+  switch (p.m - r) {
+    case 3: return TailTile<3>(p, r, c0, mask);
+    case 2: return TailTile<2>(p, r, c0, mask);
+    case 1: return TailTile<1>(p, r, c0, mask);
+    default: return;
+  }
+}
+
 }  // namespace
 
 void Run(const Params& p) {
@@ -108,14 +165,7 @@ void Run(const Params& p) {
   // Each task at least ~32k multiply-adds, so that small products run inline, on no thread.
   const int64_t grain = std::max<int64_t>(kVectors<1>, 32768 / std::max<int64_t>(p.m * p.k * kLanes, 1));
   at::parallel_for(0, vectors, grain, [&](int64_t v0, int64_t v1) { Rows(p, v0, v1); });
-  // The last n % 8 columns: the same chain per element, as scalars (an FMA is correctly rounded).
-  for (int64_t r = 0; r < p.m; ++r) {
-    for (int64_t c = vectors * kLanes; c < p.n; ++c) {
-      float acc = p.bias != nullptr ? p.bias[c] : 0.f;
-      for (int64_t k = 0; k < p.k; ++k) acc = std::fma(p.x[r * p.x_row + k], p.w[k * p.n + c], acc);
-      p.y[r * p.y_row + c] = p.post == PostOp::kRelu ? std::max(acc, 0.f) : acc;
-    }
-  }
+  TailRows(p);  // the same chain per element, the lanes past n masked off
 }
 
 }  // namespace torchreplay::capture::small_gemm

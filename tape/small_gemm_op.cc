@@ -1,11 +1,22 @@
-// torchreplay::small_gemm: bias + input @ weight_kn, relu'd if asked, through the small GEMM (Note
-// [Small GEMMs] in small_gemm.h), for graphs rewritten under numerics "close" (Note [Close
-// numerics] in bindings/torchreplay/close_numerics.py). The functional op allocates its result;
-// its out= overload writes a planned buffer, and its signature is one the tape calls unboxed
-// (Note [Typed steps]): a product without bias gets a bias of zeros (the sums start from +0
-// either way).
+// The ops of the small GEMM (Note [Small GEMMs] in small_gemm.h), for graphs rewritten under
+// numerics "close" (Note [Close numerics] in bindings/torchreplay/close_numerics.py); each
+// functional op allocates its result, its out= overload writes a planned buffer.
+// - torchreplay::small_gemm: bias + input @ weight_kn, relu'd if asked. Its signature is one the
+//   tape calls unboxed (Note [Typed steps]): a product without bias gets a bias of zeros (the sums
+//   start from +0 either way).
+// - torchreplay::conv_gemm: a 1-d or 2-d convolution of one group as the product of the weight
+//   [C_out, C * KH * KW] by the input's patches, each output channel's sums starting from its
+//   bias, relu'd if asked: a 1x1 convolution of stride 1 without padding reads the input's planes
+//   as they are; one of stride 1 along the row reads each output row's taps from a zero-padded
+//   copy of the image through a table of row pointers (an indirect GEMM, as XNNPACK's); others
+//   copy the patches out first (im2col). The result is contiguous (NCHW), whatever the input's
+//   layout.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <torch/library.h>
+
+#include <algorithm>
+#include <vector>
 
 #include "tape/small_gemm.h"
 
@@ -51,6 +62,161 @@ at::Tensor SmallGemm(const at::Tensor& input, const at::Tensor& weight_kn, const
   return SmallGemmOut(input, weight_kn, bias, relu, out);
 }
 
+// One size, stride, padding and dilation per spatial dim, [H, W] or [W] (1-d: H is 1).
+struct Window {
+  int64_t size[2] = {1, 1}, stride[2] = {1, 1}, padding[2] = {0, 0}, dilation[2] = {1, 1};
+};
+
+constexpr const char* kConvName = "torchreplay::conv_gemm";
+
+int64_t OutSize(const Window& w, int d, int64_t in) {
+  return (in + 2 * w.padding[d] - w.dilation[d] * (w.size[d] - 1) - 1) / w.stride[d] + 1;
+}
+
+// The patches of one image x ([C, H, W] by the strides xs) as rows of `col` ([C * KH * KW, OH * OW]),
+// zeros where a tap falls in the padding.
+void Patches(const float* x, const int64_t xs[3], int64_t c, int64_t h, int64_t w, const Window& win,
+             int64_t oh, int64_t ow, float* col) {
+  for (int64_t ci = 0; ci < c; ++ci) {
+    for (int64_t i = 0; i < win.size[0]; ++i) {
+      for (int64_t j = 0; j < win.size[1]; ++j, col += oh * ow) {
+        for (int64_t y = 0; y < oh; ++y) {
+          const int64_t ih = y * win.stride[0] - win.padding[0] + i * win.dilation[0];
+          float* row = col + y * ow;
+          if (ih < 0 || ih >= h) {
+            std::fill(row, row + ow, 0.f);
+            continue;
+          }
+          // the outputs z whose tap iw = z * stride - padding + j * dilation is inside the row: [z0, z1)
+          const int64_t first = j * win.dilation[1] - win.padding[1], sw = win.stride[1];
+          const int64_t z0 = std::min(ow, first >= 0 ? 0 : (-first + sw - 1) / sw);
+          const int64_t z1 = std::max(z0, std::min(ow, w - first <= 0 ? 0 : (w - first + sw - 1) / sw));
+          const float* src = x + ci * xs[0] + ih * xs[1] + (z0 * sw + first) * xs[2];
+          std::fill(row, row + z0, 0.f);
+          if (sw == 1 && xs[2] == 1) {
+            std::copy(src, src + (z1 - z0), row + z0);
+          } else {
+            for (int64_t z = z0; z < z1; ++z) row[z] = src[(z - z0) * sw * xs[2]];
+          }
+          std::fill(row + z1, row + ow, 0.f);
+        }
+      }
+    }
+  }
+}
+
+at::Tensor& ConvGemmOut(const at::Tensor& input, const at::Tensor& weight_rows, const at::Tensor& bias,
+                        at::IntArrayRef kernel_size, at::IntArrayRef stride, at::IntArrayRef padding,
+                        at::IntArrayRef dilation, bool relu, at::Tensor& out) {
+  TORCH_CHECK(small_gemm::Available(), kConvName, ": this CPU has no AVX2 and FMA");
+  const int64_t dims = input.dim() - 2;
+  TORCH_CHECK((dims == 1 || dims == 2) && input.scalar_type() == c10::kFloat && input.device().is_cpu() &&
+                  weight_rows.dim() == 2 && weight_rows.scalar_type() == c10::kFloat && weight_rows.is_contiguous() &&
+                  static_cast<int64_t>(kernel_size.size()) == dims && static_cast<int64_t>(stride.size()) == dims &&
+                  static_cast<int64_t>(padding.size()) == dims && static_cast<int64_t>(dilation.size()) == dims,
+              kConvName, ": a float32 [N, C, W] or [N, C, H, W] input, a contiguous float32 [C_out, C * kernel] "
+              "weight and one kernel size, stride, padding and dilation per spatial dim");
+  Window win;
+  for (int64_t d = 0; d < dims; ++d) {
+    const int e = static_cast<int>(d + 2 - dims);
+    win.size[e] = kernel_size[d], win.stride[e] = stride[d], win.padding[e] = padding[d];
+    win.dilation[e] = dilation[d];
+    TORCH_CHECK(win.size[e] > 0 && win.stride[e] > 0 && win.padding[e] >= 0 && win.dilation[e] > 0, kConvName,
+                ": a positive kernel size, stride and dilation, and no negative padding");
+  }
+  const int64_t n = input.size(0), c = input.size(1), h = dims == 2 ? input.size(2) : 1, w = input.size(-1);
+  const int64_t oh = OutSize(win, 0, h), ow = OutSize(win, 1, w);
+  const int64_t k = c * win.size[0] * win.size[1], cout = weight_rows.size(0);
+  TORCH_CHECK(oh > 0 && ow > 0, kConvName, ": an empty output");
+  TORCH_CHECK(weight_rows.size(1) == k, kConvName, ": the weight has ", weight_rows.size(1),
+              " columns, not C * kernel = ", k);
+  TORCH_CHECK(bias.dim() == 1 && bias.size(0) == cout && bias.scalar_type() == c10::kFloat && bias.device().is_cpu(),
+              kConvName, ": bias is float32 [", cout, "], not ", bias.sizes(), " ", bias.scalar_type());
+  std::vector<int64_t> sizes = {n, cout, oh, ow};
+  if (dims == 1) sizes.erase(sizes.begin() + 2);
+  TORCH_CHECK(out.sizes() == at::IntArrayRef(sizes) && out.scalar_type() == c10::kFloat && out.is_contiguous(),
+              kConvName, ": out is a contiguous float32 ", at::IntArrayRef(sizes), ", not ", out.sizes(), " ",
+              out.scalar_type());
+  const at::Tensor b = bias.contiguous();
+  const int64_t xs[3] = {input.stride(1), dims == 2 ? input.stride(2) : 0, input.stride(-1)};
+  small_gemm::Params p;
+  p.x = weight_rows.const_data_ptr<float>(), p.x_row = k;
+  p.row_bias = b.const_data_ptr<float>();
+  p.m = cout, p.k = k, p.y_row = oh * ow;
+  p.post = relu ? small_gemm::PostOp::kRelu : small_gemm::PostOp::kNone;
+  const bool one_by_one = win.size[0] == 1 && win.size[1] == 1 && win.stride[0] == 1 && win.stride[1] == 1 &&
+                          win.padding[0] == 0 && win.padding[1] == 0 && xs[2] == 1 && (dims == 1 || xs[1] == w) &&
+                          (c == 1 || xs[0] == h * w);
+  for (int64_t i = 0; i < n; ++i) {
+    const float* x = input.const_data_ptr<float>() + i * input.stride(0);
+    float* y = out.data_ptr<float>() + i * cout * oh * ow;
+    if (one_by_one) {  // the input's planes are the patches
+      p.w = x, p.n = oh * ow, p.y = y;
+      small_gemm::Run(p);
+    } else if (win.stride[1] == 1) {
+      // Each output row as an indirect GEMM over a zero-padded copy of the image: tap (c, i, j)
+      // of output row r reads the padded row r * stride + i * dilation of plane c from column
+      // j * dilation on, where it lies.
+      const int64_t hp = h + 2 * win.padding[0], wp = w + 2 * win.padding[1];
+      thread_local std::vector<float> padded;
+      padded.assign(static_cast<size_t>(c * hp * wp), 0.f);
+      for (int64_t ci = 0; ci < c; ++ci) {
+        for (int64_t r = 0; r < h; ++r) {
+          float* to = padded.data() + (ci * hp + r + win.padding[0]) * wp + win.padding[1];
+          const float* from = x + ci * xs[0] + r * xs[1];
+          for (int64_t z = 0; z < w; ++z) to[z] = from[z * xs[2]];
+        }
+      }
+      const float* base = padded.data();
+      at::parallel_for(0, oh, std::max<int64_t>(1, 32768 / std::max<int64_t>(cout * k * ow, 1)),
+                       [&](int64_t r0, int64_t r1) {
+                         thread_local std::vector<const float*> rows;
+                         rows.resize(static_cast<size_t>(k));
+                         small_gemm::Params q = p;
+                         q.w_rows = rows.data(), q.n = ow;
+                         for (int64_t r = r0; r < r1; ++r) {
+                           size_t t = 0;
+                           for (int64_t ci = 0; ci < c; ++ci) {
+                             for (int64_t a = 0; a < win.size[0]; ++a) {
+                               const float* row = base + (ci * hp + r * win.stride[0] + a * win.dilation[0]) * wp;
+                               for (int64_t j = 0; j < win.size[1]; ++j) rows[t++] = row + j * win.dilation[1];
+                             }
+                           }
+                           q.y = y + r * ow;
+                           small_gemm::Run(q);
+                         }
+                       });
+    } else {  // strided along the row: the patches copied out (im2col)
+      thread_local std::vector<float> col;
+      col.resize(static_cast<size_t>(k * oh * ow));
+      Patches(x, xs, c, h, w, win, oh, ow, col.data());
+      p.w = col.data(), p.n = oh * ow, p.y = y;
+      small_gemm::Run(p);
+    }
+  }
+  return out;
+}
+
+at::Tensor ConvGemm(const at::Tensor& input, const at::Tensor& weight_rows, const at::Tensor& bias,
+                    at::IntArrayRef kernel_size, at::IntArrayRef stride, at::IntArrayRef padding,
+                    at::IntArrayRef dilation, bool relu) {
+  const int64_t dims = input.dim() - 2;
+  TORCH_CHECK((dims == 1 || dims == 2) && static_cast<int64_t>(kernel_size.size()) == dims &&
+                  static_cast<int64_t>(stride.size()) == dims && static_cast<int64_t>(padding.size()) == dims &&
+                  static_cast<int64_t>(dilation.size()) == dims && weight_rows.dim() == 2,
+              kConvName, ": a [N, C, W] or [N, C, H, W] input, a 2-d weight and one kernel size, stride, padding "
+              "and dilation per spatial dim");
+  std::vector<int64_t> sizes = {input.size(0), weight_rows.size(0)};
+  for (int64_t d = 0; d < dims; ++d) {
+    Window win;
+    win.size[0] = kernel_size[d], win.stride[0] = stride[d], win.padding[0] = padding[d], win.dilation[0] = dilation[d];
+    TORCH_CHECK(stride[d] > 0, kConvName, ": a positive stride");
+    sizes.push_back(std::max<int64_t>(OutSize(win, 0, input.size(d + 2)), 0));
+  }
+  at::Tensor out = at::empty(sizes, input.options().memory_format(at::MemoryFormat::Contiguous));
+  return ConvGemmOut(input, weight_rows, bias, kernel_size, stride, padding, dilation, relu, out);
+}
+
 }  // namespace
 
 namespace small_gemm {
@@ -69,9 +235,18 @@ TORCH_LIBRARY_FRAGMENT(torchreplay, m) {
   m.def("small_gemm.out(Tensor input, Tensor weight_kn, Tensor bias, bool relu, *, Tensor(a!) out) -> Tensor(a!)");
 }
 
+TORCH_LIBRARY_FRAGMENT(torchreplay, m) {
+  m.def("conv_gemm(Tensor input, Tensor weight_rows, Tensor bias, int[] kernel_size, int[] stride, int[] padding, "
+        "int[] dilation, bool relu) -> Tensor");
+  m.def("conv_gemm.out(Tensor input, Tensor weight_rows, Tensor bias, int[] kernel_size, int[] stride, "
+        "int[] padding, int[] dilation, bool relu, *, Tensor(a!) out) -> Tensor(a!)");
+}
+
 TORCH_LIBRARY_IMPL(torchreplay, CPU, m) {
   m.impl("small_gemm", &SmallGemm);
   m.impl("small_gemm.out", &SmallGemmOut);
+  m.impl("conv_gemm", &ConvGemm);
+  m.impl("conv_gemm.out", &ConvGemmOut);
 }
 
 }  // namespace torchreplay::capture

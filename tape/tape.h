@@ -17,8 +17,8 @@
 //   conv_steps.h          checked convolutions (Note [Checked convolutions])
 //   depthwise_kernel.h    the direct depthwise convolution (depthwise_kernel_avx2.cc; the op in
 //                         depthwise_op.cc); check_frozen.cc: torchreplay::check_frozen
-//   small_gemm.h          products of few rows (Note [Small GEMMs]; small_gemm_avx2.cc, the op
-//                         in small_gemm_op.cc)
+//   small_gemm.h          products of few rows (Note [Small GEMMs]; small_gemm_avx2.cc; the ops
+//                         small_gemm and conv_gemm in small_gemm_op.cc)
 //   collective_steps.h    torch.distributed's collectives as steps (Note [Collective steps])
 //
 // Namespaces torchreplay::capture (and ::fused, ::depthwise, ::small_gemm), kept from when ir/, tape/ and cuda/

@@ -8,11 +8,13 @@ eager's instead of equal:
 
 - batch norm (eval) folded into the convolution before it (torch.nn.utils.fusion's
   fuse_conv_bn_weights: scale the weight, shift the bias);
-- convolutions through oneDNN on a weight reordered once (mkldnn::_convolution_pointwise, as
-  Inductor's CPU freezing packs them) with the unary op after them (relu, hardswish,
-  hardsigmoid, sigmoid, tanh, silu, gelu, leaky_relu, hardtanh) fused as its post-op, where that
-  is faster than eager's op (timed at capture; else eager's op stays); their results are
-  channels-last, and stay so through the ops between convolutions;
+- convolutions through the fastest of eager's op, oneDNN on a weight reordered once
+  (mkldnn::_convolution_pointwise, as Inductor's CPU freezing packs them, the unary op after it
+  (relu, hardswish, hardsigmoid, sigmoid, tanh, silu, gelu, leaky_relu, hardtanh) fused as its
+  post-op; its results channels-last, and they stay so through the ops between convolutions)
+  and, for one group, torchreplay's conv_gemm (the small GEMM of the weight by the input's
+  patches, read in place where the stride along rows is 1, relu fused; its results contiguous),
+  timed at capture;
 - 1x1 convolutions (stride 1, no padding, one group) on a channels-last input as the GEMM they
   are, addmm over the pixels (MKL), without oneDNN's per-call cost; depthwise convolutions
   through torchreplay's direct kernel (torchreplay::depthwise_conv2d, Note [Depthwise
@@ -80,11 +82,11 @@ class _Rewriter:
         self.names: Dict[torch.fx.Node, str] = dict(zip(placeholders, names))
         self.frozen: Dict[torch.fx.Node, torch.Tensor] = {}  # placeholders folded into constants
         self.counts: Dict[str, int] = {"batch_norms_folded": 0, "convolutions_onednn": 0, "convolutions_gemm": 0,
-                                       "convolutions_depthwise": 0, "post_ops_fused": 0, "layout_copies": 0,
-                                       "linears_transposed_once": 0, "linears_small_gemm": 0,
+                                       "convolutions_depthwise": 0, "convolutions_small_gemm": 0, "post_ops_fused": 0,
+                                       "layout_copies": 0, "linears_transposed_once": 0, "linears_small_gemm": 0,
                                        "convolutions_eager": 0}
         self.channels_last: set = set()
-        # (input sizes, weight sizes, eager's us, oneDNN's or the small GEMM's us)
+        # (input sizes, weight sizes, {way: us}) of each timed convolution and product
         self.timings: List[Tuple[Any, ...]] = []
         self._names = 0
 
@@ -174,9 +176,12 @@ class _Rewriter:
                 post = self._depthwise(conv, x, w, b, stride, padding, dilation)
                 if post is not None:
                     erased.add(post)
-            elif self._onednn_faster(x, w, b, stride, padding, dilation, groups, val, one_d):
+            elif (way := self._fastest(x, w, b, stride, padding, dilation, groups, val, one_d)) != "eager":
                 self.freeze(wn, bn)
-                post = self._through_onednn(conv, x, w, b, stride, padding, dilation, groups, val.shape, one_d)
+                if way == "gemm":
+                    post = self._through_gemm(conv, x, w, b, stride, padding, dilation)
+                else:
+                    post = self._through_onednn(conv, x, w, b, stride, padding, dilation, groups, val.shape, one_d)
                 if post is not None:
                     erased.add(post)
             else:  # eager's op (which the tape may run through a checked faster call)
@@ -223,12 +228,13 @@ class _Rewriter:
                 list(dilation), fused[post.target] if post is not None else "none"))
         return self._replace_convolution(conv, post, out, "convolutions_depthwise")
 
-    def _onednn_faster(self, x: torch.fx.Node, w: torch.Tensor, b: Optional[torch.Tensor], stride: Sequence[int],
-                       padding: Sequence[int], dilation: Sequence[int], groups: int, val: torch.Tensor,
-                       one_d: bool) -> bool:
-        """Whether oneDNN on a packed weight beats eager's op for this convolution, timed on a
-        random input of its sizes and layout (oneDNN's per-call cost exceeds a small im2col
-        GEMM's: the harness's convnet ran slower through it)."""
+    def _fastest(self, x: torch.fx.Node, w: torch.Tensor, b: Optional[torch.Tensor], stride: Sequence[int],
+                 padding: Sequence[int], dilation: Sequence[int], groups: int, val: torch.Tensor,
+                 one_d: bool) -> str:
+        """Which of eager's op, oneDNN on a packed weight and (one group) torchreplay's conv_gemm
+        is fastest for this convolution ("eager", "onednn", "gemm"), timed on a random input of its
+        sizes and layout (oneDNN's per-call cost exceeds a small im2col GEMM's: the harness's
+        convnet ran slower through it)."""
         layout = torch.channels_last if x in self.channels_last and not one_d else torch.contiguous_format
         inp = torch.randn(tuple(val.shape)).contiguous(memory_format=layout)
         w4, st, pd, dl, x4 = w.detach(), list(stride), list(padding), list(dilation), inp
@@ -237,14 +243,33 @@ class _Rewriter:
         packed = torch._C._nn.mkldnn_reorder_conv2d_weight(w4.contiguous().to_mkldnn(), pd, st, dl, groups,
                                                           list(x4.shape))
         bias = b.detach() if b is not None else None
-        eager = lambda: aten.convolution.default(inp, w, bias, list(stride), list(padding), list(dilation), False,
-                                                 [0] * len(stride), groups)
-        onednn = lambda: torch.ops.mkldnn._convolution_pointwise.default(x4, packed, bias, pd, st, dl, groups,
-                                                                         "none", [], "")
+        ways = {"eager": lambda: aten.convolution.default(inp, w, bias, list(stride), list(padding), list(dilation),
+                                                          False, [0] * len(stride), groups),
+                "onednn": lambda: torch.ops.mkldnn._convolution_pointwise.default(x4, packed, bias, pd, st, dl,
+                                                                                  groups, "none", [], "")}
+        if groups == 1 and _small_gemm_available():
+            rows = w.detach().reshape(w.shape[0], -1).contiguous()
+            zeros = bias if bias is not None else torch.zeros(w.shape[0])
+            ways["gemm"] = lambda: torch.ops.torchreplay.conv_gemm.default(
+                inp, rows, zeros, list(w.shape[2:]), list(stride), list(padding), list(dilation), False)
         with torch.no_grad():
-            t = _least_times([eager, onednn])
-        self.timings.append((tuple(val.shape), tuple(w.shape), t[0], t[1]))
-        return t[1] < t[0]
+            t = dict(zip(ways, _least_times(list(ways.values()))))
+        self.timings.append((tuple(val.shape), tuple(w.shape), t))
+        return min(t, key=t.get)
+
+    def _through_gemm(self, conv: torch.fx.Node, x: torch.fx.Node, w: torch.Tensor, b: Optional[torch.Tensor],
+                      stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int]) -> Optional[torch.fx.Node]:
+        """The convolution as torchreplay::conv_gemm (the weight as rows, stored once), a relu
+        reading only it fused; returns the relu node fused into it. Its result is contiguous."""
+        post = next(iter(conv.users)) if len(conv.users) == 1 else None
+        if post is None or post.op != "call_function" or post.target != aten.relu.default or post.args[0] is not conv:
+            post = None
+        with self.graph.inserting_before(conv):
+            out = self.graph.call_function(torch.ops.torchreplay.conv_gemm.default, (
+                x, self.constant(w.detach().reshape(w.shape[0], -1).contiguous(), "weight_rows"),
+                self.constant(b.detach() if b is not None else torch.zeros(w.shape[0]), "bias"),
+                list(w.shape[2:]), list(stride), list(padding), list(dilation), post is not None))
+        return self._replace_convolution(conv, post, out, "convolutions_small_gemm", contiguous=True)
 
     def _through_onednn(self, conv: torch.fx.Node, x: torch.fx.Node, w: torch.Tensor, b: Optional[torch.Tensor],
                         stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], groups: int,
@@ -276,15 +301,17 @@ class _Rewriter:
         return self._replace_convolution(conv, post, out, "convolutions_onednn")
 
     def _replace_convolution(self, conv: torch.fx.Node, post: Optional[torch.fx.Node], out: torch.fx.Node,
-                             count: str) -> Optional[torch.fx.Node]:
-        """`out` in place of `conv` and of the activation `post` it fused (if any); returns `post`."""
+                             count: str, contiguous: bool = False) -> Optional[torch.fx.Node]:
+        """`out` in place of `conv` and of the activation `post` it fused (if any); returns `post`.
+        Unless `contiguous`, `out` may be channels-last."""
         out.meta["val"] = conv.meta.get("val")  # its sizes, for the rewrites after it
         (post or conv).replace_all_uses_with(out)
         if post is not None:
             self.graph.erase_node(post)
             self.counts["post_ops_fused"] += 1
         self.graph.erase_node(conv)
-        self.channels_last.add(out)
+        if not contiguous:
+            self.channels_last.add(out)
         self.counts[count] += 1
         return post
 
@@ -344,7 +371,7 @@ class _Rewriter:
         small = lambda: torch.ops.torchreplay.small_gemm.out(inp, packed, vec, False, out=out)
         with torch.no_grad():
             t = _least_times([library, small], rounds=15)
-        self.timings.append(((rows, kn.shape[0]), tuple(kn.shape), t[0], t[1]))
+        self.timings.append(((rows, kn.shape[0]), tuple(kn.shape), {"addmm": t[0], "small_gemm": t[1]}))
         if t[1] >= t[0]:
             return False
         post = next(iter(node.users)) if len(node.users) == 1 else None

@@ -77,7 +77,7 @@ def test_zoo_within_tolerance(name):
         assert rewrites["batch_norms_folded"] > 0, rewrites
         assert "aten::_native_batch_norm_legit_no_training" not in ops, ops
         convs = sum(rewrites[k] for k in ("convolutions_onednn", "convolutions_gemm", "convolutions_depthwise",
-                                          "convolutions_eager"))
+                                          "convolutions_small_gemm", "convolutions_eager"))
         assert convs == sum(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules()), rewrites
 
 
@@ -266,3 +266,91 @@ def test_products_of_few_rows_take_the_small_gemm_where_it_timed_faster(monkeypa
         else:
             assert rewrites["linears_small_gemm"] == 0, rewrites
             assert "torchreplay::small_gemm.out" not in ops, ops
+
+
+@pytest.mark.parametrize("case", [
+    ((2, 5, 9, 11), (7, 5, 3, 2), [1, 1], [1, 0], [1, 2]),  # stride 1 along rows: the indirect GEMM
+    ((1, 3, 16, 16), (8, 3, 3, 3), [2, 2], [1, 1], [1, 1]),  # strided: im2col
+    ((1, 16, 6, 6), (12, 16, 1, 1), [1, 1], [0, 0], [1, 1]),  # 1x1: the planes themselves
+    ((1, 1, 400), (9, 1, 20), [4], [3], [1]),  # 1-d, strided
+    ((2, 6, 37), (5, 6, 3), [1], [2], [2]),  # 1-d, stride 1
+])
+def test_conv_gemm_is_the_small_gemm_of_the_patches(case):
+    """Each way torchreplay::conv_gemm reads the patches computes what the small GEMM computes on
+    the patches torch's unfold copies out, bit for bit (the same FMA chain per element, the bias
+    first), and that is close to eager's convolution; channels-last inputs, relu and 2 threads
+    change no bit."""
+    xs, ws, stride, padding, dilation = case
+    g = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(xs, generator=g), torch.randn(ws, generator=g), torch.randn(ws[0], generator=g)
+    rows = w.reshape(ws[0], -1).contiguous()
+    small_gemm(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1))  # skips without AVX2
+    conv_gemm = torch.ops.torchreplay.conv_gemm
+    got = conv_gemm(x, rows, b, list(ws[2:]), stride, padding, dilation, False)
+    one_d = len(xs) == 3
+    x4 = x.unsqueeze(2) if one_d else x
+    k4 = [1] + list(ws[2:]) if one_d else list(ws[2:])
+    lift = (lambda v, pad: [pad] + v) if one_d else (lambda v, pad: v)
+    patches = nn.functional.unfold(x4, k4, dilation=lift(dilation, 1), padding=lift(padding, 0),
+                                   stride=lift(stride, 1))  # [N, C * kernel, P]
+    for i in range(xs[0]):
+        want = small_gemm(patches[i].t().contiguous(), rows.t().contiguous(), b).t()
+        assert_bitwise(got[i].reshape(ws[0], -1), want.contiguous())
+    conv = nn.functional.conv1d if one_d else nn.functional.conv2d
+    ref = conv(x.double(), w.double(), b.double(), stride, padding, dilation)
+    assert got.shape == ref.shape and got.is_contiguous()
+    assert (got.double() - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
+    if not one_d:
+        cl = x.contiguous(memory_format=torch.channels_last)
+        assert_bitwise(conv_gemm(cl, rows, b, list(ws[2:]), stride, padding, dilation, False), got)
+    out = torch.full_like(got, float("nan"))
+    conv_gemm.out(x, rows, b, list(ws[2:]), stride, padding, dilation, True, out=out)
+    assert_bitwise(out, torch.relu(got))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert_bitwise(conv_gemm(x, rows, b, list(ws[2:]), stride, padding, dilation, False), got)
+    finally:
+        torch.set_num_threads(threads)
+    with pytest.raises(RuntimeError, match="conv_gemm: the weight has"):
+        conv_gemm(x, rows[:, 1:].contiguous(), b, list(ws[2:]), stride, padding, dilation, False)
+
+
+class ConvRelu(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 6, 3, padding=1)
+        self.bn = nn.BatchNorm2d(6)
+        self.conv1d = nn.Conv1d(6, 5, 3)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(x)))
+        return self.conv1d(y.flatten(2)), y
+
+
+def test_convolutions_take_conv_gemm_where_it_timed_fastest(monkeypatch):
+    """With the capture's timing forced to pick it, every convolution of one group becomes
+    torchreplay::conv_gemm, its relu fused, its result contiguous as eager's; results within the
+    tolerance, replayed; a folded weight written after the capture is a clear error."""
+    from torchreplay import close_numerics
+    small_gemm(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1))  # skips without AVX2
+    # the last way timed (conv_gemm, the small GEMM) the fastest
+    monkeypatch.setattr(close_numerics, "_least_times", lambda fns, rounds=7: list(range(len(fns), 0, -1)))
+    torch.manual_seed(0)
+    model = ConvRelu().eval()
+    make = lambda i: (torch.randn(2, 4, 7, 7, generator=torch.Generator().manual_seed(i)),)  # noqa: E731
+    with torch.no_grad():
+        step = capture(model, make(0), "close")
+        for i in range(4):
+            x = make(i)
+            got, want = step(*x), model(*x)
+            assert_within(got, want)
+            assert [t.stride() for t in got] == [t.stride() for t in want]
+        assert step.stats()["replays"] >= 2
+        rewrites = step.numerics["rewrites"]
+        assert rewrites["convolutions_small_gemm"] == 2 and rewrites["post_ops_fused"] == 1, rewrites
+        ops = ops_of(step, make(0))
+        assert "torchreplay::conv_gemm.out" in ops and not any("convolution" in op for op in ops), ops
+        model.conv.weight.mul_(2)
+        with pytest.raises(RuntimeError, match=r"'conv\.weight' was written after the capture"):
+            step(*make(0))
