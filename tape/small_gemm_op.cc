@@ -7,10 +7,10 @@
 // - torchreplay::conv_gemm: a 1-d or 2-d convolution of one group as the product of the weight
 //   [C_out, C * KH * KW] by the input's patches, each output channel's sums starting from its
 //   bias, relu'd if asked: a 1x1 convolution of stride 1 without padding reads the input's planes
-//   as they are; one of stride 1 along the row reads each output row's taps from a zero-padded
-//   copy of the image through a table of row pointers (an indirect GEMM, as XNNPACK's); others
-//   copy the patches out first (im2col). The result is contiguous (NCHW), whatever the input's
-//   layout.
+//   as they are; any other reads each output row's taps through a table of row pointers (an
+//   indirect GEMM, as XNNPACK's) from a zero-padded copy of the image, split into `stride` phases
+//   along the row so that every tap's row is contiguous. The result is contiguous (NCHW),
+//   whatever the input's layout.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -73,38 +73,6 @@ int64_t OutSize(const Window& w, int d, int64_t in) {
   return (in + 2 * w.padding[d] - w.dilation[d] * (w.size[d] - 1) - 1) / w.stride[d] + 1;
 }
 
-// The patches of one image x ([C, H, W] by the strides xs) as rows of `col` ([C * KH * KW, OH * OW]),
-// zeros where a tap falls in the padding.
-void Patches(const float* x, const int64_t xs[3], int64_t c, int64_t h, int64_t w, const Window& win,
-             int64_t oh, int64_t ow, float* col) {
-  for (int64_t ci = 0; ci < c; ++ci) {
-    for (int64_t i = 0; i < win.size[0]; ++i) {
-      for (int64_t j = 0; j < win.size[1]; ++j, col += oh * ow) {
-        for (int64_t y = 0; y < oh; ++y) {
-          const int64_t ih = y * win.stride[0] - win.padding[0] + i * win.dilation[0];
-          float* row = col + y * ow;
-          if (ih < 0 || ih >= h) {
-            std::fill(row, row + ow, 0.f);
-            continue;
-          }
-          // the outputs z whose tap iw = z * stride - padding + j * dilation is inside the row: [z0, z1)
-          const int64_t first = j * win.dilation[1] - win.padding[1], sw = win.stride[1];
-          const int64_t z0 = std::min(ow, first >= 0 ? 0 : (-first + sw - 1) / sw);
-          const int64_t z1 = std::max(z0, std::min(ow, w - first <= 0 ? 0 : (w - first + sw - 1) / sw));
-          const float* src = x + ci * xs[0] + ih * xs[1] + (z0 * sw + first) * xs[2];
-          std::fill(row, row + z0, 0.f);
-          if (sw == 1 && xs[2] == 1) {
-            std::copy(src, src + (z1 - z0), row + z0);
-          } else {
-            for (int64_t z = z0; z < z1; ++z) row[z] = src[(z - z0) * sw * xs[2]];
-          }
-          std::fill(row + z1, row + ow, 0.f);
-        }
-      }
-    }
-  }
-}
-
 at::Tensor& ConvGemmOut(const at::Tensor& input, const at::Tensor& weight_rows, const at::Tensor& bias,
                         at::IntArrayRef kernel_size, at::IntArrayRef stride, at::IntArrayRef padding,
                         at::IntArrayRef dilation, bool relu, at::Tensor& out) {
@@ -153,18 +121,40 @@ at::Tensor& ConvGemmOut(const at::Tensor& input, const at::Tensor& weight_rows, 
     if (one_by_one) {  // the input's planes are the patches
       p.w = x, p.n = oh * ow, p.y = y;
       small_gemm::Run(p);
-    } else if (win.stride[1] == 1) {
-      // Each output row as an indirect GEMM over a zero-padded copy of the image: tap (c, i, j)
-      // of output row r reads the padded row r * stride + i * dilation of plane c from column
-      // j * dilation on, where it lies.
-      const int64_t hp = h + 2 * win.padding[0], wp = w + 2 * win.padding[1];
+    } else {
+      // Each output row as an indirect GEMM over a zero-padded copy of the image split into
+      // `stride` phases along the row (phase q holds padded columns q, q + stride, ...): tap
+      // (c, i, j) of output row r reads, of plane c, padded row r * stride + i * dilation,
+      // phase (j * dilation) % stride, from column (j * dilation) / stride on, where it lies.
+      const int64_t hp = h + 2 * win.padding[0], wp = w + 2 * win.padding[1], s = win.stride[1];
+      const int64_t wq = (wp + s - 1) / s, plane = hp * wq;  // one phase's row and plane
       thread_local std::vector<float> padded;
-      padded.assign(static_cast<size_t>(c * hp * wp), 0.f);
+      padded.assign(static_cast<size_t>(s * c * plane), 0.f);
       for (int64_t ci = 0; ci < c; ++ci) {
         for (int64_t r = 0; r < h; ++r) {
-          float* to = padded.data() + (ci * hp + r + win.padding[0]) * wp + win.padding[1];
           const float* from = x + ci * xs[0] + r * xs[1];
-          for (int64_t z = 0; z < w; ++z) to[z] = from[z * xs[2]];
+          float* to = padded.data() + ci * plane + (r + win.padding[0]) * wq;
+          if (s == 1 && xs[2] == 1) {
+            std::copy(from, from + w, to + win.padding[1]);
+            continue;
+          }
+          // padded column z + padding is column `index` of phase `q`, both counted along
+          int64_t q = win.padding[1] % s, index = win.padding[1] / s;
+          for (int64_t z = 0; z < w; ++z) {
+            to[q * c * plane + index] = from[z * xs[2]];
+            if (++q == s) q = 0, ++index;
+          }
+        }
+      }
+      // where each tap of output row 0 starts; output row r reads r * stride rows further
+      thread_local std::vector<int64_t> taps;
+      taps.clear();
+      for (int64_t ci = 0; ci < c; ++ci) {
+        for (int64_t a = 0; a < win.size[0]; ++a) {
+          for (int64_t j = 0; j < win.size[1]; ++j) {
+            const int64_t col = j * win.dilation[1];
+            taps.push_back(((col % s) * c + ci) * plane + a * win.dilation[0] * wq + col / s);
+          }
         }
       }
       const float* base = padded.data();
@@ -175,23 +165,12 @@ at::Tensor& ConvGemmOut(const at::Tensor& input, const at::Tensor& weight_rows, 
                          small_gemm::Params q = p;
                          q.w_rows = rows.data(), q.n = ow;
                          for (int64_t r = r0; r < r1; ++r) {
-                           size_t t = 0;
-                           for (int64_t ci = 0; ci < c; ++ci) {
-                             for (int64_t a = 0; a < win.size[0]; ++a) {
-                               const float* row = base + (ci * hp + r * win.stride[0] + a * win.dilation[0]) * wp;
-                               for (int64_t j = 0; j < win.size[1]; ++j) rows[t++] = row + j * win.dilation[1];
-                             }
-                           }
+                           const float* start = base + r * win.stride[0] * wq;
+                           for (int64_t t = 0; t < k; ++t) rows[t] = start + taps[t];
                            q.y = y + r * ow;
                            small_gemm::Run(q);
                          }
                        });
-    } else {  // strided along the row: the patches copied out (im2col)
-      thread_local std::vector<float> col;
-      col.resize(static_cast<size_t>(k * oh * ow));
-      Patches(x, xs, c, h, w, win, oh, ow, col.data());
-      p.w = col.data(), p.n = oh * ow, p.y = y;
-      small_gemm::Run(p);
     }
   }
   return out;

@@ -13,7 +13,7 @@ eager's instead of equal:
   (relu, hardswish, hardsigmoid, sigmoid, tanh, silu, gelu, leaky_relu, hardtanh) fused as its
   post-op; its results channels-last, and they stay so through the ops between convolutions)
   and, for one group, torchreplay's conv_gemm (the small GEMM of the weight by the input's
-  patches, read in place where the stride along rows is 1, relu fused; its results contiguous),
+  patches, read in place, relu fused; its results contiguous),
   timed at capture;
 - 1x1 convolutions (stride 1, no padding, one group) on a channels-last input as the GEMM they
   are, addmm over the pixels (MKL), without oneDNN's per-call cost; depthwise convolutions

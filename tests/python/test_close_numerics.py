@@ -269,10 +269,10 @@ def test_products_of_few_rows_take_the_small_gemm_where_it_timed_faster(monkeypa
 
 
 @pytest.mark.parametrize("case", [
-    ((2, 5, 9, 11), (7, 5, 3, 2), [1, 1], [1, 0], [1, 2]),  # stride 1 along rows: the indirect GEMM
-    ((1, 3, 16, 16), (8, 3, 3, 3), [2, 2], [1, 1], [1, 1]),  # strided: im2col
+    ((2, 5, 9, 11), (7, 5, 3, 2), [1, 1], [1, 0], [1, 2]),  # stride 1: one phase
+    ((1, 3, 16, 16), (8, 3, 3, 3), [2, 2], [1, 1], [1, 1]),  # strided: two phases per row
     ((1, 16, 6, 6), (12, 16, 1, 1), [1, 1], [0, 0], [1, 1]),  # 1x1: the planes themselves
-    ((1, 1, 400), (9, 1, 20), [4], [3], [1]),  # 1-d, strided
+    ((1, 1, 400), (9, 1, 20), [4], [3], [1]),  # 1-d, four phases
     ((2, 6, 37), (5, 6, 3), [1], [2], [2]),  # 1-d, stride 1
 ])
 def test_conv_gemm_is_the_small_gemm_of_the_patches(case):
