@@ -27,6 +27,11 @@ struct Params {
   // or null, with row k of w at w_rows[k] instead (an indirect GEMM: a convolution's taps read
   // from the input where they lie, Note [Small GEMMs])
   const float* const* w_rows = nullptr;
+  int64_t w_row = 0;  // w's row stride, if not n
+  // If not 0, w is packed in panels of this many columns (a multiple of 8): the panel of columns
+  // [c, c + panel) is [k, panel] contiguous at w + c * k (the last one zero-padded), so that a
+  // tile walks its weight sequentially down k (a GEMV streaming a weight from memory).
+  int64_t panel = 0;
   const float* bias = nullptr;      // [n] or null: each column's sums start from it
   const float* row_bias = nullptr;  // [m] or null: each row's sums start from it (not with bias)
   float* y = nullptr;           // [m, n], row r at y + r * y_row, elements contiguous

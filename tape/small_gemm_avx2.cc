@@ -31,7 +31,7 @@ constexpr int kVectors = MR == 1 ? 8 : MR == 2 ? 6 : MR == 3 ? 4 : 3;
 template <int MR, int NV>
 inline void Tile(const Params& p, int64_t r0, int64_t c0) {
   static_assert(MR <= 4 && NV <= 8);
-  const int64_t k_end = p.k, w_row = p.n, x_row = p.x_row;
+  const int64_t k_end = p.k, w_row = p.w_row > 0 ? p.w_row : p.n, x_row = p.x_row;
   const float* x = p.x + r0 * x_row;
   const float* const* rows = p.w_rows;
   const float* w = p.w + c0;
@@ -90,7 +90,7 @@ inline void Rest(const Params& p, int64_t r0, int64_t c0, int64_t vectors) {
 // Rows [r0, r0 + MR) by the last n % 8 columns, from c0: one vector, its lanes past n masked off.
 template <int MR>
 void TailTile(const Params& p, int64_t r0, int64_t c0, __m256i mask) {
-  const int64_t k_end = p.k, w_row = p.n, x_row = p.x_row;
+  const int64_t k_end = p.k, w_row = p.w_row > 0 ? p.w_row : p.n, x_row = p.x_row;
   const float* x = p.x + r0 * x_row;
   const float* const* rows = p.w_rows;
   const float* w = p.w + c0;
@@ -160,7 +160,23 @@ void TailRows(const Params& p) {
 }  // namespace
 
 void Run(const Params& p) {
-  TORCH_CHECK(p.m >= 0 && p.k >= 0 && p.n >= 0, "torchreplay: the small GEMM got a negative size");
+  TORCH_CHECK(p.m >= 0 && p.k >= 0 && p.n >= 0 && p.panel >= 0 && p.panel % kLanes == 0,
+              "torchreplay: the small GEMM got a negative size or a panel width not a multiple of 8");
+  if (p.panel > 0) {  // each panel a product of its own, its rows p.panel apart
+    const int64_t panels = (p.n + p.panel - 1) / p.panel;
+    const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(p.m * p.k * p.panel, 1));
+    at::parallel_for(0, panels, grain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        Params q = p;
+        const int64_t c0 = i * p.panel;
+        q.panel = 0, q.w = p.w + c0 * p.k, q.w_row = p.panel, q.n = std::min(p.panel, p.n - c0), q.y = p.y + c0;
+        if (p.bias != nullptr) q.bias = p.bias + c0;
+        Rows(q, 0, q.n / kLanes);
+        TailRows(q);
+      }
+    });
+    return;
+  }
   const int64_t vectors = p.n / kLanes;
   // Each task at least ~32k multiply-adds, so that small products run inline, on no thread.
   const int64_t grain = std::max<int64_t>(kVectors<1>, 32768 / std::max<int64_t>(p.m * p.k * kLanes, 1));

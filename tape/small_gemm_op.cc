@@ -1,9 +1,10 @@
 // The ops of the small GEMM (Note [Small GEMMs] in small_gemm.h), for graphs rewritten under
 // numerics "close" (Note [Close numerics] in bindings/torchreplay/close_numerics.py); each
 // functional op allocates its result, its out= overload writes a planned buffer.
-// - torchreplay::small_gemm: bias + input @ weight_kn, relu'd if asked. Its signature is one the
-//   tape calls unboxed (Note [Typed steps]): a product without bias gets a bias of zeros (the sums
-//   start from +0 either way).
+// - torchreplay::small_gemm: bias + input @ weight_kn, relu'd if asked; the weight [K, N], or
+//   packed in panels of columns (small_gemm.h's Params::panel) as [panels, K, panel]. Its
+//   signature is one the tape calls unboxed (Note [Typed steps]): a product without bias gets a
+//   bias of zeros (the sums start from +0 either way).
 // - torchreplay::conv_gemm: a 1-d or 2-d convolution of one group as the product of the weight
 //   [C_out, C * KH * KW] by the input's patches, each output channel's sums starting from its
 //   bias, relu'd if asked: a 1x1 convolution of stride 1 without padding reads the input's planes
@@ -25,29 +26,38 @@ namespace {
 
 constexpr const char* kName = "torchreplay::small_gemm";
 
-// input [M, K]; weight_kn [K, N] contiguous; bias [N].
+// input [M, K]; weight_kn [K, N] contiguous, or packed in panels as [P, K, panel] contiguous
+// (N = bias's size, P = ceil(N / panel)); bias [N].
 at::Tensor& SmallGemmOut(const at::Tensor& input, const at::Tensor& weight_kn, const at::Tensor& bias, bool relu,
                          at::Tensor& out) {
   TORCH_CHECK(small_gemm::Available(), kName, ": this CPU has no AVX2 and FMA");
-  TORCH_CHECK(input.dim() == 2 && weight_kn.dim() == 2 && input.scalar_type() == c10::kFloat &&
+  const bool packed = weight_kn.dim() == 3;
+  TORCH_CHECK(input.dim() == 2 && (weight_kn.dim() == 2 || packed) && input.scalar_type() == c10::kFloat &&
                   weight_kn.scalar_type() == c10::kFloat && weight_kn.is_contiguous() &&
-                  input.size(1) == weight_kn.size(0) && input.device().is_cpu() && weight_kn.device().is_cpu(),
-              kName, ": a float32 [M, K] input and a contiguous float32 [K, N] weight on the CPU, not ",
-              input.sizes(), " ", input.scalar_type(), " and ", weight_kn.sizes(), " ", weight_kn.scalar_type());
-  const int64_t m = input.size(0), k = input.size(1), n = weight_kn.size(1);
+                  input.size(1) == weight_kn.size(packed ? 1 : 0) && input.device().is_cpu() &&
+                  weight_kn.device().is_cpu(),
+              kName, ": a float32 [M, K] input and a contiguous float32 [K, N] (or [panels, K, panel]) weight on "
+              "the CPU, not ", input.sizes(), " ", input.scalar_type(), " and ", weight_kn.sizes(), " ",
+              weight_kn.scalar_type());
+  const int64_t m = input.size(0), k = input.size(1), n = packed ? bias.size(0) : weight_kn.size(1);
+  TORCH_CHECK(bias.dim() == 1 && bias.size(0) == n && bias.scalar_type() == c10::kFloat && bias.device().is_cpu(),
+              kName, ": bias is float32 [", n, "], not ", bias.sizes(), " ", bias.scalar_type());
+  TORCH_CHECK(!packed || (weight_kn.size(2) % 8 == 0 && weight_kn.size(2) > 0 &&
+                          weight_kn.size(0) == (n + weight_kn.size(2) - 1) / weight_kn.size(2)),
+              kName, ": a packed weight is [ceil(N / panel), K, panel] with panel a multiple of 8, not ",
+              weight_kn.sizes(), " for N = ", n);
   TORCH_CHECK(out.dim() == 2 && out.size(0) == m && out.size(1) == n && out.scalar_type() == c10::kFloat &&
                   (n <= 1 || out.stride(1) == 1),
               kName, ": out is [", m, ", ", n, "] float32 with contiguous rows, not ", out.sizes(), " ",
               out.scalar_type());
   small_gemm::Params p;
-  TORCH_CHECK(bias.dim() == 1 && bias.size(0) == n && bias.scalar_type() == c10::kFloat && bias.device().is_cpu(),
-              kName, ": bias is float32 [", n, "], not ", bias.sizes(), " ", bias.scalar_type());
   const at::Tensor b = bias.contiguous();
   at::Tensor x = input;
   p.bias = b.const_data_ptr<float>();
   if (k > 1 && x.stride(1) != 1) x = x.contiguous();
   p.x = x.const_data_ptr<float>(), p.x_row = x.stride(0);
   p.w = weight_kn.const_data_ptr<float>();
+  p.panel = packed ? weight_kn.size(2) : 0;
   p.y = out.data_ptr<float>(), p.y_row = out.stride(0);
   p.m = m, p.k = k, p.n = n;
   p.post = relu ? small_gemm::PostOp::kRelu : small_gemm::PostOp::kNone;
@@ -56,9 +66,11 @@ at::Tensor& SmallGemmOut(const at::Tensor& input, const at::Tensor& weight_kn, c
 }
 
 at::Tensor SmallGemm(const at::Tensor& input, const at::Tensor& weight_kn, const at::Tensor& bias, bool relu) {
-  TORCH_CHECK(input.dim() == 2 && weight_kn.dim() == 2, kName, ": a 2-d input and weight, not ", input.sizes(),
-              " and ", weight_kn.sizes());
-  at::Tensor out = at::empty({input.size(0), weight_kn.size(1)}, input.options());
+  TORCH_CHECK(input.dim() == 2 && (weight_kn.dim() == 2 || weight_kn.dim() == 3) && bias.dim() == 1, kName,
+              ": a 2-d input, a 2-d (or packed 3-d) weight and a 1-d bias, not ", input.sizes(), ", ",
+              weight_kn.sizes(), " and ", bias.sizes());
+  at::Tensor out = at::empty({input.size(0), weight_kn.dim() == 3 ? bias.size(0) : weight_kn.size(1)},
+                             input.options());
   return SmallGemmOut(input, weight_kn, bias, relu, out);
 }
 

@@ -19,12 +19,12 @@ eager's instead of equal:
   are, addmm over the pixels (MKL), without oneDNN's per-call cost; depthwise convolutions
   through torchreplay's direct kernel (torchreplay::depthwise_conv2d, Note [Depthwise
   convolutions] in tape/depthwise_kernel.h) with relu or hardswish fused;
-- products of few rows (at most 64) by a weight known at capture (linear layers at batch 1, a
-  recurrent cell's projections, a 1x1 convolution of one pixel) through torchreplay's small GEMM
+- products by a weight known at capture (linear layers at batch 1, a recurrent cell's
+  projections, the 1x1 convolutions above) through torchreplay's small GEMM
   (torchreplay::small_gemm, Note [Small GEMMs] in tape/small_gemm.h) on the weight stored [K, N]
-  once, a relu after it fused, where that is faster than the addmm (timed at capture); else
-  linear layers of at most 16 rows with a large weight read from a transposed copy stored
-  contiguous once;
+  once, or packed in panels of 64 columns if it is large, a relu after it fused, where that is
+  faster than the addmm (timed at capture); else linear layers of at most 16 rows with a large
+  weight read from a transposed copy stored contiguous once;
 - LSTM (and GRU and RNN over several rows) through export's decomposition (products and
   pointwise ops, which the tape fuses) instead of the whole op.
 
@@ -193,16 +193,18 @@ class _Rewriter:
                  shape: Sequence[int]) -> None:
         n, c, h, wd = shape
         cout = w.shape[0]
+        kn = w.detach().reshape(cout, c).t().contiguous()
         with self.graph.inserting_before(conv):
-            wt = self.constant(w.detach().reshape(cout, c).t().contiguous(), "weight_t")
+            wt = self.constant(kn, "weight_t")
             rows = self.graph.call_function(aten.view.default, (
                 self.graph.call_function(aten.permute.default, (x, [0, 2, 3, 1])), [n * h * wd, c]))
             if b is not None:
                 mm = self.graph.call_function(aten.addmm.default, (self.constant(b.detach(), "bias"), rows, wt))
             else:
                 mm = self.graph.call_function(aten.mm.default, (rows, wt))
-            out = self.graph.call_function(aten.permute.default, (
-                self.graph.call_function(aten.view.default, (mm, [n, h, wd, cout])), [0, 3, 1, 2]))
+            view = self.graph.call_function(aten.view.default, (mm, [n, h, wd, cout]))
+            out = self.graph.call_function(aten.permute.default, (view, [0, 3, 1, 2]))
+        self._small_gemm(mm, rows, wt, kn, n * h * wd)  # or MKL's addmm, whichever timed faster
         out.meta["val"] = conv.meta.get("val")  # its sizes, for the rewrites after it
         conv.replace_all_uses_with(out)
         self.graph.erase_node(conv)
@@ -258,7 +260,8 @@ class _Rewriter:
         return min(t, key=t.get)
 
     def _through_gemm(self, conv: torch.fx.Node, x: torch.fx.Node, w: torch.Tensor, b: Optional[torch.Tensor],
-                      stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int]) -> Optional[torch.fx.Node]:
+                      stride: Sequence[int], padding: Sequence[int],
+                      dilation: Sequence[int]) -> Optional[torch.fx.Node]:
         """The convolution as torchreplay::conv_gemm (the weight as rows, stored once), a relu
         reading only it fused; returns the relu node fused into it. Its result is contiguous."""
         post = next(iter(conv.users)) if len(conv.users) == 1 else None
@@ -317,13 +320,13 @@ class _Rewriter:
 
     # -- linear layers --------------------------------------------------------------------------
     def rewrite_linears(self) -> None:
-        """A product of few rows by a weight known at capture (a linear layer at batch 1, a
-        recurrent cell's projections, a 1x1 convolution of one pixel) through the small GEMM
-        (Note [Small GEMMs] in tape/small_gemm.h) on the weight stored [K, N] once, a relu after
-        it fused, where that timed faster than the addmm at capture (MKL's set-up exceeds the
-        arithmetic of a few rows). Else a GEMV whose weight is 128 KB or more reads it from a
-        transposed copy stored contiguous once (MKL streams it: on the zoo's classifier, 133 to
-        76 us a call, the weight not in cache); smaller weights stay in cache either way."""
+        """A product by a weight known at capture (a linear layer at batch 1, a recurrent cell's
+        projections) through the small GEMM (_small_gemm) where that timed faster than the
+        addmm at capture (MKL's set-up exceeds the arithmetic of a few rows; the 1x1
+        convolutions' GEMMs were timed when made). Else a GEMV whose weight is 128 KB or more
+        reads it from a transposed copy stored contiguous once (MKL streams it: on the zoo's
+        classifier, 133 to 76 us a call, the weight not in cache); smaller weights stay in cache
+        either way."""
         for node in list(self.graph.nodes):
             if node.op != "call_function" or node.target not in (aten.addmm.default, aten.mm.default) or \
                     len(node.args) != (3 if node.target == aten.addmm.default else 2) or node.kwargs:
@@ -353,7 +356,9 @@ class _Rewriter:
     def _small_gemm(self, node: torch.fx.Node, x: torch.fx.Node, source: torch.fx.Node, kn: torch.Tensor,
                     rows: int) -> bool:
         """`node` (addmm or mm of `x` by the weight `kn`, [K, N], read from `source`) through the
-        small GEMM if its bias is a vector and it timed faster; returns whether it was rewritten."""
+        small GEMM if its bias is a vector and that timed faster, on the weight as it is or, if it
+        is large, packed in panels of 64 columns (whichever timed fastest); returns whether it was
+        rewritten."""
         bias = node.args[0] if node.target == aten.addmm.default else None
         n = kn.shape[1]
         if bias is not None:
@@ -361,18 +366,21 @@ class _Rewriter:
             bval = b if b is not None else bias.meta.get("val") if isinstance(bias, torch.fx.Node) else None
             if not isinstance(bval, torch.Tensor) or tuple(bval.shape) != (n,) or bval.dtype != torch.float32:
                 return False
-        if rows > 64 or not _small_gemm_available():
-            return False
-        inp, packed, vec, out = torch.randn(rows, kn.shape[0]), kn.contiguous(), torch.randn(n), torch.empty(rows, n)
-        if bias is not None:
-            library = lambda: aten.addmm.out(vec, inp, kn, out=out)
-        else:
-            library = lambda: aten.mm.out(inp, kn, out=out)
-        small = lambda: torch.ops.torchreplay.small_gemm.out(inp, packed, vec, False, out=out)
+        if rows * kn.shape[0] * n > (1 << 23) or not _small_gemm_available():
+            return False  # (products this large are where MKL's kernels are at their best)
+        inp, vec, out = torch.randn(rows, kn.shape[0]), torch.randn(n), torch.empty(rows, n)
+        weights = {"dense": kn.contiguous()}
+        if kn.numel() * 4 >= (128 << 10):  # out of the core's caches: streamed, panel by panel
+            weights["panels"] = _panels(kn, 64)
+        ways = {"addmm": (lambda: aten.addmm.out(vec, inp, kn, out=out)) if bias is not None else
+                (lambda: aten.mm.out(inp, kn, out=out))}
+        for name, w in weights.items():
+            ways[name] = functools.partial(torch.ops.torchreplay.small_gemm.out, inp, w, vec, False, out=out)
         with torch.no_grad():
-            t = _least_times([library, small], rounds=15)
-        self.timings.append(((rows, kn.shape[0]), tuple(kn.shape), {"addmm": t[0], "small_gemm": t[1]}))
-        if t[1] >= t[0]:
+            t = dict(zip(ways, _least_times(list(ways.values()), rounds=15)))
+        self.timings.append(((rows, kn.shape[0]), tuple(kn.shape), t))
+        way = min(t, key=t.get)
+        if way == "addmm":
             return False
         post = next(iter(node.users)) if len(node.users) == 1 else None
         if post is None or post.op != "call_function" or post.target != aten.relu.default or post.args[0] is not node:
@@ -382,7 +390,7 @@ class _Rewriter:
             if bias is None:
                 bias = self.constant(torch.zeros(n), "bias")
             out_node = self.graph.call_function(torch.ops.torchreplay.small_gemm.default, (
-                x, self.constant(packed, "weight_kn"), bias, post is not None))
+                x, self.constant(weights[way], "weight_kn"), bias, post is not None))
         out_node.meta["val"] = (post or node).meta.get("val")
         (post or node).replace_all_uses_with(out_node)
         if post is not None:
@@ -440,6 +448,15 @@ def _least_times(fns: Sequence[Any], rounds: int = 7) -> List[float]:
             f()
             best[k] = min(best[k], (time.perf_counter() - t0) * 1e6)
     return best
+
+
+def _panels(kn: torch.Tensor, panel: int) -> torch.Tensor:
+    """A [K, N] weight packed in panels of `panel` columns, [ceil(N / panel), K, panel], the last
+    one zero-padded (the small GEMM's Params::panel)."""
+    k, n = kn.shape
+    padded = kn.new_zeros(k, (n + panel - 1) // panel * panel)
+    padded[:, :n] = kn
+    return padded.view(k, -1, panel).permute(1, 0, 2).contiguous()
 
 
 @functools.lru_cache(maxsize=1)

@@ -204,6 +204,10 @@ def test_small_gemm_bits_do_not_depend_on_tiling_or_threads():
         assert_bitwise(small_gemm(x[r:r + 1], w, b), y[r:r + 1])
     for c0, c1 in ((0, 8), (8, 203), (200, 203), (5, 29)):  # other column tilings, the scalar tail
         assert_bitwise(small_gemm(x, w[:, c0:c1].contiguous(), b[c0:c1].contiguous()), y[:, c0:c1].contiguous())
+    from torchreplay.close_numerics import _panels
+    for panel in (8, 64, 96):  # the weight packed in panels of columns, the last one padded
+        assert_bitwise(small_gemm(x, _panels(w, panel), b), y)
+        assert_bitwise(small_gemm(x[:1], _panels(w, panel), b), y[:1])
     strided = torch.randn(7, 80, generator=g)[:, ::2][:, :37]  # rows not contiguous: copied first
     assert_bitwise(small_gemm(strided, w, b), small_gemm(strided.contiguous(), w, b))
     big = torch.randn(16, 256, generator=g), torch.randn(256, 1024, generator=g), torch.randn(1024, generator=g)
@@ -224,6 +228,8 @@ def test_small_gemm_bits_do_not_depend_on_tiling_or_threads():
         small_gemm(x.double(), w, b)
     with pytest.raises(RuntimeError, match=r"small_gemm: bias is float32 \[203\]"):
         small_gemm(x, w, b[:5])
+    with pytest.raises(RuntimeError, match=r"small_gemm: a packed weight is \[ceil\(N / panel\), K, panel\]"):
+        small_gemm(x, _panels(w, 64)[:2].contiguous(), b)
 
 
 class TwoLinears(nn.Module):
