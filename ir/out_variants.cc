@@ -49,9 +49,11 @@ std::optional<c10::OperatorHandle> FindOutOverload(const c10::OperatorHandle& op
     }
     // An out= overload with no CPU kernel of its own is usually generated from the functional op
     // (allocate, compute, copy into out): slower than running the op functionally. Ops whose
-    // steps the tape makes itself are taken all the same: clone, copy and embedding are copies
-    // (Note [Copies]), masked_fill a fused elementwise select (Note [Fused elementwise steps]).
+    // steps the tape makes itself are taken all the same: clone, copy, embedding and stack are
+    // copies (Note [Copies]), masked_fill a fused elementwise select (Note [Fused elementwise
+    // steps]).
     const bool own = fs.name() == "aten::clone" || fs.name() == "aten::copy" || fs.name() == "aten::embedding" ||
+                     fs.name() == "aten::stack" ||
                      (fs.name() == "aten::masked_fill" && fs.overload_name() == "Scalar");
     if (ok && (own || cand->hasKernelForDispatchKey(c10::DispatchKey::CPU))) return cand;
   }

@@ -1,6 +1,6 @@
 // The copies family of steps (Note [Copies] in typed_call.h; Note [Step kinds] in step_kinds.h):
-// cat, clone, copy, embedding and an in-place index_copy_ as element copies over the recorded
-// geometry, where they move elements only.
+// cat, stack, clone, copy, embedding and an in-place index_copy_ as element copies over the
+// recorded geometry, where they move elements only.
 #include <c10/core/WrapDimMinimal.h>
 #include <c10/util/accumulate.h>
 
@@ -57,6 +57,27 @@ std::unique_ptr<TypedCall> CatAsCopies(const EmitContext& ctx, const Node& n) {
   return MakeCatCopies(std::move(inputs), dim, ctx.BufferOf(n.outputs[0]));
 }
 
+// stack(tensors, dim): input k is the result's index k along dim.
+std::unique_ptr<TypedCall> StackAsCopies(const EmitContext& ctx, const Node& n) {
+  const ValueRecord& out = ctx.recording().values[n.outputs[0]];
+  const int64_t rank = static_cast<int64_t>(out.sizes.size());
+  if (rank == 0 || n.args.size() != 2 || n.args[0].kind != Arg::Kind::kList ||
+      n.args[1].kind != Arg::Kind::kConstant || !n.args[1].constant.isInt()) {
+    return nullptr;
+  }
+  const int64_t dim = c10::maybe_wrap_dim(n.args[1].constant.toInt(), rank);
+  std::vector<CatInput> inputs;
+  for (const Arg& el : n.args[0].elems) {
+    std::optional<CatInput> in = CopiedInput(ctx, el, out.dtype);
+    if (!in.has_value() || static_cast<int64_t>(in->sizes.size()) + 1 != rank) return nullptr;
+    for (int64_t d = 0; d + 1 < rank; ++d) {
+      if (in->sizes[d] != out.sizes[d < dim ? d : d + 1]) return nullptr;
+    }
+    inputs.push_back(*std::move(in));
+  }
+  return MakeCatCopies(std::move(inputs), dim, ctx.BufferOf(n.outputs[0]), /*stack=*/true);
+}
+
 // clone(x) and copy(self, src) of src with the result's dtype and sizes: a cat of one input.
 std::unique_ptr<TypedCall> CopyAsCopies(const EmitContext& ctx, const Node& n) {
   const ValueRecord& out = ctx.recording().values[n.outputs[0]];
@@ -87,14 +108,16 @@ std::unique_ptr<TypedCall> EmbeddingAsCopies(const EmitContext& ctx, const Node&
 
 bool MatchCopies(const Node&, const std::string& out_op, bool) {
   return out_op == "aten::cat.out" || out_op == "aten::clone.out" || out_op == "aten::copy.out" ||
-         out_op == "aten::embedding.out";
+         out_op == "aten::embedding.out" || out_op == "aten::stack.out";
 }
 
 Made MakeCopies(const EmitContext& ctx, const OutCall& call, const CaptureOptions&) {
   const std::string op = OperatorName(call.op);
   const Node& n = call.node;
-  return {op == "aten::cat.out" ? CatAsCopies(ctx, n) : op == "aten::embedding.out" ? EmbeddingAsCopies(ctx, n)
-                                                                                   : CopyAsCopies(ctx, n),
+  return {op == "aten::cat.out"         ? CatAsCopies(ctx, n)
+          : op == "aten::stack.out"     ? StackAsCopies(ctx, n)
+          : op == "aten::embedding.out" ? EmbeddingAsCopies(ctx, n)
+                                        : CopyAsCopies(ctx, n),
           "copies"};
 }
 

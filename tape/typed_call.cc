@@ -273,12 +273,15 @@ void CheckLayout(const at::Tensor& t, c10::ScalarType dtype, const std::vector<i
 
 class CatCopies final : public TypedCall {
  public:
-  CatCopies(std::vector<CatInput> inputs, int64_t dim, at::Tensor out) : out_(std::move(out)) {
+  // `stack`: each input is one slice of out along dim (a stack), not a block of slices (a cat).
+  CatCopies(std::vector<CatInput> inputs, int64_t dim, at::Tensor out, bool stack) : out_(std::move(out)) {
+    std::vector<int64_t> slice_strides = out_.strides().vec();
+    if (stack) slice_strides.erase(slice_strides.begin() + dim);
     int64_t at = 0;  // where each input starts along dim
     for (CatInput& in : inputs) {
       const int64_t dst = out_.dim() == 0 ? 0 : at * out_.stride(dim);
-      at += out_.dim() == 0 ? 0 : in.sizes[dim];
-      blocks_.push_back({dst, MakeRegion(in.sizes, in.strides, out_.strides())});
+      at += out_.dim() == 0 ? 0 : stack ? 1 : in.sizes[dim];
+      blocks_.push_back({dst, MakeRegion(in.sizes, in.strides, stack ? slice_strides : out_.strides().vec())});
       inputs_.push_back(std::move(in));
     }
   }
@@ -378,8 +381,8 @@ std::unique_ptr<TypedCall> MakeEmbeddingRows(CatInput weight, TensorArg indices,
   return std::make_unique<EmbeddingRows>(std::move(weight), std::move(indices), std::move(out));
 }
 
-std::unique_ptr<TypedCall> MakeCatCopies(std::vector<CatInput> inputs, int64_t dim, at::Tensor out) {
-  return std::make_unique<CatCopies>(std::move(inputs), dim, std::move(out));
+std::unique_ptr<TypedCall> MakeCatCopies(std::vector<CatInput> inputs, int64_t dim, at::Tensor out, bool stack) {
+  return std::make_unique<CatCopies>(std::move(inputs), dim, std::move(out), stack);
 }
 
 }  // namespace torchreplay::capture

@@ -48,7 +48,7 @@ std::unique_ptr<TypedCall> MakeBoxedCall(const c10::OperatorHandle& op, const Sl
 
 // Note [Copies]
 // Some ops only move elements, and on small tensors cost their argument checks, structured meta
-// functions and boxed calls, not the moving: cat, clone and the functional copy (Note
+// functions and boxed calls, not the moving: cat, stack, clone and the functional copy (Note
 // [Concatenation as copies]), index_copy_ with one index (a KV cache written at a position) and
 // embedding (rows of a table). When every tensor involved has one dtype and none is a
 // conjugate or negative view (whose bytes are not its elements), the tape makes these moves
@@ -59,13 +59,14 @@ std::unique_ptr<TypedCall> MakeBoxedCall(const c10::OperatorHandle& op, const Sl
 //
 // Note [Concatenation as copies]
 // aten::cat.out: the result's slice along `dim` for each input is that input, element for
-// element; clone and copy are a cat of one input. The result is a planned buffer with its
-// recorded strides.
+// element; clone and copy are a cat of one input; aten::stack.out (`stack`) a cat whose inputs are
+// each one index along `dim`. The result is a planned buffer with its recorded strides.
 struct CatInput {
   TensorArg tensor;
   std::vector<int64_t> sizes, strides;
 };
-std::unique_ptr<TypedCall> MakeCatCopies(std::vector<CatInput> inputs, int64_t dim, at::Tensor out);
+std::unique_ptr<TypedCall> MakeCatCopies(std::vector<CatInput> inputs, int64_t dim, at::Tensor out,
+                                         bool stack = false);
 
 // self.index_copy_(dim, index, source) where index (int64) has one element: source's one slice
 // along dim copied into self's slice at index[0].

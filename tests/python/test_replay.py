@@ -605,7 +605,7 @@ def test_buffer_reassigned_in_forward_is_exact_and_rebound_not_recaptured_every_
     assert "handed out of a pool; it is rebound per call" in s["capture_log"][-1]["reason"]
 
 
-CATS = {  # each a cat or clone the tape makes as copies (Note [Concatenation as copies])
+CATS = {  # each a cat, stack or clone the tape makes as copies (Note [Concatenation as copies])
     "contiguous along dim 0": lambda x, y: torch.cat([x * 2, y]),
     "contiguous along the last dim": lambda x, y: torch.cat([x, y + 1], -1),
     "halves of a row swapped (rotary embedding)": lambda x, y: torch.cat([-x[..., 2:], x[..., :2]], -1),
@@ -616,6 +616,10 @@ CATS = {  # each a cat or clone the tape makes as copies (Note [Concatenation as
     "clone of an expanded view (repeat_kv)": lambda x, y: x[:, None].expand(4, 2, 3).reshape(8, 3) * 2,
     "clone keeping a transposed layout": lambda x, y: (x * 2).t().clone() + y.t(),
     "clone of a single element": lambda x, y: x[1, 2].clone() * y,
+    "stack along dim 0": lambda x, y: torch.stack([x * 2, y]),
+    "stack along the last dim of strided rows": lambda x, y: torch.stack([x[::2], y[1::2] + 1, x[1::2]], -1),
+    "stack along dim 1 of a transposed input": lambda x, y: torch.stack([x.t(), y.t() * 3], 1),
+    "stack of scalars": lambda x, y: torch.stack([x[0, 0] * 2, y[1, 1], x.sum()]),
 }
 
 
@@ -629,7 +633,7 @@ def test_cat_is_replayed_as_copies_bitwise(name):
             got, want = step(x, y), fn(x, y)
             assert_bitwise(got, want)
         kinds = {r["op"]: r["kind"] for r in step.profile(x, y, iterations=2)}
-    copies = [k for op, k in kinds.items() if op in ("aten::cat.out", "aten::clone.out")]
+    copies = [k for op, k in kinds.items() if op in ("aten::cat.out", "aten::clone.out", "aten::stack.out")]
     assert copies and set(copies) == {"copies"}, kinds
 
 
