@@ -360,3 +360,22 @@ def test_convolutions_take_conv_gemm_where_it_timed_fastest(monkeypatch):
         model.conv.weight.mul_(2)
         with pytest.raises(RuntimeError, match=r"'conv\.weight' was written after the capture"):
             step(*make(0))
+
+
+@pytest.mark.parametrize("pool", [nn.MaxPool1d(4), nn.MaxPool1d(3, stride=2, padding=1, ceil_mode=True),
+                                  nn.MaxPool1d(2, dilation=2)])
+def test_a_1d_max_pool_without_indices_is_max_pool1d_and_eagers_bits(pool):
+    """Export writes a 1-d max pooling as a 2-d one with indices; numerics "close" runs it as
+    aten::max_pool1d (no indices computed), which is exact: eager's bits, NaNs included."""
+    model = nn.Sequential(pool).eval()
+    make = lambda i: (torch.randn(2, 5, 23, generator=torch.Generator().manual_seed(i)),)  # noqa: E731
+    with torch.no_grad():
+        step = capture(model, make(0), "close")
+        assert step.numerics["rewrites"]["max_pools_1d"] == 1, step.numerics
+        for i in range(4):
+            (x,) = make(i)
+            x[0, 1, 3 + i] = float("nan")
+            assert_bitwise(step(x), model(x))
+        assert step.stats()["replays"] >= 2
+        ops = ops_of(step, make(0))
+        assert "aten::max_pool1d" in ops and not any("with_indices" in op for op in ops), ops
