@@ -178,6 +178,19 @@ void Run(const Params& p) {
     return;
   }
   const int64_t vectors = p.n / kLanes;
+  if (p.m >= 4 * kMaxRows) {  // many rows (a 1x1 convolution's pixels): blocks of rows per task
+    const int64_t blocks = (p.m + kMaxRows - 1) / kMaxRows;
+    const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(kMaxRows * p.k * p.n, 1));
+    at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+      Params q = p;
+      const int64_t r0 = b0 * kMaxRows;
+      q.m = std::min(p.m, b1 * kMaxRows) - r0, q.x = p.x + r0 * p.x_row, q.y = p.y + r0 * p.y_row;
+      if (p.row_bias != nullptr) q.row_bias = p.row_bias + r0;
+      Rows(q, 0, vectors);
+      TailRows(q);
+    });
+    return;
+  }
   // Each task at least ~32k multiply-adds, so that small products run inline, on no thread.
   const int64_t grain = std::max<int64_t>(kVectors<1>, 32768 / std::max<int64_t>(p.m * p.k * kLanes, 1));
   at::parallel_for(0, vectors, grain, [&](int64_t v0, int64_t v1) { Rows(p, v0, v1); });
