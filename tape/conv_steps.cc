@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "tape/cpu_features.h"
 #include "tape/depthwise_kernel.h"
 
 namespace torchreplay::capture {
@@ -520,14 +521,7 @@ const char* ConvolutionStepKind(const Slots& args) {
 }
 
 namespace depthwise {
-bool Available() {
-#if defined(__x86_64__)
-  static const bool available = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return available;
-#else
-  return false;
-#endif
-}
+bool Available() { return HasAvx2AndFma(); }
 }  // namespace depthwise
 
 }  // namespace torchreplay::capture

@@ -33,9 +33,10 @@ std::optional<CatInput> CopiedInput(const EmitContext& ctx, const Arg& arg, c10:
   return in;
 }
 
-// Note [Concatenation as copies]: aten::cat of tensors of the result's dtype into a contiguous
-// buffer, as copies; nullptr where cat would do more than move elements.
-std::unique_ptr<TypedCall> CatAsCopies(const EmitContext& ctx, const Node& n) {
+// Note [Concatenation as copies]: aten::cat (or, with `stack`, aten::stack: input k is the
+// result's index k along dim) of tensors of the result's dtype into a contiguous buffer, as
+// copies; nullptr where it would do more than move elements.
+std::unique_ptr<TypedCall> CatAsCopies(const EmitContext& ctx, const Node& n, bool stack) {
   const ValueRecord& out = ctx.recording().values[n.outputs[0]];
   const int64_t rank = static_cast<int64_t>(out.sizes.size());
   if (rank == 0 || n.args.size() != 2 || n.args[0].kind != Arg::Kind::kList ||
@@ -43,39 +44,19 @@ std::unique_ptr<TypedCall> CatAsCopies(const EmitContext& ctx, const Node& n) {
     return nullptr;
   }
   const int64_t dim = c10::maybe_wrap_dim(n.args[1].constant.toInt(), rank);
+  const int64_t in_rank = stack ? rank - 1 : rank;
   std::vector<CatInput> inputs;
   for (const Arg& el : n.args[0].elems) {
     std::optional<CatInput> in = CopiedInput(ctx, el, out.dtype);
     if (!in.has_value()) return nullptr;
-    if (in->sizes.size() == 1 && in->sizes[0] == 0) continue;  // a legacy empty tensor: cat skips it
-    if (static_cast<int64_t>(in->sizes.size()) != rank) return nullptr;
-    for (int64_t d = 0; d < rank; ++d) {
-      if (d != dim && in->sizes[d] != out.sizes[d]) return nullptr;
+    if (!stack && in->sizes.size() == 1 && in->sizes[0] == 0) continue;  // a legacy empty tensor: cat skips it
+    if (static_cast<int64_t>(in->sizes.size()) != in_rank) return nullptr;
+    for (int64_t d = 0; d < in_rank; ++d) {
+      if ((stack || d != dim) && in->sizes[d] != out.sizes[stack && d >= dim ? d + 1 : d]) return nullptr;
     }
     inputs.push_back(*std::move(in));
   }
-  return MakeCatCopies(std::move(inputs), dim, ctx.BufferOf(n.outputs[0]));
-}
-
-// stack(tensors, dim): input k is the result's index k along dim.
-std::unique_ptr<TypedCall> StackAsCopies(const EmitContext& ctx, const Node& n) {
-  const ValueRecord& out = ctx.recording().values[n.outputs[0]];
-  const int64_t rank = static_cast<int64_t>(out.sizes.size());
-  if (rank == 0 || n.args.size() != 2 || n.args[0].kind != Arg::Kind::kList ||
-      n.args[1].kind != Arg::Kind::kConstant || !n.args[1].constant.isInt()) {
-    return nullptr;
-  }
-  const int64_t dim = c10::maybe_wrap_dim(n.args[1].constant.toInt(), rank);
-  std::vector<CatInput> inputs;
-  for (const Arg& el : n.args[0].elems) {
-    std::optional<CatInput> in = CopiedInput(ctx, el, out.dtype);
-    if (!in.has_value() || static_cast<int64_t>(in->sizes.size()) + 1 != rank) return nullptr;
-    for (int64_t d = 0; d + 1 < rank; ++d) {
-      if (in->sizes[d] != out.sizes[d < dim ? d : d + 1]) return nullptr;
-    }
-    inputs.push_back(*std::move(in));
-  }
-  return MakeCatCopies(std::move(inputs), dim, ctx.BufferOf(n.outputs[0]), /*stack=*/true);
+  return MakeCatCopies(std::move(inputs), dim, ctx.BufferOf(n.outputs[0]), stack);
 }
 
 // clone(x) and copy(self, src) of src with the result's dtype and sizes: a cat of one input.
@@ -114,9 +95,8 @@ bool MatchCopies(const Node&, const std::string& out_op, bool) {
 Made MakeCopies(const EmitContext& ctx, const OutCall& call, const CaptureOptions&) {
   const std::string op = OperatorName(call.op);
   const Node& n = call.node;
-  return {op == "aten::cat.out"         ? CatAsCopies(ctx, n)
-          : op == "aten::stack.out"     ? StackAsCopies(ctx, n)
-          : op == "aten::embedding.out" ? EmbeddingAsCopies(ctx, n)
+  return {op == "aten::cat.out" || op == "aten::stack.out" ? CatAsCopies(ctx, n, op == "aten::stack.out")
+          : op == "aten::embedding.out"                    ? EmbeddingAsCopies(ctx, n)
                                         : CopyAsCopies(ctx, n),
           "copies"};
 }

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "tape/cpu_features.h"
 #include "tape/small_gemm.h"
 
 namespace torchreplay::capture {
@@ -211,14 +212,7 @@ at::Tensor ConvGemm(const at::Tensor& input, const at::Tensor& weight_rows, cons
 }  // namespace
 
 namespace small_gemm {
-bool Available() {
-#if defined(__x86_64__)
-  static const bool available = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return available;
-#else
-  return false;
-#endif
-}
+bool Available() { return HasAvx2AndFma(); }
 }  // namespace small_gemm
 
 TORCH_LIBRARY_FRAGMENT(torchreplay, m) {

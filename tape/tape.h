@@ -17,12 +17,13 @@
 //   conv_steps.h          checked convolutions (Note [Checked convolutions])
 //   depthwise_kernel.h    the direct depthwise convolution (depthwise_kernel_avx2.cc; the op in
 //                         depthwise_op.cc); check_frozen.cc: torchreplay::check_frozen
+//   cpu_features.h        whether the CPU runs the kernels compiled for AVX2 and FMA
 //   small_gemm.h          products of few rows (Note [Small GEMMs]; small_gemm_avx2.cc; the ops
 //                         small_gemm and conv_gemm in small_gemm_op.cc)
 //   collective_steps.h    torch.distributed's collectives as steps (Note [Collective steps])
 //
-// Namespaces torchreplay::capture (and ::fused, ::depthwise, ::small_gemm), kept from when ir/, tape/ and cuda/
-// were one capture/ package. Depends on ir/, memory_pool/ (the arena), ATen and Abseil; never on
+// Namespaces torchreplay::capture (and ::fused, ::depthwise, ::small_gemm), kept from when ir/,
+// tape/ and cuda/ were one capture/ package. Depends on ir/, memory_pool/ (the arena), ATen and Abseil; never on
 // cuda/.
 #pragma once
 

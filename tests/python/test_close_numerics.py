@@ -32,6 +32,17 @@ def assert_within(got, want):
         assert err <= TOLERANCE * scale, (err, scale)
 
 
+def assert_within_with_eagers_strides(step, model, make, calls=4):
+    """Calls `step` and `model` on make(0), ..., make(calls - 1): results within the tolerance,
+    with eager's strides; the later calls replayed."""
+    for i in range(calls):
+        x = make(i)
+        got, want = step(*x), model(*x)
+        assert_within(got, want)
+        assert [t.stride() for t in got] == [t.stride() for t in want]
+    assert step.stats()["replays"] >= calls - 2
+
+
 def ops_of(step, args):
     return {r["op"] for r in step.profile(*args, iterations=1)}
 
@@ -135,12 +146,7 @@ def test_layouts_where_they_show():
     make = lambda i: (torch.randn(2, 4, 5, 5, generator=torch.Generator().manual_seed(i)),)  # noqa: E731
     with torch.no_grad():
         step = capture(model, make(0), "close")
-        for i in range(4):
-            x = make(i)
-            got, want = step(*x), model(*x)
-            assert_within(got, want)
-            assert [t.stride() for t in got] == [t.stride() for t in want]
-        assert step.stats()["replays"] >= 2
+        assert_within_with_eagers_strides(step, model, make)
 
 
 def test_dynamic_folds_batch_norms_only():
@@ -347,12 +353,7 @@ def test_convolutions_take_conv_gemm_where_it_timed_fastest(monkeypatch):
     make = lambda i: (torch.randn(2, 4, 7, 7, generator=torch.Generator().manual_seed(i)),)  # noqa: E731
     with torch.no_grad():
         step = capture(model, make(0), "close")
-        for i in range(4):
-            x = make(i)
-            got, want = step(*x), model(*x)
-            assert_within(got, want)
-            assert [t.stride() for t in got] == [t.stride() for t in want]
-        assert step.stats()["replays"] >= 2
+        assert_within_with_eagers_strides(step, model, make)
         rewrites = step.numerics["rewrites"]
         assert rewrites["convolutions_small_gemm"] == 2 and rewrites["post_ops_fused"] == 1, rewrites
         ops = ops_of(step, make(0))
