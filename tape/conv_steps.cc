@@ -184,6 +184,18 @@ struct ConvArgs {
   int64_t groups = 1;
 };
 
+// Whether some dim's padding exceeds the kernel's reach, (size - 1) * dilation, so that outputs
+// see padding only: oneDNN 3.x's brgemm convolution segfaulted there with a stride over 1 (a
+// channels-last Conv2d(3, 16, (1, 3), stride=(3, 2), padding=(4, 5), dilation=(1, 2)) on [2, 3, 8,
+// 1], eager PyTorch 2.11 too), so the oneDNN candidate is not tried.
+bool PaddingBeyondReach(const ConvArgs& a) {
+  for (size_t d = 0; d < a.padding.size(); ++d) {
+    const int64_t size = a.weight.size(static_cast<int64_t>(d) + 2);
+    if (a.padding[d] > (size - 1) * a.dilation[d]) return true;
+  }
+  return false;
+}
+
 ConvArgs ArgsOf(const Node& n, const std::vector<c10::IValue>& env) {
   std::vector<c10::IValue> v;
   for (size_t a = 0; a < n.args.size(); ++a) v.push_back(MaterializeArg(n.args[a], n.arg_types[a], env));
@@ -374,6 +386,9 @@ void CheckConvolution(const Graph& g, int node, const std::vector<c10::IValue>& 
       not_tried.push_back(absl::StrCat(kOnednn, ": the weight is computed or bound per call"));
     } else if (a.weight.is_inference()) {
       not_tried.push_back(absl::StrCat(kOnednn, ": the weight is an inference tensor (no version counter)"));
+    } else if (PaddingBeyondReach(a)) {
+      not_tried.push_back(absl::StrCat(kOnednn, ": padding beyond the kernel's reach (oneDNN's convolution crashed "
+                                                "on such a geometry)"));
     } else {
       tried.push_back({kOnednn});
     }

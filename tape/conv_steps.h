@@ -15,7 +15,8 @@
 //     CPU freezing uses) on the weight reordered once, at capture
 //     (mkldnn_reorder_conv2d_weight), its channels-last result copied into the planned buffer;
 //     float32 only, and only where the weight is constant under the key (a baked parameter or a
-//     constant) and tracks its version.
+//     constant) and tracks its version, and no dim's padding exceeds the kernel's reach (oneDNN's
+//     convolution crashed on such a geometry: PaddingBeyondReach in conv_steps.cc).
 // A candidate is taken only if it computes exactly eager's bits, compared as integers, on the
 // recording run's own input and on two inputs of the same geometry made from a private seed (one
 // with values of many magnitudes, signed zeros and subnormals; one with infinities and NaNs

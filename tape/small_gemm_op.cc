@@ -82,8 +82,10 @@ struct Window {
 
 constexpr const char* kConvName = "torchreplay::conv_gemm";
 
+// The output's size along spatial dim d, 0 where the kernel does not fit in the padded input.
 int64_t OutSize(const Window& w, int d, int64_t in) {
-  return (in + 2 * w.padding[d] - w.dilation[d] * (w.size[d] - 1) - 1) / w.stride[d] + 1;
+  const int64_t room = in + 2 * w.padding[d] - w.dilation[d] * (w.size[d] - 1) - 1;
+  return room < 0 ? 0 : room / w.stride[d] + 1;
 }
 
 at::Tensor& ConvGemmOut(const at::Tensor& input, const at::Tensor& weight_rows, const at::Tensor& bias,
@@ -108,7 +110,8 @@ at::Tensor& ConvGemmOut(const at::Tensor& input, const at::Tensor& weight_rows, 
   const int64_t n = input.size(0), c = input.size(1), h = dims == 2 ? input.size(2) : 1, w = input.size(-1);
   const int64_t oh = OutSize(win, 0, h), ow = OutSize(win, 1, w);
   const int64_t k = c * win.size[0] * win.size[1], cout = weight_rows.size(0);
-  TORCH_CHECK(oh > 0 && ow > 0, kConvName, ": an empty output");
+  TORCH_CHECK(c > 0 && h > 0 && w > 0, kConvName, ": an input without channels or samples, ", input.sizes());
+  TORCH_CHECK(oh > 0 && ow > 0, kConvName, ": the kernel is larger than the padded input ", input.sizes());
   TORCH_CHECK(weight_rows.size(1) == k, kConvName, ": the weight has ", weight_rows.size(1),
               " columns, not C * kernel = ", k);
   TORCH_CHECK(bias.dim() == 1 && bias.size(0) == cout && bias.scalar_type() == c10::kFloat && bias.device().is_cpu(),

@@ -25,8 +25,6 @@ eager's instead of equal:
   once, or packed in panels of 64 columns if it is large, a relu after it fused, where that is
   faster than the addmm (timed at capture); else linear layers of at most 16 rows with a large
   weight read from a transposed copy stored contiguous once;
-- a 1-d max pooling whose indices go unused as aten::max_pool1d, not export's 2-d pooling with
-  indices (exact: no bit changes);
 - LSTM (and GRU and RNN over several rows) through export's decomposition (products and
   pointwise ops, which the tape fuses) instead of the whole op.
 
@@ -89,8 +87,9 @@ class _Rewriter:
         self.counts: Dict[str, int] = {"batch_norms_folded": 0, "convolutions_onednn": 0, "convolutions_gemm": 0,
                                        "convolutions_depthwise": 0, "convolutions_small_gemm": 0, "post_ops_fused": 0,
                                        "layout_copies": 0, "linears_transposed_once": 0, "linears_small_gemm": 0,
-                                       "convolutions_eager": 0, "max_pools_1d": 0}
-        self.channels_last: set = set()
+                                       "convolutions_eager": 0}
+        self.channels_last: set = set()  # results that may be channels-last where eager's are not
+        self.contiguous: set = set()  # results made contiguous where eager's may be channels-last
         # (input sizes, weight sizes, {way: us}) of each timed convolution and product
         self.timings: List[Tuple[Any, ...]] = []
         self._names = 0
@@ -159,8 +158,9 @@ class _Rewriter:
             if conv in erased or conv.op != "call_function":
                 continue
             if conv.target != aten.convolution.default:
-                if conv.target not in _STRIDE_SENSITIVE and any(a in self.channels_last for a in conv.all_input_nodes):
-                    self.channels_last.add(conv)
+                for layout in (self.channels_last, self.contiguous):
+                    if conv.target not in _STRIDE_SENSITIVE and any(a in layout for a in conv.all_input_nodes):
+                        layout.add(conv)
                 continue
             x, wn, bn, stride, padding, dilation, transposed, _output_padding, groups = conv.args
             w = self.tensor(wn)
@@ -191,7 +191,9 @@ class _Rewriter:
                     erased.add(post)
             else:  # eager's op (which the tape may run through a checked faster call)
                 self.counts["convolutions_eager"] += 1
-                if x in self.channels_last:
+                if x in self.channels_last and not _within_reach(padding, w.shape[2:], dilation):
+                    self._contiguous_input(conv, x)  # (eager's oneDNN path crashes there on channels-last)
+                elif x in self.channels_last:
                     self.channels_last.add(conv)
 
     def _as_gemm(self, conv: torch.fx.Node, x: torch.fx.Node, w: torch.Tensor, b: Optional[torch.Tensor],
@@ -242,7 +244,9 @@ class _Rewriter:
         is fastest for this convolution ("eager", "onednn", "gemm"), timed on a random input of its
         sizes and layout (oneDNN's per-call cost exceeds a small im2col GEMM's: the harness's
         convnet ran slower through it)."""
-        layout = torch.channels_last if x in self.channels_last and not one_d else torch.contiguous_format
+        within_reach = _within_reach(padding, w.shape[2:], dilation)
+        layout = torch.channels_last if x in self.channels_last and not one_d and within_reach else \
+            torch.contiguous_format
         inp = torch.randn(tuple(val.shape)).contiguous(memory_format=layout)
         w4, st, pd, dl, x4 = w.detach(), list(stride), list(padding), list(dilation), inp
         if one_d:
@@ -251,10 +255,11 @@ class _Rewriter:
                                                           list(x4.shape))
         bias = b.detach() if b is not None else None
         ways = {"eager": lambda: aten.convolution.default(inp, w, bias, list(stride), list(padding), list(dilation),
-                                                          False, [0] * len(stride), groups),
-                "onednn": lambda: torch.ops.mkldnn._convolution_pointwise.default(x4, packed, bias, pd, st, dl,
-                                                                                  groups, "none", [], "")}
-        if groups == 1 and _small_gemm_available():
+                                                          False, [0] * len(stride), groups)}
+        if within_reach:
+            ways["onednn"] = lambda: torch.ops.mkldnn._convolution_pointwise.default(x4, packed, bias, pd, st, dl,
+                                                                                     groups, "none", [], "")
+        if groups == 1 and _small_gemm_available() and inp.numel() > 0:
             rows = w.detach().reshape(w.shape[0], -1).contiguous()
             zeros = bias if bias is not None else torch.zeros(w.shape[0])
             ways["gemm"] = lambda: torch.ops.torchreplay.conv_gemm.default(
@@ -263,6 +268,12 @@ class _Rewriter:
             t = dict(zip(ways, _least_times(list(ways.values()))))
         self.timings.append((tuple(val.shape), tuple(w.shape), t))
         return min(t, key=t.get)
+
+    def _contiguous_input(self, conv: torch.fx.Node, x: torch.fx.Node) -> None:
+        with self.graph.inserting_before(conv):
+            c = self.graph.call_function(aten.clone.default, (x,), {"memory_format": torch.contiguous_format})
+        conv.replace_input_with(x, c)
+        self.counts["layout_copies"] += 1
 
     def _through_gemm(self, conv: torch.fx.Node, x: torch.fx.Node, w: torch.Tensor, b: Optional[torch.Tensor],
                       stride: Sequence[int], padding: Sequence[int],
@@ -318,8 +329,7 @@ class _Rewriter:
             self.graph.erase_node(post)
             self.counts["post_ops_fused"] += 1
         self.graph.erase_node(conv)
-        if not contiguous:
-            self.channels_last.add(out)
+        (self.contiguous if contiguous else self.channels_last).add(out)
         self.counts[count] += 1
         return post
 
@@ -405,55 +415,25 @@ class _Rewriter:
         self.counts["linears_small_gemm"] += 1
         return True
 
-    # -- pooling --------------------------------------------------------------------------------
-    def rewrite_max_pools(self) -> None:
-        """A 1-d max pooling, which export writes as a 2-d one with indices over an unsqueezed
-        input, back as aten::max_pool1d when the indices go unused: its CPU kernel computes no
-        indices (on the harness's audio model a third of the time). A max is exact, so this
-        changes no bit."""
-        for pool in list(self.graph.nodes):
-            if pool.op != "call_function" or pool.target != aten.max_pool2d_with_indices.default:
-                continue
-            args = list(pool.args) + [None] * (6 - len(pool.args))
-            x, kernel, stride, padding, dilation, ceil = args[:6]
-            users = list(pool.users)
-            if not (isinstance(x, torch.fx.Node) and x.target == aten.unsqueeze.default and x.args[1] in (-2, 2) and
-                    len(users) == 1 and users[0].target == operator.getitem and users[0].args[1] == 0 and
-                    len(users[0].users) == 1):
-                continue
-            squeeze = next(iter(users[0].users))
-            val = x.args[0].meta.get("val") if isinstance(x.args[0], torch.fx.Node) else None
-            dims = squeeze.args[1] if squeeze.target == aten.squeeze.dims else [squeeze.args[1]] \
-                if squeeze.target == aten.squeeze.dim else None
-            if dims is None or list(dims) not in ([-2], [2]) or not isinstance(val, torch.Tensor) or val.dim() != 3 \
-                    or pool.kwargs:
-                continue
-            one = lambda v, default: [default] if v is None or len(v) == 0 else [v[-1]]  # noqa: E731
-            if list(kernel)[0] != 1 or (stride and list(stride)[0] != 1) or (padding and list(padding)[0] != 0) or \
-                    (dilation and list(dilation)[0] != 1):
-                continue
-            with self.graph.inserting_before(squeeze):
-                out = self.graph.call_function(aten.max_pool1d.default, (
-                    x.args[0], [kernel[-1]], one(stride, kernel[-1]), one(padding, 0), one(dilation, 1), bool(ceil)))
-            out.meta["val"] = squeeze.meta.get("val")
-            squeeze.replace_all_uses_with(out)
-            for dead in (squeeze, users[0], pool):
-                self.graph.erase_node(dead)
-            self.counts["max_pools_1d"] += 1
-
     # -- layouts --------------------------------------------------------------------------------
     def restore_layouts(self) -> None:
         """Makes what may be channels-last (rewrite_convolutions marked it) contiguous where an op
-        could see the layout."""
+        could see the layout; at the outputs, each result takes eager's layout (channels-last where
+        eager's is, from a channels-last input)."""
         for node in list(self.graph.nodes):
             sensitive = node.op == "output" or (node.op == "call_function" and node.target in _STRIDE_SENSITIVE)
             if not sensitive:
                 continue
             for a in list(node.all_input_nodes):
-                if a not in self.channels_last or not self._layouts_differ(a):
+                eager_channels_last = node.op == "output" and _channels_last(a)
+                if a in self.channels_last and self._layouts_differ(a) and not eager_channels_last:
+                    layout = torch.contiguous_format
+                elif a in self.contiguous and eager_channels_last:
+                    layout = torch.channels_last
+                else:
                     continue
                 with self.graph.inserting_before(node):
-                    c = self.graph.call_function(aten.clone.default, (a,), {"memory_format": torch.contiguous_format})
+                    c = self.graph.call_function(aten.clone.default, (a,), {"memory_format": layout})
                 node.replace_input_with(a, c)
                 self.counts["layout_copies"] += 1
 
@@ -489,6 +469,20 @@ def _least_times(fns: Sequence[Any], rounds: int = 7) -> List[float]:
             f()
             best[k] = min(best[k], (time.perf_counter() - t0) * 1e6)
     return best
+
+
+def _channels_last(node: torch.fx.Node) -> bool:
+    """Whether eager's result of `node` (its traced value) is channels-last and not contiguous."""
+    val = node.meta.get("val")
+    return isinstance(val, torch.Tensor) and val.dim() == 4 and \
+        val.is_contiguous(memory_format=torch.channels_last) and not val.is_contiguous()
+
+
+def _within_reach(padding: Sequence[int], kernel: Sequence[int], dilation: Sequence[int]) -> bool:
+    """Whether no dim's padding exceeds the kernel's reach, (size - 1) * dilation: beyond it
+    oneDNN's convolution crashed (tape/conv_steps.cc's PaddingBeyondReach), through its packed
+    call and through eager's op on a channels-last input, which therefore never gets one."""
+    return all(p <= (k - 1) * d for p, k, d in zip(padding, kernel, dilation))
 
 
 def _panels(kn: torch.Tensor, panel: int) -> torch.Tensor:
@@ -529,7 +523,6 @@ def rewrite(gm: torch.fx.GraphModule, bound: Sequence[Any], names: Sequence[str]
     if not dynamic:
         r.rewrite_convolutions()
         r.rewrite_linears()
-        r.rewrite_max_pools()
         r.restore_layouts()
     r.guard()
     gm.graph.eliminate_dead_code()

@@ -599,7 +599,45 @@ def follow_kernel_dtypes(gm: torch.fx.GraphModule, input_dtypes: Optional[Dict[s
     return len(changed)
 
 
-BUILTIN_PASSES = (reinplace_input_updates, reinplace_foreach_all, decompose_foreach, remove_dead_code, sink_waits)
+def restore_max_pool1d(gm: torch.fx.GraphModule) -> int:
+    """A 1-d max pooling, which export and AOTAutograd write as a 2-d one with indices over an
+    unsqueezed input, back as aten::max_pool1d where the indices go unused: what eager runs
+    without gradients (max_pool1d_impl, no indices computed), with eager's result strides (the 2-d kernel keeps a transposed
+    input's layout, eager's gives a contiguous result) and eager's NaN bits (the 2-d kernel makes
+    a bfloat16 NaN's payload the canonical one). Returns how many it rewrote."""
+    count = 0
+    for pool in list(gm.graph.nodes):
+        if pool.op != "call_function" or pool.target != aten.max_pool2d_with_indices.default or pool.kwargs:
+            continue
+        x, kernel, stride, padding, dilation, ceil = (list(pool.args) + [None] * 6)[:6]
+        users = list(pool.users)
+        if not (isinstance(x, torch.fx.Node) and x.target == aten.unsqueeze.default and x.args[1] in (-2, 2) and
+                len(users) == 1 and users[0].target == operator.getitem and users[0].args[1] == 0 and
+                len(users[0].users) == 1):
+            continue
+        squeeze = next(iter(users[0].users))
+        dims = squeeze.args[1] if squeeze.target == aten.squeeze.dims else \
+            [squeeze.args[1]] if squeeze.target == aten.squeeze.dim else None
+        val = x.args[0].meta.get("val") if isinstance(x.args[0], torch.fx.Node) else None
+        if dims is None or list(dims) not in ([-2], [2]) or not isinstance(val, torch.Tensor) or val.dim() != 3:
+            continue
+        if list(kernel)[0] != 1 or (stride and list(stride)[0] != 1) or (padding and list(padding)[0] != 0) or \
+                (dilation and list(dilation)[0] != 1):
+            continue
+        last = lambda v, default: [v[-1]] if v else [default]  # noqa: E731
+        with gm.graph.inserting_before(squeeze):
+            out = gm.graph.call_function(aten.max_pool1d.default, (
+                x.args[0], [kernel[-1]], last(stride, kernel[-1]), last(padding, 0), last(dilation, 1), bool(ceil)))
+        out.meta["val"] = squeeze.meta.get("val")
+        squeeze.replace_all_uses_with(out)
+        for dead in (squeeze, users[0], pool):
+            gm.graph.erase_node(dead)
+        count += 1
+    return count
+
+
+BUILTIN_PASSES = (reinplace_input_updates, reinplace_foreach_all, decompose_foreach, restore_max_pool1d,
+                  remove_dead_code, sink_waits)
 
 
 def run_passes(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Any,

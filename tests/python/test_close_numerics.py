@@ -363,20 +363,66 @@ def test_convolutions_take_conv_gemm_where_it_timed_fastest(monkeypatch):
             step(*make(0))
 
 
-@pytest.mark.parametrize("pool", [nn.MaxPool1d(4), nn.MaxPool1d(3, stride=2, padding=1, ceil_mode=True),
-                                  nn.MaxPool1d(2, dilation=2)])
-def test_a_1d_max_pool_without_indices_is_max_pool1d_and_eagers_bits(pool):
-    """Export writes a 1-d max pooling as a 2-d one with indices; numerics "close" runs it as
-    aten::max_pool1d (no indices computed), which is exact: eager's bits, NaNs included."""
-    model = nn.Sequential(pool).eval()
-    make = lambda i: (torch.randn(2, 5, 23, generator=torch.Generator().manual_seed(i)),)  # noqa: E731
+def test_conv_gemm_refuses_what_has_no_output():
+    small_gemm(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1))  # skips without AVX2
+    conv_gemm = torch.ops.torchreplay.conv_gemm
+    w, b = torch.randn(2, 7), torch.randn(2)
+    with pytest.raises(RuntimeError, match="conv_gemm: the kernel is larger than the padded input"):
+        conv_gemm(torch.randn(1, 1, 5), w, b, [7], [3], [0], [1], False)  # (5 - 7) // 3 rounds to 0 in C++
+    with pytest.raises(RuntimeError, match="conv_gemm: an input without channels or samples"):
+        conv_gemm(torch.randn(1, 1, 0), w, b, [7], [1], [4], [1], False)
+
+
+class PaddedBeyondReach(nn.Module):
+    """The second convolution's padding exceeds its kernel's reach: oneDNN's convolution crashed
+    on that geometry (PyTorch 2.11's eager op too, on a channels-last input)."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(4, 3, 3, padding=1)
+        self.c2 = nn.Conv2d(3, 16, (1, 3), stride=(3, 2), padding=(4, 5), dilation=(1, 2))
+
+    def forward(self, x):
+        return self.c2(self.c1(x))
+
+
+@pytest.mark.parametrize("numerics", ["bitwise", "close"])
+def test_padding_beyond_the_kernels_reach_never_reaches_onednn(monkeypatch, numerics):
+    """Neither the tape's checked convolutions nor the close rewrite try oneDNN there, and the
+    close rewrite gives eager's op a contiguous input after a oneDNN convolution (forced here);
+    before, the capture crashed the process."""
+    from torchreplay import close_numerics
+    monkeypatch.setattr(close_numerics, "_least_times",
+                        lambda fns, rounds=7: [2.0, 1.0, 3.0] if len(fns) == 3 else [1.0, 2.0])
+    torch.manual_seed(0)
+    model = PaddedBeyondReach().eval()
+    make = lambda i: (torch.randn(2, 4, 8, 1, generator=torch.Generator().manual_seed(i)),)  # noqa: E731
+    with torch.no_grad():
+        step = capture(model, make(0), numerics)
+        if numerics == "bitwise":
+            for i in range(3):
+                assert_bitwise(step(*make(i)), model(*make(i)))
+            assert step.stats()["replays"] >= 1
+        else:
+            rewrites = step.numerics["rewrites"]
+            assert rewrites["convolutions_onednn"] == 1 and rewrites["convolutions_eager"] == 1, rewrites
+            assert rewrites["layout_copies"] >= 1, rewrites
+            assert_within_with_eagers_strides(step, model, make, calls=3)
+
+
+@pytest.mark.parametrize("way", ["onednn", "gemm"])
+def test_a_channels_last_input_gives_eagers_channels_last_outputs(monkeypatch, way):
+    """Eager's convolutions of a channels-last input give channels-last results: the rewritten
+    graph's outputs have eager's strides whichever way its convolutions took (oneDNN's results are
+    channels-last, conv_gemm's contiguous; forced here)."""
+    from torchreplay import close_numerics
+    order = [2.0, 1.0, 3.0] if way == "onednn" else [3.0, 2.0, 1.0]
+    monkeypatch.setattr(close_numerics, "_least_times", lambda fns, rounds=7: order if len(fns) == 3 else [2.0, 1.0])
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(4, 6, 3, padding=1), nn.ReLU(), nn.Conv2d(6, 5, 3, padding=1)).eval()
+    make = lambda i: (torch.randn(2, 4, 9, 9, generator=torch.Generator().manual_seed(i))  # noqa: E731
+                      .contiguous(memory_format=torch.channels_last),)
     with torch.no_grad():
         step = capture(model, make(0), "close")
-        assert step.numerics["rewrites"]["max_pools_1d"] == 1, step.numerics
-        for i in range(4):
-            (x,) = make(i)
-            x[0, 1, 3 + i] = float("nan")
-            assert_bitwise(step(x), model(x))
-        assert step.stats()["replays"] >= 2
-        ops = ops_of(step, make(0))
-        assert "aten::max_pool1d" in ops and not any("with_indices" in op for op in ops), ops
+        assert step.numerics["rewrites"]["convolutions_onednn" if way == "onednn" else "convolutions_small_gemm"] == 2
+        assert_within_with_eagers_strides(step, model, make)

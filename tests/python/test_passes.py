@@ -1,6 +1,9 @@
 """The built-in FX passes, on hand-built ATen graphs: what they rewrite, what they must leave."""
+import pytest
 import torch
 import torch.fx
+
+import torchreplay
 
 from differential import assert_bitwise
 from torchreplay.passes import reinplace_input_updates
@@ -50,3 +53,31 @@ def test_left_alone_when_the_old_value_is_read_after_the_update():
         got_out, got_buf = run(gm, torch.ones(5, 4))
         assert_bitwise(got_out, want_out)
         assert_bitwise(got_buf, want_buf)
+
+
+@pytest.mark.parametrize("entry", ["capture", "compile"])
+@pytest.mark.parametrize("pool", [torch.nn.MaxPool1d(4), torch.nn.MaxPool1d(3, stride=2, padding=1, ceil_mode=True),
+                                  torch.nn.MaxPool1d(2, dilation=2)])
+def test_a_1d_max_pool_without_indices_replays_as_eagers_max_pool1d(entry, pool):
+    """restore_max_pool1d: export and AOTAutograd write a 1-d max pooling as a 2-d one with
+    indices, whose kernel keeps a transposed input's layout and makes a bfloat16 NaN's payload the
+    canonical one; eager without gradients runs max_pool1d, contiguous, NaN bits kept. The replay
+    gives eager's bits and strides, NaNs included, and runs no pooling with indices."""
+    config = torchreplay.CompilerConfig()
+    config.mode = "reduce-overhead"
+    torch._dynamo.reset()
+    fn = lambda x: pool(x) * 1  # noqa: E731  (a node after it: the pooling's result is not the input)
+    make = lambda i, dtype: torch.randn(2, 23, 5, generator=torch.Generator().manual_seed(i)).to(dtype).transpose(1, 2)  # noqa: E731,E501
+    for dtype in (torch.float32, torch.bfloat16):
+        with torch.no_grad():
+            step = torchreplay.capture(fn, (make(0, dtype),), config=config) if entry == "capture" else \
+                torch.compile(fn, backend=torchreplay.get_backend(compiler_config=config), dynamic=False)
+            for i in range(4):
+                x = make(i, dtype)
+                x.view(torch.int16 if dtype == torch.bfloat16 else torch.int32)[0, 1, 3 + i] = -1  # a NaN, payload all ones
+                assert_bitwise(step(x), fn(x))
+        if entry == "capture":
+            assert step.stats()["replays"] >= 2
+            ops = {r["op"] for r in step.profile(make(0, dtype), iterations=1)}
+            assert "aten::max_pool1d" in ops and not any("with_indices" in op for op in ops), ops
+        torch._dynamo.reset()
