@@ -13,7 +13,6 @@
 //   along the row so that every tap's row is contiguous. The result is contiguous (NCHW),
 //   whatever the input's layout.
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -174,19 +173,17 @@ at::Tensor& ConvGemmOut(const at::Tensor& input, const at::Tensor& weight_rows, 
         }
       }
       const float* base = padded.data();
-      at::parallel_for(0, oh, std::max<int64_t>(1, 32768 / std::max<int64_t>(cout * k * ow, 1)),
-                       [&](int64_t r0, int64_t r1) {
-                         thread_local std::vector<const float*> rows;
-                         rows.resize(static_cast<size_t>(k));
-                         small_gemm::Params q = p;
-                         q.w_rows = rows.data(), q.n = ow;
-                         for (int64_t r = r0; r < r1; ++r) {
-                           const float* start = base + r * win.stride[0] * wq;
-                           for (int64_t t = 0; t < k; ++t) rows[t] = start + taps[t];
-                           q.y = y + r * ow;
-                           small_gemm::Run(q);
-                         }
-                       });
+      // One output row at a time: each row's product is split over torch's threads inside Run.
+      thread_local std::vector<const float*> rows;
+      rows.resize(static_cast<size_t>(k));
+      small_gemm::Params q = p;
+      q.w_rows = rows.data(), q.n = ow;
+      for (int64_t r = 0; r < oh; ++r) {
+        const float* start = base + r * win.stride[0] * wq;
+        for (int64_t t = 0; t < k; ++t) rows[t] = start + taps[t];
+        q.y = y + r * ow;
+        small_gemm::Run(q);
+      }
     }
   }
   return out;
