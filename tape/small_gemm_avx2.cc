@@ -52,19 +52,24 @@ inline void Tile(const Params& p, int64_t r0, int64_t c0) {
   }
   for (int64_t k = 0; k < k_end; ++k) {
     const float* wk = rows != nullptr ? rows[k] + c0 : w + k * w_row;
-    __m256 w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3;
+    __m256 w0, w1, w2, w3, w4, w5, w6, w7;
 #define LOAD_W(v) \
   if constexpr (v < NV) w##v = _mm256_loadu_ps(wk + v * kLanes);
     LOAD_W(0) LOAD_W(1) LOAD_W(2) LOAD_W(3) LOAD_W(4) LOAD_W(5) LOAD_W(6) LOAD_W(7)
 #undef LOAD_W
-#define LOAD_X(r) \
-  if constexpr (r < MR) x##r = _mm256_broadcast_ss(x + r * x_row + k);
-    LOAD_X(0) LOAD_X(1) LOAD_X(2) LOAD_X(3)
-#undef LOAD_X
+    // row by row: each row's x[k] broadcast just before its multiply-adds, so that one is held at
+    // a time beside the sums and the weight vectors (all of them at once spilled sums)
+#define MULTIPLY_ADD_ROW(r)                                                         \
+  if constexpr (r < MR) {                                                           \
+    const __m256 xr = _mm256_broadcast_ss(x + r * x_row + k);                       \
+    MULTIPLY_ADD(r, 0) MULTIPLY_ADD(r, 1) MULTIPLY_ADD(r, 2) MULTIPLY_ADD(r, 3)     \
+    MULTIPLY_ADD(r, 4) MULTIPLY_ADD(r, 5) MULTIPLY_ADD(r, 6) MULTIPLY_ADD(r, 7)     \
+  }
 #define MULTIPLY_ADD(r, v) \
-  if constexpr (r < MR && v < NV) a##r##v = _mm256_fmadd_ps(x##r, w##v, a##r##v);
-    TORCHREPLAY_TILE(MULTIPLY_ADD)
+  if constexpr (v < NV) a##r##v = _mm256_fmadd_ps(xr, w##v, a##r##v);
+    MULTIPLY_ADD_ROW(0) MULTIPLY_ADD_ROW(1) MULTIPLY_ADD_ROW(2) MULTIPLY_ADD_ROW(3)
 #undef MULTIPLY_ADD
+#undef MULTIPLY_ADD_ROW
   }
   // max(0, NaN) is NaN (the second operand is returned where either is NaN), as torch.relu keeps it
   const bool relu = p.post == PostOp::kRelu;
