@@ -1,32 +1,24 @@
 // Convolutions through faster calls that compute eager's bits (Note [Checked convolutions] in
 // conv_steps.h): the check the recording run makes per node, the out= op, and the tape's step.
-// Over 500 lines: the check, the op and the step read one convolution's arguments (ConvArgs) and
-// must agree on the kernel it picks; apart, each would repeat that choice.
 #include "tape/conv_steps.h"
 
 #include <ATen/ATen.h>
 #include <ATen/native/ConvUtils.h>
 #include <ATen/ops/_slow_conv2d_forward_native.h>
-#include <ATen/ops/empty_strided.h>
 #include <ATen/ops/mkldnn_reorder_conv2d_weight.h>
-#include <ATen/ops/view_as_real.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
 #include <algorithm>
-#include <chrono>
-#include <cmath>
 #include <cstdlib>
 #include <functional>
-#include <limits>
 #include <optional>
-#include <random>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "tape/cpu_features.h"
 #include "tape/depthwise_kernel.h"
+#include "tape/kernel_check.h"
 
 namespace torchreplay::capture {
 namespace {
@@ -67,16 +59,6 @@ at::Tensor View4d(const at::Tensor& t) {
                                                    t.key_set(), t.dtype());
   impl->set_sizes_and_strides(sizes, strides, t.storage_offset());
   return at::Tensor(std::move(impl));
-}
-
-// The same elements as integers of their width, so that equal() compares bits.
-at::Tensor BitsOf(const at::Tensor& t) {
-  return t.element_size() == 4 ? t.view(c10::kInt) : t.element_size() == 8 ? t.view(c10::kLong) : at::Tensor();
-}
-
-bool SameBits(const at::Tensor& a, const at::Tensor& b) {
-  const at::Tensor x = BitsOf(a), y = BitsOf(b);
-  return x.defined() && y.defined() && a.sizes() == b.sizes() && x.equal(y);
 }
 
 // A convolution as the step runs it: one kernel, the 2-d parameters eager's backend gets.
@@ -212,58 +194,6 @@ ConvArgs ArgsOf(const Node& n, const std::vector<c10::IValue>& env) {
   return c;
 }
 
-// An input of `like`'s geometry made from a private seed: normal values scaled by powers of two
-// from 2^-20 to 2^20, signed zeros and subnormals; with `nonfinite`, infinities and NaNs of two
-// payloads at a few places too (few enough that most outputs stay finite).
-at::Tensor Synthetic(const at::Tensor& like, bool nonfinite) {
-  at::Tensor t = at::empty_strided(like.sizes(), like.strides(), like.options());
-  const int64_t numel = like.numel();
-  at::Tensor flat = at::empty({numel}, like.options());
-  std::mt19937_64 rng(nonfinite ? 0x7e57c0de : 0x5eed);
-  std::normal_distribution<double> normal;
-  std::uniform_int_distribution<int> exponent(-20, 20);
-  AT_DISPATCH_FLOATING_TYPES(like.scalar_type(), "torchreplay_synthetic", [&] {
-    scalar_t* p = flat.data_ptr<scalar_t>();
-    for (int64_t i = 0; i < numel; ++i) p[i] = static_cast<scalar_t>(std::ldexp(normal(rng), exponent(rng)));
-    const scalar_t specials[] = {scalar_t(-0.0), scalar_t(0.0), std::numeric_limits<scalar_t>::denorm_min(),
-                                 -std::numeric_limits<scalar_t>::denorm_min()};
-    const scalar_t nonfinites[] = {std::numeric_limits<scalar_t>::infinity(),
-                                   -std::numeric_limits<scalar_t>::infinity(),
-                                   std::numeric_limits<scalar_t>::quiet_NaN(), -std::numeric_limits<scalar_t>::quiet_NaN()};
-    for (int64_t i = 3; i < numel; i += 13) p[i] = specials[(i / 13) % 4];
-    if (nonfinite) {
-      const int64_t every = std::max<int64_t>(numel / 4, 1);
-      for (int64_t i = every / 2, k = 0; i < numel; i += every, ++k) p[i] = nonfinites[k % 4];
-    }
-  });
-  t.copy_(flat.view(like.sizes()));
-  return t;
-}
-
-// The least time of each of `fns` over a few rounds, each round running every one once (so that
-// a burst of load on a shared machine slows all of them, not one), stopping after ~20 ms.
-std::vector<double> MinMicros(const std::vector<std::function<void()>>& fns) {
-  std::vector<double> best(fns.size(), std::numeric_limits<double>::infinity());
-  double spent = 0;
-  for (int r = 0; r < 7 && (r < 3 || spent < 20000); ++r) {
-    for (size_t k = 0; k < fns.size(); ++k) {
-      const auto t0 = std::chrono::steady_clock::now();
-      fns[k]();
-      const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-      best[k] = std::min(best[k], us);
-      spent += us;
-    }
-  }
-  return best;
-}
-
-// A buffer of the result's recorded geometry whose storage cannot grow.
-at::Tensor FixedBuffer(const ValueRecord& r) {
-  at::Tensor b = at::empty_strided(r.sizes, r.strides, at::TensorOptions().dtype(r.dtype));
-  b.storage().unsafeGetStorageImpl()->set_resizable(false);
-  return b;
-}
-
 // Empty when `call` computes eager's bits on the recorded input and the two synthetic ones, into
 // a buffer of the recorded geometry left as it was; else why not.
 std::string CheckCall(const Node& n, const ConvCall& call, const ConvArgs& a, const at::Tensor& result,
@@ -295,8 +225,6 @@ std::string CheckCall(const Node& n, const ConvCall& call, const ConvArgs& a, co
   }
   return "";
 }
-
-std::string Us(double us) { return absl::StrFormat("%.1f us", us); }
 
 bool KnownKernel(c10::string_view k) {
   return k == kSlowConv2d || k == kOnednn || k == kDepthwise || k == kDepthwiseBiasLast;

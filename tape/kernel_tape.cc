@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "tape/conv_steps.h"
+#include "tape/gemm_steps.h"
 #include "tape/kernel_tape_internal.h"
 
 namespace torchreplay::capture {
@@ -184,9 +185,11 @@ absl::StatusOr<std::string> KernelTape::Dump(const std::string& path_stem) const
 }  // namespace tape_internal
 
 bool CheckTapeNode(const Graph& g, int node, const std::vector<c10::IValue>& env, Recording* rec) {
-  if (!IsConvolution(g.nodes()[node])) return false;
-  CheckConvolution(g, node, env, rec);
-  return true;
+  if (IsConvolution(g.nodes()[node])) {
+    CheckConvolution(g, node, env, rec);
+    return true;
+  }
+  return IsGemm(g.nodes()[node]) && CheckGemm(g, node, env, rec);
 }
 
 }  // namespace torchreplay::capture

@@ -29,8 +29,9 @@ absl::StatusOr<std::unique_ptr<CapturedGraph>> CaptureKernelTape(
     const CaptureOptions& options);
 
 // The tape's check of the nodes it has faster kernels for, made by the recording run
-// (RunAndRecord's `check`): measures a convolution node (Note [Checked convolutions]) and returns
-// true; false for any other node. Every recording the tape may capture from is made with it.
+// (RunAndRecord's `check`): measures a convolution (Note [Checked convolutions]) and returns true,
+// or a matrix product (Note [Checked GEMMs]) and returns whether a kernel was taken; false for any
+// other node (which then gets Note [Checked out= kernels]'s check). Every recording the tape may capture from is made with it.
 bool CheckTapeNode(const Graph& g, int node, const std::vector<c10::IValue>& env, Recording* rec);
 
 }  // namespace torchreplay::capture

@@ -1,7 +1,8 @@
 // tape/small_gemm.h: y = bias + x w for float32 matrices of few rows (a GEMV, a recurrent cell's
 // projections, a batch-1 MLP), compiled with AVX2 and FMA (small_gemm_avx2.cc), for numerics
 // "close" (Note [Close numerics] in bindings/torchreplay/close_numerics.py; the op is
-// torchreplay::small_gemm, small_gemm_op.cc).
+// torchreplay::small_gemm, small_gemm_op.cc) and, where it gives eager's bits, the bitwise tape
+// (Note [Checked GEMMs] in gemm_steps.h).
 //
 // Note [Small GEMMs]
 // A library GEMM spends more on its set-up than on the arithmetic of a few rows: MKL takes about
@@ -9,10 +10,11 @@
 // tenth of that. This kernel has no set-up: the weight is stored [K, N] once, at capture, and each
 // tile of up to 4 rows by up to 64 columns keeps its sums in registers over the whole K. Each
 // output element is one chain of fused multiply-adds over k in order, starting from the bias (or
-// +0): vector and scalar columns compute it alike, so no bit depends on the tiling or on how the
-// columns are split over torch's intra-op threads. MKL sums in other orders: the results are
-// close to eager's, not equal, which is why only numerics "close" uses it, and only where it
-// timed faster than the addmm it replaces.
+// +0, the bias added after the chain with Params::bias_last): vector and scalar columns compute it
+// alike, so no bit depends on the tiling or on how the columns are split over torch's intra-op
+// threads. MKL sums in that order for some shapes and in others elsewhere: so numerics "close"
+// uses it where it timed faster than the addmm it replaces, and the bitwise tape only where a
+// check at capture found eager's bits.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +35,7 @@ struct Params {
   // tile walks its weight sequentially down k (a GEMV streaming a weight from memory).
   int64_t panel = 0;
   const float* bias = nullptr;      // [n] or null: each column's sums start from it
+  bool bias_last = false;           // or, if set, start from +0 and bias is added after the last k
   const float* row_bias = nullptr;  // [m] or null: each row's sums start from it (not with bias)
   float* y = nullptr;           // [m, n], row r at y + r * y_row, elements contiguous
   int64_t x_row = 0, y_row = 0, m = 0, k = 0, n = 0;
@@ -43,7 +46,7 @@ struct Params {
 bool Available();
 
 // y = post(bias + x w) (Note [Small GEMMs]), the columns over torch's intra-op threads; the sums
-// start from bias, row_bias or +0.
+// start from bias, row_bias or +0 (bias_last: from +0, then + bias).
 void Run(const Params& p);
 
 }  // namespace torchreplay::capture::small_gemm

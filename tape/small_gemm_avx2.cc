@@ -39,7 +39,7 @@ inline void Tile(const Params& p, int64_t r0, int64_t c0) {
 #define DECLARE(r, v) __m256 a##r##v = _mm256_setzero_ps();
   TORCHREPLAY_TILE(DECLARE)
 #undef DECLARE
-  if (bias != nullptr) {
+  if (bias != nullptr && !p.bias_last) {
 #define START(r, v) \
   if constexpr (r < MR && v < NV) a##r##v = _mm256_loadu_ps(bias + v * kLanes);
     TORCHREPLAY_TILE(START)
@@ -71,6 +71,12 @@ inline void Tile(const Params& p, int64_t r0, int64_t c0) {
 #undef MULTIPLY_ADD
 #undef MULTIPLY_ADD_ROW
   }
+  if (bias != nullptr && p.bias_last) {  // the sum, then the bias
+#define ADD_BIAS(r, v) \
+  if constexpr (r < MR && v < NV) a##r##v = _mm256_add_ps(a##r##v, _mm256_loadu_ps(bias + v * kLanes));
+    TORCHREPLAY_TILE(ADD_BIAS)
+#undef ADD_BIAS
+  }
   // max(0, NaN) is NaN (the second operand is returned where either is NaN), as torch.relu keeps it
   const bool relu = p.post == PostOp::kRelu;
   float* y = p.y + r0 * p.y_row + c0;
@@ -100,7 +106,7 @@ void TailTile(const Params& p, int64_t r0, int64_t c0, __m256i mask) {
   const float* const* rows = p.w_rows;
   const float* w = p.w + c0;
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  if (p.bias != nullptr) {
+  if (p.bias != nullptr && !p.bias_last) {
     a0 = a1 = a2 = a3 = _mm256_maskload_ps(p.bias + c0, mask);
   } else if (p.row_bias != nullptr) {
 #define START(r) \
@@ -115,6 +121,10 @@ void TailTile(const Params& p, int64_t r0, int64_t c0, __m256i mask) {
   if constexpr (r < MR) a##r = _mm256_fmadd_ps(_mm256_broadcast_ss(x + r * x_row + k), wv, a##r);
     MULTIPLY_ADD(0) MULTIPLY_ADD(1) MULTIPLY_ADD(2) MULTIPLY_ADD(3)
 #undef MULTIPLY_ADD
+  }
+  if (p.bias != nullptr && p.bias_last) {
+    const __m256 b = _mm256_maskload_ps(p.bias + c0, mask);
+    a0 = _mm256_add_ps(a0, b), a1 = _mm256_add_ps(a1, b), a2 = _mm256_add_ps(a2, b), a3 = _mm256_add_ps(a3, b);
   }
   const bool relu = p.post == PostOp::kRelu;
   float* y = p.y + r0 * p.y_row + c0;

@@ -2,6 +2,7 @@
 #include "tape/step_kinds.h"
 
 #include "tape/conv_steps.h"
+#include "tape/gemm_steps.h"
 #include "tape/prepared_pointwise.h"
 
 namespace torchreplay::capture {
@@ -28,6 +29,13 @@ Made MakeConvolution(const EmitContext&, const OutCall& call, const CaptureOptio
   return {MakeConvolutionStep(call.args, call.slot_of), ConvolutionStepKind(call.args)};
 }
 
+bool MatchGemm(const Node&, const std::string& out_op, bool whole_args) {
+  return whole_args && (out_op == "torchreplay::addmm.out" || out_op == "torchreplay::mm.out");  // Note [Checked GEMMs]
+}
+Made MakeGemm(const EmitContext&, const OutCall& call, const CaptureOptions&) {
+  return {MakeGemmStep(call.args, call.slot_of), GemmStepKind(call.args)};
+}
+
 bool MatchTypedOut(const Node&, const std::string&, bool whole_args) { return whole_args; }
 Made MakeTypedOut(const EmitContext&, const OutCall& call, const CaptureOptions& options) {
   if (!call.whole_args) return {nullptr, "boxed out="};
@@ -50,6 +58,7 @@ constexpr StepFamily kOutFamilies[] = {
     {StepKind::kAttention, &MatchAttention, &MakeAttention},
     {StepKind::kLayerNorm, &MatchLayerNorm, &MakeLayerNormStep},
     {StepKind::kConvolution, &MatchConvolution, &MakeConvolution},
+    {StepKind::kGemm, &MatchGemm, &MakeGemm},
     {StepKind::kTypedOut, &MatchTypedOut, &MakeTypedOut},
 };
 
@@ -62,6 +71,7 @@ const char* StepKindName(StepKind kind) {
     case StepKind::kAttention: return "prepared attention";
     case StepKind::kLayerNorm: return "prepared layer norm";
     case StepKind::kConvolution: return "checked conv";
+    case StepKind::kGemm: return "checked gemm";
     case StepKind::kTypedOut: return "typed out=";
   }
   return "?";

@@ -37,6 +37,7 @@ enum class StepKind : uint8_t {
   kAttention,    // flash attention on prepared buffers (prepared_pointwise.h)
   kLayerNorm,    // layer norm on prepared buffers (prepared_pointwise.h)
   kConvolution,  // a checked convolution kernel (Note [Checked convolutions])
+  kGemm,         // a checked matrix product kernel (Note [Checked GEMMs])
   kTypedOut,     // the out= overload, unboxed; on a prepared iterator where it has one
 };
 const char* StepKindName(StepKind kind);

@@ -15,6 +15,8 @@
 //   fused_kernels.h       the fused step's program and kernel (fused_kernels_impl.h, compiled per
 //                         instruction set in fused_kernels_avx2.cc and fused_kernels_avx512.cc)
 //   conv_steps.h          checked convolutions (Note [Checked convolutions])
+//   gemm_steps.h          checked matrix products (Note [Checked GEMMs]); kernel_check.h: what
+//                         the checks of both share
 //   depthwise_kernel.h    the direct depthwise convolution (depthwise_kernel_avx2.cc; the op in
 //                         depthwise_op.cc); check_frozen.cc: torchreplay::check_frozen
 //   cpu_features.h        whether the CPU runs the kernels compiled for AVX2 and FMA
@@ -30,6 +32,7 @@
 #include "tape/collective_steps.h"
 #include "tape/conv_steps.h"
 #include "tape/fused_elementwise.h"
+#include "tape/gemm_steps.h"
 #include "tape/fused_kernels.h"
 #include "tape/kernel_tape.h"
 #include "tape/prepared_pointwise.h"
