@@ -25,8 +25,10 @@ eager's instead of equal:
   once, or packed in panels of 64 columns if it is large, a relu after it fused, where that is
   faster than the addmm (timed at capture); else linear layers of at most 16 rows with a large
   weight read from a transposed copy stored contiguous once;
-- LSTM (and GRU and RNN over several rows) through export's decomposition (products and
-  pointwise ops, which the tape fuses) instead of the whole op.
+- a GRU layer as one call, torchreplay::gru_sequence (Note [GRU steps] in tape/recurrent.h: the
+  input projections one small GEMM, then each step's hidden product and gates in the same call);
+  LSTM and RNN through export's decomposition (products and pointwise ops, which the tape fuses)
+  instead of the whole op.
 
 Channels-last results are made contiguous again only where an op could see the layout: before a
 `view` (unless the two layouts coincide) and at the graph's outputs (eager's strides).
@@ -87,7 +89,7 @@ class _Rewriter:
         self.counts: Dict[str, int] = {"batch_norms_folded": 0, "convolutions_onednn": 0, "convolutions_gemm": 0,
                                        "convolutions_depthwise": 0, "convolutions_small_gemm": 0, "post_ops_fused": 0,
                                        "layout_copies": 0, "linears_transposed_once": 0, "linears_small_gemm": 0,
-                                       "convolutions_eager": 0}
+                                       "convolutions_eager": 0, "grus_fused": 0}
         self.channels_last: set = set()  # results that may be channels-last where eager's are not
         self.contiguous: set = set()  # results made contiguous where eager's may be channels-last
         # (input sizes, weight sizes, {way: us}) of each timed convolution and product
@@ -415,6 +417,45 @@ class _Rewriter:
         self.counts["linears_small_gemm"] += 1
         return True
 
+    # -- recurrent layers ---------------------------------------------------------------------
+    def rewrite_grus(self) -> None:
+        """A GRU the export kept whole for it (rnn.fused_gru) as torchreplay::gru_sequence, one
+        call a layer (Note [GRU steps] in tape/recurrent.h), on its weights transposed once; h_n
+        the layers' last states stacked. A GRU whose weights are not known at capture stays
+        eager's op."""
+        for node in list(self.graph.nodes):
+            if node.op != "call_function" or node.target != torch.ops.torchreplay.eager_gru.input:
+                continue
+            x, hx, params, has_biases, layers, _dropout, _train, bidirectional, batch_first = node.args
+            per = 4 if has_biases else 2
+            weights = [self.tensor(p) for p in params]
+            vals = node.meta.get("val")
+            if bidirectional or len(params) != per * layers or any(w is None for w in weights) or \
+                    not isinstance(vals, (tuple, list)) or not all(u.target is operator.getitem for u in node.users):
+                continue
+            self.freeze(*(params[per * layer + i] for layer in range(layers) for i in (0, 1)))  # the weights
+            states = []
+            with self.graph.inserting_before(node):
+                for layer in range(layers):
+                    w_ih, w_hh = weights[per * layer:per * layer + 2]
+                    b_ih, b_hh = params[per * layer + 2:per * (layer + 1)] if has_biases else (None, None)
+                    h0 = self.graph.call_function(aten.select.int, (hx, 0, layer))
+                    h0.meta["val"] = vals[1].select(0, layer)
+                    seq = self.graph.call_function(torch.ops.torchreplay.gru_sequence.default, (
+                        x, h0, self.constant(w_ih.detach().t().contiguous(), "w_ih_kn"), b_ih,
+                        self.constant(w_hh.detach().t().contiguous(), "w_hh_kn"), b_hh, batch_first))
+                    seq.meta["val"] = (vals[0], h0.meta["val"])
+                    x = self.graph.call_function(operator.getitem, (seq, 0))
+                    states.append(self.graph.call_function(operator.getitem, (seq, 1)))
+                    x.meta["val"], states[-1].meta["val"] = seq.meta["val"]
+                h_n = self.graph.call_function(aten.stack.default, (states, 0))
+                h_n.meta["val"] = vals[1]
+            for u in list(node.users):
+                u.replace_all_uses_with(x if u.args[1] == 0 else h_n)
+                self.graph.erase_node(u)
+            self.graph.erase_node(node)
+            self.counts["grus_fused"] += 1
+
     # -- layouts --------------------------------------------------------------------------------
     def restore_layouts(self) -> None:
         """Makes what may be channels-last (rewrite_convolutions marked it) contiguous where an op
@@ -523,6 +564,7 @@ def rewrite(gm: torch.fx.GraphModule, bound: Sequence[Any], names: Sequence[str]
     if not dynamic:
         r.rewrite_convolutions()
         r.rewrite_linears()
+        r.rewrite_grus()
         r.restore_layouts()
     r.guard()
     gm.graph.eliminate_dead_code()

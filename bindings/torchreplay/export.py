@@ -93,8 +93,8 @@ def trace_program(traced: _Flat, leaves: Tuple[Any, ...], *, subclassed: bool, d
 def _decompositions(extra: Optional[Dict[Any, Callable]], close: bool = False) -> Any:
     """What AOTAutograd does under torch.compile: CompositeImplicitAutograd ops decompose (linear ->
     t + addmm), the rest of ATen stays; plus the caller's own decompositions. The recurrent ops
-    decompose only where that gives eager's bits (rnn.py), unless `close` (numerics "close",
-    Note [Close numerics])."""
+    decompose only where that gives eager's bits (rnn.py); with `close` (numerics "close", Note
+    [Close numerics]) everywhere but a GRU the rewrite fuses."""
     table = dict(_cia_decompositions(close))
     for op, fn in (extra or {}).items():
         table[op] = fn
@@ -108,7 +108,7 @@ def _cia_decompositions(close: bool) -> Dict[Any, Callable]:
 
     cia = _collect_all_valid_cia_ops()
     table = {op: fn for op, fn in torch.export.default_decompositions().items() if op in cia}
-    return table if close else rnn.export_decompositions(table)
+    return rnn.export_decompositions(table, close)
 
 
 def _writes_back(ep: ExportedProgram, gm: torch.fx.GraphModule) -> int:
@@ -169,7 +169,7 @@ def _trace_exported(traced: "_Flat", leaves: Tuple[Any, ...], dynamic: bool,
         [(n, a) for n, a in zip(leaf_names, leaves) if isinstance(a, torch.Tensor)]
     try:
         with _RandomStateWatch() as rng, torch.no_grad(), \
-                (contextlib.nullcontext() if close else rnn.whole_in_trace()):
+                rnn.whole_in_trace(close):
             ep = torch.export.export(traced, leaves, dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as e:
         _refuse_shared_memory(inputs, (), e)
@@ -300,7 +300,6 @@ def _trace_subclassed(traced: "_Flat", leaves: Tuple[Any, ...],
     apart as under torch.compile: the graph reads each DTensor parameter's local shard and holds
     the collectives its redistributions make. Each graph input's descriptor says what it is: a
     parameter or buffer (or the local tensor of one), or the i-th argument leaf."""
-    import contextlib
     from torch._functorch._aot_autograd import descriptors as d
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 

@@ -60,7 +60,8 @@ def _fake_output(input: torch.Tensor, hx: torch.Tensor, bidirectional: bool, bat
 
 def _register_fakes() -> None:
     """Sizes and strides of the torchreplay::eager_* ops under a trace (symbolic sizes too), as
-    the CPU run gives them (the kernels are eager's, ir/eager_rnn.cc)."""
+    the CPU run gives them (the kernels are eager's, ir/eager_rnn.cc); and of numerics "close"'s
+    torchreplay::gru_sequence."""
     def lstm_input(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
         return _fake_output(input, hx[0], bidirectional, batch_first), hx[0].new_empty(hx[0].shape), \
             hx[1].new_empty(hx[1].shape)
@@ -81,15 +82,24 @@ def _register_fakes() -> None:
         torch.library.register_fake(f"torchreplay::{name}.input")(rnn_input)
         torch.library.register_fake(f"torchreplay::{name}.data")(rnn_data)
 
+    def gru_sequence(input, hx, w_ih_kn, b_ih, w_hh_kn, b_hh, batch_first):  # tape/recurrent_op.cc
+        return _fake_output(input, hx, False, batch_first), hx.new_empty(hx.shape)
+
+    torch.library.register_fake("torchreplay::gru_sequence")(gru_sequence)
+
 
 _register_fakes()
 
 
-def _decomposes(op: Any, args: tuple) -> bool:
+def _decomposes(op: Any, args: tuple, close: bool = False) -> bool:
     """Whether PyTorch's decomposition of `op` on `args` (aten's arguments, fake or real) computes
     eager's bits: a GRU's or a plain RNN's over one row (a contiguous 3-d input whose batch is a
     static 1, a contiguous state), without dropout drawn (the decomposition never applies it) and outside autocast;
-    an LSTM's or a packed sequence's never (see the module's docstring)."""
+    an LSTM's or a packed sequence's never (see the module's docstring). With `close` (numerics
+    "close", Note [Close numerics]): every call decomposes but a GRU the rewrite runs as
+    torchreplay::gru_sequence (fused_gru)."""
+    if close:
+        return not fused_gru(op, args)
     if op not in (aten.gru.input, aten.rnn_tanh.input, aten.rnn_relu.input):
         return False
     input, hx, dropout, train, batch_first = args[0], args[1], args[5], args[6], args[8]
@@ -100,17 +110,40 @@ def _decomposes(op: Any, args: tuple) -> bool:
     return isinstance(batch, int) and batch == 1
 
 
-def export_decompositions(table: Dict[Any, Callable]) -> Dict[Any, Callable]:
+def fused_gru(op: Any, args: tuple) -> bool:
+    """Whether numerics "close" runs this recurrent call as torchreplay::gru_sequence, one call a
+    layer (Note [GRU steps] in tape/recurrent.h): a float32 CPU GRU over a 3-d input, one
+    direction, no dropout drawn, outside autocast, on a CPU with AVX2 and FMA."""
+    if op is not aten.gru.input or len(args) != 9:
+        return False
+    input, hx, dropout, train, bidirectional = args[0], args[1], args[5], args[6], args[7]
+    return input.dim() == 3 and input.dtype == torch.float32 and hx.dtype == torch.float32 and \
+        input.device.type == "cpu" and not bidirectional and not (train and dropout > 0) and \
+        not torch._C._is_any_autocast_enabled() and _gru_sequence_available()
+
+
+@functools.lru_cache(maxsize=1)
+def _gru_sequence_available() -> bool:
+    """Whether torchreplay::gru_sequence runs on this CPU (AVX2 and FMA)."""
+    try:
+        x = torch.zeros(1, 1, 1)
+        torch.ops.torchreplay.gru_sequence(x, x[0], torch.zeros(1, 3), None, torch.zeros(1, 3), None, False)
+        return True
+    except RuntimeError:
+        return False
+
+
+def export_decompositions(table: Dict[Any, Callable], close: bool = False) -> Dict[Any, Callable]:
     """`table` (export's decompositions) with each recurrent op decomposed where _decomposes,
     else into its torchreplay::eager_* twin (whose sizes under the trace are the op's)."""
     out = {op: fn for op, fn in table.items() if op not in _WHOLE}
     for op, twin in _WHOLE.items():
-        out[op] = functools.partial(_where_eager, op, table.get(op), twin)
+        out[op] = functools.partial(_where_eager, op, table.get(op), twin, close)
     return out
 
 
-def _where_eager(op: Any, decomposition: Optional[Callable], twin: Any, *args: Any, **kwargs: Any) -> Any:
-    if decomposition is not None and not kwargs and len(args) == 9 and _decomposes(op, args):
+def _where_eager(op: Any, decomposition: Optional[Callable], twin: Any, close: bool, *args: Any, **kwargs: Any) -> Any:
+    if decomposition is not None and not kwargs and len(args) == 9 and _decomposes(op, args, close):
         return decomposition(*args, **kwargs)
     return twin(*args, **kwargs)
 
@@ -135,8 +168,8 @@ class _VFInTrace:
     no, so that the trace computes the op's sizes (PyTorch's Python decomposition of an LSTM gives
     states of other sizes, which the module's next call refuses)."""
 
-    def __init__(self, vf: Any) -> None:
-        self._vf = vf
+    def __init__(self, vf: Any, close: bool) -> None:
+        self._vf, self._close = vf, close
 
     def __getattr__(self, name: str) -> Any:
         fn = getattr(self._vf, name)
@@ -146,19 +179,20 @@ class _VFInTrace:
 
         def call(*args: Any) -> Any:
             op = _overload(packet, args)
-            if op is None or not isinstance(args[0], FakeTensor) or _decomposes(op, args):
+            if op is None or not isinstance(args[0], FakeTensor) or _decomposes(op, args, self._close):
                 return fn(*args)
             return _WHOLE[op](*args)
         return call
 
 
 @contextlib.contextmanager
-def whole_in_trace() -> Iterator[None]:
+def whole_in_trace(close: bool = False) -> Iterator[None]:
     """While torch.export traces a model for torchreplay.capture (one trace at a time in the
-    process, export.py): nn.RNN, nn.GRU and nn.LSTM call torchreplay's twins (_VFInTrace)."""
+    process, export.py): nn.RNN, nn.GRU and nn.LSTM call torchreplay's twins (_VFInTrace), where
+    _decomposes(..., close) says no."""
     from torch.nn.modules import rnn as modules
     original = modules._VF
-    modules._VF = _VFInTrace(original)
+    modules._VF = _VFInTrace(original, close)
     try:
         yield
     finally:

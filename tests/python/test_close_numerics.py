@@ -78,9 +78,12 @@ def test_zoo_within_tolerance(name):
         ops = ops_of(step, make(0))
     rewrites = report["rewrites"]
     products = {"aten::addmm.out", "torchreplay::small_gemm.out"}  # which one: timed at capture
-    if name in ("lstm_step", "gru_seq16"):  # through their decomposition, not oneDNN's RNN layer
+    if name == "lstm_step":  # through its decomposition, not oneDNN's RNN layer
         assert not any("lstm" in op or "gru" in op or "rnn" in op for op in ops), ops
         assert ops & products, ops
+    elif name == "gru_seq16":  # one call for the layer (Note [GRU steps])
+        assert rewrites["grus_fused"] == 1 and ops & {"torchreplay::gru_sequence.out"}, (rewrites, ops)
+        assert not ops & {"torchreplay::eager_gru.input", "aten::gru.input"}, ops
     elif name == "mlp":
         assert ops & products, ops
         assert rewrites["linears_small_gemm"] == 0 or rewrites["post_ops_fused"] > 0, rewrites
@@ -426,3 +429,4 @@ def test_a_channels_last_input_gives_eagers_channels_last_outputs(monkeypatch, w
         step = capture(model, make(0), "close")
         assert step.numerics["rewrites"]["convolutions_onednn" if way == "onednn" else "convolutions_small_gemm"] == 2
         assert_within_with_eagers_strides(step, model, make)
+
