@@ -12,9 +12,9 @@
 //   r = sigmoid(gi_r + gh_r), z = sigmoid(gi_z + gh_z), n = tanh(gi_n + r * gh_n),
 //   h' = n + z * (h - n)
 // with tanh the rational approximation Eigen uses for float (within 4e-7 of torch.tanh) and
-// sigmoid(x) = (1 + tanh(x / 2)) / 2 (within 2.4e-7, absolute): a third of the time of Sleef's
-// exp and tanh, which eager's kernels call. Eager's GRU cell up to those errors and rounding
-// ((1 - z) * n + z * h there): close, not bitwise.
+// sigmoid(x) = (1 + tanh(x / 2)) / 2 (within 2.4e-7, absolute), cheaper than Sleef's exp and tanh,
+// which eager's kernels call (a step of H = 64, one row: 1.12 us with Sleef's, 0.77 with these).
+// Eager's GRU cell up to those errors and rounding ((1 - z) * n + z * h there): close, not bitwise.
 #pragma once
 
 #include <cstdint>
