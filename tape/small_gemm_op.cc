@@ -144,20 +144,25 @@ at::Tensor& ConvGemmOut(const at::Tensor& input, const at::Tensor& weight_rows, 
       const int64_t hp = h + 2 * win.padding[0], wp = w + 2 * win.padding[1], s = win.stride[1];
       const int64_t wq = (wp + s - 1) / s, plane = hp * wq;  // one phase's row and plane
       thread_local std::vector<float> padded;
-      padded.assign(static_cast<size_t>(s * c * plane), 0.f);
-      for (int64_t ci = 0; ci < c; ++ci) {
-        for (int64_t r = 0; r < h; ++r) {
-          const float* from = x + ci * xs[0] + r * xs[1];
-          float* to = padded.data() + ci * plane + (r + win.padding[0]) * wq;
-          if (s == 1 && xs[2] == 1) {
-            std::copy(from, from + w, to + win.padding[1]);
-            continue;
-          }
-          // padded column z + padding is column `index` of phase `q`, both counted along
-          int64_t q = win.padding[1] % s, index = win.padding[1] / s;
-          for (int64_t z = 0; z < w; ++z) {
-            to[q * c * plane + index] = from[z * xs[2]];
-            if (++q == s) q = 0, ++index;
+      padded.resize(static_cast<size_t>(s * c * plane));
+      const int64_t pad_top = win.padding[0], pad_left = win.padding[1];
+      for (int64_t q = 0; q < s; ++q) {
+        for (int64_t ci = 0; ci < c; ++ci) {
+          float* phase = padded.data() + (q * c + ci) * plane;
+          // the padding rows above and below, zeros
+          std::fill(phase, phase + pad_top * wq, 0.f);
+          std::fill(phase + (pad_top + h) * wq, phase + plane, 0.f);
+          // input column z is padded column z + pad_left, column (z + pad_left) / s of phase
+          // (z + pad_left) % s: this phase's first is z0, every s-th after it
+          const int64_t z0 = ((q - pad_left) % s + s) % s, first = (z0 + pad_left) / s;
+          const int64_t count = z0 < w ? (w - z0 + s - 1) / s : 0;
+          for (int64_t r = 0; r < h; ++r) {
+            const float* from = x + ci * xs[0] + r * xs[1] + z0 * xs[2];
+            float* to = phase + (r + pad_top) * wq;
+            std::fill(to, to + first, 0.f);
+            const int64_t step = s * xs[2];
+            for (int64_t i = 0; i < count; ++i) to[first + i] = from[i * step];
+            std::fill(to + first + count, to + wq, 0.f);
           }
         }
       }
