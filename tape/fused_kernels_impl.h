@@ -559,22 +559,29 @@ Kernel KernelOf(const Instr& in) {
   }
 }
 
-// Elements [from, to) of the piece that starts at linear index `start` (first dim fastest) and is
-// `len` long: one row's run, as TensorIterator's serial_for_each hands it to a kernel's loop,
-// which is one vectorized_loop call with its own scalar tail. `from` is a multiple of kChunk (so
-// of every vector block), so each element takes the path it takes in the whole piece.
-// Byte offsets of element `start` (first dim fastest) of an instruction's iteration space in
-// each of its operands.
-void OffsetsAt(const Instr& in, int64_t start, int64_t* offsets) {
-  const int64_t col = start % in.shape[0];
-  int64_t index[kMaxDims] = {};  // the row's index in dims 1..
-  for (int64_t d = 1, rest = start / in.shape[0]; d < in.ndim; ++d) {
-    index[d] = rest % in.shape[d];
-    rest /= in.shape[d];
+// Where element `start` (first dim fastest) of an iteration space lies: its column and its row's
+// index in dims 1.. (divisions: once per walk, not per row; Row::Next steps to the next row).
+struct Row {
+  int64_t col = 0;
+  int64_t index[kMaxDims] = {};
+
+  Row(const Instr& shape, int64_t start) : col(start % shape.shape[0]) {
+    for (int64_t d = 1, rest = start / shape.shape[0]; d < shape.ndim; ++d) {
+      index[d] = rest % shape.shape[d];
+      rest /= shape.shape[d];
+    }
   }
+  void Next(const Instr& shape) {  // to column 0 of the next row
+    col = 0;
+    for (int64_t d = 1; d < shape.ndim && ++index[d] == shape.shape[d]; ++d) index[d] = 0;
+  }
+};
+
+// Byte offsets of the element at `row` of an instruction's iteration space in each of its operands.
+void OffsetsAt(const Instr& in, const Row& row, int64_t* offsets) {
   for (int k = 0; k <= in.num_inputs; ++k) {
-    offsets[k] = col * in.strides[k][0];
-    for (int d = 1; d < in.ndim; ++d) offsets[k] += index[d] * in.strides[k][d];
+    offsets[k] = row.col * in.strides[k][0];
+    for (int d = 1; d < in.ndim; ++d) offsets[k] += row.index[d] * in.strides[k][d];
   }
 }
 
@@ -589,13 +596,18 @@ void CopyElements(char* dst, int64_t dst_stride, const char* src, int64_t src_st
   for (int64_t i = from; i < to; ++i) std::memcpy(dst + i * dst_stride, src + i * src_stride, size);
 }
 
+// Elements [from, to) of the piece that starts at linear index `start` (first dim fastest; `row`
+// is where it lies) and is `len` long: one row's run, as TensorIterator's serial_for_each hands it
+// to a kernel's loop, which is one vectorized_loop call with its own scalar tail. `from` is a
+// multiple of kChunk (so of every vector block), so each element takes the path it takes in the
+// whole piece.
 void RunPiece(const Program& program, const Segment& seg, char* const* base, char* const* scratch, int64_t start,
-              int64_t len, int64_t from, int64_t to, std::atomic<bool>* inexact) {
+              const Row& row, int64_t len, int64_t from, int64_t to, std::atomic<bool>* inexact) {
   Cursor c[kMaxSegment];
   for (int j = 0; j < seg.count; ++j) {
     const Instr& in = program.instrs[seg.first + j];  // every instruction of a segment has one shape
     int64_t offsets[kMaxOperands];
-    OffsetsAt(in, start, offsets);
+    OffsetsAt(in, row, offsets);
     for (int k = 0; k <= in.num_inputs; ++k) {
       c[j].p[k] = base[in.operand[k]] + offsets[k];
       c[j].s[k] = in.strides[k][0];
@@ -625,15 +637,17 @@ void RunPiece(const Program& program, const Segment& seg, char* const* base, cha
   }
 }
 
-// Calls f(start, len) for each piece eager's loop over elements [b, e) makes: a row's run, cut
-// where the range begins or ends.
+// Calls f(start, row, len) for each piece eager's loop over elements [b, e) makes: a row's run,
+// cut where the range begins or ends; `row` is where `start` lies.
 template <class F>
 void ForEachPiece(const Instr& shape, int64_t b, int64_t e, const F& f) {
   const int64_t row_len = shape.shape[0];
+  Row row(shape, b);
   for (int64_t i = b; i < e;) {
-    const int64_t len = std::min(e - i, row_len - i % row_len);
-    f(i, len);
+    const int64_t len = std::min(e - i, row_len - row.col);
+    f(i, row, len);
     i += len;
+    row.Next(shape);
   }
 }
 
@@ -672,8 +686,8 @@ void RunSegment(const Program& program, const Segment& seg, char* const* base, c
   const int threads = at::get_num_threads();
   const auto ranges = EagerRanges(shape.numel, threads);
   const auto run_whole = [&](int64_t b, int64_t e) {
-    ForEachPiece(shape, b, e, [&](int64_t start, int64_t len) {
-      RunPiece(program, seg, base, scratch, start, len, 0, len, inexact);
+    ForEachPiece(shape, b, e, [&](int64_t start, const Row& row, int64_t len) {
+      RunPiece(program, seg, base, scratch, start, row, len, 0, len, inexact);
     });
   };
   if (threads == 1 || shape.numel * seg.count < kParallelWork || at::in_parallel_region()) {
@@ -685,7 +699,7 @@ void RunSegment(const Program& program, const Segment& seg, char* const* base, c
   std::vector<Item> items;
   for (const auto& [b, e] : ranges) {
     int64_t group = b;  // whole pieces not yet in an item: [group, start)
-    ForEachPiece(shape, b, e, [&](int64_t start, int64_t len) {
+    ForEachPiece(shape, b, e, [&](int64_t start, const Row&, int64_t len) {
       if (len < target) {
         if (start + len - group >= target) {
           items.push_back({true, group, start + len, 0, 0});
@@ -707,7 +721,7 @@ void RunSegment(const Program& program, const Segment& seg, char* const* base, c
       if (it.whole) {
         run_whole(it.b, it.e);
       } else {
-        RunPiece(program, seg, base, scratch, it.start, it.len, it.b, it.e, inexact);
+        RunPiece(program, seg, base, scratch, it.start, Row(shape, it.start), it.len, it.b, it.e, inexact);
       }
     }
   });
@@ -726,9 +740,9 @@ void Restore(const Program& program, char* const* base, char* const* scratch) {
   for (const Instr& in : program.instrs) {
     if (in.snapshot < 0) continue;
     const int64_t size = static_cast<int64_t>(c10::elementSize(in.dtype));
-    ForEachPiece(in, 0, in.numel, [&](int64_t start, int64_t len) {
+    ForEachPiece(in, 0, in.numel, [&](int64_t start, const Row& row, int64_t len) {
       int64_t offsets[kMaxOperands];
-      OffsetsAt(in, start, offsets);
+      OffsetsAt(in, row, offsets);
       CopyElements(base[in.operand[0]] + offsets[0], in.strides[0][0], scratch[in.snapshot] + start * size, size,
                    size, 0, len);
     });

@@ -91,13 +91,17 @@ class FusedStep final : public TypedCall {
   // fused kernel walks eager's pieces in chunks of kChunk elements, and on large tensors eager's
   // kernels, each over its whole range (MKL's vector math in one call, 512-bit loops where ATen
   // has them), can be faster. The bits are the same either way (every instruction is eager's
-  // arithmetic on eager's split), so a group with much work (kTimedWork element-ops) runs both
-  // ways in turn over its first runs and keeps the faster: the first 2 * kSettle runs are not
-  // counted (caches, pages and threads still settling make them slower, unevenly), then the best
-  // time of each way over kTrials runs decides. Smaller groups always fuse. The "ops" way is
-  // each node's own step as the tape would make it unfused (a prepared iterator where there is one).
+  // arithmetic on eager's split), so a group with much work (kTimedWork element-ops), or with
+  // many short rows (kTimedRows rows over its instructions: the kernel pays its set-up per row,
+  // eager's loops once per call; a channels-last map times a per-channel scale is 576 rows of 16
+  // at 24x24), runs both ways in turn over its first runs and keeps the faster: the first
+  // 2 * kSettle runs are not counted (caches, pages and threads still settling make them slower,
+  // unevenly), then the best time of each way over kTrials runs decides. Other groups always
+  // fuse. The "ops" way is each node's own step as the tape would make it unfused (a prepared
+  // iterator where there is one).
   enum class Mode : uint8_t { kTrial, kFused, kOps };
   static constexpr int64_t kTimedWork = int64_t{1} << 18;
+  static constexpr int64_t kTimedRows = 256;
   static constexpr int kSettle = 2;
   static constexpr int kTrials = 4;
 
@@ -106,9 +110,12 @@ class FusedStep final : public TypedCall {
     const char* env = std::getenv("TORCHREPLAY_FUSED_WAY");
     if (env != nullptr && std::string(env) == "fused") return Mode::kFused;
     if (env != nullptr && std::string(env) == "ops") return Mode::kOps;
-    int64_t work = 0;
-    for (const fused::Instr& in : program.instrs) work += in.numel;
-    return work >= kTimedWork ? Mode::kTrial : Mode::kFused;
+    int64_t work = 0, rows = 0;
+    for (const fused::Instr& in : program.instrs) {
+      work += in.numel;
+      rows += in.shape[0] > 0 ? in.numel / in.shape[0] : 0;
+    }
+    return work >= kTimedWork || rows >= kTimedRows ? Mode::kTrial : Mode::kFused;
   }
 
   struct Where {
