@@ -399,24 +399,6 @@ at::Tensor& ConvolutionOut(const at::Tensor& input, const at::Tensor& weight, co
   return out;
 }
 
-class ConvolutionStep final : public TypedCall {
- public:
-  ConvolutionStep(ConvCall call, TensorArg input, TensorArg weight, std::optional<TensorArg> bias, at::Tensor out)
-      : call_(std::move(call)), input_(std::move(input)), weight_(std::move(weight)), bias_(std::move(bias)),
-        out_(std::move(out)) {}
-  void Run(c10::DispatchKeySet, const Slots& slots) const override {
-    std::optional<at::Tensor> bias;
-    if (bias_.has_value()) bias = bias_->get(slots);
-    call_.Run(input_.get(slots), weight_.get(slots), bias, out_);
-  }
-
- private:
-  ConvCall call_;
-  TensorArg input_, weight_;
-  std::optional<TensorArg> bias_;
-  at::Tensor out_;  // the planned buffer
-};
-
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(torchreplay, m) {
@@ -451,7 +433,7 @@ std::unique_ptr<TypedCall> MakeConvolutionStep(const Slots& args, const std::vec
   if (bias.has_value() && bias->slot < 0 && !bias->value.defined()) bias.reset();
   ConvCall call(kernel, out.dim() == 3, args[3].toIntVector(), args[4].toIntVector(), args[5].toIntVector(),
                 args[8].toInt());
-  return std::make_unique<ConvolutionStep>(std::move(call), *std::move(input), *std::move(weight), std::move(bias),
+  return std::make_unique<CheckedStep<ConvCall>>(std::move(call), *std::move(input), *std::move(weight), std::move(bias),
                                            out);
 }
 

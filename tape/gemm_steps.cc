@@ -49,7 +49,9 @@ class GemmCall {
  public:
   explicit GemmCall(c10::string_view kernel) : read_(ReadOf(kernel)), bias_last_(BiasLast(kernel)) {}
 
-  void Run(const at::Tensor& mat1, const at::Tensor& mat2, const at::Tensor& bias, const at::Tensor& out) const {
+  void Run(const at::Tensor& mat1, const at::Tensor& mat2, const std::optional<at::Tensor>& bias_or_none,
+           const at::Tensor& out) const {
+    const at::Tensor bias = bias_or_none.has_value() ? *bias_or_none : at::Tensor();
     const int64_t m = mat1.size(0), k = mat1.size(1), n = mat2.size(1);
     TORCH_CHECK(small_gemm::Available(), kAddmmOut, ": this CPU has no AVX2 and FMA");
     TORCH_CHECK(mat1.dim() == 2 && mat2.dim() == 2 && out.dim() == 2 && mat2.size(0) == k && out.size(0) == m &&
@@ -351,22 +353,6 @@ at::Tensor& MmOut(const at::Tensor& self, const at::Tensor& mat2, c10::string_vi
   return out;
 }
 
-class GemmStep final : public TypedCall {
- public:
-  GemmStep(GemmCall call, TensorArg mat1, TensorArg mat2, std::optional<TensorArg> bias, at::Tensor out)
-      : call_(std::move(call)), mat1_(std::move(mat1)), mat2_(std::move(mat2)), bias_(std::move(bias)),
-        out_(std::move(out)) {}
-  void Run(c10::DispatchKeySet, const Slots& slots) const override {
-    call_.Run(mat1_.get(slots), mat2_.get(slots), bias_.has_value() ? bias_->get(slots) : at::Tensor(), out_);
-  }
-
- private:
-  GemmCall call_;
-  TensorArg mat1_, mat2_;
-  std::optional<TensorArg> bias_;
-  at::Tensor out_;  // the planned buffer
-};
-
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(torchreplay, m) {
@@ -402,7 +388,7 @@ std::unique_ptr<TypedCall> MakeGemmStep(const Slots& args, const std::vector<int
   if (addmm) bias = tensor(0);
   if (!mat1.has_value() || !mat2.has_value() || (addmm && !bias.has_value())) return nullptr;
   if (ReadOf(kernel) != kInPlace && mat2->slot >= 0) return nullptr;  // a packed copy is of a fixed mat2
-  return std::make_unique<GemmStep>(GemmCall(kernel), *std::move(mat1), *std::move(mat2), std::move(bias),
+  return std::make_unique<CheckedStep<GemmCall>>(GemmCall(kernel), *std::move(mat1), *std::move(mat2), std::move(bias),
                                     args.back().toTensor());
 }
 

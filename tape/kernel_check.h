@@ -6,10 +6,13 @@
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ir/recording.h"
+#include "tape/typed_call.h"
 
 namespace torchreplay::capture {
 
@@ -34,5 +37,26 @@ std::vector<double> MinMicros(const std::vector<std::function<void()>>& fns);
 
 // "12.3 us", for the notes of a check.
 std::string Us(double us);
+
+// The tape's step of a checked kernel: `call.Run(a, b, bias, out)` on two tensor arguments, an
+// optional bias and the node's planned buffer. `Call` is the kernel as the check chose it, with
+// what it keeps between runs (a packed weight); a tape runs on one thread.
+template <class Call>
+class CheckedStep final : public TypedCall {
+ public:
+  CheckedStep(Call call, TensorArg a, TensorArg b, std::optional<TensorArg> bias, at::Tensor out)
+      : call_(std::move(call)), a_(std::move(a)), b_(std::move(b)), bias_(std::move(bias)), out_(std::move(out)) {}
+  void Run(c10::DispatchKeySet, const Slots& slots) const override {
+    std::optional<at::Tensor> bias;
+    if (bias_.has_value()) bias = bias_->get(slots);
+    call_.Run(a_.get(slots), b_.get(slots), bias, out_);
+  }
+
+ private:
+  Call call_;
+  TensorArg a_, b_;
+  std::optional<TensorArg> bias_;
+  at::Tensor out_;  // the planned buffer
+};
 
 }  // namespace torchreplay::capture

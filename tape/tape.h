@@ -22,9 +22,11 @@
 //   cpu_features.h        whether the CPU runs the kernels compiled for AVX2 and FMA
 //   small_gemm.h          products of few rows (Note [Small GEMMs]; small_gemm_avx2.cc; the ops
 //                         small_gemm and conv_gemm in small_gemm_op.cc)
+//   recurrent.h           a GRU layer in one call (Note [GRU steps]; recurrent_avx2.cc; the op
+//                         gru_sequence in recurrent_op.cc)
 //   collective_steps.h    torch.distributed's collectives as steps (Note [Collective steps])
 //
-// Namespaces torchreplay::capture (and ::fused, ::depthwise, ::small_gemm), kept from when ir/,
+// Namespaces torchreplay::capture (and ::fused, ::depthwise, ::small_gemm, ::recurrent), kept from when ir/,
 // tape/ and cuda/ were one capture/ package. Depends on ir/, memory_pool/ (the arena), ATen and Abseil; never on
 // cuda/.
 #pragma once
