@@ -1,6 +1,7 @@
 import logging
 import os
 import sys
+import warnings
 
 import pytest
 import torch
@@ -18,6 +19,32 @@ def _fresh_dynamo():
     yield
     torch._dynamo.reset()
     torch._dynamo.config.load_config(saved)
+
+
+def _thread_state():
+    return {"grad mode": torch.is_grad_enabled(), "inference mode": torch.is_inference_mode_enabled(),
+            "default dtype": torch.get_default_dtype(),
+            "deterministic algorithms": torch.are_deterministic_algorithms_enabled()}
+
+
+@pytest.fixture(autouse=True)
+def _state_put_back():
+    """Each test leaves the modes Dynamo guards on as it found them. A mode left changed on the main
+    thread (grad mode is per thread) makes a later test's worker threads, which start with the
+    defaults, fail the guards of what the main thread compiled and compile again, racing the other
+    workers (Dynamo's FX-tracing flag is process-wide): test_threads.py failed so once. A change
+    is reported as a warning naming the test, and put back (all but an inference mode left
+    entered, which only its own guard can leave)."""
+    before = _thread_state()
+    yield
+    after = _thread_state()
+    if after == before:
+        return
+    torch.set_grad_enabled(before["grad mode"])
+    torch.set_default_dtype(before["default dtype"])
+    torch.use_deterministic_algorithms(before["deterministic algorithms"])
+    changed = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
+    warnings.warn(f"the test left {changed} changed", stacklevel=1)
 
 
 @pytest.fixture
