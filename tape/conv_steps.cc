@@ -90,11 +90,7 @@ class ConvCall {
       at::native::slow_conv2d_forward_out_cpu(x, w, w.sizes().slice(2), bias, stride_, padding_, y);
       return;
     }
-    const int64_t version = weight.unsafeGetTensorImpl()->version_counter().current_version();
-    if (!packed_.defined() || version != packed_version_ || packed_for_ != x.sizes()) {
-      Pack(weight, x.sizes());
-      packed_version_ = version;
-    }
+    if (packed_watch_.Changed(weight) || packed_for_ != x.sizes()) Pack(weight, x.sizes());
     y.copy_(Pointwise()->redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), x, packed_, bias, padding_, stride_,
                                     dilation_, groups_, "none", c10::List<std::optional<c10::Scalar>>(),
                                     std::nullopt));
@@ -102,7 +98,7 @@ class ConvCall {
 
  private:
   // Note [Depthwise convolutions]: x, w4 and y as 4-d tensors; `weight` the weight as the graph
-  // has it (whose version a channels-last filter copy follows).
+  // has it (which a channels-last filter copy follows).
   void RunDepthwise(const at::Tensor& x, const at::Tensor& w4, const at::Tensor& weight,
                     const std::optional<at::Tensor>& bias, at::Tensor& y) const {
     TORCH_CHECK(x.scalar_type() == c10::kFloat && y.scalar_type() == c10::kFloat && w4.size(1) == 1 &&
@@ -125,12 +121,7 @@ class ConvCall {
     }
     for (int d = 0; d < 4; ++d) p.xs[d] = x.stride(d), p.ys[d] = y.stride(d);
     {  // the filters as [KH, KW, C], for walks over channels (channels-last, or short rows)
-      const int64_t version =
-          weight.is_inference() ? -2 : weight.unsafeGetTensorImpl()->version_counter().current_version();
-      if (!w_hwc_.defined() || version != w_hwc_version_ || version == -2) {
-        w_hwc_ = w.view({p.c, p.kh, p.kw}).permute({1, 2, 0}).contiguous();
-        w_hwc_version_ = version;
-      }
+      if (w_hwc_watch_.Changed(weight)) w_hwc_ = w.view({p.c, p.kh, p.kw}).permute({1, 2, 0}).contiguous();
       p.w_hwc = w_hwc_.const_data_ptr<float>();
     }
     p.bias_first = kernel_ == kDepthwise;
@@ -147,14 +138,14 @@ class ConvCall {
   bool one_d_;
   std::vector<int64_t> stride_, padding_, dilation_;
   int64_t groups_;
-  // onednn_prepacked: the weight in oneDNN's layout, the weight's version and the input sizes it
-  // was packed for (a tape runs on one thread)
+  // onednn_prepacked: the weight in oneDNN's layout, what it was made from (WeightWatch) and the
+  // input sizes it was packed for (a tape runs on one thread)
   mutable at::Tensor packed_;
-  mutable int64_t packed_version_ = -1;
+  mutable WeightWatch packed_watch_;
   mutable std::vector<int64_t> packed_for_;
-  // depthwise on channels-last tensors: the filters as [KH, KW, C], and the weight's version then
+  // depthwise on channels-last tensors: the filters as [KH, KW, C], and what they were made from
   mutable at::Tensor w_hwc_;
-  mutable int64_t w_hwc_version_ = -1;
+  mutable WeightWatch w_hwc_watch_;
 };
 
 // aten::convolution's arguments, as one run had them.
@@ -312,8 +303,6 @@ void CheckConvolution(const Graph& g, int node, const std::vector<c10::IValue>& 
       not_tried.push_back(absl::StrCat(kOnednn, ": mkldnn::_convolution_pointwise has no CPU kernel here"));
     } else if (!weight_fixed) {
       not_tried.push_back(absl::StrCat(kOnednn, ": the weight is computed or bound per call"));
-    } else if (a.weight.is_inference()) {
-      not_tried.push_back(absl::StrCat(kOnednn, ": the weight is an inference tensor (no version counter)"));
     } else if (PaddingBeyondReach(a)) {
       not_tried.push_back(absl::StrCat(kOnednn, ": padding beyond the kernel's reach (oneDNN's convolution crashed "
                                                 "on such a geometry)"));

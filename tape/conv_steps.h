@@ -15,7 +15,7 @@
 //     CPU freezing uses) on the weight reordered once, at capture
 //     (mkldnn_reorder_conv2d_weight), its channels-last result copied into the planned buffer;
 //     float32 only, and only where the weight is constant under the key (a baked parameter or a
-//     constant) and tracks its version, and no dim's padding exceeds the kernel's reach (oneDNN's
+//     constant), and no dim's padding exceeds the kernel's reach (oneDNN's
 //     convolution crashed on such a geometry: PaddingBeyondReach in conv_steps.cc).
 // A candidate is taken only if it computes exactly eager's bits, compared as integers, on the
 // recording run's own input and on two inputs of the same geometry made from a private seed (one
@@ -26,11 +26,11 @@
 // eager's kernel with less around it). Which kernel each node took, with the times, and why the
 // others were refused, is in the tape's dump and in Captured.profile's "note". A node with no
 // such kernel runs eager's op as it is.
-// A prepacked weight is a copy: the step compares the weight's version counter with the one it
-// packed and packs again when the weight was written in place (load_state_dict, an optimizer
-// step, torch.no_grad writes); a weight written through .data bypasses its version counter and
-// is not seen (capture again after such a change). A weight that moves is recaptured by the
-// engine. The packed copy lives as long as the key's capture (per thread).
+// A prepacked weight (and the depthwise kernel's channels-last copy of the filters) is a copy: the
+// step compares the weight's bytes with those it packed (WeightWatch in kernel_check.h: not its
+// version counter, which fused optimizers and writes through .data leave where it was) and packs
+// again when they differ. A weight that moves is recaptured by the engine. The packed copy lives
+// as long as the key's capture (per thread).
 #pragma once
 
 #include <memory>

@@ -6,6 +6,8 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
+#include <ATen/MemoryOverlap.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <functional>
@@ -30,6 +32,7 @@ constexpr char kPanels[] = "small_gemm_panels";
 constexpr char kBiasLast[] = "_bias_last";
 constexpr int64_t kPanel = 64;
 constexpr int64_t kPanelsFrom = 128 << 10;  // bytes of weight from which panels are tried
+constexpr int kRepacksToEager = 3;
 
 // The read of mat2 a kernel's name says ("small_gemm_panels_bias_last": "small_gemm_panels").
 std::string ReadOf(c10::string_view kernel) {
@@ -49,20 +52,39 @@ class GemmCall {
  public:
   explicit GemmCall(c10::string_view kernel) : read_(ReadOf(kernel)), bias_last_(BiasLast(kernel)) {}
 
+  // `name`: the op, for errors.
   void Run(const at::Tensor& mat1, const at::Tensor& mat2, const std::optional<at::Tensor>& bias_or_none,
-           const at::Tensor& out) const {
+           const at::Tensor& out, const char* name = kAddmmOut) const {
     const at::Tensor bias = bias_or_none.has_value() ? *bias_or_none : at::Tensor();
+    TORCH_CHECK(small_gemm::Available(), name, ": this CPU has no AVX2 and FMA");
+    TORCH_CHECK(mat1.dim() == 2 && mat2.dim() == 2 && out.dim() == 2, name, ": 2-d matrices, not ", mat1.dim(),
+                "-d x ", mat2.dim(), "-d into ", out.dim(), "-d");
     const int64_t m = mat1.size(0), k = mat1.size(1), n = mat2.size(1);
-    TORCH_CHECK(small_gemm::Available(), kAddmmOut, ": this CPU has no AVX2 and FMA");
-    TORCH_CHECK(mat1.dim() == 2 && mat2.dim() == 2 && out.dim() == 2 && mat2.size(0) == k && out.size(0) == m &&
-                    out.size(1) == n && (n <= 1 || out.stride(1) == 1) && mat1.scalar_type() == c10::kFloat &&
-                    mat2.scalar_type() == c10::kFloat && out.scalar_type() == c10::kFloat && mat1.device().is_cpu() &&
-                    mat2.device().is_cpu() && out.device().is_cpu(),
-                kAddmmOut, ": float32 CPU matrices [M, K] x [K, N] into [M, N] with contiguous rows, not ",
-                mat1.sizes(), " x ", mat2.sizes(), " into ", out.sizes());
+    TORCH_CHECK(mat1.scalar_type() == c10::kFloat && mat2.scalar_type() == c10::kFloat &&
+                    out.scalar_type() == c10::kFloat && mat1.device().is_cpu() && mat2.device().is_cpu() &&
+                    out.device().is_cpu(),
+                name, ": float32 CPU tensors, not ", mat1.scalar_type(), " x ", mat2.scalar_type(), " into ",
+                out.scalar_type());
+    TORCH_CHECK(mat2.size(0) == k && out.size(0) == m && out.size(1) == n && (n <= 1 || out.stride(1) == 1), name,
+                ": [M, K] x [K, N] into [M, N] with contiguous rows, not ", mat1.sizes(), " x ", mat2.sizes(),
+                " into ", out.sizes());
+    TORCH_CHECK(at::has_internal_overlap(out) != at::MemOverlap::Yes, name,
+                ": out has elements that share memory");
+    at::assert_no_overlap(out, mat1);
+    at::assert_no_overlap(out, mat2);
     TORCH_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == n && bias.scalar_type() == c10::kFloat &&
                                     bias.device().is_cpu()),
-                kAddmmOut, ": the bias is float32 [", n, "]");
+                name, ": the bias is float32 [", n, "]");
+    if (bias.defined()) at::assert_no_overlap(out, bias);
+    if (read_ != kInPlace && Pack(mat2)) {  // a weight written every call: eager's op from now on
+      at::Tensor y = out;
+      if (bias.defined()) {
+        at::addmm_out(y, bias, mat1, mat2);
+      } else {
+        at::mm_out(y, mat1, mat2);
+      }
+      return;
+    }
     small_gemm::Params p;
     const at::Tensor x = k > 1 && mat1.stride(1) != 1 ? mat1.contiguous() : mat1;
     at::Tensor b;
@@ -76,7 +98,6 @@ class GemmCall {
       w = (n <= 1 || mat2.stride(1) == 1) && (k <= 1 || mat2.stride(0) >= n) ? mat2 : mat2.contiguous();
       p.w_row = k > 1 ? w.stride(0) : n;
     } else {
-      Pack(mat2);
       w = packed_;
       p.panel = read_ == kPanels ? kPanel : 0;
     }
@@ -93,13 +114,20 @@ class GemmCall {
   }
 
  private:
-  // The copy of mat2 the kernel reads, made again when mat2's version, address or sizes change.
-  void Pack(const at::Tensor& mat2) const {
-    const int64_t version =
-        mat2.is_inference() ? -2 : mat2.unsafeGetTensorImpl()->version_counter().current_version();
-    if (packed_.defined() && version == packed_version_ && version != -2 && mat2.const_data_ptr() == packed_from_ &&
-        mat2.sizes() == packed_sizes_) {
-      return;
+  // The copy of mat2 the kernel reads, made again when mat2 changed (WeightWatch: by its bytes).
+  // Returns true where mat2 changed on kRepacksToEager calls in a row (a weight an optimizer
+  // writes every step: repacking each call costs more than the check measured, which saw it
+  // fixed): then, and from then on, the caller runs eager's op, which gives the same bits.
+  bool Pack(const at::Tensor& mat2) const {
+    if (to_eager_) return true;
+    if (!watch_.Changed(mat2)) {
+      repacks_in_a_row_ = 0;
+      return false;
+    }
+    if (packed_.defined() && ++repacks_in_a_row_ >= kRepacksToEager) {
+      to_eager_ = true;
+      packed_ = at::Tensor();
+      return true;
     }
     const at::Tensor kn = mat2.contiguous();
     if (read_ == kPanels) {  // [ceil(N / panel), K, panel], the last panel zero-padded
@@ -109,18 +137,16 @@ class GemmCall {
     } else {
       packed_ = kn.data_ptr() == mat2.data_ptr() ? kn.clone() : kn;
     }
-    packed_version_ = version;
-    packed_from_ = mat2.const_data_ptr();
-    packed_sizes_ = mat2.sizes().vec();
+    return false;
   }
 
   std::string read_;  // kInPlace, kPacked or kPanels
   bool bias_last_;
-  // the packed kernels' copy of mat2 and what it was made from (a tape runs on one thread)
+  // the packed kernels' copy of mat2, and what it was made from (a tape runs on one thread)
   mutable at::Tensor packed_;
-  mutable int64_t packed_version_ = -1;
-  mutable const void* packed_from_ = nullptr;
-  mutable std::vector<int64_t> packed_sizes_;
+  mutable WeightWatch watch_;
+  mutable int repacks_in_a_row_ = 0;
+  mutable bool to_eager_ = false;
 };
 
 bool IsOne(const c10::IValue& v) {
@@ -156,21 +182,25 @@ bool FixedWeight(const Graph& g, int node, ValueId v, const Recording& rec) {
 }
 
 // Empty when `call` computes eager's bits, into a buffer of the recorded geometry left as it was,
-// on: the recorded mat1; two seeded mat1s; seeded mat1, mat2 and bias together. Else why not.
+// on: the recorded mat1; two seeded mat1s; seeded mat1, mat2 and bias together; and, for addmm,
+// NaNs in mat1 and in the bias at once (which NaN a sum keeps is the order of its last add).
+// Else why not.
 std::string CheckCall(const Node& n, bool addmm, const GemmCall& call, const std::vector<c10::IValue>& args,
                       const at::Tensor& result, const ValueRecord& r) {
   const char* inputs[] = {"the recorded input", "an input with signed zeros and subnormals",
-                          "an input with infinities and NaNs", "a seeded input, weight and bias"};
+                          "an input with infinities and NaNs", "a seeded input, weight and bias",
+                          "NaNs in the input and the bias"};
   const int x_at = addmm ? 1 : 0, w_at = addmm ? 2 : 1;
-  for (int k = 0; k < 4; ++k) {
+  for (int k = 0; k < (addmm ? 5 : 4); ++k) {
     torch::jit::Stack stack = args;
     at::Tensor eager = result;
     if (k > 0) {
-      stack[x_at] = Synthetic(args[x_at].toTensor(), k == 2);
+      stack[x_at] = Synthetic(args[x_at].toTensor(), k == 2 || k == 4);
       if (k == 3) {
         stack[w_at] = Synthetic(args[w_at].toTensor(), false);
         if (addmm) stack[0] = Synthetic(args[0].toTensor(), false);
       }
+      if (k == 4) stack[0] = Synthetic(args[0].toTensor(), true);
       torch::jit::Stack run = stack;
       n.op->callBoxed(&run);
       eager = run[0].toTensor();
@@ -203,6 +233,8 @@ std::string Unfit(bool addmm, const std::vector<c10::IValue>& v, const at::Tenso
     }
   }
   if (mat1.numel() == 0 || result.numel() == 0) return "an empty product";
+  // (eager's product over one k is the plain multiply, whose -0.0 a sum from +0 turns into +0)
+  if (mat1.size(1) < 2) return "K = 1";
   if (result.size(1) > 1 && result.stride(1) != 1) return "a result whose rows are not contiguous";
   if (addmm) {
     if (!v[0].isTensor()) return "a bias that is not a tensor";
@@ -261,8 +293,6 @@ bool CheckGemm(const Graph& g, int node, const std::vector<c10::IValue>& env, Re
     const bool fixed = w.kind == Arg::Kind::kConstant || (w.kind == Arg::Kind::kValue && FixedWeight(g, node, w.value, *rec));
     if (!fixed) {
       not_tried.push_back(absl::StrCat(kPacked, ": mat2 is computed or bound per call"));
-    } else if (mat2.is_inference()) {
-      not_tried.push_back(absl::StrCat(kPacked, ": mat2 is an inference tensor (no version counter)"));
     } else {
       kernels.push_back(kPacked);
       if (k * cols * 4 >= kPanelsFrom) kernels.push_back(kPanels);
@@ -321,7 +351,7 @@ bool CheckGemm(const Graph& g, int node, const std::vector<c10::IValue>& env, Re
     auto op = FindOperator(out_name);
     if (!op.ok()) return refuse(std::string(op.status().message()));
     rec->out_variants[node] = OutVariant{*op, c10::IValue(tried[best].kernel)};
-    rec->out_notes[node] = absl::StrCat(tried[best].kernel, " ", Us(tried[best].us), ", bitwise on 4 inputs; ", eager,
+    rec->out_notes[node] = absl::StrCat(tried[best].kernel, " ", Us(tried[best].us), ", bitwise on ", addmm ? 5 : 4, " inputs; ", eager,
                                         notes.empty() ? "" : "; ", absl::StrJoin(notes, "; "));
     return true;
   } catch (const c10::Error& e) {
@@ -349,7 +379,8 @@ at::Tensor& AddmmOut(const at::Tensor& self, const at::Tensor& mat1, const at::T
 
 at::Tensor& MmOut(const at::Tensor& self, const at::Tensor& mat2, c10::string_view kernel, at::Tensor& out) {
   CheckKernel(kernel);
-  GemmCall(kernel).Run(self, mat2, at::Tensor(), out);
+  TORCH_CHECK(!BiasLast(kernel), kMmOut, ": no bias to add last ('", kernel, "')");
+  GemmCall(kernel).Run(self, mat2, std::nullopt, out, kMmOut);
   return out;
 }
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 
@@ -73,5 +74,16 @@ at::Tensor FixedBuffer(const ValueRecord& r) {
 }
 
 std::string Us(double us) { return absl::StrFormat("%.1f us", us); }
+
+bool WeightWatch::Changed(const at::Tensor& w) {
+  const at::Tensor bytes = w.is_contiguous() ? w : w.contiguous();
+  if (seen_.defined() && w.const_data_ptr() == from_ && seen_.sizes() == w.sizes() && seen_.dtype() == w.dtype() &&
+      std::memcmp(bytes.const_data_ptr(), seen_.const_data_ptr(), bytes.nbytes()) == 0) {
+    return false;
+  }
+  seen_ = bytes.clone();
+  from_ = w.const_data_ptr();
+  return true;
+}
 
 }  // namespace torchreplay::capture

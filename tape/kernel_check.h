@@ -38,6 +38,20 @@ std::vector<double> MinMicros(const std::vector<std::function<void()>>& fns);
 // "12.3 us", for the notes of a check.
 std::string Us(double us);
 
+// A weight a kernel keeps a copy of (packed, reordered): whether it changed since the copy was
+// made, by its bytes, address and sizes, not its version counter, which fused optimizers
+// (torch.optim.Adam(fused=True)) and writes through .data leave where it was. Costs a read of the
+// weight per call (its bytes against a copy of them), measured with the kernel by the checks.
+class WeightWatch {
+ public:
+  // True the first time and whenever `w` is not what the last true call saw (then remembered).
+  bool Changed(const at::Tensor& w);
+
+ private:
+  at::Tensor seen_;  // a contiguous copy of the bytes
+  const void* from_ = nullptr;
+};
+
 // The tape's step of a checked kernel: `call.Run(a, b, bias, out)` on two tensor arguments, an
 // optional bias and the node's planned buffer. `Call` is the kernel as the check chose it, with
 // what it keeps between runs (a packed weight); a tape runs on one thread.

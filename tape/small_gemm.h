@@ -35,7 +35,7 @@ struct Params {
   // tile walks its weight sequentially down k (a GEMV streaming a weight from memory).
   int64_t panel = 0;
   const float* bias = nullptr;      // [n] or null: each column's sums start from it
-  bool bias_last = false;           // or, if set, start from +0 and bias is added after the last k
+  bool bias_last = false;           // or, if set, start from +0 and bias + sum after the last k
   const float* row_bias = nullptr;  // [m] or null: each row's sums start from it (not with bias)
   float* y = nullptr;           // [m, n], row r at y + r * y_row, elements contiguous
   int64_t x_row = 0, y_row = 0, m = 0, k = 0, n = 0;

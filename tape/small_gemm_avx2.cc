@@ -71,9 +71,11 @@ inline void Tile(const Params& p, int64_t r0, int64_t c0) {
 #undef MULTIPLY_ADD
 #undef MULTIPLY_ADD_ROW
   }
-  if (bias != nullptr && p.bias_last) {  // the sum, then the bias
+  // the sum, then the bias: bias + sum, whose NaN is the bias's where both are (addps keeps its
+  // first operand's), as MKL's C + A B
+  if (bias != nullptr && p.bias_last) {
 #define ADD_BIAS(r, v) \
-  if constexpr (r < MR && v < NV) a##r##v = _mm256_add_ps(a##r##v, _mm256_loadu_ps(bias + v * kLanes));
+  if constexpr (r < MR && v < NV) a##r##v = _mm256_add_ps(_mm256_loadu_ps(bias + v * kLanes), a##r##v);
     TORCHREPLAY_TILE(ADD_BIAS)
 #undef ADD_BIAS
   }
@@ -124,7 +126,7 @@ void TailTile(const Params& p, int64_t r0, int64_t c0, __m256i mask) {
   }
   if (p.bias != nullptr && p.bias_last) {
     const __m256 b = _mm256_maskload_ps(p.bias + c0, mask);
-    a0 = _mm256_add_ps(a0, b), a1 = _mm256_add_ps(a1, b), a2 = _mm256_add_ps(a2, b), a3 = _mm256_add_ps(a3, b);
+    a0 = _mm256_add_ps(b, a0), a1 = _mm256_add_ps(b, a1), a2 = _mm256_add_ps(b, a2), a3 = _mm256_add_ps(b, a3);
   }
   const bool relu = p.post == PostOp::kRelu;
   float* y = p.y + r0 * p.y_row + c0;

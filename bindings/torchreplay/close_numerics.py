@@ -36,7 +36,8 @@ Channels-last results are made contiguous again only where an op could see the l
 The folded and packed weights are constants of the graph, computed from the parameters at
 capture: a parameter or buffer they came from that changes afterwards would not be seen, so the
 graph's first step checks their version counters (torchreplay::check_frozen) and raises, saying
-to capture again. Convolutions with symbolic sizes (dynamic=True) keep eager's op (their batch
+to capture again. A write that leaves the counter where it was (a fused optimizer,
+torch.optim.Adam(fused=True); a write through .data) is not seen: capture again after one. Convolutions with symbolic sizes (dynamic=True) keep eager's op (their batch
 norms are still folded). The rewrite is checked at capture by running both graphs on the example
 inputs: if the rewritten one fails, the capture keeps the bitwise graph and logs why; otherwise
 the largest absolute and relative differences are kept (Captured.numerics).
