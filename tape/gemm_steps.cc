@@ -3,6 +3,7 @@
 #include "tape/gemm_steps.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
@@ -77,6 +78,7 @@ class GemmCall {
                 name, ": the bias is float32 [", n, "]");
     if (bias.defined()) at::assert_no_overlap(out, bias);
     if (read_ != kInPlace && Pack(mat2)) {  // a weight written every call: eager's op from now on
+      at::AutoDispatchBelowADInplaceOrView below_autograd;  // (the step's own kernel, as the others)
       at::Tensor y = out;
       if (bias.defined()) {
         at::addmm_out(y, bias, mat1, mat2);

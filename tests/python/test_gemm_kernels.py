@@ -311,3 +311,32 @@ def test_weight_written_every_call_stays_bitwise():
             assert_bitwise(step(*x), model(*x))
         for _ in range(2):  # and fixed again
             assert_bitwise(step(*x), model(*x))
+
+
+def test_training_steps_through_torch_compile_stay_bitwise():
+    """A training step compiled with the backend: the forward's weights change every step (packed
+    copies remade, then eager's op); the loss and the parameters step after step those of the same
+    step compiled with aot_eager (eager's kernels on the same graph; a compiled optimizer's
+    arithmetic is not eager's opt.step())."""
+    torch.manual_seed(0)
+    model = nn.Sequential(Linear(32, 64), nn.Tanh(), Linear(64, 16))
+    twin = nn.Sequential(Linear(32, 64), nn.Tanh(), Linear(64, 16))
+    twin.load_state_dict(model.state_dict())
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (model, twin)]
+    b = backend()
+
+    def step(m, opt, x):
+        opt.zero_grad()
+        loss = m(x).square().mean()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    compiled = torch.compile(step, backend=b)
+    reference = torch.compile(step, backend="aot_eager")
+    for i in range(8):
+        x = seeded((16, 32), i)
+        assert_bitwise(compiled(model, opts[0], x), reference(twin, opts[1], x))
+        for p, q in zip(model.parameters(), twin.parameters()):
+            assert_bitwise(p, q)
+    assert sum(s["replays"] for s in b.stats()) >= 5, b.stats()
