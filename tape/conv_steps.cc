@@ -201,18 +201,9 @@ std::string CheckCall(const Node& n, const ConvCall& call, const ConvArgs& a, co
       n.op->callBoxed(&stack);
       eager = stack[0].toTensor();
     }
-    at::Tensor buffer = FixedBuffer(r);
-    const c10::StorageImpl* storage = buffer.storage().unsafeGetStorageImpl();
-    try {
-      call.Run(input, a.weight, a.bias, buffer);
-    } catch (const c10::Error& e) {
-      return absl::StrCat("it raised on ", inputs[k], ": ", e.what_without_backtrace());
-    }
-    if (buffer.sizes() != c10::IntArrayRef(r.sizes) || buffer.strides() != c10::IntArrayRef(r.strides) ||
-        buffer.storage().unsafeGetStorageImpl() != storage) {
-      return "it resized or restrided its output";
-    }
-    if (!SameBits(buffer, eager)) return absl::StrCat("other bits than eager's on ", inputs[k]);
+    const std::string why =
+        CompareRun([&](const at::Tensor& buffer) { call.Run(input, a.weight, a.bias, buffer); }, eager, r, inputs[k]);
+    if (!why.empty()) return why;
   }
   return "";
 }

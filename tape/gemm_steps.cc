@@ -207,19 +207,14 @@ std::string CheckCall(const Node& n, bool addmm, const GemmCall& call, const std
       n.op->callBoxed(&run);
       eager = run[0].toTensor();
     }
-    at::Tensor buffer = FixedBuffer(r);
-    const c10::StorageImpl* storage = buffer.storage().unsafeGetStorageImpl();
-    try {
-      GemmCall fresh = call;  // a packed kernel packs this round's mat2
-      fresh.Run(stack[x_at].toTensor(), stack[w_at].toTensor(), addmm ? stack[0].toTensor() : at::Tensor(), buffer);
-    } catch (const c10::Error& e) {
-      return absl::StrCat("it raised on ", inputs[k], ": ", e.what_without_backtrace());
-    }
-    if (buffer.sizes() != c10::IntArrayRef(r.sizes) || buffer.strides() != c10::IntArrayRef(r.strides) ||
-        buffer.storage().unsafeGetStorageImpl() != storage) {
-      return "it resized or restrided its output";
-    }
-    if (!SameBits(buffer, eager)) return absl::StrCat("other bits than eager's on ", inputs[k]);
+    GemmCall fresh = call;  // a packed kernel packs this round's mat2
+    const std::string why = CompareRun(
+        [&](const at::Tensor& buffer) {
+          fresh.Run(stack[x_at].toTensor(), stack[w_at].toTensor(), addmm ? stack[0].toTensor() : at::Tensor(),
+                    buffer);
+        },
+        eager, r, inputs[k]);
+    if (!why.empty()) return why;
   }
   return "";
 }

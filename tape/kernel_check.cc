@@ -10,6 +10,7 @@
 #include <limits>
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace torchreplay::capture {
@@ -20,12 +21,14 @@ at::Tensor BitsOf(const at::Tensor& t) {
   return t.element_size() == 4 ? t.view(c10::kInt) : t.element_size() == 8 ? t.view(c10::kLong) : at::Tensor();
 }
 
-}  // namespace
-
+// Whether a and b have the same sizes and the same bits, element by element (4- and 8-byte
+// dtypes; false for others).
 bool SameBits(const at::Tensor& a, const at::Tensor& b) {
   const at::Tensor x = BitsOf(a), y = BitsOf(b);
   return x.defined() && y.defined() && a.sizes() == b.sizes() && x.equal(y);
 }
+
+}  // namespace
 
 at::Tensor Synthetic(const at::Tensor& like, bool nonfinite) {
   at::Tensor t = at::empty_strided(like.sizes(), like.strides(), like.options());
@@ -74,6 +77,23 @@ at::Tensor FixedBuffer(const ValueRecord& r) {
 }
 
 std::string Us(double us) { return absl::StrFormat("%.1f us", us); }
+
+std::string CompareRun(const std::function<void(const at::Tensor& buffer)>& run, const at::Tensor& eager,
+                       const ValueRecord& r, const char* input) {
+  at::Tensor buffer = FixedBuffer(r);
+  const c10::StorageImpl* storage = buffer.storage().unsafeGetStorageImpl();
+  try {
+    run(buffer);
+  } catch (const c10::Error& e) {
+    return absl::StrCat("it raised on ", input, ": ", e.what_without_backtrace());
+  }
+  if (buffer.sizes() != c10::IntArrayRef(r.sizes) || buffer.strides() != c10::IntArrayRef(r.strides) ||
+      buffer.storage().unsafeGetStorageImpl() != storage) {
+    return "it resized or restrided its output";
+  }
+  if (!SameBits(buffer, eager)) return absl::StrCat("other bits than eager's on ", input);
+  return "";
+}
 
 bool WeightWatch::Changed(const at::Tensor& w) {
   const at::Tensor bytes = w.is_contiguous() ? w : w.contiguous();

@@ -1,6 +1,8 @@
 // tape/kernel_check.h: what the recording run's checks of faster kernels share (Note [Checked
 // convolutions] in conv_steps.h, Note [Checked GEMMs] in gemm_steps.h): inputs made from a private
-// seed, a comparison of bits, buffers of a recorded geometry, and the timing of candidates.
+// seed, a candidate's run compared bit for bit, buffers of a recorded geometry, the timing of
+// candidates; and what the chosen kernels' steps share: the watch of a weight they keep a copy of,
+// the step class.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -22,13 +24,15 @@ namespace torchreplay::capture {
 // finite). Floating dtypes only.
 at::Tensor Synthetic(const at::Tensor& like, bool nonfinite);
 
-// Whether a and b have the same sizes and the same bits, element by element (4- and 8-byte
-// dtypes; false for others).
-bool SameBits(const at::Tensor& a, const at::Tensor& b);
-
 // A buffer of a result's recorded geometry whose storage cannot grow (so that a kernel that
 // resizes its output raises instead).
 at::Tensor FixedBuffer(const ValueRecord& r);
+
+// Empty when `run` (a candidate kernel writing the buffer it is given) wrote exactly `eager`'s
+// bits into a buffer of the recorded geometry `r` and left its sizes, strides and storage as they
+// were; else why not, naming the input as `input`.
+std::string CompareRun(const std::function<void(const at::Tensor& buffer)>& run, const at::Tensor& eager,
+                       const ValueRecord& r, const char* input);
 
 // The least time in microseconds of each of `fns` over a few rounds, each round running every one
 // once (so that a burst of load on a shared machine slows all of them, not one), stopping after
