@@ -32,8 +32,10 @@
 // counter where it was); a weight that changed on three calls in a row (one an optimizer writes
 // every step, in a training step's forward) makes the step call eager's op from then on, which
 // the check's timing of a fixed weight did not account for (MLP 32-64-64-4 + Adam step: 183.7 us
-// repacking, 168.6 so, 170.1 without checked GEMMs). MKL's order was measured at the capture's thread count. Not taken: K = 1
-// (eager's product over one k is the plain multiply, whose -0.0 a sum from +0 loses).
+// repacking, 168.6 so, 170.1 without checked GEMMs). MKL's order was measured at the capture's
+// thread count. Not taken: K = 1 (eager's product over one k is the plain multiply, whose -0.0 a
+// sum from +0 loses); one row or one column (MKL's GEMV: a [1, 8] x [8, 4] product gave the small
+// GEMM's bits on the check's buffers and other bits on the tape's, whose alignment differs).
 #pragma once
 
 #include <memory>
