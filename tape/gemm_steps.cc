@@ -35,28 +35,26 @@ constexpr int64_t kPanel = 64;
 constexpr int64_t kPanelsFrom = 128 << 10;  // bytes of weight from which panels are tried
 constexpr int kRepacksToEager = 3;
 
-// The read of mat2 a kernel's name says ("small_gemm_panels_bias_last": "small_gemm_panels").
-std::string ReadOf(c10::string_view kernel) {
+enum class Read : uint8_t { kInPlace, kPacked, kPanels, kUnknown };
+
+// The read of mat2 a kernel's name says ("small_gemm_panels_bias_last": kPanels).
+Read ReadOf(c10::string_view kernel) {
   std::string s(kernel);
   if (absl::EndsWith(s, kBiasLast)) s.resize(s.size() - sizeof(kBiasLast) + 1);
-  return s;
+  return s == kInPlace ? Read::kInPlace : s == kPacked ? Read::kPacked : s == kPanels ? Read::kPanels : Read::kUnknown;
 }
 bool BiasLast(c10::string_view kernel) { return absl::EndsWith(std::string(kernel), kBiasLast); }
-
-bool KnownKernel(c10::string_view kernel) {
-  const std::string read = ReadOf(kernel);
-  return read == kInPlace || read == kPacked || read == kPanels;
-}
+bool KnownKernel(c10::string_view kernel) { return ReadOf(kernel) != Read::kUnknown; }
 
 // A product as the step runs it: out = bias + mat1 mat2 (from +0 without a bias) by one kernel.
 class GemmCall {
  public:
   explicit GemmCall(c10::string_view kernel) : read_(ReadOf(kernel)), bias_last_(BiasLast(kernel)) {}
 
-  // `name`: the op, for errors.
-  void Run(const at::Tensor& mat1, const at::Tensor& mat2, const std::optional<at::Tensor>& bias_or_none,
-           const at::Tensor& out, const char* name = kAddmmOut) const {
-    const at::Tensor bias = bias_or_none.has_value() ? *bias_or_none : at::Tensor();
+  // The direct ops' checks of their arguments (the tape's step gets the ones its check took, in
+  // the geometry its key guards); `name`: the op, for errors.
+  static void CheckArgs(const at::Tensor& mat1, const at::Tensor& mat2, const at::Tensor& bias, const at::Tensor& out,
+                        const char* name) {
     TORCH_CHECK(small_gemm::Available(), name, ": this CPU has no AVX2 and FMA");
     TORCH_CHECK(mat1.dim() == 2 && mat2.dim() == 2 && out.dim() == 2, name, ": 2-d matrices, not ", mat1.dim(),
                 "-d x ", mat2.dim(), "-d into ", out.dim(), "-d");
@@ -77,7 +75,14 @@ class GemmCall {
                                     bias.device().is_cpu()),
                 name, ": the bias is float32 [", n, "]");
     if (bias.defined()) at::assert_no_overlap(out, bias);
-    if (read_ != kInPlace && Pack(mat2)) {  // a weight written every call: eager's op from now on
+  }
+
+  // out = bias + mat1 mat2, on arguments CheckArgs would pass.
+  void Run(const at::Tensor& mat1, const at::Tensor& mat2, const std::optional<at::Tensor>& bias_or_none,
+           const at::Tensor& out) const {
+    const at::Tensor bias = bias_or_none.has_value() ? *bias_or_none : at::Tensor();
+    const int64_t m = mat1.size(0), k = mat1.size(1), n = mat2.size(1);
+    if (read_ != Read::kInPlace && Pack(mat2)) {  // a weight written every call: eager's op from now on
       at::AutoDispatchBelowADInplaceOrView below_autograd;  // (the step's own kernel, as the others)
       at::Tensor y = out;
       if (bias.defined()) {
@@ -96,12 +101,12 @@ class GemmCall {
       p.bias_last = bias_last_;
     }
     at::Tensor w;
-    if (read_ == kInPlace) {
+    if (read_ == Read::kInPlace) {
       w = (n <= 1 || mat2.stride(1) == 1) && (k <= 1 || mat2.stride(0) >= n) ? mat2 : mat2.contiguous();
       p.w_row = k > 1 ? w.stride(0) : n;
     } else {
       w = packed_;
-      p.panel = read_ == kPanels ? kPanel : 0;
+      p.panel = read_ == Read::kPanels ? kPanel : 0;
     }
     p.w = w.const_data_ptr<float>();
     p.x = x.const_data_ptr<float>(), p.x_row = m > 1 ? x.stride(0) : k;
@@ -128,11 +133,11 @@ class GemmCall {
     }
     if (packed_.defined() && ++repacks_in_a_row_ >= kRepacksToEager) {
       to_eager_ = true;
-      packed_ = at::Tensor();
+      packed_ = at::Tensor(), watch_ = WeightWatch();  // (neither read again)
       return true;
     }
     const at::Tensor kn = mat2.contiguous();
-    if (read_ == kPanels) {  // [ceil(N / panel), K, panel], the last panel zero-padded
+    if (read_ == Read::kPanels) {  // [ceil(N / panel), K, panel], the last panel zero-padded
       const int64_t k = kn.size(0), n = kn.size(1), padded = (n + kPanel - 1) / kPanel * kPanel;
       packed_ = at::constant_pad_nd(kn, {0, padded - n}).view({k, padded / kPanel, kPanel}).permute({1, 0, 2})
                     .contiguous();
@@ -142,7 +147,7 @@ class GemmCall {
     return false;
   }
 
-  std::string read_;  // kInPlace, kPacked or kPanels
+  Read read_;
   bool bias_last_;
   // the packed kernels' copy of mat2, and what it was made from (a tape runs on one thread)
   mutable at::Tensor packed_;
@@ -235,7 +240,7 @@ std::string Unfit(bool addmm, const std::vector<c10::IValue>& v, const at::Tenso
   // (a product of one row or one column is MKL's GEMV, whose order followed the operands'
   // alignment: exact on the check's buffers, other bits on the tape's)
   if (result.size(0) < 2 || result.size(1) < 2) return "one row or one column (MKL's GEMV)";
-  if (result.size(1) > 1 && result.stride(1) != 1) return "a result whose rows are not contiguous";
+  if (result.stride(1) != 1) return "a result whose rows are not contiguous";
   if (addmm) {
     if (!v[0].isTensor()) return "a bias that is not a tensor";
     const at::Tensor& bias = v[0].toTensor();
@@ -288,7 +293,7 @@ bool CheckGemm(const Graph& g, int node, const std::vector<c10::IValue>& env, Re
     const at::Tensor& mat2 = args[addmm ? 2 : 1].toTensor();
     const int64_t k = mat2.size(0), cols = mat2.size(1);
     std::vector<std::string> kernels, not_tried;
-    if (cols <= 1 || mat2.stride(1) == 1) kernels.push_back(kInPlace);
+    if (mat2.stride(1) == 1) kernels.push_back(kInPlace);
     const Arg& w = n.args[addmm ? 2 : 1];
     const bool fixed = w.kind == Arg::Kind::kConstant || (w.kind == Arg::Kind::kValue && FixedWeight(g, node, w.value, *rec));
     if (!fixed) {
@@ -373,6 +378,7 @@ at::Tensor& AddmmOut(const at::Tensor& self, const at::Tensor& mat1, const at::T
   CheckKernel(kernel);
   TORCH_CHECK(!beta.isComplex() && !alpha.isComplex() && beta.toDouble() == 1 && alpha.toDouble() == 1, kAddmmOut,
               ": beta and alpha are 1");
+  GemmCall::CheckArgs(mat1, mat2, self, out, kAddmmOut);
   GemmCall(kernel).Run(mat1, mat2, self, out);
   return out;
 }
@@ -380,7 +386,8 @@ at::Tensor& AddmmOut(const at::Tensor& self, const at::Tensor& mat1, const at::T
 at::Tensor& MmOut(const at::Tensor& self, const at::Tensor& mat2, c10::string_view kernel, at::Tensor& out) {
   CheckKernel(kernel);
   TORCH_CHECK(!BiasLast(kernel), kMmOut, ": no bias to add last ('", kernel, "')");
-  GemmCall(kernel).Run(self, mat2, std::nullopt, out, kMmOut);
+  GemmCall::CheckArgs(self, mat2, at::Tensor(), out, kMmOut);
+  GemmCall(kernel).Run(self, mat2, std::nullopt, out);
   return out;
 }
 
@@ -418,7 +425,7 @@ std::unique_ptr<TypedCall> MakeGemmStep(const Slots& args, const std::vector<int
   std::optional<TensorArg> mat1 = tensor(x_at), mat2 = tensor(w_at), bias;
   if (addmm) bias = tensor(0);
   if (!mat1.has_value() || !mat2.has_value() || (addmm && !bias.has_value())) return nullptr;
-  if (ReadOf(kernel) != kInPlace && mat2->slot >= 0) return nullptr;  // a packed copy is of a fixed mat2
+  if (ReadOf(kernel) != Read::kInPlace && mat2->slot >= 0) return nullptr;  // a packed copy is of a fixed mat2
   return std::make_unique<CheckedStep<GemmCall>>(GemmCall(kernel), *std::move(mat1), *std::move(mat2), std::move(bias),
                                     args.back().toTensor());
 }
