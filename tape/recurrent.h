@@ -31,10 +31,8 @@ struct GruParams {
   int64_t t = 0, b = 0, h = 0;
 };
 
-// Whether this CPU runs it (AVX2 and FMA).
-bool Available();
-
-// Runs the T steps (Note [GRU steps]); out's last row is h_T.
+// Runs the T steps (Note [GRU steps]); out's last row is h_T. Only where small_gemm::Available()
+// (AVX2 and FMA), as the small GEMM it calls.
 void GruSteps(const GruParams& p);
 
 }  // namespace torchreplay::capture::recurrent

@@ -50,8 +50,6 @@ void Gates(const float* gi, const float* gh, const float* h, float* h_next, int6
 
 }  // namespace
 
-bool Available() { return true; }
-
 void GruSteps(const GruParams& p) {
   TORCH_CHECK(p.t >= 0 && p.b >= 0 && p.h >= 0, "torchreplay: GRU steps got a negative size");
   const int64_t hidden = p.h, gates = 3 * hidden;
@@ -75,9 +73,8 @@ void GruSteps(const GruParams& p) {
   }
 }
 
-#else  // no AVX2: Available() is false, and nothing calls GruSteps
+#else  // no AVX2: small_gemm::Available() is false, and nothing calls GruSteps
 
-bool Available() { return false; }
 void GruSteps(const GruParams&) { TORCH_CHECK(false, "torchreplay: the GRU steps need AVX2 and FMA"); }
 
 #endif

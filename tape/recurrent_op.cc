@@ -25,7 +25,7 @@ void GruSequenceInto(const at::Tensor& input, const at::Tensor& hx, const at::Te
                      const std::optional<at::Tensor>& b_ih, const at::Tensor& w_hh_kn,
                      const std::optional<at::Tensor>& b_hh, bool batch_first, const at::Tensor& out,
                      const at::Tensor& h_n) {
-  TORCH_CHECK(recurrent::Available() && small_gemm::Available(), kName, ": this CPU has no AVX2 and FMA");
+  TORCH_CHECK(small_gemm::Available(), kName, ": this CPU has no AVX2 and FMA");
   TORCH_CHECK(input.dim() == 3 && hx.dim() == 2 && w_ih_kn.dim() == 2 && w_hh_kn.dim() == 2 && FloatCpu(input) &&
                   FloatCpu(hx) && FloatCpu(w_ih_kn) && FloatCpu(w_hh_kn) && w_ih_kn.is_contiguous() &&
                   w_hh_kn.is_contiguous(),

@@ -538,9 +538,12 @@ def _panels(kn: torch.Tensor, panel: int) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=1)
 def _small_gemm_available() -> bool:
-    """Whether torchreplay's small GEMM runs on this CPU (AVX2 and FMA)."""
+    """Whether torchreplay's small GEMM runs on this CPU (AVX2 and FMA): a real call, outside any
+    trace's modes (rnn.fused_gru asks while torch.export traces)."""
+    from torch.utils._python_dispatch import _disable_current_modes
     try:
-        torch.ops.torchreplay.small_gemm(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1), False)
+        with _disable_current_modes():
+            torch.ops.torchreplay.small_gemm(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1), False)
         return True
     except RuntimeError:
         return False

@@ -117,20 +117,10 @@ def fused_gru(op: Any, args: tuple) -> bool:
     if op is not aten.gru.input or len(args) != 9:
         return False
     input, hx, dropout, train, bidirectional = args[0], args[1], args[5], args[6], args[7]
+    from .close_numerics import _small_gemm_available  # (the op runs where the small GEMM does)
     return input.dim() == 3 and input.dtype == torch.float32 and hx.dtype == torch.float32 and \
         input.device.type == "cpu" and not bidirectional and not (train and dropout > 0) and \
-        not torch._C._is_any_autocast_enabled() and _gru_sequence_available()
-
-
-@functools.lru_cache(maxsize=1)
-def _gru_sequence_available() -> bool:
-    """Whether torchreplay::gru_sequence runs on this CPU (AVX2 and FMA)."""
-    try:
-        x = torch.zeros(1, 1, 1)
-        torch.ops.torchreplay.gru_sequence(x, x[0], torch.zeros(1, 3), None, torch.zeros(1, 3), None, False)
-        return True
-    except RuntimeError:
-        return False
+        not torch._C._is_any_autocast_enabled() and _small_gemm_available()
 
 
 def export_decompositions(table: Dict[Any, Callable], close: bool = False) -> Dict[Any, Callable]:
