@@ -200,6 +200,23 @@ def test_strided_iteration_spaces_are_walked_row_by_row_from_any_start(threads):
         torch.set_num_threads(saved)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_many_short_rows_are_bitwise_whichever_way_the_step_takes(threads):
+    """A channels-last map times a per-channel scale (a squeeze-excitation's): 576 rows of 16, so
+    the step times the fused kernel against the ops over its first runs and keeps the faster
+    (Note [A fused step no slower than its ops]); every call eager's bits, before and after."""
+    fn = lambda x, s: x * torch.nn.functional.hardsigmoid(s) + 1  # noqa: E731
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        log = capture_and_compare(fn, lambda k: (special(16 * 24 * 24, torch.float32, k).view(1, 24, 24, 16)
+                                                 .permute(0, 3, 1, 2), special(16, torch.float32, 50 + k)
+                                                 .view(1, 16, 1, 1)), calls=16, fuse_expected=False)
+        assert log["fused_steps"] == 1, log
+    finally:
+        torch.set_num_threads(saved)
+
+
 CHAINS = {
     "rms norm tail": lambda x, w: w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)),
     "swiglu": lambda x, w: torch.nn.functional.silu(x) * w,

@@ -196,15 +196,25 @@ def test_bitwise_and_recorded_choice(name, make, shapes):
         assert "small_gemm_packed: mat2 is computed or bound per call" in note or kind == "checked gemm (small_gemm)", note
 
 
+def _replays_bitwise(model, first, later):
+    """Captures `model` on `first`, calls it once there (the check runs on the first call), then
+    on each of `later`: bitwise eager's, replayed."""
+    with torch.no_grad():
+        step = capture(model, first)
+        assert_bitwise(step(*first), model(*first))
+        for args in later:
+            assert_bitwise(step(*args), model(*args))
+        assert step.stats()["replays"] >= len(later)
+    return step
+
+
 def test_weight_changed_in_place_is_seen():
     """A packed copy follows in-place writes of the weight (load_state_dict, no_grad updates)."""
     torch.manual_seed(0)
     model = Linear(64, 64).eval()
     x = (seeded((16, 64), 0),)
+    step = _replays_bitwise(model, x, [x, x])
     with torch.no_grad():
-        step = capture(model, x)
-        for _ in range(3):
-            assert_bitwise(step(*x), model(*x))
         model.fc.weight.mul_(-1.5)
         assert_bitwise(step(*x), model(*x))
         model.load_state_dict({k: torch.randn_like(v) for k, v in model.state_dict().items()})
@@ -231,24 +241,10 @@ def test_switched_off(monkeypatch):
     torch.manual_seed(0)
     model = Linear(64, 64).eval()
     x = (seeded((16, 64), 0),)
+    step = _replays_bitwise(model, x, [x, x])
     with torch.no_grad():
-        step = capture(model, x)
-        for _ in range(3):
-            assert_bitwise(step(*x), model(*x))
         (row,) = gemm_rows(step, x)
     assert row["kind"] == "typed out=" and row["note"] == "", row
-
-
-def _replays_bitwise(model, first, later):
-    """Captures `model` on `first`, calls it once there (the check runs on the first call), then
-    on each of `later`: bitwise eager's, replayed."""
-    with torch.no_grad():
-        step = capture(model, first)
-        assert_bitwise(step(*first), model(*first))
-        for args in later:
-            assert_bitwise(step(*args), model(*args))
-        assert step.stats()["replays"] >= len(later)
-    return step
 
 
 def test_one_k_keeps_eagers_negative_zeros():
@@ -272,6 +268,7 @@ def test_nan_in_input_and_bias_keeps_eagers_payload():
         y[0, 0] = torch.tensor(0x7FC00003, dtype=torch.int32).view(torch.float32)
         for _ in range(2):
             assert_bitwise(step(y), model(y))
+        assert step.stats()["replays"] >= 2, step.stats()
 
 
 @pytest.mark.parametrize("how", ["adam_fused", "sgd_fused", "data"])
@@ -295,6 +292,7 @@ def test_weight_written_without_its_version_counter_is_seen(how):
     with torch.no_grad():
         for _ in range(2):
             assert_bitwise(step(*x), model(*x))
+    assert step.stats()["replays"] >= 2, step.stats()
 
 
 def test_weight_written_every_call_stays_bitwise():
@@ -311,6 +309,7 @@ def test_weight_written_every_call_stays_bitwise():
             assert_bitwise(step(*x), model(*x))
         for _ in range(2):  # and fixed again
             assert_bitwise(step(*x), model(*x))
+        assert step.stats()["replays"] >= 10, step.stats()
 
 
 def test_training_steps_through_torch_compile_stay_bitwise():
