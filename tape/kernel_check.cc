@@ -96,13 +96,18 @@ std::string CompareRun(const std::function<void(const at::Tensor& buffer)>& run,
 }
 
 bool WeightWatch::Changed(const at::Tensor& w) {
-  const at::Tensor bytes = w.is_contiguous() ? w : w.contiguous();
-  if (seen_.defined() && w.const_data_ptr() == from_ && seen_.sizes() == w.sizes() && seen_.dtype() == w.dtype() &&
-      std::memcmp(bytes.const_data_ptr(), seen_.const_data_ptr(), bytes.nbytes()) == 0) {
+  // A dense tensor's elements fill one block from its first one, in whatever order its strides
+  // say (a linear layer's transposed weight): its bytes are compared where they lie, no copy.
+  const at::Tensor dense = w.is_non_overlapping_and_dense() ? w : w.contiguous();
+  const size_t nbytes = static_cast<size_t>(dense.numel()) * dense.element_size();
+  if (seen_.defined() && w.const_data_ptr() == from_ && w.sizes() == sizes_ && w.strides() == strides_ &&
+      static_cast<size_t>(seen_.numel()) == nbytes && std::memcmp(dense.const_data_ptr(), seen_.const_data_ptr(), nbytes) == 0) {
     return false;
   }
-  seen_ = bytes.clone();
+  seen_ = at::empty({static_cast<int64_t>(nbytes)}, at::TensorOptions().dtype(at::kByte));
+  std::memcpy(seen_.mutable_data_ptr(), dense.const_data_ptr(), nbytes);
   from_ = w.const_data_ptr();
+  sizes_ = w.sizes().vec(), strides_ = w.strides().vec();
   return true;
 }
 

@@ -52,8 +52,9 @@ class WeightWatch {
   bool Changed(const at::Tensor& w);
 
  private:
-  at::Tensor seen_;  // a contiguous copy of the bytes
+  at::Tensor seen_;  // a copy of the bytes (as they lie where the tensor is dense)
   const void* from_ = nullptr;
+  std::vector<int64_t> sizes_, strides_;
 };
 
 // The tape's step of a checked kernel: `call.Run(a, b, bias, out)` on two tensor arguments, an
