@@ -15,6 +15,14 @@ namespace torchreplay::capture::small_gemm {
 namespace {
 
 constexpr int kLanes = 8;
+
+// bias + sum where both may be NaN: the bias's NaN (quieted), as MKL's C + A B keeps C's. Not
+// _mm256_add_ps(bias, sum) alone: the compiler takes addition as commutative and may swap the
+// operands, and addps keeps its first operand's NaN.
+inline __m256 AddBias(__m256 bias, __m256 sum) {
+  const __m256 nan = _mm256_cmp_ps(bias, bias, _CMP_UNORD_Q);
+  return _mm256_blendv_ps(_mm256_add_ps(bias, sum), _mm256_add_ps(bias, bias), nan);
+}
 constexpr int kMaxRows = 4;
 // Vectors of columns per tile for a tile of MR rows: at most 12 sums in registers, and 8 chains
 // for a single row, enough to keep both FMA pipes busy through the FMA's latency.
@@ -71,11 +79,9 @@ inline void Tile(const Params& p, int64_t r0, int64_t c0) {
 #undef MULTIPLY_ADD
 #undef MULTIPLY_ADD_ROW
   }
-  // the sum, then the bias: bias + sum, whose NaN is the bias's where both are (addps keeps its
-  // first operand's), as MKL's C + A B
-  if (bias != nullptr && p.bias_last) {
+  if (bias != nullptr && p.bias_last) {  // the sum, then the bias (AddBias)
 #define ADD_BIAS(r, v) \
-  if constexpr (r < MR && v < NV) a##r##v = _mm256_add_ps(_mm256_loadu_ps(bias + v * kLanes), a##r##v);
+  if constexpr (r < MR && v < NV) a##r##v = AddBias(_mm256_loadu_ps(bias + v * kLanes), a##r##v);
     TORCHREPLAY_TILE(ADD_BIAS)
 #undef ADD_BIAS
   }
@@ -126,7 +132,7 @@ void TailTile(const Params& p, int64_t r0, int64_t c0, __m256i mask) {
   }
   if (p.bias != nullptr && p.bias_last) {
     const __m256 b = _mm256_maskload_ps(p.bias + c0, mask);
-    a0 = _mm256_add_ps(b, a0), a1 = _mm256_add_ps(b, a1), a2 = _mm256_add_ps(b, a2), a3 = _mm256_add_ps(b, a3);
+    a0 = AddBias(b, a0), a1 = AddBias(b, a1), a2 = AddBias(b, a2), a3 = AddBias(b, a3);
   }
   const bool relu = p.post == PostOp::kRelu;
   float* y = p.y + r0 * p.y_row + c0;

@@ -339,3 +339,18 @@ def test_training_steps_through_torch_compile_stay_bitwise():
         for p, q in zip(model.parameters(), twin.parameters()):
             assert_bitwise(p, q)
     assert sum(s["replays"] for s in b.stats()) >= 5, b.stats()
+
+
+def test_bias_last_keeps_the_bias_nan_where_the_sum_is_nan_too():
+    """bias + sum with NaNs in both: the bias's NaN, as MKL's C + A B keeps C's (the kernel's
+    operand order, which a compiler free to swap an addition's operands must not decide)."""
+    x, w, bias = seeded((16, 64), 1), seeded((64, 48), 2), seeded((48,), 3)
+    nan = lambda payload: torch.tensor(payload, dtype=torch.int32).view(torch.float32)  # noqa: E731
+    x[0, 5], x[3, 0] = nan(0x7FC00003), nan(-0x3FFFFD)  # 0xFFC00003
+    bias[3], bias[7] = nan(0x7FC00004), nan(0x7FC00005)
+    out = torch.empty(16, 48)
+    for kernel in ("small_gemm_bias_last", "small_gemm_packed_bias_last", "small_gemm_panels_bias_last"):
+        ADDMM(bias, x, w, 1, 1, kernel, out=out)
+        for col in (3, 7):
+            assert torch.equal(bits(out[:, col]), bits(bias[col].expand(16))), (kernel, col)
+        assert torch.isnan(out[0]).all() and torch.isnan(out[3]).all(), kernel
