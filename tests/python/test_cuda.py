@@ -445,8 +445,13 @@ def test_training_through_cudagraph_trees_matches_eager():
         assert_close_not_bitwise(p.grad, q.grad, 1e-5, 1e-6, "grad")   # close, not bitwise: CUDA (above)
     assert {s["cuda_graphs"] for s in backend.stats()} == {"PyTorch's cudagraph trees"}
     # A compiled foreach Adam (its state written through list arguments) through the trees too.
+    # Its call is a new generation of the trees, which takes back the memory of the last one's
+    # outputs, the gradients among them: they are cloned out of the pool first, as the trees' error
+    # says to ("accessing tensor output of CUDAGraphs that has been overwritten by a subsequent
+    # run" otherwise, with torch.compile(backend="cudagraphs") alike).
     ours, ref = torch.optim.Adam(model.parameters(), foreach=True), torch.optim.Adam(reference.parameters(), foreach=True)
     for p, q in zip(model.parameters(), reference.parameters()):
+        p.grad = p.grad.clone()
         q.grad = p.grad.clone()
     step, ref_step = _compiled(ours.step, "cudagraph_trees")[0], torch.compile(ref.step, backend="aot_eager")
     for _ in range(3):
