@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -185,24 +186,31 @@ ConvArgs ArgsOf(const Node& n, const std::vector<c10::IValue>& env) {
   return c;
 }
 
-// Empty when `call` computes eager's bits on the recorded input and the two synthetic ones, into
-// a buffer of the recorded geometry left as it was; else why not.
+// Empty when `call` computes eager's bits on the recorded input and the two synthetic ones and,
+// with a bias, on the second synthetic input with a bias of negative NaNs (its positive NaNs meet
+// them: which NaN a sum keeps is the order of its last add), into a buffer of the recorded
+// geometry left as it was; else why not.
 std::string CheckCall(const Node& n, const ConvCall& call, const ConvArgs& a, const at::Tensor& result,
                       const ValueRecord& r, const std::vector<c10::IValue>& env) {
   const char* inputs[] = {"the recorded input", "an input with signed zeros and subnormals",
-                          "an input with infinities and NaNs"};
-  for (int k = 0; k < 3; ++k) {
+                          "an input with infinities and NaNs", "NaNs in the input and the bias"};
+  for (int k = 0; k < (a.bias.has_value() ? 4 : 3); ++k) {
     at::Tensor input = a.input, eager = result;
+    std::optional<at::Tensor> bias = a.bias;
     if (k > 0) {
-      input = Synthetic(a.input, k == 2);
+      input = Synthetic(a.input, k >= 2);
       torch::jit::Stack stack;
       for (size_t i = 0; i < n.args.size(); ++i) stack.push_back(MaterializeArg(n.args[i], n.arg_types[i], env));
       stack[0] = input;
+      if (k == 3) {
+        bias = at::full_like(*a.bias, -std::numeric_limits<float>::quiet_NaN());
+        stack[2] = *bias;
+      }
       n.op->callBoxed(&stack);
       eager = stack[0].toTensor();
     }
     const std::string why =
-        CompareRun([&](const at::Tensor& buffer) { call.Run(input, a.weight, a.bias, buffer); }, eager, r, inputs[k]);
+        CompareRun([&](const at::Tensor& buffer) { call.Run(input, a.weight, bias, buffer); }, eager, r, inputs[k]);
     if (!why.empty()) return why;
   }
   return "";
@@ -355,7 +363,7 @@ void CheckConvolution(const Graph& g, int node, const std::vector<c10::IValue>& 
     auto op = FindOperator(kOutName);
     if (!op.ok()) return refuse(std::string(op.status().message()));
     rec->out_variants[node] = OutVariant{*op, c10::IValue(tried[best].kernel)};
-    rec->out_notes[node] = absl::StrCat(tried[best].kernel, " ", Us(tried[best].us), ", bitwise on 3 inputs; ", eager,
+    rec->out_notes[node] = absl::StrCat(tried[best].kernel, " ", Us(tried[best].us), ", bitwise on ", a.bias ? 4 : 3, " inputs; ", eager,
                                         notes.empty() ? "" : "; ", absl::StrJoin(notes, "; "));
   } catch (const c10::Error& e) {
     refuse(absl::StrCat("the check raised: ", e.what_without_backtrace()));

@@ -87,7 +87,7 @@ def test_bitwise_and_recorded_choice(name, make, shape):
             kernel = re.match(r"checked conv \((\w+)\)", kind).group(1)
             assert kernel in KERNELS
             assert row["op"] == "torchreplay::convolution.out"
-            assert note.startswith(f"{kernel} ") and "bitwise on 3 inputs" in note, note
+            assert note.startswith(f"{kernel} ") and f"bitwise on {3 if b is None else 4} inputs" in note, note
             # the test's own run of that kernel on this input gives eager's bits too
             out = torch.empty_like(eager)
             OUT(x[0], w, b, list(conv.stride), list(conv.padding), list(conv.dilation), False,
@@ -172,6 +172,29 @@ def test_weight_changed_in_place_is_seen():
         assert model.conv.weight._version == version
         assert_bitwise(step(*x), model(*x))
         assert step.stats()["replays"] >= 6
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_nans_in_the_input_and_a_bias_written_later_keep_eagers_nan(channels_last):
+    """Where an input's NaN meets a bias's NaN of the other sign, eager's sum keeps one of them;
+    the checked kernel keeps the same one (the check's round with a bias of NaNs), also for a bias
+    that turned NaN after the capture."""
+    torch.manual_seed(0)
+    model = Conv(nn.Conv2d(16, 16, 3, padding=1, groups=16)).eval()
+    x = torch.randn(1, 16, 12, 12)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        step = capture(model, (x,))
+        for _ in range(3):
+            assert_bitwise(step(x), model(x))
+        model.conv.bias[::2] = -float("nan")
+        x = x.clone()
+        x[0, :, 5, 5] = float("nan")
+        got, want = step(x), model(x)
+        assert want.isnan().any() and want.view(torch.int32).lt(0).any() and want.view(torch.int32).gt(0).any()
+        assert_bitwise(got, want)
+    assert step.stats()["replays"] == 3, step.stats()  # every call after the first
 
 
 def test_switched_off(monkeypatch):
