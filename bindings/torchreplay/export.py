@@ -241,7 +241,7 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _written_by(ep: ExportedProgram, leaves: Sequence[Any], leaf_names: Sequence[str]) -> List[str]:
     """The names (as _trace_exported's `inputs` give them) of the inputs that export's graph (before
     its decompositions: in-place ops on views of its inputs) writes."""
-    from .passes import _root
+    from .fx_views import root as root_of
     placeholders = [n for n in ep.graph.nodes if n.op == "placeholder"]
     named = {}
     buffers = set(ep.graph_signature.buffers)
@@ -257,7 +257,7 @@ def _written_by(ep: ExportedProgram, leaves: Sequence[Any], leaf_names: Sequence
             continue
         for formal, a in zip(n.target._schema.arguments, n.args):
             if formal.alias_info is not None and formal.alias_info.is_write and isinstance(a, torch.fx.Node):
-                root = _root(a)
+                root = root_of(a)
                 if root in named and named[root] not in written:
                     written.append(named[root])
     return written

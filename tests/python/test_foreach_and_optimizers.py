@@ -151,10 +151,10 @@ def test_compiled_optimizer_step_bumps_the_versions_of_what_it_writes():
 
 
 def test_foreach_results_run_in_place_only_where_nothing_else_sees_it():
-    """passes.reinplace_foreach: an out-of-place foreach op runs in place on its first list when
+    """foreach_passes.reinplace_foreach: an out-of-place foreach op runs in place on its first list when
     nothing reads those tensors afterwards and they are fresh, or inputs the graph writes that
     very result back into. Inputs only read stay as they were; inputs updated end as eager's."""
-    from torchreplay.passes import reinplace_foreach
+    from torchreplay.foreach_passes import reinplace_foreach
 
     def f(xs, state):
         ys = torch._foreach_add(xs, 1.0)          # xs are the caller's, only read: not in place
@@ -293,7 +293,7 @@ def test_foreach_ops_become_the_per_tensor_ops_of_their_slow_path():
     overload, same scalars, in place where it is), getitems replaced; the graph then gives the
     foreach ops' bits."""
     from torch.fx.experimental.proxy_tensor import make_fx
-    from torchreplay.passes import decompose_foreach
+    from torchreplay.foreach_passes import decompose_foreach
 
     def fn(a, b, c, s):
         xs, ys, zs = [a, b], [b, c], [c, a]
@@ -331,7 +331,7 @@ def test_foreach_ops_become_the_per_tensor_ops_of_their_slow_path():
 
 def _order(fn, *args):
     from torch.fx.experimental.proxy_tensor import make_fx
-    from torchreplay.passes import decompose_foreach
+    from torchreplay.foreach_passes import decompose_foreach
 
     gm = make_fx(fn)(*args)
     decompose_foreach(gm)

@@ -343,7 +343,7 @@ def test_ops_that_are_not_fused_keep_their_own_steps_and_stay_exact():
 
 # In-place ops, addcmul, addcdiv and pow of a scalar base (Note [In-place instructions] in
 # tape/fused_elementwise.cc): what an optimizer's update is made of once its foreach ops are
-# per-tensor ops (Note [Foreach ops as per-tensor ops] in passes.py).
+# per-tensor ops (Note [Foreach ops as per-tensor ops] in foreach_passes.py).
 aten = torch.ops.aten
 
 
