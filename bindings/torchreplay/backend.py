@@ -237,6 +237,7 @@ class Backend:
         self.cuda_graphs: Dict[str, str] = {}
         self._cuda_graph_calls: Dict[str, List[int]] = {}
         self._backward_hint_logged = False  # the hint at a graph broken at loss.backward(), once
+        self._whole_rnn_hint_logged = False  # the hint at a graph that is one recurrent call kept whole, once
         if self.config.reduce_overhead.numerics != "bitwise":
             logger.warning("torchreplay: config.reduce_overhead.numerics = %r applies to torchreplay.capture; "
                            "torch.compile's graphs stay bitwise", self.config.reduce_overhead.numerics)
@@ -245,6 +246,15 @@ class Backend:
         consumed = _detach_consumed_outputs(gm)
         why = rnn.keep_whole(gm)
         if why is None:
+            whole = rnn.whole_only(gm)
+            if whole and not self._whole_rnn_hint_logged:
+                self._whole_rnn_hint_logged = True
+                logger.warning(
+                    "torchreplay: a compiled graph is only the %s call of a recurrent module, kept whole to keep "
+                    "eager's bits (Note [Recurrent modules whole]): its replay is eager's one call, and Dynamo's "
+                    "frame around the module can cost more than eager's Python, a slowdown. "
+                    "torchreplay.capture(model, example_args) replays it without Dynamo's frame, bitwise; with "
+                    "config.reduce_overhead.numerics = \"close\" decomposed and fused.", whole)
             fn = self._compile_graph(gm, example_inputs)
         else:  # Note [Recurrent modules whole]
             name = f"g{next(_graph_ids)}"

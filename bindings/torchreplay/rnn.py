@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import operator
 from typing import Any, Callable, Dict, Iterator, Optional
 
 import torch
@@ -216,6 +217,23 @@ def keep_whole(gm: torch.fx.GraphModule) -> Optional[str]:
     if replaced:
         gm.recompile()
     return None
+
+
+def whole_only(gm: torch.fx.GraphModule) -> Optional[str]:
+    """The recurrent op's name when keep_whole left Dynamo's graph `gm` nothing to compute but
+    twins (and getitems of their results); else None. A replay of such a graph is eager's one call
+    with nothing saved around it, so the compiled call costs Dynamo's frame more than eager's
+    (for nn.LSTM, more than the module's Python it replaces)."""
+    twins = set(_WHOLE.values())
+    names = set()
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target in twins:
+            names.add(node.target._schema.name.split("::")[1][len("eager_"):])
+        elif node.target is not operator.getitem:
+            return None
+    return " and ".join(sorted(names)) or None
 
 
 def dynamo_traces(module: torch.nn.Module) -> Optional[str]:

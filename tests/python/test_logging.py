@@ -107,3 +107,35 @@ def test_an_rnn_dynamo_leaves_eager_is_explained_once_for_torchreplay_compiles(r
     assert said[0].startswith("torchreplay: Dynamo does not trace this Gru: grad is enabled") \
         and "torchreplay.capture" in said[0]
     assert replay_log.records[0].levelno == logging.WARNING
+
+
+def test_a_graph_that_is_one_whole_recurrent_call_is_explained_once(replay_log):
+    """A compiled graph with nothing but an LSTM kept whole (Note [Recurrent modules whole])
+    replays eager's one call under Dynamo's frame: the log says so once per backend, with what
+    replays it without that frame; a graph with more in it says nothing."""
+    from differential import assert_bitwise
+
+    class Step(torch.nn.Module):
+        def __init__(self, head):
+            super().__init__()
+            self.lstm, self.head = torch.nn.LSTM(8, 16, num_layers=2, batch_first=True), head
+
+        def forward(self, x, h, c):
+            y, (h, c) = self.lstm(x, (h, c))
+            return (self.head(y) if self.head is not None else y), h, c
+
+    torch.manual_seed(0)
+    args = (torch.randn(1, 1, 8), torch.randn(2, 1, 16), torch.randn(2, 1, 16))
+    torch._dynamo.reset()
+    with replay_log.at_level(logging.WARNING, logger="torchreplay"), torch.no_grad():
+        backend = torchreplay.get_backend(compiler_config=config())
+        for model in (Step(None).eval(), Step(None).eval(), Step(torch.nn.Linear(16, 4)).eval()):
+            f = torch.compile(model, backend=backend)
+            for _ in range(3):
+                assert_bitwise(f(*args), model(*args), "LSTM step through torch.compile")
+    stats = backend.stats()
+    assert sum(s["calls"] for s in stats) == 9 and sum(s["replays"] for s in stats) == 6, stats
+    said = [r.getMessage() for r in replay_log.records]
+    assert len(said) == 1, said
+    assert said[0].startswith("torchreplay: a compiled graph is only the lstm call of a recurrent module") \
+        and "torchreplay.capture(model, example_args)" in said[0], said
