@@ -363,8 +363,8 @@ void CheckConvolution(const Graph& g, int node, const std::vector<c10::IValue>& 
     auto op = FindOperator(kOutName);
     if (!op.ok()) return refuse(std::string(op.status().message()));
     rec->out_variants[node] = OutVariant{*op, c10::IValue(tried[best].kernel)};
-    rec->out_notes[node] = absl::StrCat(tried[best].kernel, " ", Us(tried[best].us), ", bitwise on ", a.bias ? 4 : 3, " inputs; ", eager,
-                                        notes.empty() ? "" : "; ", absl::StrJoin(notes, "; "));
+    rec->out_notes[node] = absl::StrCat(tried[best].kernel, " ", Us(tried[best].us), ", bitwise on ", a.bias ? 4 : 3,
+                                        " inputs; ", eager, notes.empty() ? "" : "; ", absl::StrJoin(notes, "; "));
   } catch (const c10::Error& e) {
     refuse(absl::StrCat("the check raised: ", e.what_without_backtrace()));
   }

@@ -19,14 +19,14 @@
 //     convolution crashed on such a geometry: PaddingBeyondReach in conv_steps.cc).
 // A candidate is taken only if it computes exactly eager's bits, compared as integers, on the
 // recording run's own input and on two inputs of the same geometry made from a private seed (one
-// with values of many magnitudes, signed zeros and subnormals; one with infinities and NaNs
-// added, and that one again with a bias of NaNs, whose sign differs from some of the input's: the
-// NaN a sum keeps is the order of its last add), writes its result into a buffer of the recorded geometry without resizing it, and
-// raises nothing; of those that pass, the faster is taken, by the minimum of a few timed runs on
-// the recording's input, and "onednn_prepacked" only if faster than eager's op ("slow_conv2d" is
-// eager's kernel with less around it). Which kernel each node took, with the times, and why the
-// others were refused, is in the tape's dump and in Captured.profile's "note". A node with no
-// such kernel runs eager's op as it is.
+// with values of many magnitudes, signed zeros and subnormals; one with infinities and NaNs added,
+// and that one again with a bias of NaNs, whose sign differs from some of the input's: the NaN a
+// sum keeps is the order of its last add), writes its result into a buffer of the recorded geometry
+// without resizing it, and raises nothing; of those that pass, the faster is taken, by the minimum
+// of a few timed runs on the recording's input, and "onednn_prepacked" only if faster than eager's
+// op ("slow_conv2d" is eager's kernel with less around it). Which kernel each node took, with the
+// times, and why the others were refused, is in the tape's dump and in Captured.profile's "note". A
+// node with no such kernel runs eager's op as it is.
 // A prepacked weight (and the depthwise kernel's channels-last copy of the filters) is a copy: the
 // step compares the weight's bytes with those it packed (WeightWatch in kernel_check.h: not its
 // version counter, which fused optimizers and writes through .data leave where it was) and packs
