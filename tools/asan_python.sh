@@ -1,5 +1,5 @@
 #!/bin/bash
-# A Python slice of the test suite against an AddressSanitizer build of the extension.
+# A Python slice of the test suite against an AddressSanitizer (and UBSan) build of the extension.
 #
 #   tools/asan_python.sh [pytest args...]   (default: replay semantics, changing keys, capture
 #                                            sizes, faults, the op database slice, and 300 fuzz
@@ -7,7 +7,7 @@
 #   tools/asan_python.sh --python SCRIPT [args...]   a Python program instead of pytest, e.g. the
 #                                            whole op database sweep (tests/python/opdb_sweep.py)
 #
-# Builds //bindings:_C.so with --config=asan, stages it beside a copy of the Python package, and
+# Builds //bindings:_C.so with --config=sanitize (ASan and UBSan, the build CI's C++ suites use), stages it beside a copy of the Python package, and
 # runs pytest with gcc's ASan runtime preloaded (Python and torch are not instrumented; their
 # allocations are intercepted all the same; libstdc++ is preloaded too, so that ASan finds the
 # real __cxa_throw). It checks memory errors (use after free, overflows, double frees): any stops
@@ -19,8 +19,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || tools/setup.sh
 
-bazel build --config=asan --noshow_progress --ui_event_filters=-info,-stdout //bindings:_C.so
-bin=$(bazel info --config=asan bazel-bin 2>/dev/null)
+bazel build --config=sanitize --noshow_progress --ui_event_filters=-info,-stdout //bindings:_C.so
+bin=$(bazel info --config=sanitize bazel-bin 2>/dev/null)
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 cp -r bindings/torchreplay "$stage/"
@@ -41,14 +41,15 @@ log="$stage/asan.log"
 rc=0
 # Tests that measure RSS are left out: ASan's quarantine and shadow memory make RSS meaningless.
 ASAN_OPTIONS="detect_leaks=0:alloc_dealloc_mismatch=0:detect_odr_violation=0:log_path=$log" \
+UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$log" \
 LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so.6)" \
 TORCHREPLAY_FUZZ_GRAPHS="${TORCHREPLAY_FUZZ_GRAPHS:-300}" PYTHONPATH="$stage" \
   .venv/bin/python "${run[@]}" "$@" || rc=$?
 
-# One log per process. A report is an ASan error; it is ours if a frame of its stack is in the
+# One log per process. A report is an ASan error or a UBSan runtime error; it is ours if a frame of its stack is in the
 # extension (our functions, or pybind11 and absl code inlined in _C.so).
 read -r reports ours < <(cat "$log".* 2>/dev/null | awk '
-  /^==[0-9]+==ERROR: AddressSanitizer/ { flush(); inside = 1; block = "" }
+  /^==[0-9]+==ERROR: AddressSanitizer|runtime error:/ { flush(); inside = 1; block = "" }
   inside { block = block "\n" $0 }
   function flush() {
     if (inside) { total++; if (block ~ /torchreplay/) { mine++; print block > "/dev/stderr" } }
