@@ -36,8 +36,8 @@ class CMakeBuild(build_ext):
 
 
 setup(
-    package_dir={"": "bindings"},
-    packages=find_packages("bindings"),
+    package_dir={"": "python"},
+    packages=find_packages("python"),
     ext_modules=[CMakeExtension("torchreplay._C")],
     cmdclass={"build_ext": CMakeBuild},
 )

@@ -62,7 +62,7 @@ capture::ValueType ValueTypeFromName(const std::string& s) {
 // Every message of torchreplay goes to one logger, Python's "torchreplay": the package's own
 // (lowering, capture sizes, capture) and the C++ engines' (captures, fallbacks, keys that keep
 // changing), which this module hands over through replay::SetLogSink. The package registers the
-// logger with torch._logging (bindings/torchreplay/__init__.py), so TORCH_LOGS="torchreplay"
+// logger with torch._logging (python/torchreplay/__init__.py), so TORCH_LOGS="torchreplay"
 // (info: every capture), TORCH_LOGS="+torchreplay" (debug) and torch._logging.set_logs(
 // modules={"torchreplay": logging.INFO}) work as for torch's own logs; TORCHREPLAY_LOG_LEVEL and
 // torchreplay.set_log_level set the logger's level. Engines made from Python pass every message

@@ -10,7 +10,7 @@
 // scalar paths at other places (GRU(32, 20) at batch 3 differs in the last bits), and its LSTM is
 // two oneDNN calls where eager's one aten::lstm costs less. An op of another name is opaque to
 // those decompositions: in a graph it stays one node, and at run time it is eager's own call of
-// the aten op (its C++ composite then picks eager's kernels). bindings/torchreplay/rnn.py puts
+// the aten op (its C++ composite then picks eager's kernels). python/torchreplay/rnn.py puts
 // these ops into both entry points' graphs (torch.compile: keep_whole; torchreplay.capture:
 // whole_in_trace and export_decompositions) and says where a decomposition may stay. No autograd
 // kernel: a graph whose recurrent call needs gradients runs eagerly instead (keep_whole).
@@ -60,7 +60,7 @@ TORCH_LIBRARY_FRAGMENT(torchreplay, m) {
 }
 
 // The CPU and CUDA kernels run the aten op; sizes under a trace come from the fake kernels of
-// bindings/torchreplay/rnn.py (symbolic sizes included).
+// python/torchreplay/rnn.py (symbolic sizes included).
 static void RegisterKernels(torch::Library& m) {
   m.impl("eager_lstm.input", torch::CppFunction::makeFromBoxedFunction<&CallAten<kLstm, kInput>>());
   m.impl("eager_lstm.data", torch::CppFunction::makeFromBoxedFunction<&CallAten<kLstm, kData>>());

@@ -25,7 +25,7 @@ namespace torchreplay::replay {
 // output that aliases a staging tensor is cloned (the staging is reused by the next call); batch
 // inputs an op writes are copied back (rows 0..n), so writes reach the caller's tensor. Rows must
 // be independent (each output row a function of the same input row): torch.compile's backend
-// checks that on the graph before it sets the batch fields (bindings/torchreplay/capture_sizes.py);
+// checks that on the graph before it sets the batch fields (python/torchreplay/capture_sizes.py);
 // for an engine built by hand it is the caller's promise. A batch above the largest capture size
 // runs eagerly, with that reason. A call whose batch inputs are not all dense (a strided slice,
 // an expanded tensor) is not padded but run under its own key: the dense staging copy could send

@@ -43,7 +43,7 @@ struct EngineOptions {
   // CUDA keys: capture them into torchreplay's own CUDA graphs (cuda/cuda_graph.h), which have
   // never run on a GPU: untested, opt-in, logged as such at the first capture. false: CUDA keys
   // run op by op in C++, with this reason in the stats (torch.compile's CUDA graphs then come from
-  // PyTorch's cudagraph trees around the engine: bindings/torchreplay/backend.py).
+  // PyTorch's cudagraph trees around the engine: python/torchreplay/backend.py).
   bool cuda_graphs = false;
   // CPU: pointwise steps on a TensorIterator built once (Note [Prepared pointwise steps]).
   bool prepared_steps = true;

@@ -1,6 +1,6 @@
 // tape/small_gemm.h: y = bias + x w for float32 matrices of few rows (a GEMV, a recurrent cell's
 // projections, a batch-1 MLP), compiled with AVX2 and FMA (small_gemm_avx2.cc), for numerics
-// "close" (Note [Close numerics] in bindings/torchreplay/close_numerics.py; the op is
+// "close" (Note [Close numerics] in python/torchreplay/close_numerics.py; the op is
 // torchreplay::small_gemm, small_gemm_op.cc) and, where it gives eager's bits, the bitwise tape
 // (Note [Checked GEMMs] in gemm_steps.h).
 //

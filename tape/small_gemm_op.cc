@@ -1,5 +1,5 @@
 // The ops of the small GEMM (Note [Small GEMMs] in small_gemm.h), for graphs rewritten under
-// numerics "close" (Note [Close numerics] in bindings/torchreplay/close_numerics.py); each
+// numerics "close" (Note [Close numerics] in python/torchreplay/close_numerics.py); each
 // functional op allocates its result, its out= overload writes a planned buffer.
 // - torchreplay::small_gemm: bias + input @ weight_kn, relu'd if asked; the weight [K, N], or
 //   packed in panels of columns (small_gemm.h's Params::panel) as [panels, K, panel]. Its

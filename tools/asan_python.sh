@@ -23,7 +23,7 @@ bazel build --config=sanitize --noshow_progress --ui_event_filters=-info,-stdout
 bin=$(bazel info --config=sanitize bazel-bin 2>/dev/null)
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
-cp -r bindings/torchreplay "$stage/"
+cp -r python/torchreplay "$stage/"
 rm -f "$stage"/torchreplay/_C*.so
 suffix=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
 install -m 755 "$bin/bindings/_C.so" "$stage/torchreplay/_C$suffix"

@@ -52,7 +52,7 @@ generator=(); command -v ninja >/dev/null && generator=(-G Ninja)
 cmake -S . -B build-gpu "${generator[@]}" -DPython_EXECUTABLE="$("$PY" -c "import sys; print(sys.executable)")" \
   -DCMAKE_PREFIX_PATH="$deps/usr" -Dabsl_DIR="$cmakedir/absl" -DGTest_DIR="$cmakedir/GTest" \
   -Dbenchmark_DIR="$cmakedir/benchmark" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTORCHREPLAY_BUILD_TESTS=ON -DTORCHREPLAY_CUDA=$cuda \
-  -DTORCHREPLAY_OUTPUT_DIR="$ROOT/bindings/torchreplay" >"$OUT/cmake.log" 2>&1 \
+  -DTORCHREPLAY_OUTPUT_DIR="$ROOT/python/torchreplay" >"$OUT/cmake.log" 2>&1 \
   && timeout $((2 * limit)) cmake --build build-gpu -j "$(nproc)" >>"$OUT/cmake.log" 2>&1
 build_rc=$?
 build_s=$(( $(date +%s) - t0 ))
@@ -61,7 +61,7 @@ if [ $build_rc -ne 0 ]; then
   log "build failed (log: $OUT/cmake.log)"
   exit 1
 fi
-export PYTHONPATH="$ROOT/bindings:$ROOT/bench${PYTHONPATH:+:$PYTHONPATH}"  # the package and the harness
+export PYTHONPATH="$ROOT/python:$ROOT/bench${PYTHONPATH:+:$PYTHONPATH}"  # the package and the harness
 "$PY" -c "import torchreplay; print('[gpu_check] module', torchreplay._C.__file__, 'CUDA backend', torchreplay._C.built_with_cuda(), 'usable', torchreplay.cuda_available())" >&2
 
 (cd build-gpu && timeout "$limit" ctest --output-on-failure) >"$OUT/ctest.log" 2>&1

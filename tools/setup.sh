@@ -36,8 +36,8 @@ bazel build --noshow_progress --ui_event_filters=-info,-stdout //bindings:_C.so 
   | grep -vE "^(Loading|Analyzing|INFO|Target|  bazel-bin)" >&2 || true
 [ -f bazel-bin/bindings/_C.so ] || { log "build failed"; exit 1; }
 suffix=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
-if ! cmp -s bazel-bin/bindings/_C.so "bindings/torchreplay/_C$suffix"; then
-  install -m 755 bazel-bin/bindings/_C.so "bindings/torchreplay/_C$suffix"
+if ! cmp -s bazel-bin/bindings/_C.so "python/torchreplay/_C$suffix"; then
+  install -m 755 bazel-bin/bindings/_C.so "python/torchreplay/_C$suffix"
 fi
 site=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-printf "%s\n" "$ROOT/bindings" "$ROOT/bench" > "$site/torchreplay.pth"  # the package, and the benchmark harness beside it
+printf "%s\n" "$ROOT/python" "$ROOT/bench" > "$site/torchreplay.pth"  # the package, and the benchmark harness beside it

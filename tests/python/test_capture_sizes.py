@@ -1,7 +1,7 @@
 """Batch-size buckets (Note [Capture sizes] in replay/buckets.h): with
 config.reduce_overhead.capture_sizes, a batch that is not a capture size is padded up to the next
 one, replayed, and sliced back; one above the largest runs eagerly. Graphs whose rows are not
-independent are captured per size (bindings/torchreplay/capture_sizes.py)."""
+independent are captured per size (python/torchreplay/capture_sizes.py)."""
 import logging
 import math
 import random

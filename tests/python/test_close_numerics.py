@@ -1,5 +1,5 @@
 """config.reduce_overhead.numerics = "close" (Note [Close numerics] in
-bindings/torchreplay/close_numerics.py): the rewritten graph replays with results within the
+python/torchreplay/close_numerics.py): the rewritten graph replays with results within the
 stated tolerance of eager's on the zoo's CNNs and an LSTM; the default stays bitwise; a folded
 parameter written after the capture is a clear error; layouts stay eager's where they show."""
 import pytest

@@ -77,7 +77,7 @@ def test_reduced_precision_cpu_autocast_bf16():
 class _MixedNorm(nn.Module):
     """A norm whose input is half or bfloat16 and whose weights are float32: ATen's CPU kernels
     then give their saved statistics (mean, rstd) in float32, where the fake kernels say the input's
-    dtype (Note [Dtypes the kernels give] in bindings/torchreplay/passes.py)."""
+    dtype (Note [Dtypes the kernels give] in python/torchreplay/passes.py)."""
 
     def __init__(self, kind, dtype):
         super().__init__()
