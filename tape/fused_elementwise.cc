@@ -172,7 +172,8 @@ class Describer {
   // The instruction computing node `i` (an out= node), with the graph values of its operands
   // (-1 for constants); nullopt if the fused kernel does not compute it as eager does. Over 80
   // lines: every condition under which an op's kernel gives eager's bits, in one reading order
-  // (the op, its arguments, dtypes, layouts, the vector path); each is one early return.
+  // (the op, its arguments as ReadForm reads them, dtypes, layouts, the vector path); each is one
+  // early return.
   std::optional<Instr> Describe(int i, std::vector<ValueId>* values) const {
     const Node& n = g_.nodes()[i];
     const TapePlan::NodePlan& np = plan_.nodes[i];
@@ -195,128 +196,13 @@ class Describer {
     const ValueRecord& out_rec = rec_.values[n.outputs[0]];
     if (!out_rec.is_tensor || out_rec.device != c10::kCPU) return std::nullopt;
     const c10::ScalarType out_dtype = out_rec.dtype;
-    auto scalar = [&](int a) -> std::optional<c10::Scalar> {
-      if (a == num_args && extra) return np.out->extra_arg.toScalar();
-      if (a >= num_args) return std::nullopt;
-      const Arg& arg = n.args[a];
-      c10::IValue v;
-      if (arg.kind == Arg::Kind::kConstant) {
-        v = arg.constant;
-      } else if (arg.kind == Arg::Kind::kValue && plan_.values[arg.value].constant &&
-                 !rec_.values[arg.value].is_tensor) {
-        v = rec_.values[arg.value].scalar;
-      }
-      if (!v.isScalar()) return std::nullopt;  // none, a list, or bound per call
-      return v.toScalar();
-    };
-    auto is_none = [&](int a) {
-      return a < num_args && n.args[a].kind == Arg::Kind::kConstant && n.args[a].constant.isNone();
-    };
-
     Instr in;
     in.op = info->op;
-    std::vector<int> inputs;  // stack positions of the tensor inputs
-    std::optional<c10::Scalar> value;  // addcmul's, addcdiv's value, cast once the dtype is known
-    bool general_alpha = false;        // add's alpha other than +-1
-    switch (info->form) {
-      case Form::kUnary:
-        inputs = {0};
-        break;
-      case Form::kUnaryScalar: {
-        inputs = {0};
-        std::optional<c10::Scalar> s = scalar(1);
-        if (!s.has_value() || s->isComplex()) return std::nullopt;
-        const double v = s->toDouble();
-        if (name == "aten::pow.Tensor_Scalar_out") {  // Pow.cpp, PowKernel.cpp
-          if (v == 2.0) in.op = Op::kSquare;
-          else if (v == 3.0) in.op = Op::kCube;
-          else if (v == -2.0) in.op = Op::kInverseSquare;
-          else if (v == 0.5 && fused::MklAvailable()) in.op = Op::kSqrt;
-          else if (v == -0.5) in.op = Op::kRsqrt;
-          else if (v == -1.0) in.op = Op::kReciprocal;
-          else return std::nullopt;
-        } else {
-          if (std::isnan(v)) return std::nullopt;  // clamp_min/clamp_max fill with a NaN bound
-          in.p0 = v;
-        }
-        break;
-      }
-      case Form::kClamp: {
-        inputs = {0};
-        std::optional<c10::Scalar> lo = scalar(1), hi = scalar(2);
-        if ((!lo.has_value() && !is_none(1)) || (!hi.has_value() && !is_none(2))) return std::nullopt;
-        if ((lo.has_value() && (lo->isComplex() || std::isnan(lo->toDouble()))) ||
-            (hi.has_value() && (hi->isComplex() || std::isnan(hi->toDouble())))) {
-          return std::nullopt;
-        }
-        if (lo.has_value() && hi.has_value()) {
-          in.p0 = lo->toDouble(), in.p1 = hi->toDouble();
-        } else if (lo.has_value()) {
-          in.op = Op::kClampMin, in.p0 = lo->toDouble();
-        } else if (hi.has_value()) {
-          in.op = Op::kClampMax, in.p0 = hi->toDouble();
-        } else {
-          return std::nullopt;
-        }
-        break;
-      }
-      case Form::kBinary:
-      case Form::kCompare:
-        inputs = {0, 1};
-        break;
-      case Form::kAlpha: {
-        inputs = {0, 1};
-        std::optional<c10::Scalar> alpha = scalar(2);
-        if (!alpha.has_value() || alpha->isComplex()) return std::nullopt;
-        const bool sub = name == "aten::sub.out";  // BinaryOps.cpp: add_stub with -alpha
-        if (alpha->isIntegral(false)) {
-          const int64_t a = alpha->toLong();
-          in.i0 = sub ? static_cast<int64_t>(0ULL - static_cast<uint64_t>(a)) : a;
-          in.p0 = sub ? -static_cast<double>(a) : static_cast<double>(a);
-        } else {
-          in.p0 = sub ? -alpha->toDouble() : alpha->toDouble();
-          if (out_dtype == c10::kLong) return std::nullopt;
-        }
-        // self + alpha * other: with alpha = +-1 every rounding of it is the sum's. Other alphas
-        // are one fma (the Add instruction) on every path of eager's loops but one: `other`
-        // broadcast along the rows (a scalar within each row, Loops.h's S = 2), where the
-        // compiler hoisted alpha * other out of the loop in parts of the row's tail (two
-        // roundings, element by element as it vectorized them). Checked on the geometry below.
-        general_alpha = out_dtype != c10::kLong && in.p0 != 1.0 && in.p0 != -1.0;
-        if (general_alpha && !std::isfinite(in.p0)) return std::nullopt;
-        break;
-      }
-      case Form::kWhere:
-        inputs = {0, 1, 2};
-        break;
-      case Form::kPointwise:
-        inputs = {0, 1, 2};
-        value = scalar(3);
-        if (!value.has_value() || value->isComplex()) return std::nullopt;
-        break;
-      case Form::kScalarBase: {
-        inputs = {1};
-        std::optional<c10::Scalar> base = scalar(0);
-        // Pow.cpp: a base of 1 fills the result with ones instead
-        if (!base.has_value() || base->isComplex() || base->isBoolean() || base->toDouble() == 1.0) return std::nullopt;
-        in.p0 = base->toDouble();  // cast to the exponent's dtype below, as the wrapped number is
-        break;
-      }
-      case Form::kMaskedFill: {
-        inputs = {0, 1};
-        std::optional<c10::Scalar> value = scalar(2);
-        if (!value.has_value() || c10::isComplexType(out_dtype) || c10::elementSize(out_dtype) > 8) return std::nullopt;
-        try {  // masked_fill_kernel: value.to<scalar_t>(), which raises where it overflows
-          AT_DISPATCH_ALL_TYPES_AND3(c10::kHalf, c10::kBFloat16, c10::kBool, out_dtype, "torchreplay_masked_fill", [&] {
-            const scalar_t v = value->to<scalar_t>();
-            std::memcpy(&in.i0, &v, sizeof(v));
-          });
-        } catch (const c10::Error&) {
-          return std::nullopt;
-        }
-        break;
-      }
-    }
+    FormArgs form;
+    if (!ReadForm(n, np, *info, name, extra, out_dtype, &in, &form)) return std::nullopt;
+    const std::vector<int>& inputs = form.inputs;  // stack positions of the tensor inputs
+    const std::optional<c10::Scalar>& value = form.value;
+    const bool general_alpha = form.general_alpha;
 
     // The operands, with the dtype each has when the step runs (wrapped numbers are cast once
     // to a float or double result's dtype at capture: kernel_tape.cc, WrappedNumbersToPrecast).
@@ -397,6 +283,139 @@ class Describer {
   }
 
  private:
+  // What an op's form reads from node `n`'s arguments (constants and values known at capture):
+  // the stack positions of its tensor inputs, the instruction's op and parameters. False where
+  // the fused kernel does not compute it as eager does. Over 80 lines: one case per Form, each
+  // reading its arguments as that form's ATen kernel does.
+  struct FormArgs {
+    std::vector<int> inputs;           // stack positions of the tensor inputs
+    std::optional<c10::Scalar> value;  // addcmul's, addcdiv's value, cast once the dtype is known
+    bool general_alpha = false;        // add's alpha other than +-1
+  };
+  bool ReadForm(const Node& n, const TapePlan::NodePlan& np, const OpInfo& info, const std::string& name, bool extra,
+                c10::ScalarType out_dtype, Instr* in, FormArgs* form) const {
+    const int num_args = static_cast<int>(n.args.size());
+    auto scalar = [&](int a) -> std::optional<c10::Scalar> {
+      if (a == num_args && extra) return np.out->extra_arg.toScalar();
+      if (a >= num_args) return std::nullopt;
+      const Arg& arg = n.args[a];
+      c10::IValue v;
+      if (arg.kind == Arg::Kind::kConstant) {
+        v = arg.constant;
+      } else if (arg.kind == Arg::Kind::kValue && plan_.values[arg.value].constant &&
+                 !rec_.values[arg.value].is_tensor) {
+        v = rec_.values[arg.value].scalar;
+      }
+      if (!v.isScalar()) return std::nullopt;  // none, a list, or bound per call
+      return v.toScalar();
+    };
+    auto is_none = [&](int a) {
+      return a < num_args && n.args[a].kind == Arg::Kind::kConstant && n.args[a].constant.isNone();
+    };
+
+    switch (info.form) {
+      case Form::kUnary:
+        form->inputs = {0};
+        break;
+      case Form::kUnaryScalar: {
+        form->inputs = {0};
+        std::optional<c10::Scalar> s = scalar(1);
+        if (!s.has_value() || s->isComplex()) return false;
+        const double v = s->toDouble();
+        if (name == "aten::pow.Tensor_Scalar_out") {  // Pow.cpp, PowKernel.cpp
+          if (v == 2.0) in->op = Op::kSquare;
+          else if (v == 3.0) in->op = Op::kCube;
+          else if (v == -2.0) in->op = Op::kInverseSquare;
+          else if (v == 0.5 && fused::MklAvailable()) in->op = Op::kSqrt;
+          else if (v == -0.5) in->op = Op::kRsqrt;
+          else if (v == -1.0) in->op = Op::kReciprocal;
+          else return false;
+        } else {
+          if (std::isnan(v)) return false;  // clamp_min/clamp_max fill with a NaN bound
+          in->p0 = v;
+        }
+        break;
+      }
+      case Form::kClamp: {
+        form->inputs = {0};
+        std::optional<c10::Scalar> lo = scalar(1), hi = scalar(2);
+        if ((!lo.has_value() && !is_none(1)) || (!hi.has_value() && !is_none(2))) return false;
+        if ((lo.has_value() && (lo->isComplex() || std::isnan(lo->toDouble()))) ||
+            (hi.has_value() && (hi->isComplex() || std::isnan(hi->toDouble())))) {
+          return false;
+        }
+        if (lo.has_value() && hi.has_value()) {
+          in->p0 = lo->toDouble(), in->p1 = hi->toDouble();
+        } else if (lo.has_value()) {
+          in->op = Op::kClampMin, in->p0 = lo->toDouble();
+        } else if (hi.has_value()) {
+          in->op = Op::kClampMax, in->p0 = hi->toDouble();
+        } else {
+          return false;
+        }
+        break;
+      }
+      case Form::kBinary:
+      case Form::kCompare:
+        form->inputs = {0, 1};
+        break;
+      case Form::kAlpha: {
+        form->inputs = {0, 1};
+        std::optional<c10::Scalar> alpha = scalar(2);
+        if (!alpha.has_value() || alpha->isComplex()) return false;
+        const bool sub = name == "aten::sub.out";  // BinaryOps.cpp: add_stub with -alpha
+        if (alpha->isIntegral(false)) {
+          const int64_t a = alpha->toLong();
+          in->i0 = sub ? static_cast<int64_t>(0ULL - static_cast<uint64_t>(a)) : a;
+          in->p0 = sub ? -static_cast<double>(a) : static_cast<double>(a);
+        } else {
+          in->p0 = sub ? -alpha->toDouble() : alpha->toDouble();
+          if (out_dtype == c10::kLong) return false;
+        }
+        // self + alpha * other: with alpha = +-1 every rounding of it is the sum's. Other alphas
+        // are one fma (the Add instruction) on every path of eager's loops but one: `other`
+        // broadcast along the rows (a scalar within each row, Loops.h's S = 2), where the
+        // compiler hoisted alpha * other out of the loop in parts of the row's tail (two
+        // roundings, element by element as it vectorized them). Checked on the geometry below.
+        form->general_alpha = out_dtype != c10::kLong && in->p0 != 1.0 && in->p0 != -1.0;
+        if (form->general_alpha && !std::isfinite(in->p0)) return false;
+        break;
+      }
+      case Form::kWhere:
+        form->inputs = {0, 1, 2};
+        break;
+      case Form::kPointwise:
+        form->inputs = {0, 1, 2};
+        form->value = scalar(3);
+        if (!form->value.has_value() || form->value->isComplex()) return false;
+        break;
+      case Form::kScalarBase: {
+        form->inputs = {1};
+        std::optional<c10::Scalar> base = scalar(0);
+        // Pow.cpp: a base of 1 fills the result with ones instead
+        if (!base.has_value() || base->isComplex() || base->isBoolean() || base->toDouble() == 1.0) return false;
+        in->p0 = base->toDouble();  // cast to the exponent's dtype below, as the wrapped number is
+        break;
+      }
+      case Form::kMaskedFill: {
+        form->inputs = {0, 1};
+        std::optional<c10::Scalar> value = scalar(2);
+        if (!value.has_value() || c10::isComplexType(out_dtype) || c10::elementSize(out_dtype) > 8) return false;
+        try {  // masked_fill_kernel: value.to<scalar_t>(), which raises where it overflows
+          AT_DISPATCH_ALL_TYPES_AND3(c10::kHalf, c10::kBFloat16, c10::kBool, out_dtype, "torchreplay_masked_fill", [&] {
+            const scalar_t v = value->to<scalar_t>();
+            std::memcpy(&in->i0, &v, sizeof(v));
+          });
+        } catch (const c10::Error&) {
+          return false;
+        }
+        break;
+      }
+    }
+
+    return true;
+  }
+
   // Argument `a` of `n` as a tensor operand: a value the recording saw, or a constant.
   std::optional<Operand> OperandOf(const Node& n, int a) const {
     if (a >= static_cast<int>(n.args.size())) return std::nullopt;
