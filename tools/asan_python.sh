@@ -7,14 +7,15 @@
 #   tools/asan_python.sh --python SCRIPT [args...]   a Python program instead of pytest, e.g. the
 #                                            whole op database sweep (tests/python/opdb_sweep.py)
 #
-# Builds //bindings:_C.so with --config=sanitize (ASan and UBSan, the build CI's C++ suites use), stages it beside a copy of the Python package, and
-# runs pytest with gcc's ASan runtime preloaded (Python and torch are not instrumented; their
-# allocations are intercepted all the same; libstdc++ is preloaded too, so that ASan finds the
-# real __cxa_throw). It checks memory errors (use after free, overflows, double frees): any stops
-# the run and fails the script; the summary says whether its stack reaches the extension. Leaks are left to the C++ suites under LeakSanitizer (bazel test --config=asan) and to
-# the RSS-measuring tests: at exit Python keeps thousands of objects LeakSanitizer calls leaks
-# (5,000 reports on test_replay.py alone, none through the extension), and torch, built without
-# frame pointers, cuts the stacks that would tell ours apart.
+# Builds //bindings:_C.so with --config=sanitize (ASan and UBSan, the build CI's C++ suites use),
+# stages it beside a copy of the Python package, and runs pytest with gcc's ASan runtime preloaded
+# (Python and torch are not instrumented; their allocations are intercepted all the same; libstdc++
+# is preloaded too, so that ASan finds the real __cxa_throw). It checks memory errors (use after
+# free, overflows, double frees) and undefined behaviour: any stops the run and fails the script; the summary says whether
+# its stack reaches the extension. Leaks are left to the C++ suites under LeakSanitizer (bazel test
+# --config=sanitize) and to the RSS-measuring tests: at exit Python keeps thousands of objects
+# LeakSanitizer calls leaks (5,000 reports on test_replay.py alone, none through the extension), and
+# torch, built without frame pointers, cuts the stacks that would tell ours apart.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || tools/setup.sh
@@ -46,8 +47,8 @@ LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.
 TORCHREPLAY_FUZZ_GRAPHS="${TORCHREPLAY_FUZZ_GRAPHS:-300}" PYTHONPATH="$stage" \
   .venv/bin/python "${run[@]}" "$@" || rc=$?
 
-# One log per process. A report is an ASan error or a UBSan runtime error; it is ours if a frame of its stack is in the
-# extension (our functions, or pybind11 and absl code inlined in _C.so).
+# One log per process. A report is an ASan error or a UBSan runtime error; it is ours if a frame
+# of its stack is in the extension (our functions, or pybind11 and absl code inlined in _C.so).
 read -r reports ours < <(cat "$log".* 2>/dev/null | awk '
   /^==[0-9]+==ERROR: AddressSanitizer|runtime error:/ { flush(); inside = 1; block = "" }
   inside { block = block "\n" $0 }
