@@ -1,6 +1,9 @@
 // tape/cpu_features.h: what the CPU runs, for the kernels compiled for one instruction set
-// (the depthwise convolution, the small GEMM), which are called only where it has it.
+// (the depthwise convolution, the small GEMM, the fused elementwise kernel), which are called only
+// where it has it.
 #pragma once
+
+#include <ATen/Version.h>
 
 namespace torchreplay::capture {
 
@@ -12,6 +15,14 @@ inline bool HasAvx2AndFma() {
 #else
   return false;
 #endif
+}
+
+// Whether ATen runs its AVX512 kernels (its CPU capability: the CPU's, or lower where
+// ATEN_CPU_CAPABILITY says so). The kernels compiled for both pick their copy by it, as ATen's
+// DispatchStub does.
+inline bool AtenAvx512() {
+  static const bool avx512 = at::get_cpu_capability() == "AVX512";
+  return avx512;
 }
 
 }  // namespace torchreplay::capture

@@ -2,7 +2,7 @@
 // capability (fused_kernels_impl.h), as ATen's DispatchStub picks its own kernels.
 #include "tape/fused_kernels.h"
 
-#include <ATen/Version.h>
+#include "tape/cpu_features.h"
 
 namespace torchreplay::capture::fused {
 namespace avx2 {
@@ -18,19 +18,12 @@ void Restore(const Program& program, char* const* base, char* const* scratch);
 bool MklAvailable();
 }  // namespace avx512
 
-namespace {
-bool Avx512() {
-  static const bool avx512 = at::get_cpu_capability() == "AVX512";
-  return avx512;
-}
-}  // namespace
-
-bool Prepare(Program* program) { return Avx512() ? avx512::Prepare(program) : avx2::Prepare(program); }
+bool Prepare(Program* program) { return AtenAvx512() ? avx512::Prepare(program) : avx2::Prepare(program); }
 bool Run(const Program& program, char* const* base, char* const* scratch) {
-  return Avx512() ? avx512::Run(program, base, scratch) : avx2::Run(program, base, scratch);
+  return AtenAvx512() ? avx512::Run(program, base, scratch) : avx2::Run(program, base, scratch);
 }
 void Restore(const Program& program, char* const* base, char* const* scratch) {
-  Avx512() ? avx512::Restore(program, base, scratch) : avx2::Restore(program, base, scratch);
+  AtenAvx512() ? avx512::Restore(program, base, scratch) : avx2::Restore(program, base, scratch);
 }
 bool MklAvailable() { return avx2::MklAvailable(); }
 

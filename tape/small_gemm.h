@@ -1,5 +1,5 @@
 // tape/small_gemm.h: y = bias + x w for float32 matrices of few rows (a GEMV, a recurrent cell's
-// projections, a batch-1 MLP), compiled with AVX2 and FMA (small_gemm_avx2.cc), for numerics
+// projections, a batch-1 MLP), compiled for AVX2 and for AVX-512 (small_gemm_impl.h), for numerics
 // "close" (Note [Close numerics] in python/torchreplay/close_numerics.py; the op is
 // torchreplay::small_gemm, small_gemm_op.cc) and, where it gives eager's bits, the bitwise tape
 // (Note [Checked GEMMs] in gemm_steps.h).
@@ -8,7 +8,8 @@
 // A library GEMM spends more on its set-up than on the arithmetic of a few rows: MKL takes about
 // 3 us for a [1, 64] x [64, 192] product on this project's CPUs, whose 12k multiply-adds take a
 // tenth of that. This kernel has no set-up: the weight is stored [K, N] once, at capture, and each
-// tile of up to 4 rows by up to 64 columns keeps its sums in registers over the whole K. Each
+// tile of a few rows by a few vectors of columns keeps its sums in registers over the whole K
+// (up to 4 rows by 64 columns with AVX2's 16 registers, up to 8 rows with AVX-512's 32). Each
 // output element is one chain of fused multiply-adds over k in order, starting from the bias (or
 // +0, the bias added after the chain with Params::bias_last): vector and scalar columns compute it
 // alike, so no bit depends on the tiling or on how the columns are split over torch's intra-op
@@ -46,7 +47,13 @@ struct Params {
 bool Available();
 
 // y = post(bias + x w) (Note [Small GEMMs]), the columns over torch's intra-op threads; the sums
-// start from bias, row_bias or +0 (bias_last: from +0, then + bias).
+// start from bias, row_bias or +0 (bias_last: from +0, then + bias). The copy compiled for
+// AVX-512 where ATen runs its AVX512 kernels, else the one for AVX2.
 void Run(const Params& p);
+
+// The same with the copy for `isa`, which must be one the CPU runs (for comparing the two: they
+// give the same bits).
+enum class Isa : uint8_t { kAvx2, kAvx512 };
+void RunWith(Isa isa, const Params& p);
 
 }  // namespace torchreplay::capture::small_gemm

@@ -19,9 +19,11 @@
 //                         the checks of both share
 //   depthwise_kernel.h    the direct depthwise convolution (depthwise_kernel_avx2.cc; the op in
 //                         depthwise_op.cc); check_frozen.cc: torchreplay::check_frozen
-//   cpu_features.h        whether the CPU runs the kernels compiled for AVX2 and FMA
-//   small_gemm.h          products of few rows (Note [Small GEMMs]; small_gemm_avx2.cc; the ops
-//                         small_gemm and conv_gemm in small_gemm_op.cc)
+//   cpu_features.h        whether the CPU runs the kernels compiled for AVX2 and FMA, and which
+//                         copy ATen's CPU capability picks
+//   small_gemm.h          products of few rows (Note [Small GEMMs]; small_gemm_impl.h, compiled in
+//                         small_gemm_avx2.cc and small_gemm_avx512.cc; the ops small_gemm and
+//                         conv_gemm in small_gemm_op.cc)
 //   recurrent.h           a GRU layer in one call (Note [GRU steps]; recurrent_avx2.cc; the op
 //                         gru_sequence in recurrent_op.cc)
 //   collective_steps.h    torch.distributed's collectives as steps (Note [Collective steps])

@@ -1,0 +1,207 @@
+// The small GEMM's kernel (Note [Small GEMMs] in small_gemm.h), included once per instruction set
+// by small_gemm_avx2.cc and small_gemm_avx512.cc inside their namespace (avx2, avx512), after
+// they define what it computes with, over `V`, a vector of kLanes floats:
+//   Zero(), Load(p), Broadcast(p) (p[0] in every lane), Fma(a, b, c) (a * b + c, one rounding),
+//   AddBias(bias, sum) (bias + sum, the bias's NaN kept where both are NaN), Relu(v)
+//   (max(0, v), NaN kept), Store(p, v); Mask, TailMask(left) (the first `left` lanes),
+//   MaskLoad(p, mask) (0 in the other lanes), MaskStore(p, mask, v);
+//   kMaxRows (rows per tile, at most 8) and kVectors<MR> (vectors of columns per tile of MR rows:
+//   its sums, its weight vectors and one broadcast in registers).
+// Every output element is the same chain of multiply-adds whatever V is: the two copies give the
+// same bits, and where the rows and columns are cut changes none.
+// Not a header of its own: no include guard, no namespace.
+
+// Rows [r0, r0 + MR) by columns [c0, c0 + NV * kLanes), the sums in named registers
+// a<row><vector>: with them in an array, GCC kept every sum in memory too, a store per FMA, at half
+// the speed. The macros below expand over rows 0-7 and vectors 0-7; `if constexpr` drops what the
+// tile has not.
+#define TORCHREPLAY_VECTORS(M, r) M(r, 0) M(r, 1) M(r, 2) M(r, 3) M(r, 4) M(r, 5) M(r, 6) M(r, 7)
+#define TORCHREPLAY_TILE(M) TORCHREPLAY_VECTORS(M, 0) TORCHREPLAY_VECTORS(M, 1) TORCHREPLAY_VECTORS(M, 2) \
+  TORCHREPLAY_VECTORS(M, 3) TORCHREPLAY_VECTORS(M, 4) TORCHREPLAY_VECTORS(M, 5) TORCHREPLAY_VECTORS(M, 6)   \
+  TORCHREPLAY_VECTORS(M, 7)
+template <int MR, int NV>
+inline void Tile(const Params& p, int64_t r0, int64_t c0) {
+  static_assert(MR <= 8 && NV <= 8);
+  const int64_t k_end = p.k, w_row = p.w_row > 0 ? p.w_row : p.n, x_row = p.x_row;
+  const float* x = p.x + r0 * x_row;
+  const float* const* rows = p.w_rows;
+  const float* w = p.w + c0;
+  const float* bias = p.bias != nullptr ? p.bias + c0 : nullptr;
+#define DECLARE(r, v) [[maybe_unused]] V a##r##v = Zero();
+  TORCHREPLAY_TILE(DECLARE)
+#undef DECLARE
+  if (bias != nullptr && !p.bias_last) {
+#define START(r, v) \
+  if constexpr (r < MR && v < NV) a##r##v = Load(bias + v * kLanes);
+    TORCHREPLAY_TILE(START)
+#undef START
+  } else if (p.row_bias != nullptr) {
+#define START(r, v) \
+  if constexpr (r < MR && v < NV) a##r##v = Broadcast(p.row_bias + r0 + r);
+    TORCHREPLAY_TILE(START)
+#undef START
+  }
+  for (int64_t k = 0; k < k_end; ++k) {
+    const float* wk = rows != nullptr ? rows[k] + c0 : w + k * w_row;
+    [[maybe_unused]] V w0, w1, w2, w3, w4, w5, w6, w7;
+#define LOAD_W(v) \
+  if constexpr (v < NV) w##v = Load(wk + v * kLanes);
+    LOAD_W(0) LOAD_W(1) LOAD_W(2) LOAD_W(3) LOAD_W(4) LOAD_W(5) LOAD_W(6) LOAD_W(7)
+#undef LOAD_W
+    // row by row: each row's x[k] broadcast just before its multiply-adds, so that one is held at
+    // a time beside the sums and the weight vectors (all of them at once spilled sums)
+#define MULTIPLY_ADD_ROW(r)                                                     \
+  if constexpr (r < MR) {                                                       \
+    const V xr = Broadcast(x + r * x_row + k);                                  \
+    MULTIPLY_ADD(r, 0) MULTIPLY_ADD(r, 1) MULTIPLY_ADD(r, 2) MULTIPLY_ADD(r, 3) \
+    MULTIPLY_ADD(r, 4) MULTIPLY_ADD(r, 5) MULTIPLY_ADD(r, 6) MULTIPLY_ADD(r, 7) \
+  }
+#define MULTIPLY_ADD(r, v) \
+  if constexpr (v < NV) a##r##v = Fma(xr, w##v, a##r##v);
+    MULTIPLY_ADD_ROW(0) MULTIPLY_ADD_ROW(1) MULTIPLY_ADD_ROW(2) MULTIPLY_ADD_ROW(3)
+    MULTIPLY_ADD_ROW(4) MULTIPLY_ADD_ROW(5) MULTIPLY_ADD_ROW(6) MULTIPLY_ADD_ROW(7)
+#undef MULTIPLY_ADD
+#undef MULTIPLY_ADD_ROW
+  }
+  if (bias != nullptr && p.bias_last) {  // the sum, then the bias (AddBias)
+#define ADD_BIAS(r, v) \
+  if constexpr (r < MR && v < NV) a##r##v = AddBias(Load(bias + v * kLanes), a##r##v);
+    TORCHREPLAY_TILE(ADD_BIAS)
+#undef ADD_BIAS
+  }
+  const bool relu = p.post == PostOp::kRelu;
+  float* y = p.y + r0 * p.y_row + c0;
+#define STORE(r, v) \
+  if constexpr (r < MR && v < NV) Store(y + r * p.y_row + v * kLanes, relu ? Relu(a##r##v) : a##r##v);
+  TORCHREPLAY_TILE(STORE)
+#undef STORE
+}
+#undef TORCHREPLAY_TILE
+#undef TORCHREPLAY_VECTORS
+
+// The last vectors of a row block, fewer than a whole tile: a tile of exactly that many.
+template <int MR, int NV>
+inline void Rest(const Params& p, int64_t r0, int64_t c0, int64_t vectors) {
+  if constexpr (NV > 0) {
+    if (vectors == NV) return Tile<MR, NV>(p, r0, c0);
+    Rest<MR, NV - 1>(p, r0, c0, vectors);
+  }
+}
+
+// Rows [r0, r0 + MR) by the last n % kLanes columns, from c0: one vector, its lanes past n masked
+// off.
+template <int MR>
+void TailTile(const Params& p, int64_t r0, int64_t c0, Mask mask) {
+  const int64_t k_end = p.k, w_row = p.w_row > 0 ? p.w_row : p.n, x_row = p.x_row;
+  const float* x = p.x + r0 * x_row;
+  const float* const* rows = p.w_rows;
+  const float* w = p.w + c0;
+#define EACH_ROW(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7)
+#define DECLARE(r) [[maybe_unused]] V a##r = Zero();
+  EACH_ROW(DECLARE)
+#undef DECLARE
+  if (p.bias != nullptr && !p.bias_last) {
+    const V b = MaskLoad(p.bias + c0, mask);
+#define START(r) \
+  if constexpr (r < MR) a##r = b;
+    EACH_ROW(START)
+#undef START
+  } else if (p.row_bias != nullptr) {
+#define START(r) \
+  if constexpr (r < MR) a##r = Broadcast(p.row_bias + r0 + r);
+    EACH_ROW(START)
+#undef START
+  }
+  for (int64_t k = 0; k < k_end; ++k) {
+    const float* wk = rows != nullptr ? rows[k] + c0 : w + k * w_row;
+    const V wv = MaskLoad(wk, mask);
+#define MULTIPLY_ADD(r) \
+  if constexpr (r < MR) a##r = Fma(Broadcast(x + r * x_row + k), wv, a##r);
+    EACH_ROW(MULTIPLY_ADD)
+#undef MULTIPLY_ADD
+  }
+  if (p.bias != nullptr && p.bias_last) {
+    const V b = MaskLoad(p.bias + c0, mask);
+#define ADD_BIAS(r) \
+  if constexpr (r < MR) a##r = AddBias(b, a##r);
+    EACH_ROW(ADD_BIAS)
+#undef ADD_BIAS
+  }
+  const bool relu = p.post == PostOp::kRelu;
+  float* y = p.y + r0 * p.y_row + c0;
+#define STORE(r) \
+  if constexpr (r < MR) MaskStore(y + r * p.y_row, mask, relu ? Relu(a##r) : a##r);
+  EACH_ROW(STORE)
+#undef STORE
+#undef EACH_ROW
+}
+
+// Rows [r0, r0 + MR) by the column vectors [v0, v1).
+template <int MR>
+void Block(const Params& p, int64_t r0, int64_t v0, int64_t v1) {
+  constexpr int NV = kVectors<MR>;
+  int64_t v = v0;
+  for (; v + NV <= v1; v += NV) Tile<MR, NV>(p, r0, v * kLanes);
+  Rest<MR, NV - 1>(p, r0, v * kLanes, v1 - v);
+}
+
+// The last `left` rows (fewer than kMaxRows), from r0: one block (or tail tile) of exactly that many.
+template <int MR>
+void LastRows(const Params& p, int64_t r0, int64_t left, int64_t v0, int64_t v1, const Mask* tail) {
+  if constexpr (MR > 0) {
+    if (left != MR) return LastRows<MR - 1>(p, r0, left, v0, v1, tail);
+    tail != nullptr ? TailTile<MR>(p, r0, v0 * kLanes, *tail) : Block<MR>(p, r0, v0, v1);
+  }
+}
+
+void Rows(const Params& p, int64_t v0, int64_t v1) {
+  int64_t r = 0;
+  for (; r + kMaxRows <= p.m; r += kMaxRows) Block<kMaxRows>(p, r, v0, v1);
+  LastRows<kMaxRows - 1>(p, r, p.m - r, v0, v1, nullptr);
+}
+
+// The last n % kLanes columns of every row.
+void TailRows(const Params& p) {
+  const int64_t v = p.n / kLanes, left = p.n - v * kLanes;
+  if (left == 0) return;
+  const Mask mask = TailMask(static_cast<int>(left));
+  int64_t r = 0;
+  for (; r + kMaxRows <= p.m; r += kMaxRows) TailTile<kMaxRows>(p, r, v * kLanes, mask);
+  LastRows<kMaxRows - 1>(p, r, p.m - r, v, v, &mask);
+}
+
+void Gemm(const Params& p) {
+  if (p.panel > 0) {  // each panel a product of its own, its rows p.panel apart
+    const int64_t panels = (p.n + p.panel - 1) / p.panel;
+    const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(p.m * p.k * p.panel, 1));
+    at::parallel_for(0, panels, grain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        Params q = p;
+        const int64_t c0 = i * p.panel;
+        q.panel = 0, q.w = p.w + c0 * p.k, q.w_row = p.panel, q.n = std::min(p.panel, p.n - c0), q.y = p.y + c0;
+        if (p.bias != nullptr) q.bias = p.bias + c0;
+        Rows(q, 0, q.n / kLanes);
+        TailRows(q);
+      }
+    });
+    return;
+  }
+  const int64_t vectors = p.n / kLanes;
+  if (p.m >= 4 * kMaxRows) {  // many rows (a 1x1 convolution's pixels): blocks of rows per task
+    const int64_t blocks = (p.m + kMaxRows - 1) / kMaxRows;
+    const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(kMaxRows * p.k * p.n, 1));
+    at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+      Params q = p;
+      const int64_t r0 = b0 * kMaxRows;
+      q.m = std::min(p.m, b1 * kMaxRows) - r0, q.x = p.x + r0 * p.x_row, q.y = p.y + r0 * p.y_row;
+      if (p.row_bias != nullptr) q.row_bias = p.row_bias + r0;
+      Rows(q, 0, vectors);
+      TailRows(q);
+    });
+    return;
+  }
+  // Each task at least ~32k multiply-adds, so that small products run inline, on no thread.
+  const int64_t grain = std::max<int64_t>(kVectors<1>, 32768 / std::max<int64_t>(p.m * p.k * kLanes, 1));
+  at::parallel_for(0, vectors, grain, [&](int64_t v0, int64_t v1) { Rows(p, v0, v1); });
+  TailRows(p);  // the same chain per element, the lanes past n masked off
+}
