@@ -1,5 +1,6 @@
 // tape/depthwise_kernel.h: a direct depthwise convolution (one filter per channel), float32,
-// compiled with ATen's AVX2 flags (depthwise_kernel_avx2.cc), for the checked convolutions of the
+// compiled with ATen's AVX2 flags (depthwise_kernel_avx2.cc; its channels-last walk also with
+// AVX-512, depthwise_pixels_avx512.cc), for the checked convolutions of the
 // CPU tape (Note [Checked convolutions] in conv_steps.h) and numerics "close".
 //
 // Note [Depthwise convolutions]

@@ -1,5 +1,7 @@
 // The direct depthwise convolution (Note [Depthwise convolutions] in depthwise_kernel.h),
-// compiled with AVX2 and FMA; called only where depthwise::Available().
+// compiled with AVX2 and FMA; called only where depthwise::Available(). Its channels-last walk
+// (depthwise_pixels_impl.h) is also compiled for AVX-512 (depthwise_pixels_avx512.cc), run where
+// ATen runs its AVX512 kernels.
 #include "tape/depthwise_kernel.h"
 
 #include <ATen/Parallel.h>
@@ -10,22 +12,19 @@
 #include <cstring>
 #include <vector>
 
+#include "tape/cpu_features.h"
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
 namespace torchreplay::capture::depthwise {
+namespace avx512 {
+void RunPixels(const Params& p);  // depthwise_pixels_avx512.cc
+}  // namespace avx512
 namespace {
 
-inline float Post(float v, PostOp post) {
-  switch (post) {
-    case PostOp::kNone: return v;
-    case PostOp::kRelu: return v > 0.f ? v : 0.f;
-    case PostOp::kHardswish: return v * std::min(std::max(v + 3.f, 0.f), 6.f) / 6.f;
-  }
-  return v;
-}
-
-inline __m256 Post(__m256 v, PostOp post) {
+// The post-op on a vector: relu's max keeps 0 where v is NaN; the AVX-512 copy computes it alike.
+inline __m256 PostOf(__m256 v, PostOp post) {
   switch (post) {
     case PostOp::kNone: return v;
     case PostOp::kRelu: return _mm256_max_ps(v, _mm256_setzero_ps());
@@ -38,15 +37,24 @@ inline __m256 Post(__m256 v, PostOp post) {
   return v;
 }
 
-// The taps of an output coordinate that fall inside the input: [lo, hi).
-inline void Taps(int64_t o, int64_t stride, int64_t pad, int64_t dil, int64_t k, int64_t size, int64_t* lo,
-                 int64_t* hi) {
-  const int64_t start = o * stride - pad;
-  *lo = 0;
-  while (*lo < k && start + *lo * dil < 0) ++*lo;
-  *hi = k;
-  while (*hi > *lo && start + (*hi - 1) * dil >= size) --*hi;
+// The channels-last walk (depthwise_pixels_impl.h) with AVX2's 8 lanes.
+using V = __m256;
+using Mask = __m256i;
+constexpr int kLanes = 8;
+inline V Zero() { return _mm256_setzero_ps(); }
+inline V Load(const float* p) { return _mm256_loadu_ps(p); }
+inline void Store(float* p, V v) { _mm256_storeu_ps(p, v); }
+inline V Fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+inline V Add(V a, V b) { return _mm256_add_ps(a, b); }
+inline Mask TailMask(int left) {
+  alignas(32) int32_t lanes[kLanes];
+  for (int i = 0; i < kLanes; ++i) lanes[i] = i < left ? -1 : 0;
+  return _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes));
 }
+inline V MaskLoad(const float* p, Mask m) { return _mm256_maskload_ps(p, m); }
+inline void MaskStore(float* p, Mask m, V v) { _mm256_maskstore_ps(p, m, v); }
+
+#include "tape/depthwise_pixels_impl.h"
 
 // Channels-first: one (n, c) plane, vectorized along the output row, 8 outputs at a time, read
 // from a copy of the plane whose rows have zeros on both sides (so that every load is a plain
@@ -108,7 +116,7 @@ void Plane(const Params& p, int64_t n, int64_t c, std::vector<float>* scratch) {
     };
     auto store = [&](int64_t oh, __m256 acc) {
       if (!p.bias_first && p.bias != nullptr) acc = _mm256_add_ps(acc, _mm256_set1_ps(b));
-      acc = Post(acc, p.post);
+      acc = PostOf(acc, p.post);
       float* yrow = yc + oh * p.ys[2];
       if (p.ys[3] == 1 && lanes == 8) {
         _mm256_storeu_ps(yrow + ow, acc);
@@ -157,68 +165,6 @@ void Plane(const Params& p, int64_t n, int64_t c, std::vector<float>* scratch) {
   }
 }
 
-// Channels-last: one output pixel, vectorized over channels, four vectors of channels at a time
-// (four independent FMA chains in flight).
-void Pixel(const Params& p, int64_t n, int64_t oh, int64_t ow) {
-  int64_t kh_lo, kh_hi, kw_lo, kw_hi;
-  Taps(oh, p.stride[0], p.padding[0], p.dilation[0], p.kh, p.h, &kh_lo, &kh_hi);
-  Taps(ow, p.stride[1], p.padding[1], p.dilation[1], p.kw, p.w_, &kw_lo, &kw_hi);
-  const float* xn = p.x + n * p.xs[0];
-  float* y = p.y + n * p.ys[0] + oh * p.ys[2] + ow * p.ys[3];
-  const bool bias_first = p.bias_first && p.bias != nullptr, bias_last = !p.bias_first && p.bias != nullptr;
-  int64_t c = 0;
-  for (; c + 32 <= p.c; c += 32) {
-    __m256 acc[4];
-    for (int v = 0; v < 4; ++v) acc[v] = bias_first ? _mm256_loadu_ps(p.bias + c + 8 * v) : _mm256_setzero_ps();
-    for (int64_t i = kh_lo; i < kh_hi; ++i) {
-      const float* row = xn + (oh * p.stride[0] - p.padding[0] + i * p.dilation[0]) * p.xs[2] + c;
-      for (int64_t j = kw_lo; j < kw_hi; ++j) {
-        const float* at = row + (ow * p.stride[1] - p.padding[1] + j * p.dilation[1]) * p.xs[3];
-        const float* wt = p.w_hwc + (i * p.kw + j) * p.c + c;
-        for (int v = 0; v < 4; ++v) {
-          acc[v] = _mm256_fmadd_ps(_mm256_loadu_ps(at + 8 * v), _mm256_loadu_ps(wt + 8 * v), acc[v]);
-        }
-      }
-    }
-    for (int v = 0; v < 4; ++v) {
-      if (bias_last) acc[v] = _mm256_add_ps(acc[v], _mm256_loadu_ps(p.bias + c + 8 * v));
-      _mm256_storeu_ps(y + c + 8 * v, Post(acc[v], p.post));
-    }
-  }
-  for (; c + 8 <= p.c; c += 8) {
-    __m256 acc = bias_first ? _mm256_loadu_ps(p.bias + c) : _mm256_setzero_ps();
-    for (int64_t i = kh_lo; i < kh_hi; ++i) {
-      const float* row = xn + (oh * p.stride[0] - p.padding[0] + i * p.dilation[0]) * p.xs[2] + c;
-      for (int64_t j = kw_lo; j < kw_hi; ++j) {
-        const __m256 v = _mm256_loadu_ps(row + (ow * p.stride[1] - p.padding[1] + j * p.dilation[1]) * p.xs[3]);
-        acc = _mm256_fmadd_ps(v, _mm256_loadu_ps(p.w_hwc + (i * p.kw + j) * p.c + c), acc);
-      }
-    }
-    if (bias_last) acc = _mm256_add_ps(acc, _mm256_loadu_ps(p.bias + c));
-    _mm256_storeu_ps(y + c, Post(acc, p.post));
-  }
-  for (; c < p.c; ++c) {
-    float acc = bias_first ? p.bias[c] : 0.f;
-    for (int64_t i = kh_lo; i < kh_hi; ++i) {
-      const float* row = xn + (oh * p.stride[0] - p.padding[0] + i * p.dilation[0]) * p.xs[2] + c;
-      for (int64_t j = kw_lo; j < kw_hi; ++j) {
-        acc = std::fma(row[(ow * p.stride[1] - p.padding[1] + j * p.dilation[1]) * p.xs[3]],
-                       p.w_hwc[(i * p.kw + j) * p.c + c], acc);
-      }
-    }
-    if (bias_last) acc += p.bias[c];
-    y[c] = Post(acc, p.post);
-  }
-}
-
-void Pixels(const Params& p) {
-  const int64_t taps = std::max<int64_t>(p.kh * p.kw, 1);
-  at::parallel_for(0, p.n * p.oh * p.ow, std::max<int64_t>(1, 32768 / std::max<int64_t>(p.c * taps, 1)),
-                   [&](int64_t begin, int64_t end) {
-                     for (int64_t k = begin; k < end; ++k) Pixel(p, k / (p.oh * p.ow), (k / p.ow) % p.oh, k % p.ow);
-                   });
-}
-
 // src [n][c][hw] by its strides -> dst [n][hw][c] contiguous, or back (`to_nhwc` false).
 void Transpose(const float* src, const int64_t* s, float* dst, const int64_t* d, int64_t n, int64_t c, int64_t h,
                int64_t w) {
@@ -233,10 +179,13 @@ void Transpose(const float* src, const int64_t* s, float* dst, const int64_t* d,
   }
 }
 
+// The channels-last walk in the copy for ATen's CPU capability (the same bits either way).
+void ChannelsLast(const Params& p) { AtenAvx512() ? avx512::RunPixels(p) : Pixels(p); }
+
 }  // namespace
 
 void Run(const Params& p) {
-  if (p.xs[1] == 1 && p.ys[1] == 1 && p.w_hwc != nullptr) return Pixels(p);
+  if (p.xs[1] == 1 && p.ys[1] == 1 && p.w_hwc != nullptr) return ChannelsLast(p);
   if (p.ow < 8 && p.w_hwc != nullptr) {
     // Short rows leave the row-vectorized walk mostly scalar, one latency-bound FMA chain at a
     // time: walk channels-last copies instead (exact moves, the same arithmetic per element).
@@ -250,7 +199,7 @@ void Run(const Params& p) {
     q.x = xt.data(), q.y = yt.data();
     std::copy(xts, xts + 4, q.xs);
     std::copy(yts, yts + 4, q.ys);
-    Pixels(q);
+    ChannelsLast(q);
     Transpose(yt.data(), yts, p.y, p.ys, p.n, p.c, p.oh, p.ow);
     return;
   }

@@ -17,8 +17,10 @@
 //   conv_steps.h          checked convolutions (Note [Checked convolutions])
 //   gemm_steps.h          checked matrix products (Note [Checked GEMMs]); kernel_check.h: what
 //                         the checks of both share
-//   depthwise_kernel.h    the direct depthwise convolution (depthwise_kernel_avx2.cc; the op in
-//                         depthwise_op.cc); check_frozen.cc: torchreplay::check_frozen
+//   depthwise_kernel.h    the direct depthwise convolution (depthwise_kernel_avx2.cc, its
+//                         channels-last walk in depthwise_pixels_impl.h, also compiled in
+//                         depthwise_pixels_avx512.cc; the op in depthwise_op.cc);
+//                         check_frozen.cc: torchreplay::check_frozen
 //   cpu_features.h        whether the CPU runs the kernels compiled for AVX2 and FMA, and which
 //                         copy ATen's CPU capability picks
 //   small_gemm.h          products of few rows (Note [Small GEMMs]; small_gemm_impl.h, compiled in
