@@ -38,22 +38,7 @@ inline __m256 PostOf(__m256 v, PostOp post) {
 }
 
 // The channels-last walk (depthwise_pixels_impl.h) with AVX2's 8 lanes.
-using V = __m256;
-using Mask = __m256i;
-constexpr int kLanes = 8;
-inline V Zero() { return _mm256_setzero_ps(); }
-inline V Load(const float* p) { return _mm256_loadu_ps(p); }
-inline void Store(float* p, V v) { _mm256_storeu_ps(p, v); }
-inline V Fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
-inline V Add(V a, V b) { return _mm256_add_ps(a, b); }
-inline Mask TailMask(int left) {
-  alignas(32) int32_t lanes[kLanes];
-  for (int i = 0; i < kLanes; ++i) lanes[i] = i < left ? -1 : 0;
-  return _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes));
-}
-inline V MaskLoad(const float* p, Mask m) { return _mm256_maskload_ps(p, m); }
-inline void MaskStore(float* p, Mask m, V v) { _mm256_maskstore_ps(p, m, v); }
-
+#include "tape/simd_ops.h"
 #include "tape/depthwise_pixels_impl.h"
 
 // Channels-first: one (n, c) plane, vectorized along the output row, 8 outputs at a time, read

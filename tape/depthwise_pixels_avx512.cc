@@ -14,14 +14,7 @@
 namespace torchreplay::capture::depthwise::avx512 {
 namespace {
 
-using V = __m512;
-using Mask = __mmask16;
-constexpr int kLanes = 16;
-inline V Zero() { return _mm512_setzero_ps(); }
-inline V Load(const float* p) { return _mm512_loadu_ps(p); }
-inline void Store(float* p, V v) { _mm512_storeu_ps(p, v); }
-inline V Fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-inline V Add(V a, V b) { return _mm512_add_ps(a, b); }
+#include "tape/simd_ops.h"
 // as depthwise_kernel_avx2.cc's PostOf, operand for operand
 inline V PostOf(V v, PostOp post) {
   switch (post) {
@@ -35,9 +28,6 @@ inline V PostOf(V v, PostOp post) {
   }
   return v;
 }
-inline Mask TailMask(int left) { return static_cast<Mask>((1u << left) - 1); }
-inline V MaskLoad(const float* p, Mask m) { return _mm512_maskz_loadu_ps(m, p); }
-inline void MaskStore(float* p, Mask m, V v) { _mm512_mask_storeu_ps(p, m, v); }
 
 #include "tape/depthwise_pixels_impl.h"
 

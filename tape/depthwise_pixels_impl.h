@@ -1,11 +1,9 @@
 // The direct depthwise convolution's channels-last walk (Note [Depthwise convolutions] in
 // depthwise_kernel.h), included once per instruction set by depthwise_kernel_avx2.cc and
-// depthwise_pixels_avx512.cc inside their namespace (avx2, avx512), after they define what it
-// computes with, over `V`, a vector of kLanes floats: Zero(), Load(p), Store(p, v),
-// Fma(a, b, c) (a * b + c, one rounding), Add(a, b), PostOf(v, post) (the post-op, as
-// depthwise_kernel_avx2.cc's scalar Post computes it); Mask, TailMask(left) (the first `left`
-// lanes), MaskLoad(p, mask) (0 in the other lanes), MaskStore(p, mask, v). Every element is the
-// same chain of FMAs in both copies, whatever vector it is in: the two give the same bits.
+// depthwise_pixels_avx512.cc inside their namespace (avx2, avx512), after simd_ops.h (`V`, a
+// vector of kLanes floats, and its operations) and PostOf(v, post), the post-op on a vector,
+// which each defines. Every element is the same chain of FMAs in both copies, whatever vector it
+// is in: the two give the same bits.
 // Not a header of its own: no include guard, no namespace.
 
 // The taps of an output coordinate that fall inside the input: [lo, hi).

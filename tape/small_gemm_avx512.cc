@@ -12,19 +12,14 @@
 namespace torchreplay::capture::small_gemm::avx512 {
 namespace {
 
-using V = __m512;
-using Mask = __mmask16;
-constexpr int kLanes = 16;
+#include "tape/simd_ops.h"
+
 constexpr int kMaxRows = 8;
 // The sums, the weight vectors and one broadcast in the 32 registers (at most 31), at most 24 sums,
 // and 8 chains for a single row.
 template <int MR>
 constexpr int kVectors = MR <= 2 ? 8 : MR == 3 ? 7 : MR == 4 ? 6 : MR == 5 ? 5 : MR == 6 ? 4 : 3;
 
-inline V Zero() { return _mm512_setzero_ps(); }
-inline V Load(const float* p) { return _mm512_loadu_ps(p); }
-inline V Broadcast(const float* p) { return _mm512_set1_ps(*p); }
-inline V Fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
 // bias + sum, the bias's NaN (quieted) where it is NaN: as small_gemm_avx2.cc's AddBias
 inline V AddBias(V bias, V sum) {
   const Mask nan = _mm512_cmp_ps_mask(bias, bias, _CMP_UNORD_Q);
@@ -32,10 +27,6 @@ inline V AddBias(V bias, V sum) {
 }
 // max(0, NaN) is NaN (vmaxps returns its second operand where either is NaN), as torch.relu keeps it
 inline V Relu(V v) { return _mm512_max_ps(_mm512_setzero_ps(), v); }
-inline void Store(float* p, V v) { _mm512_storeu_ps(p, v); }
-inline Mask TailMask(int left) { return static_cast<Mask>((1u << left) - 1); }
-inline V MaskLoad(const float* p, Mask m) { return _mm512_maskz_loadu_ps(m, p); }
-inline void MaskStore(float* p, Mask m, V v) { _mm512_mask_storeu_ps(p, m, v); }
 
 #include "tape/small_gemm_impl.h"
 

@@ -1,12 +1,9 @@
 // The small GEMM's kernel (Note [Small GEMMs] in small_gemm.h), included once per instruction set
 // by small_gemm_avx2.cc and small_gemm_avx512.cc inside their namespace (avx2, avx512), after
-// they define what it computes with, over `V`, a vector of kLanes floats:
-//   Zero(), Load(p), Broadcast(p) (p[0] in every lane), Fma(a, b, c) (a * b + c, one rounding),
+// simd_ops.h (`V`, a vector of kLanes floats, and its operations) and what each defines for it:
 //   AddBias(bias, sum) (bias + sum, the bias's NaN kept where both are NaN), Relu(v)
-//   (max(0, v), NaN kept), Store(p, v); Mask, TailMask(left) (the first `left` lanes),
-//   MaskLoad(p, mask) (0 in the other lanes), MaskStore(p, mask, v);
-//   kMaxRows (rows per tile, at most 8) and kVectors<MR> (vectors of columns per tile of MR rows:
-//   its sums, its weight vectors and one broadcast in registers).
+//   (max(0, v), NaN kept); kMaxRows (rows per tile, at most 8) and kVectors<MR> (vectors of
+//   columns per tile of MR rows: its sums, its weight vectors and one broadcast in registers).
 // Every output element is the same chain of multiply-adds whatever V is: the two copies give the
 // same bits, and where the rows and columns are cut changes none.
 // Not a header of its own: no include guard, no namespace.

@@ -1,0 +1,37 @@
+// tape/simd_ops.h: the vector operations shared by the kernels written with intrinsics (the
+// small GEMM, small_gemm_impl.h; the depthwise convolution's channels-last walk,
+// depthwise_pixels_impl.h), for the instruction set the including file is compiled for: AVX-512
+// where __AVX512F__ is defined, else AVX2 and FMA. `V` is a vector of kLanes floats; a Mask
+// selects lanes.
+// Included inside each copy's namespace, after <immintrin.h>: no include guard, no namespace.
+#if defined(__AVX512F__)
+using V = __m512;
+using Mask = __mmask16;
+constexpr int kLanes = 16;
+inline V Zero() { return _mm512_setzero_ps(); }
+inline V Load(const float* p) { return _mm512_loadu_ps(p); }
+inline V Broadcast(const float* p) { return _mm512_set1_ps(*p); }
+inline void Store(float* p, V v) { _mm512_storeu_ps(p, v); }
+inline V Fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }  // a * b + c, one rounding
+inline V Add(V a, V b) { return _mm512_add_ps(a, b); }
+inline Mask TailMask(int left) { return static_cast<Mask>((1u << left) - 1); }  // the first `left` lanes
+inline V MaskLoad(const float* p, Mask m) { return _mm512_maskz_loadu_ps(m, p); }  // 0 in the other lanes
+inline void MaskStore(float* p, Mask m, V v) { _mm512_mask_storeu_ps(p, m, v); }
+#else
+using V = __m256;
+using Mask = __m256i;
+constexpr int kLanes = 8;
+inline V Zero() { return _mm256_setzero_ps(); }
+inline V Load(const float* p) { return _mm256_loadu_ps(p); }
+inline V Broadcast(const float* p) { return _mm256_broadcast_ss(p); }
+inline void Store(float* p, V v) { _mm256_storeu_ps(p, v); }
+inline V Fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+inline V Add(V a, V b) { return _mm256_add_ps(a, b); }
+inline Mask TailMask(int left) {
+  alignas(32) int32_t lanes[kLanes];
+  for (int i = 0; i < kLanes; ++i) lanes[i] = i < left ? -1 : 0;
+  return _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes));
+}
+inline V MaskLoad(const float* p, Mask m) { return _mm256_maskload_ps(p, m); }
+inline void MaskStore(float* p, Mask m, V v) { _mm256_maskstore_ps(p, m, v); }
+#endif
