@@ -23,11 +23,11 @@ void RunPixels(const Params& p);  // depthwise_pixels_avx512.cc
 }  // namespace avx512
 namespace {
 
-// The post-op on a vector: relu's max keeps 0 where v is NaN; the AVX-512 copy computes it alike.
+// The post-op on a vector; the AVX-512 copy computes it alike, operand for operand.
 inline __m256 PostOf(__m256 v, PostOp post) {
   switch (post) {
     case PostOp::kNone: return v;
-    case PostOp::kRelu: return _mm256_max_ps(v, _mm256_setzero_ps());
+    case PostOp::kRelu: return _mm256_max_ps(_mm256_setzero_ps(), v);  // v where v is NaN, as torch.relu
     case PostOp::kHardswish: {
       const __m256 r = _mm256_min_ps(_mm256_max_ps(_mm256_add_ps(v, _mm256_set1_ps(3.f)), _mm256_setzero_ps()),
                                      _mm256_set1_ps(6.f));

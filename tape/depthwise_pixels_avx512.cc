@@ -19,7 +19,7 @@ namespace {
 inline V PostOf(V v, PostOp post) {
   switch (post) {
     case PostOp::kNone: return v;
-    case PostOp::kRelu: return _mm512_max_ps(v, _mm512_setzero_ps());
+    case PostOp::kRelu: return _mm512_max_ps(_mm512_setzero_ps(), v);  // v where v is NaN, as torch.relu
     case PostOp::kHardswish: {
       const V r = _mm512_min_ps(_mm512_max_ps(_mm512_add_ps(v, _mm512_set1_ps(3.f)), _mm512_setzero_ps()),
                                 _mm512_set1_ps(6.f));

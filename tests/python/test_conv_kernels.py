@@ -272,3 +272,28 @@ def test_depthwise_kernel_paths_agree(shape, k, stride, pad, dil):
         for r in results[1:]:
             assert_bitwise(r, results[0], kernel)
         torch.testing.assert_close(results[0], want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("post_op,eager", [("relu", torch.relu), ("hardswish", torch.nn.functional.hardswish)])
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last])
+def test_depthwise_post_op_keeps_nans_as_eager(post_op, eager, memory_format):
+    """Numerics "close"'s depthwise kernel with its post-op fused: a NaN in the input stays NaN in
+    every output it reaches, as eager's relu or hardswish after the convolution keeps it (not 0),
+    on each walk (channels-first, channels-last) and in the lanes past the last whole vector."""
+    for c in (3, 20, 88):
+        g = torch.Generator().manual_seed(c)
+        x = torch.randn(1, c, 7, 7, generator=g)
+        x[0, :, 3, 3] = float("nan")
+        w, b = torch.randn(c, 1, 3, 3, generator=g), torch.randn(c, generator=g)
+        hwc = w.view(c, 3, 3).permute(1, 2, 0).contiguous()
+        try:
+            got = torch.ops.torchreplay.depthwise_conv2d(x.contiguous(memory_format=memory_format), w, hwc, b,
+                                                         [1, 1], [1, 1], [1, 1], post_op)
+        except RuntimeError as e:
+            if "AVX2" in str(e):
+                pytest.skip("no AVX2 and FMA on this CPU")
+            raise
+        want = eager(torch.nn.functional.conv2d(x, w, b, 1, 1, 1, c))
+        assert torch.equal(got.isnan(), want.isnan()), (c, int(got.isnan().sum()), int(want.isnan().sum()))
+        assert int(want.isnan().sum()) == 9 * c  # the 3x3 outputs around the NaN, every channel
+        torch.testing.assert_close(got.nan_to_num(), want.nan_to_num(), rtol=1e-5, atol=1e-5)
