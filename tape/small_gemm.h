@@ -26,6 +26,11 @@ enum class PostOp : uint8_t { kNone, kRelu };
 
 struct Params {
   const float* x = nullptr;     // [m, k], row r at x + r * x_row, elements contiguous
+  // or null, with column k of x at x_cols[k] instead, its element of row r at
+  // x_cols[k] + (x_cols_from + r) * x_row (an indirect GEMM whose rows are a convolution's output
+  // pixels: each tap read where it lies in the input, the output channels-last)
+  const float* const* x_cols = nullptr;
+  int64_t x_cols_from = 0;
   const float* w = nullptr;     // [k, n] contiguous
   // or null, with row k of w at w_rows[k] instead (an indirect GEMM: a convolution's taps read
   // from the input where they lie, Note [Small GEMMs])

@@ -10,8 +10,12 @@
 //   bias, relu'd if asked: a 1x1 convolution of stride 1 without padding reads the input's planes
 //   as they are; any other reads each output row's taps through a table of row pointers (an
 //   indirect GEMM, as XNNPACK's) from a zero-padded copy of the image, split into `stride` phases
-//   along the row so that every tap's row is contiguous. The result is contiguous (NCHW),
-//   whatever the input's layout.
+//   along the row so that every tap's row is contiguous. The result is contiguous, or
+//   channels-last where `channels_last` is set (2-d only; any input layout): for NCHW, the
+//   weight's rows by the taps (output channels as the GEMM's rows); for NHWC, an output row's
+//   pixels by the weight's transpose (pixels as rows, their taps read through a table of column
+//   pointers, small_gemm.h's x_cols). Each element is the same chain either way, the bias, then
+//   the taps in order: the two layouts hold the same bits.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -89,7 +93,7 @@ int64_t OutSize(const Window& w, int d, int64_t in) {
 
 at::Tensor& ConvGemmOut(const at::Tensor& input, const at::Tensor& weight_rows, const at::Tensor& bias,
                         at::IntArrayRef kernel_size, at::IntArrayRef stride, at::IntArrayRef padding,
-                        at::IntArrayRef dilation, bool relu, at::Tensor& out) {
+                        at::IntArrayRef dilation, bool relu, bool channels_last, at::Tensor& out) {
   TORCH_CHECK(small_gemm::Available(), kConvName, ": this CPU has no AVX2 and FMA");
   const int64_t dims = input.dim() - 2;
   TORCH_CHECK((dims == 1 || dims == 2) && input.scalar_type() == c10::kFloat && input.device().is_cpu() &&
@@ -117,9 +121,13 @@ at::Tensor& ConvGemmOut(const at::Tensor& input, const at::Tensor& weight_rows, 
               kConvName, ": bias is float32 [", cout, "], not ", bias.sizes(), " ", bias.scalar_type());
   std::vector<int64_t> sizes = {n, cout, oh, ow};
   if (dims == 1) sizes.erase(sizes.begin() + 2);
-  TORCH_CHECK(out.sizes() == at::IntArrayRef(sizes) && out.scalar_type() == c10::kFloat && out.is_contiguous(),
-              kConvName, ": out is a contiguous float32 ", at::IntArrayRef(sizes), ", not ", out.sizes(), " ",
-              out.scalar_type());
+  TORCH_CHECK(!channels_last || dims == 2, kConvName, ": a channels-last result is 4-d, and this input is ",
+              input.sizes());
+  const at::MemoryFormat format = channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+  TORCH_CHECK(out.sizes() == at::IntArrayRef(sizes) && out.scalar_type() == c10::kFloat && out.is_contiguous(format),
+              kConvName, ": out is a ", channels_last ? "channels-last" : "contiguous", " float32 ",
+              at::IntArrayRef(sizes), ", not ", out.sizes(), " ", out.scalar_type(), " of strides ", out.strides());
+  const bool nhwc = channels_last && !out.is_contiguous();  // (else both layouts are one)
   const at::Tensor b = bias.contiguous();
   const int64_t xs[3] = {input.stride(1), dims == 2 ? input.stride(2) : 0, input.stride(-1)};
   small_gemm::Params p;
@@ -127,12 +135,21 @@ at::Tensor& ConvGemmOut(const at::Tensor& input, const at::Tensor& weight_rows, 
   p.row_bias = b.const_data_ptr<float>();
   p.m = cout, p.k = k, p.y_row = oh * ow;
   p.post = relu ? small_gemm::PostOp::kRelu : small_gemm::PostOp::kNone;
-  const bool one_by_one = win.size[0] == 1 && win.size[1] == 1 && win.stride[0] == 1 && win.stride[1] == 1 &&
+  // NHWC: the weight's transpose [K, C_out], the GEMM's right side (K * C_out moves a call)
+  thread_local std::vector<float> weight_kn;
+  if (nhwc) {
+    weight_kn.resize(static_cast<size_t>(k * cout));
+    const float* wr = weight_rows.const_data_ptr<float>();
+    for (int64_t co = 0; co < cout; ++co) {
+      for (int64_t t = 0; t < k; ++t) weight_kn[t * cout + co] = wr[co * k + t];
+    }
+  }
+  const bool one_by_one = !nhwc && win.size[0] == 1 && win.size[1] == 1 && win.stride[0] == 1 && win.stride[1] == 1 &&
                           win.padding[0] == 0 && win.padding[1] == 0 && xs[2] == 1 && (dims == 1 || xs[1] == w) &&
                           (c == 1 || xs[0] == h * w);
   for (int64_t i = 0; i < n; ++i) {
     const float* x = input.const_data_ptr<float>() + i * input.stride(0);
-    float* y = out.data_ptr<float>() + i * cout * oh * ow;
+    float* y = out.data_ptr<float>() + i * out.stride(0);
     if (one_by_one) {  // the input's planes are the patches
       p.w = x, p.n = oh * ow, p.y = y;
       small_gemm::Run(p);
@@ -182,11 +199,16 @@ at::Tensor& ConvGemmOut(const at::Tensor& input, const at::Tensor& weight_rows, 
       thread_local std::vector<const float*> rows;
       rows.resize(static_cast<size_t>(k));
       small_gemm::Params q = p;
-      q.w_rows = rows.data(), q.n = ow;
+      if (nhwc) {  // output row r: [ow pixels, K taps] x [K, C_out], each tap's pixels 1 apart
+        q.x = nullptr, q.x_cols = rows.data(), q.x_row = 1, q.row_bias = nullptr, q.bias = p.row_bias;
+        q.w = weight_kn.data(), q.m = ow, q.n = cout, q.y_row = cout;
+      } else {
+        q.w_rows = rows.data(), q.n = ow;
+      }
       for (int64_t r = 0; r < oh; ++r) {
         const float* start = base + r * win.stride[0] * wq;
         for (int64_t t = 0; t < k; ++t) rows[t] = start + taps[t];
-        q.y = y + r * ow;
+        q.y = y + r * (nhwc ? ow * cout : ow);
         small_gemm::Run(q);
       }
     }
@@ -196,7 +218,7 @@ at::Tensor& ConvGemmOut(const at::Tensor& input, const at::Tensor& weight_rows, 
 
 at::Tensor ConvGemm(const at::Tensor& input, const at::Tensor& weight_rows, const at::Tensor& bias,
                     at::IntArrayRef kernel_size, at::IntArrayRef stride, at::IntArrayRef padding,
-                    at::IntArrayRef dilation, bool relu) {
+                    at::IntArrayRef dilation, bool relu, bool channels_last) {
   const int64_t dims = input.dim() - 2;
   TORCH_CHECK((dims == 1 || dims == 2) && static_cast<int64_t>(kernel_size.size()) == dims &&
                   static_cast<int64_t>(stride.size()) == dims && static_cast<int64_t>(padding.size()) == dims &&
@@ -210,8 +232,10 @@ at::Tensor ConvGemm(const at::Tensor& input, const at::Tensor& weight_rows, cons
     TORCH_CHECK(stride[d] > 0, kConvName, ": a positive stride");
     sizes.push_back(std::max<int64_t>(OutSize(win, 0, input.size(d + 2)), 0));
   }
-  at::Tensor out = at::empty(sizes, input.options().memory_format(at::MemoryFormat::Contiguous));
-  return ConvGemmOut(input, weight_rows, bias, kernel_size, stride, padding, dilation, relu, out);
+  at::Tensor out = at::empty(sizes, input.options().memory_format(
+                                         channels_last && dims == 2 ? at::MemoryFormat::ChannelsLast
+                                                                    : at::MemoryFormat::Contiguous));
+  return ConvGemmOut(input, weight_rows, bias, kernel_size, stride, padding, dilation, relu, channels_last, out);
 }
 
 }  // namespace
@@ -227,9 +251,9 @@ TORCH_LIBRARY_FRAGMENT(torchreplay, m) {
 
 TORCH_LIBRARY_FRAGMENT(torchreplay, m) {
   m.def("conv_gemm(Tensor input, Tensor weight_rows, Tensor bias, int[] kernel_size, int[] stride, int[] padding, "
-        "int[] dilation, bool relu) -> Tensor");
+        "int[] dilation, bool relu, bool channels_last=False) -> Tensor");
   m.def("conv_gemm.out(Tensor input, Tensor weight_rows, Tensor bias, int[] kernel_size, int[] stride, "
-        "int[] padding, int[] dilation, bool relu, *, Tensor(a!) out) -> Tensor(a!)");
+        "int[] padding, int[] dilation, bool relu, bool channels_last=False, *, Tensor(a!) out) -> Tensor(a!)");
 }
 
 TORCH_LIBRARY_IMPL(torchreplay, CPU, m) {

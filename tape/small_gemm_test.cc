@@ -28,12 +28,13 @@ struct Case {
   Start start;
   Read read;
   bool relu;
+  bool x_cols = false;  // x read through column pointers, its rows 2 apart (Params::x_cols)
 };
 
 std::string Name(const Case& c) {
   return "m=" + std::to_string(c.m) + " k=" + std::to_string(c.k) + " n=" + std::to_string(c.n) +
          " start=" + std::to_string(static_cast<int>(c.start)) + " read=" + std::to_string(static_cast<int>(c.read)) +
-         " relu=" + std::to_string(c.relu);
+         " relu=" + std::to_string(c.relu) + " x_cols=" + std::to_string(c.x_cols);
 }
 
 uint32_t Bits(float f) {
@@ -42,11 +43,12 @@ uint32_t Bits(float f) {
   return u;
 }
 
-// Inputs for a case, in the layouts Params names: x [m, k] rows k + 3 apart, w [k, n], y rows n + 2
+// Inputs for a case, in the layouts Params names: x [m, k] rows k + 3 apart (or, read through
+// column pointers, column k at xt + k * (2 * m + 5), its rows 2 apart), w [k, n], y rows n + 2
 // apart.
 struct Operands {
-  std::vector<float> x, w, packed, bias, row_bias;
-  std::vector<const float*> rows;
+  std::vector<float> x, xt, w, packed, bias, row_bias;
+  std::vector<const float*> rows, cols;
   int64_t x_row, y_row;
 
   Operands(const Case& c, uint32_t seed) : x_row(c.k + 3), y_row(c.n + 2) {
@@ -60,6 +62,11 @@ struct Operands {
     for (float& v : w) v = normal(gen);
     for (float& v : bias) v = normal(gen);
     for (float& v : row_bias) v = normal(gen);
+    xt.assign(c.k * (2 * c.m + 5), 0.0f);
+    for (int64_t kk = 0; kk < c.k; ++kk) {
+      for (int64_t r = 0; r < c.m; ++r) xt[kk * (2 * c.m + 5) + 2 * r] = x[r * x_row + kk];
+      cols.push_back(xt.data() + kk * (2 * c.m + 5));
+    }
     constexpr int64_t kPanel = 64;
     const int64_t panels = (c.n + kPanel - 1) / kPanel;
     packed.assign(panels * c.k * kPanel, 0.0f);
@@ -77,6 +84,7 @@ struct Operands {
     p.w = c.read == Read::kPanels ? packed.data() : w.data();
     p.panel = c.read == Read::kPanels ? 64 : 0;
     if (c.read == Read::kRows) p.w_rows = rows.data();
+    if (c.x_cols) p.x = nullptr, p.x_cols = cols.data(), p.x_row = 2;
     if (c.start == Start::kBias || c.start == Start::kBiasLast) p.bias = bias.data();
     p.bias_last = c.start == Start::kBiasLast;
     if (c.start == Start::kRowBias) p.row_bias = row_bias.data();
@@ -134,7 +142,7 @@ TEST(SmallGemm, EachCopyIsOneFmaChainPerElement) {
     for (int64_t n : {1, 7, 8, 15, 16, 17, 24, 40, 64, 100, 129, 200}) {
       for (int64_t k : {1, 13, 64}) {
         const int i = static_cast<int>(cases.size());
-        cases.push_back({m, k, n, static_cast<Start>(i % 4), static_cast<Read>((i / 4) % 3), i % 5 == 0});
+        cases.push_back({m, k, n, static_cast<Start>(i % 4), static_cast<Read>((i / 4) % 3), i % 5 == 0, i % 3 == 1});
       }
     }
   }

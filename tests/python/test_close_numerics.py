@@ -293,8 +293,8 @@ def test_products_of_few_rows_take_the_small_gemm_where_it_timed_faster(monkeypa
 def test_conv_gemm_is_the_small_gemm_of_the_patches(case):
     """Each way torchreplay::conv_gemm reads the patches computes what the small GEMM computes on
     the patches torch's unfold copies out, bit for bit (the same FMA chain per element, the bias
-    first), and that is close to eager's convolution; channels-last inputs, relu and 2 threads
-    change no bit."""
+    first), and that is close to eager's convolution; channels-last inputs and results (the
+    pixels as the GEMM's rows), relu and 2 threads change no bit."""
     xs, ws, stride, padding, dilation = case
     g = torch.Generator().manual_seed(0)
     x, w, b = torch.randn(xs, generator=g), torch.randn(ws, generator=g), torch.randn(ws[0], generator=g)
@@ -315,18 +315,32 @@ def test_conv_gemm_is_the_small_gemm_of_the_patches(case):
     ref = conv(x.double(), w.double(), b.double(), stride, padding, dilation)
     assert got.shape == ref.shape and got.is_contiguous()
     assert (got.double() - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
+    layouts = [False]
     if not one_d:
         cl = x.contiguous(memory_format=torch.channels_last)
         assert_bitwise(conv_gemm(cl, rows, b, list(ws[2:]), stride, padding, dilation, False), got)
-    out = torch.full_like(got, float("nan"))
-    conv_gemm.out(x, rows, b, list(ws[2:]), stride, padding, dilation, True, out=out)
-    assert_bitwise(out, torch.relu(got))
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        assert_bitwise(conv_gemm(x, rows, b, list(ws[2:]), stride, padding, dilation, False), got)
-    finally:
-        torch.set_num_threads(threads)
+        layouts.append(True)
+        want_cl = got.contiguous(memory_format=torch.channels_last)
+        for inp in (x, cl):
+            assert_bitwise(conv_gemm(inp, rows, b, list(ws[2:]), stride, padding, dilation, False, True), want_cl)
+    else:
+        with pytest.raises(RuntimeError, match="conv_gemm: a channels-last result is 4-d"):
+            conv_gemm(x, rows, b, list(ws[2:]), stride, padding, dilation, False, True)
+    for channels_last in layouts:
+        fmt = torch.channels_last if channels_last else torch.contiguous_format
+        out = torch.full_like(got, float("nan")).contiguous(memory_format=fmt)
+        conv_gemm.out(x, rows, b, list(ws[2:]), stride, padding, dilation, True, channels_last, out=out)
+        assert_bitwise(out, torch.relu(got).contiguous(memory_format=fmt))
+        threads = torch.get_num_threads()
+        try:
+            torch.set_num_threads(2)
+            assert_bitwise(conv_gemm(x, rows, b, list(ws[2:]), stride, padding, dilation, False, channels_last),
+                           got.contiguous(memory_format=fmt))
+        finally:
+            torch.set_num_threads(threads)
+    if not one_d:  # an out of the other layout is refused, not written as if it were one
+        with pytest.raises(RuntimeError, match="conv_gemm: out is a channels-last float32"):
+            conv_gemm.out(x, rows, b, list(ws[2:]), stride, padding, dilation, False, True, out=torch.empty_like(got))
     with pytest.raises(RuntimeError, match="conv_gemm: the weight has"):
         conv_gemm(x, rows[:, 1:].contiguous(), b, list(ws[2:]), stride, padding, dilation, False)
 
@@ -345,7 +359,7 @@ class ConvRelu(nn.Module):
 
 def test_convolutions_take_conv_gemm_where_it_timed_fastest(monkeypatch):
     """With the capture's timing forced to pick it, every convolution of one group becomes
-    torchreplay::conv_gemm, its relu fused, its result contiguous as eager's; results within the
+    torchreplay::conv_gemm, its relu fused, the outputs laid out as eager's; results within the
     tolerance, replayed; a folded weight written after the capture is a clear error."""
     from torchreplay import close_numerics
     small_gemm(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1))  # skips without AVX2
@@ -364,6 +378,42 @@ def test_convolutions_take_conv_gemm_where_it_timed_fastest(monkeypatch):
         model.conv.weight.mul_(2)
         with pytest.raises(RuntimeError, match=r"'conv\.weight' was written after the capture"):
             step(*make(0))
+
+
+class Stem(nn.Module):
+    """A mobile network's stem: a strided convolution, then a depthwise and a 1x1 one."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 16, 3, stride=2, padding=1)
+        self.dw = nn.Conv2d(16, 16, 3, padding=1, groups=16)
+        self.pw = nn.Conv2d(16, 24, 1)
+
+    def forward(self, x):
+        return self.pw(self.dw(nn.functional.hardswish(self.conv(x))))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_conv_gemm_gives_channels_last_where_a_depthwise_reads_it(monkeypatch, threads):
+    """conv_gemm's result is channels-last where a depthwise convolution reads it (through the
+    hardswish), contiguous where none does (ConvRelu: a 3x3 and a 1-d convolution read it); the
+    outputs within the tolerance, with eager's strides, replayed."""
+    from torchreplay import close_numerics
+    small_gemm(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1))  # skips without AVX2
+    monkeypatch.setattr(close_numerics, "_least_times", lambda fns, rounds=7: list(range(len(fns), 0, -1)))
+    torch.manual_seed(0)
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        for model, shape, want in ((Stem().eval(), (1, 3, 20, 22), 1), (ConvRelu().eval(), (2, 4, 7, 7), 0)):
+            make = lambda i: (torch.randn(shape, generator=torch.Generator().manual_seed(i)),)  # noqa: E731
+            with torch.no_grad():
+                step = capture(model, make(0), "close")
+                assert_within_with_eagers_strides(step, model, make)
+            rewrites = step.numerics["rewrites"]
+            assert rewrites["results_channels_last"] == want and rewrites["convolutions_small_gemm"] >= 1, rewrites
+    finally:
+        torch.set_num_threads(saved)
 
 
 def test_conv_gemm_refuses_what_has_no_output():
