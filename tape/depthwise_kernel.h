@@ -16,9 +16,9 @@
 
 #include <cstdint>
 
-namespace torchreplay::capture::depthwise {
+#include "tape/post_op.h"
 
-enum class PostOp : uint8_t { kNone, kRelu, kHardswish };
+namespace torchreplay::capture::depthwise {
 
 struct Params {
   const float* x = nullptr;        // input, [N, C, H, W] by the strides below

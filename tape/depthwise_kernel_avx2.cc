@@ -23,20 +23,6 @@ void RunPixels(const Params& p);  // depthwise_pixels_avx512.cc
 }  // namespace avx512
 namespace {
 
-// The post-op on a vector; the AVX-512 copy computes it alike, operand for operand.
-inline __m256 PostOf(__m256 v, PostOp post) {
-  switch (post) {
-    case PostOp::kNone: return v;
-    case PostOp::kRelu: return _mm256_max_ps(_mm256_setzero_ps(), v);  // v where v is NaN, as torch.relu
-    case PostOp::kHardswish: {
-      const __m256 r = _mm256_min_ps(_mm256_max_ps(_mm256_add_ps(v, _mm256_set1_ps(3.f)), _mm256_setzero_ps()),
-                                     _mm256_set1_ps(6.f));
-      return _mm256_div_ps(_mm256_mul_ps(v, r), _mm256_set1_ps(6.f));
-    }
-  }
-  return v;
-}
-
 // The channels-last walk (depthwise_pixels_impl.h) with AVX2's 8 lanes.
 #include "tape/simd_ops.h"
 #include "tape/depthwise_pixels_impl.h"

@@ -22,8 +22,6 @@ at::Tensor& DepthwiseOut(const at::Tensor& input, const at::Tensor& weight, cons
                   dilation.size() == 2,
               "torchreplay::depthwise_conv2d: a float32 [N, C, H, W] input, a contiguous [C, 1, KH, KW] weight and "
               "its [KH, KW, C] copy");
-  TORCH_CHECK(post_op == "none" || post_op == "relu" || post_op == "hardswish",
-              "torchreplay::depthwise_conv2d: post_op is none, relu or hardswish, not ", post_op);
   const int64_t oh = (input.size(2) + 2 * padding[0] - dilation[0] * (weight.size(2) - 1) - 1) / stride[0] + 1;
   const int64_t ow = (input.size(3) + 2 * padding[1] - dilation[1] * (weight.size(3) - 1) - 1) / stride[1] + 1;
   TORCH_CHECK(oh > 0 && ow > 0, "torchreplay::depthwise_conv2d: an empty output");
@@ -44,9 +42,7 @@ at::Tensor& DepthwiseOut(const at::Tensor& input, const at::Tensor& weight, cons
   p.oh = oh, p.ow = ow, p.kh = weight.size(2), p.kw = weight.size(3);
   for (int d = 0; d < 2; ++d) p.stride[d] = stride[d], p.padding[d] = padding[d], p.dilation[d] = dilation[d];
   for (int d = 0; d < 4; ++d) p.xs[d] = input.stride(d), p.ys[d] = out.stride(d);
-  p.post = post_op == "relu" ? depthwise::PostOp::kRelu
-           : post_op == "hardswish" ? depthwise::PostOp::kHardswish
-                                    : depthwise::PostOp::kNone;
+  p.post = PostOpOf(post_op, "torchreplay::depthwise_conv2d");
   depthwise::Run(p);
   return out;
 }

@@ -3,7 +3,8 @@
 // depthwise_pixels_impl.h), for the instruction set the including file is compiled for: AVX-512
 // where __AVX512F__ is defined, else AVX2 and FMA. `V` is a vector of kLanes floats; a Mask
 // selects lanes.
-// Included inside each copy's namespace, after <immintrin.h>: no include guard, no namespace.
+// Included inside each copy's namespace, after <immintrin.h> and tape/post_op.h: no include
+// guard, no namespace.
 #if defined(__AVX512F__)
 using V = __m512;
 using Mask = __mmask16;
@@ -17,6 +18,11 @@ inline V Add(V a, V b) { return _mm512_add_ps(a, b); }
 inline Mask TailMask(int left) { return static_cast<Mask>((1u << left) - 1); }  // the first `left` lanes
 inline V MaskLoad(const float* p, Mask m) { return _mm512_maskz_loadu_ps(m, p); }  // 0 in the other lanes
 inline void MaskStore(float* p, Mask m, V v) { _mm512_mask_storeu_ps(p, m, v); }
+inline V Max(V a, V b) { return _mm512_max_ps(a, b); }  // b where either is NaN
+inline V Min(V a, V b) { return _mm512_min_ps(a, b); }  // b where either is NaN
+inline V Mul(V a, V b) { return _mm512_mul_ps(a, b); }
+inline V Div(V a, V b) { return _mm512_div_ps(a, b); }
+inline V Set(float f) { return _mm512_set1_ps(f); }
 #else
 using V = __m256;
 using Mask = __m256i;
@@ -34,4 +40,20 @@ inline Mask TailMask(int left) {
 }
 inline V MaskLoad(const float* p, Mask m) { return _mm256_maskload_ps(p, m); }
 inline void MaskStore(float* p, Mask m, V v) { _mm256_maskstore_ps(p, m, v); }
+inline V Max(V a, V b) { return _mm256_max_ps(a, b); }  // b where either is NaN
+inline V Min(V a, V b) { return _mm256_min_ps(a, b); }  // b where either is NaN
+inline V Mul(V a, V b) { return _mm256_mul_ps(a, b); }
+inline V Div(V a, V b) { return _mm256_div_ps(a, b); }
+inline V Set(float f) { return _mm256_set1_ps(f); }
 #endif
+
+// The post-op (tape/post_op.h) on a vector, operand for operand as eager's: relu max(0, v) keeps
+// NaN (and -0) as torch.relu; hardswish v * min(max(v + 3, 0), 6) / 6, NaN kept (v times 0).
+inline V PostOf(V v, PostOp post) {
+  switch (post) {
+    case PostOp::kNone: return v;
+    case PostOp::kRelu: return Max(Zero(), v);
+    case PostOp::kHardswish: return Div(Mul(v, Min(Max(Add(v, Set(3.f)), Zero()), Set(6.f))), Set(6.f));
+  }
+  return v;
+}

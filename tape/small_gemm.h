@@ -20,9 +20,11 @@
 
 #include <cstdint>
 
+#include "tape/post_op.h"
+
 namespace torchreplay::capture::small_gemm {
 
-enum class PostOp : uint8_t { kNone, kRelu };
+
 
 struct Params {
   const float* x = nullptr;     // [m, k], row r at x + r * x_row, elements contiguous

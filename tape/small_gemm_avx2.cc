@@ -27,8 +27,6 @@ inline V AddBias(V bias, V sum) {
   const V nan = _mm256_cmp_ps(bias, bias, _CMP_UNORD_Q);
   return _mm256_blendv_ps(_mm256_add_ps(bias, sum), _mm256_add_ps(bias, bias), nan);
 }
-// max(0, NaN) is NaN (maxps returns its second operand where either is NaN), as torch.relu keeps it
-inline V Relu(V v) { return _mm256_max_ps(_mm256_setzero_ps(), v); }
 
 #include "tape/small_gemm_impl.h"
 

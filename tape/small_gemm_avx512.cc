@@ -25,8 +25,6 @@ inline V AddBias(V bias, V sum) {
   const Mask nan = _mm512_cmp_ps_mask(bias, bias, _CMP_UNORD_Q);
   return _mm512_mask_blend_ps(nan, _mm512_add_ps(bias, sum), _mm512_add_ps(bias, bias));
 }
-// max(0, NaN) is NaN (vmaxps returns its second operand where either is NaN), as torch.relu keeps it
-inline V Relu(V v) { return _mm512_max_ps(_mm512_setzero_ps(), v); }
 
 #include "tape/small_gemm_impl.h"
 

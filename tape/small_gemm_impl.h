@@ -1,8 +1,7 @@
 // The small GEMM's kernel (Note [Small GEMMs] in small_gemm.h), included once per instruction set
 // by small_gemm_avx2.cc and small_gemm_avx512.cc inside their namespace (avx2, avx512), after
 // simd_ops.h (`V`, a vector of kLanes floats, and its operations) and what each defines for it:
-//   AddBias(bias, sum) (bias + sum, the bias's NaN kept where both are NaN), Relu(v)
-//   (max(0, v), NaN kept); kMaxRows (rows per tile, at most 8) and kVectors<MR> (vectors of
+//   AddBias(bias, sum) (bias + sum, the bias's NaN kept where both are NaN); kMaxRows (rows per tile, at most 8) and kVectors<MR> (vectors of
 //   columns per tile of MR rows: its sums, its weight vectors and one broadcast in registers).
 // Every output element is the same chain of multiply-adds whatever V is: the two copies give the
 // same bits, and where the rows and columns are cut changes none.
@@ -70,10 +69,10 @@ inline void TileOf(const Params& p, int64_t r0, int64_t c0) {
     TORCHREPLAY_TILE(ADD_BIAS)
 #undef ADD_BIAS
   }
-  const bool relu = p.post == PostOp::kRelu;
+  const PostOp post = p.post;
   float* y = p.y + r0 * p.y_row + c0;
 #define STORE(r, v) \
-  if constexpr (r < MR && v < NV) Store(y + r * p.y_row + v * kLanes, relu ? Relu(a##r##v) : a##r##v);
+  if constexpr (r < MR && v < NV) Store(y + r * p.y_row + v * kLanes, PostOf(a##r##v, post));
   TORCHREPLAY_TILE(STORE)
 #undef STORE
 }
@@ -135,10 +134,10 @@ void TailTileOf(const Params& p, int64_t r0, int64_t c0, Mask mask) {
     EACH_ROW(ADD_BIAS)
 #undef ADD_BIAS
   }
-  const bool relu = p.post == PostOp::kRelu;
+  const PostOp post = p.post;
   float* y = p.y + r0 * p.y_row + c0;
 #define STORE(r) \
-  if constexpr (r < MR) MaskStore(y + r * p.y_row, mask, relu ? Relu(a##r) : a##r);
+  if constexpr (r < MR) MaskStore(y + r * p.y_row, mask, PostOf(a##r, post));
   EACH_ROW(STORE)
 #undef STORE
 #undef EACH_ROW

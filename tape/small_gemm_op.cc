@@ -1,13 +1,14 @@
 // The ops of the small GEMM (Note [Small GEMMs] in small_gemm.h), for graphs rewritten under
 // numerics "close" (Note [Close numerics] in python/torchreplay/close_numerics.py); each
 // functional op allocates its result, its out= overload writes a planned buffer.
-// - torchreplay::small_gemm: bias + input @ weight_kn, relu'd if asked; the weight [K, N], or
+// - torchreplay::small_gemm: post_op(bias + input @ weight_kn) (tape/post_op.h: "none", "relu",
+//   "hardswish"); the weight [K, N], or
 //   packed in panels of columns (small_gemm.h's Params::panel) as [panels, K, panel]. Its
 //   signature is one the tape calls unboxed (Note [Typed steps]): a product without bias gets a
 //   bias of zeros (the sums start from +0 either way).
 // - torchreplay::conv_gemm: a 1-d or 2-d convolution of one group as the product of the weight
 //   [C_out, C * KH * KW] by the input's patches, each output channel's sums starting from its
-//   bias, relu'd if asked: a 1x1 convolution of stride 1 without padding reads the input's planes
+//   bias, then post_op: a 1x1 convolution of stride 1 without padding reads the input's planes
 //   as they are; any other reads each output row's taps through a table of row pointers (an
 //   indirect GEMM, as XNNPACK's) from a zero-padded copy of the image, split into `stride` phases
 //   along the row so that every tap's row is contiguous. The result is contiguous, or
@@ -32,8 +33,8 @@ constexpr const char* kName = "torchreplay::small_gemm";
 
 // input [M, K]; weight_kn [K, N] contiguous, or packed in panels as [P, K, panel] contiguous
 // (N = bias's size, P = ceil(N / panel)); bias [N].
-at::Tensor& SmallGemmOut(const at::Tensor& input, const at::Tensor& weight_kn, const at::Tensor& bias, bool relu,
-                         at::Tensor& out) {
+at::Tensor& SmallGemmOut(const at::Tensor& input, const at::Tensor& weight_kn, const at::Tensor& bias,
+                         c10::string_view post_op, at::Tensor& out) {
   TORCH_CHECK(small_gemm::Available(), kName, ": this CPU has no AVX2 and FMA");
   const bool packed = weight_kn.dim() == 3;
   TORCH_CHECK(input.dim() == 2 && (weight_kn.dim() == 2 || packed) && input.scalar_type() == c10::kFloat &&
@@ -64,18 +65,19 @@ at::Tensor& SmallGemmOut(const at::Tensor& input, const at::Tensor& weight_kn, c
   p.panel = packed ? weight_kn.size(2) : 0;
   p.y = out.data_ptr<float>(), p.y_row = out.stride(0);
   p.m = m, p.k = k, p.n = n;
-  p.post = relu ? small_gemm::PostOp::kRelu : small_gemm::PostOp::kNone;
+  p.post = PostOpOf(post_op, kName);
   small_gemm::Run(p);
   return out;
 }
 
-at::Tensor SmallGemm(const at::Tensor& input, const at::Tensor& weight_kn, const at::Tensor& bias, bool relu) {
+at::Tensor SmallGemm(const at::Tensor& input, const at::Tensor& weight_kn, const at::Tensor& bias,
+                     c10::string_view post_op) {
   TORCH_CHECK(input.dim() == 2 && (weight_kn.dim() == 2 || weight_kn.dim() == 3) && bias.dim() == 1, kName,
               ": a 2-d input, a 2-d (or packed 3-d) weight and a 1-d bias, not ", input.sizes(), ", ",
               weight_kn.sizes(), " and ", bias.sizes());
   at::Tensor out = at::empty({input.size(0), weight_kn.dim() == 3 ? bias.size(0) : weight_kn.size(1)},
                              input.options());
-  return SmallGemmOut(input, weight_kn, bias, relu, out);
+  return SmallGemmOut(input, weight_kn, bias, post_op, out);
 }
 
 // One size, stride, padding and dilation per spatial dim, [H, W] or [W] (1-d: H is 1).
@@ -93,7 +95,8 @@ int64_t OutSize(const Window& w, int d, int64_t in) {
 
 at::Tensor& ConvGemmOut(const at::Tensor& input, const at::Tensor& weight_rows, const at::Tensor& bias,
                         at::IntArrayRef kernel_size, at::IntArrayRef stride, at::IntArrayRef padding,
-                        at::IntArrayRef dilation, bool relu, bool channels_last, at::Tensor& out) {
+                        at::IntArrayRef dilation, c10::string_view post_op, bool channels_last,
+                        at::Tensor& out) {
   TORCH_CHECK(small_gemm::Available(), kConvName, ": this CPU has no AVX2 and FMA");
   const int64_t dims = input.dim() - 2;
   TORCH_CHECK((dims == 1 || dims == 2) && input.scalar_type() == c10::kFloat && input.device().is_cpu() &&
@@ -134,7 +137,7 @@ at::Tensor& ConvGemmOut(const at::Tensor& input, const at::Tensor& weight_rows, 
   p.x = weight_rows.const_data_ptr<float>(), p.x_row = k;
   p.row_bias = b.const_data_ptr<float>();
   p.m = cout, p.k = k, p.y_row = oh * ow;
-  p.post = relu ? small_gemm::PostOp::kRelu : small_gemm::PostOp::kNone;
+  p.post = PostOpOf(post_op, kConvName);
   // NHWC: the weight's transpose [K, C_out], the GEMM's right side (K * C_out moves a call)
   thread_local std::vector<float> weight_kn;
   if (nhwc) {
@@ -218,7 +221,7 @@ at::Tensor& ConvGemmOut(const at::Tensor& input, const at::Tensor& weight_rows, 
 
 at::Tensor ConvGemm(const at::Tensor& input, const at::Tensor& weight_rows, const at::Tensor& bias,
                     at::IntArrayRef kernel_size, at::IntArrayRef stride, at::IntArrayRef padding,
-                    at::IntArrayRef dilation, bool relu, bool channels_last) {
+                    at::IntArrayRef dilation, c10::string_view post_op, bool channels_last) {
   const int64_t dims = input.dim() - 2;
   TORCH_CHECK((dims == 1 || dims == 2) && static_cast<int64_t>(kernel_size.size()) == dims &&
                   static_cast<int64_t>(stride.size()) == dims && static_cast<int64_t>(padding.size()) == dims &&
@@ -235,7 +238,7 @@ at::Tensor ConvGemm(const at::Tensor& input, const at::Tensor& weight_rows, cons
   at::Tensor out = at::empty(sizes, input.options().memory_format(
                                          channels_last && dims == 2 ? at::MemoryFormat::ChannelsLast
                                                                     : at::MemoryFormat::Contiguous));
-  return ConvGemmOut(input, weight_rows, bias, kernel_size, stride, padding, dilation, relu, channels_last, out);
+  return ConvGemmOut(input, weight_rows, bias, kernel_size, stride, padding, dilation, post_op, channels_last, out);
 }
 
 }  // namespace
@@ -245,15 +248,15 @@ bool Available() { return HasAvx2AndFma(); }
 }  // namespace small_gemm
 
 TORCH_LIBRARY_FRAGMENT(torchreplay, m) {
-  m.def("small_gemm(Tensor input, Tensor weight_kn, Tensor bias, bool relu) -> Tensor");
-  m.def("small_gemm.out(Tensor input, Tensor weight_kn, Tensor bias, bool relu, *, Tensor(a!) out) -> Tensor(a!)");
+  m.def("small_gemm(Tensor input, Tensor weight_kn, Tensor bias, str post_op) -> Tensor");
+  m.def("small_gemm.out(Tensor input, Tensor weight_kn, Tensor bias, str post_op, *, Tensor(a!) out) -> Tensor(a!)");
 }
 
 TORCH_LIBRARY_FRAGMENT(torchreplay, m) {
   m.def("conv_gemm(Tensor input, Tensor weight_rows, Tensor bias, int[] kernel_size, int[] stride, int[] padding, "
-        "int[] dilation, bool relu, bool channels_last=False) -> Tensor");
+        "int[] dilation, str post_op, bool channels_last=False) -> Tensor");
   m.def("conv_gemm.out(Tensor input, Tensor weight_rows, Tensor bias, int[] kernel_size, int[] stride, "
-        "int[] padding, int[] dilation, bool relu, bool channels_last=False, *, Tensor(a!) out) -> Tensor(a!)");
+        "int[] padding, int[] dilation, str post_op, bool channels_last=False, *, Tensor(a!) out) -> Tensor(a!)");
 }
 
 TORCH_LIBRARY_IMPL(torchreplay, CPU, m) {

@@ -1,7 +1,7 @@
 // The small GEMM's two copies (AVX2, AVX-512) against one chain of std::fma per output element
 // (Note [Small GEMMs]), bit for bit, over shapes that cut every tile, tail and row block, each read
-// of the weight (in place, in panels, by row pointers), each start of the sums, relu, and one and
-// two threads.
+// of the weight (in place, in panels, by row pointers) and of x (in place, by column pointers),
+// each start of the sums, each post-op, and one and two threads.
 #include "tape/small_gemm.h"
 
 #include <ATen/Parallel.h>
@@ -27,14 +27,14 @@ struct Case {
   int64_t m, k, n;
   Start start;
   Read read;
-  bool relu;
+  PostOp post;
   bool x_cols = false;  // x read through column pointers, its rows 2 apart (Params::x_cols)
 };
 
 std::string Name(const Case& c) {
   return "m=" + std::to_string(c.m) + " k=" + std::to_string(c.k) + " n=" + std::to_string(c.n) +
          " start=" + std::to_string(static_cast<int>(c.start)) + " read=" + std::to_string(static_cast<int>(c.read)) +
-         " relu=" + std::to_string(c.relu) + " x_cols=" + std::to_string(c.x_cols);
+         " post=" + std::to_string(static_cast<int>(c.post)) + " x_cols=" + std::to_string(c.x_cols);
 }
 
 uint32_t Bits(float f) {
@@ -88,7 +88,7 @@ struct Operands {
     if (c.start == Start::kBias || c.start == Start::kBiasLast) p.bias = bias.data();
     p.bias_last = c.start == Start::kBiasLast;
     if (c.start == Start::kRowBias) p.row_bias = row_bias.data();
-    p.post = c.relu ? PostOp::kRelu : PostOp::kNone;
+    p.post = c.post;
     return p;
   }
 
@@ -100,7 +100,11 @@ struct Operands {
         float acc = c.start == Start::kBias ? bias[col] : c.start == Start::kRowBias ? row_bias[r] : 0.0f;
         for (int64_t kk = 0; kk < c.k; ++kk) acc = std::fma(x[r * x_row + kk], w[kk * c.n + col], acc);
         if (c.start == Start::kBiasLast) acc = bias[col] + acc;
-        if (c.relu) acc = 0.0f > acc ? 0.0f : acc;  // maxps(0, acc): acc where NaN, -0 kept
+        if (c.post == PostOp::kRelu) acc = 0.0f > acc ? 0.0f : acc;  // maxps(0, acc): acc where NaN, -0 kept
+        if (c.post == PostOp::kHardswish) {  // acc * min(max(acc + 3, 0), 6) / 6, maxps's and minps's order
+          const float up = acc + 3.0f, lo = up > 0.0f ? up : 0.0f;
+          acc = acc * (lo < 6.0f ? lo : 6.0f) / 6.0f;
+        }
         y[r * y_row + col] = acc;
       }
     }
@@ -142,7 +146,8 @@ TEST(SmallGemm, EachCopyIsOneFmaChainPerElement) {
     for (int64_t n : {1, 7, 8, 15, 16, 17, 24, 40, 64, 100, 129, 200}) {
       for (int64_t k : {1, 13, 64}) {
         const int i = static_cast<int>(cases.size());
-        cases.push_back({m, k, n, static_cast<Start>(i % 4), static_cast<Read>((i / 4) % 3), i % 5 == 0, i % 3 == 1});
+        cases.push_back({m, k, n, static_cast<Start>(i % 4), static_cast<Read>((i / 4) % 3),
+                         static_cast<PostOp>(i % 5 < 2 ? i % 5 + 1 : 0), i % 3 == 1});
       }
     }
   }
@@ -173,7 +178,7 @@ TEST(SmallGemm, CopiesAgreeOnNans) {
   std::memcpy(&nan_b, &payload, sizeof nan_b);
   for (Start start : {Start::kBias, Start::kBiasLast}) {
     for (Read read : {Read::kInPlace, Read::kPanels}) {
-      const Case c{9, 13, 40, start, read, start == Start::kBias};
+      const Case c{9, 13, 40, start, read, start == Start::kBias ? PostOp::kRelu : PostOp::kNone};
       Operands ops(c, 7);
       ops.x[2 * ops.x_row + 5] = nan_a;
       ops.x[8 * ops.x_row + 0] = -nan_a;

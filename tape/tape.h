@@ -26,6 +26,8 @@
 //   small_gemm.h          products of few rows (Note [Small GEMMs]; small_gemm_impl.h, compiled in
 //                         small_gemm_avx2.cc and small_gemm_avx512.cc; the ops small_gemm and
 //                         conv_gemm in small_gemm_op.cc)
+//   post_op.h             the activation these kernels apply before storing, by name;
+//                         simd_ops.h: the vector operations their intrinsics copies share
 //   recurrent.h           a GRU layer in one call (Note [GRU steps]; recurrent_avx2.cc; the op
 //                         gru_sequence in recurrent_op.cc)
 //   collective_steps.h    torch.distributed's collectives as steps (Note [Collective steps])

@@ -18,13 +18,14 @@ struct OutArg {  // Tensor(a!) out: always a planned arena buffer
   at::Tensor& get(const Slots&) const { return value; }
 };
 template <class T, class Ref = const T&>
-struct ConstArg {  // int, bool: constants under one guard key
+struct ConstArg {  // int, bool, str: constants under one guard key
   using type = Ref;
   T value;
   Ref get(const Slots&) const { return value; }
 };
 using IntArg = ConstArg<int64_t, int64_t>;
 using BoolArg = ConstArg<bool, bool>;
+using StrArg = ConstArg<std::string, c10::string_view>;
 template <class T>
 struct NumberArg {  // Scalar, Scalar?: a constant, or a scalar input bound per call
   using type = const T&;
@@ -84,6 +85,9 @@ bool FillArg(const c10::IValue& v, bool per_call, int slot, A* a) {
   } else if constexpr (std::is_same_v<A, DimsArg>) {
     if (per_call || !(v.isNone() || v.isIntList())) return false;
     if (v.isIntList()) a->value = v.toIntVector();
+  } else if constexpr (std::is_same_v<A, StrArg>) {
+    if (per_call || !v.isString()) return false;
+    a->value = v.toStringRef();
   } else if constexpr (std::is_same_v<A, DtypeArg>) {
     if (per_call || !(v.isNone() || v.isInt())) return false;
     if (v.isInt()) a->value = static_cast<c10::ScalarType>(v.toInt());
@@ -114,8 +118,8 @@ std::unique_ptr<TypedCall> MakeTyped(const c10::OperatorHandle& op, const Slots&
   }
 }
 
-// One letter per argument: T tensor, S scalar, s optional scalar, I int, B bool, L optional int
-// list, D optional dtype, O out tensor.
+// One letter per argument: T tensor, S scalar, s optional scalar, I int, B bool, c str, L optional
+// int list, D optional dtype, O out tensor.
 std::string SignatureCode(const c10::FunctionSchema& schema) {
   std::string code;
   for (const auto& a : schema.arguments()) {
@@ -133,6 +137,8 @@ std::string SignatureCode(const c10::FunctionSchema& schema) {
       code += 'I';
     } else if (t->kind() == c10::TypeKind::BoolType) {
       code += 'B';
+    } else if (t->kind() == c10::TypeKind::StringType) {
+      code += 'c';
     } else if (t->kind() == c10::TypeKind::OptionalType && t->containedType(0)->kind() == c10::TypeKind::ListType &&
                t->containedType(0)->containedType(0)->kind() == c10::TypeKind::IntType) {
       code += 'L';
@@ -164,7 +170,7 @@ std::unique_ptr<TypedCall> MakeTypedCall(const c10::OperatorHandle& op, const Sl
   if (code == "TTTO") return MakeTyped<T, T, T, O>(op, args, slot_of);
   if (code == "TTTSO") return MakeTyped<T, T, T, S, O>(op, args, slot_of);
   if (code == "TTTSSO") return MakeTyped<T, T, T, S, S, O>(op, args, slot_of);
-  if (code == "TTTBO") return MakeTyped<T, T, T, BoolArg, O>(op, args, slot_of);  // torchreplay::small_gemm
+  if (code == "TTTcO") return MakeTyped<T, T, T, StrArg, O>(op, args, slot_of);  // torchreplay::small_gemm
   if (code == "TssO") return MakeTyped<T, OptScalarArg, OptScalarArg, O>(op, args, slot_of);
   if (code == "TIBO") return MakeTyped<T, IntArg, BoolArg, O>(op, args, slot_of);
   if (code == "TLBDO") return MakeTyped<T, DimsArg, BoolArg, DtypeArg, O>(op, args, slot_of);  // sum, mean

@@ -13,7 +13,8 @@ eager's instead of equal:
   (relu, hardswish, hardsigmoid, sigmoid, tanh, silu, gelu, leaky_relu, hardtanh) fused as its
   post-op; its results channels-last, and they stay so through the ops between convolutions)
   and, for one group, torchreplay's conv_gemm (the small GEMM of the weight by the input's
-  patches, read in place, relu fused; its results contiguous),
+  patches, read in place, relu or hardswish fused; its results channels-last where a depthwise or
+  1x1 convolution reads them, else contiguous),
   timed at capture;
 - 1x1 convolutions (stride 1, no padding, one group) on a channels-last input as the GEMM they
   are, addmm over the pixels (MKL), without oneDNN's per-call cost; depthwise convolutions
@@ -22,7 +23,8 @@ eager's instead of equal:
 - products by a weight known at capture (linear layers at batch 1, a recurrent cell's
   projections, the 1x1 convolutions above) through torchreplay's small GEMM
   (torchreplay::small_gemm, Note [Small GEMMs] in tape/small_gemm.h) on the weight stored [K, N]
-  once, or packed in panels of 64 columns if it is large, a relu after it fused, where that is
+  once, or packed in panels of 64 columns if it is large, a relu or hardswish after it fused
+  (after a 1x1 convolution's views of it too), where that is
   faster than the addmm (timed at capture); else linear layers of at most 16 rows with a large
   weight read from a transposed copy stored contiguous once;
 - a GRU layer as one call, torchreplay::gru_sequence (Note [GRU steps] in tape/recurrent.h: the
@@ -77,6 +79,17 @@ _UNARY = {
 }
 # views that need their input's strides to be viewable
 _STRIDE_SENSITIVE = {aten.view.default, aten._unsafe_view.default, aten.as_strided.default}
+# The activations torchreplay's kernels apply before storing (post_op, tape/post_op.h).
+_POST_OPS = {aten.relu.default: "relu", aten.hardswish.default: "hardswish"}
+
+
+def _post_of(node: torch.fx.Node) -> Optional[torch.fx.Node]:
+    """`node`'s one reader if that is an activation of _POST_OPS on it (fused into the kernel
+    that computes `node`), else None."""
+    post = next(iter(node.users)) if len(node.users) == 1 else None
+    if post is None or post.op != "call_function" or post.target not in _POST_OPS or post.args[0] is not node:
+        return None
+    return post
 
 
 class _Rewriter:
@@ -214,10 +227,10 @@ class _Rewriter:
                 mm = self.graph.call_function(aten.mm.default, (rows, wt))
             view = self.graph.call_function(aten.view.default, (mm, [n, h, wd, cout]))
             out = self.graph.call_function(aten.permute.default, (view, [0, 3, 1, 2]))
-        self._small_gemm(mm, rows, wt, kn, n * h * wd)  # or MKL's addmm, whichever timed faster
         out.meta["val"] = conv.meta.get("val")  # its sizes, for the rewrites after it
         conv.replace_all_uses_with(out)
         self.graph.erase_node(conv)
+        self._small_gemm(mm, rows, wt, kn, n * h * wd, through=out)  # or MKL's addmm, whichever timed faster
         self.channels_last.add(out)
         self.counts["convolutions_gemm"] += 1
 
@@ -226,10 +239,7 @@ class _Rewriter:
         """A depthwise convolution through torchreplay's direct kernel (Note [Depthwise
         convolutions] in tape/depthwise_kernel.h), relu or hardswish after it fused; returns
         the node fused into it."""
-        post = next(iter(conv.users)) if len(conv.users) == 1 else None
-        fused = {aten.relu.default: "relu", aten.hardswish.default: "hardswish"}
-        if post is None or post.op != "call_function" or post.target not in fused or post.args[0] is not conv:
-            post = None
+        post = _post_of(conv)
         c, kh, kw = w.shape[0], w.shape[2], w.shape[3]
         with self.graph.inserting_before(conv):
             weight = w.detach().contiguous()
@@ -237,7 +247,7 @@ class _Rewriter:
                 x, self.constant(weight, "weight"), self.constant(weight.view(c, kh, kw).permute(1, 2, 0).contiguous(),
                                                                  "weight_hwc"),
                 self.constant(b.detach(), "bias") if b is not None else None, list(stride), list(padding),
-                list(dilation), fused[post.target] if post is not None else "none"))
+                list(dilation), _POST_OPS[post.target] if post is not None else "none"))
         return self._replace_convolution(conv, post, out, "convolutions_depthwise")
 
     def _fastest(self, x: torch.fx.Node, w: torch.Tensor, b: Optional[torch.Tensor], stride: Sequence[int],
@@ -266,7 +276,7 @@ class _Rewriter:
             rows = w.detach().reshape(w.shape[0], -1).contiguous()
             zeros = bias if bias is not None else torch.zeros(w.shape[0])
             ways["gemm"] = lambda: torch.ops.torchreplay.conv_gemm.default(
-                inp, rows, zeros, list(w.shape[2:]), list(stride), list(padding), list(dilation), False)
+                inp, rows, zeros, list(w.shape[2:]), list(stride), list(padding), list(dilation), "none")
         with torch.no_grad():
             t = dict(zip(ways, _least_times(list(ways.values()))))
         self.timings.append((tuple(val.shape), tuple(w.shape), t))
@@ -281,23 +291,22 @@ class _Rewriter:
     def _through_gemm(self, conv: torch.fx.Node, x: torch.fx.Node, w: torch.Tensor, b: Optional[torch.Tensor],
                       stride: Sequence[int], padding: Sequence[int],
                       dilation: Sequence[int]) -> Optional[torch.fx.Node]:
-        """The convolution as torchreplay::conv_gemm (the weight as rows, stored once), a relu
-        reading only it fused; returns the relu node fused into it. Its result is channels-last
+        """The convolution as torchreplay::conv_gemm (the weight as rows, stored once), a relu or
+        hardswish reading only it fused; returns the node fused into it. Its result is channels-last
         (whatever its input's layout) where a depthwise or 1x1 convolution reads it (through ops
         that keep the layout): those read channels-last as it lies (mobilenet's stem: its first
         depthwise and 1x1 convolutions took 35 and 28 us on a contiguous input, 16 and 4
         channels-last); else contiguous, where the GEMM's rows are the output channels (eight
         output channels as rows of pixels fill half an AVX-512 vector)."""
-        post = next(iter(conv.users)) if len(conv.users) == 1 else None
-        if post is None or post.op != "call_function" or post.target != aten.relu.default or post.args[0] is not conv:
-            post = None
+        post = _post_of(conv)
         channels_last = len(w.shape) == 4 and self._read_channels_last(conv)
         self.counts["results_channels_last"] += channels_last
         with self.graph.inserting_before(conv):
             out = self.graph.call_function(torch.ops.torchreplay.conv_gemm.default, (
                 x, self.constant(w.detach().reshape(w.shape[0], -1).contiguous(), "weight_rows"),
                 self.constant(b.detach() if b is not None else torch.zeros(w.shape[0]), "bias"),
-                list(w.shape[2:]), list(stride), list(padding), list(dilation), post is not None, channels_last))
+                list(w.shape[2:]), list(stride), list(padding), list(dilation),
+                _POST_OPS[post.target] if post is not None else "none", channels_last))
         return self._replace_convolution(conv, post, out, "convolutions_small_gemm", contiguous=not channels_last)
 
     def _read_channels_last(self, node: torch.fx.Node) -> bool:
@@ -400,11 +409,12 @@ class _Rewriter:
             self.counts["linears_transposed_once"] += 1
 
     def _small_gemm(self, node: torch.fx.Node, x: torch.fx.Node, source: torch.fx.Node, kn: torch.Tensor,
-                    rows: int) -> bool:
+                    rows: int, through: Optional[torch.fx.Node] = None) -> bool:
         """`node` (addmm or mm of `x` by the weight `kn`, [K, N], read from `source`) through the
         small GEMM if its bias is a vector and that timed faster, on the weight as it is or, if it
-        is large, packed in panels of 64 columns (whichever timed fastest); returns whether it was
-        rewritten."""
+        is large, packed in panels of 64 columns (whichever timed fastest), a relu or hardswish
+        reading it (or `through`, the views of it a 1x1 convolution's result is) fused; returns
+        whether it was rewritten."""
         bias = node.args[0] if node.target == aten.addmm.default else None
         n = kn.shape[1]
         if bias is not None:
@@ -421,27 +431,26 @@ class _Rewriter:
         ways = {"addmm": (lambda: aten.addmm.out(vec, inp, kn, out=out)) if bias is not None else
                 (lambda: aten.mm.out(inp, kn, out=out))}
         for name, w in weights.items():
-            ways[name] = functools.partial(torch.ops.torchreplay.small_gemm.out, inp, w, vec, False, out=out)
+            ways[name] = functools.partial(torch.ops.torchreplay.small_gemm.out, inp, w, vec, "none", out=out)
         with torch.no_grad():
             t = dict(zip(ways, _least_times(list(ways.values()), rounds=15)))
         self.timings.append(((rows, kn.shape[0]), tuple(kn.shape), t))
         way = min(t, key=t.get)
         if way == "addmm":
             return False
-        post = next(iter(node.users)) if len(node.users) == 1 else None
-        if post is None or post.op != "call_function" or post.target != aten.relu.default or post.args[0] is not node:
-            post = None
+        post = _post_of(through if through is not None else node)
         self.freeze(source)
         with self.graph.inserting_before(node):
             if bias is None:
                 bias = self.constant(torch.zeros(n), "bias")
             out_node = self.graph.call_function(torch.ops.torchreplay.small_gemm.default, (
-                x, self.constant(weights[way], "weight_kn"), bias, post is not None))
-        out_node.meta["val"] = (post or node).meta.get("val")
-        (post or node).replace_all_uses_with(out_node)
-        if post is not None:
+                x, self.constant(weights[way], "weight_kn"), bias, _POST_OPS[post.target] if post is not None else "none"))
+        out_node.meta["val"] = node.meta.get("val")
+        if post is not None:  # (elementwise: the same before the views `through` takes)
+            post.replace_all_uses_with(post.args[0])
             self.graph.erase_node(post)
             self.counts["post_ops_fused"] += 1
+        node.replace_all_uses_with(out_node)
         self.graph.erase_node(node)
         self.counts["linears_small_gemm"] += 1
         return True
@@ -571,7 +580,7 @@ def _small_gemm_available() -> bool:
     from torch.utils._python_dispatch import _disable_current_modes
     try:
         with _disable_current_modes():
-            torch.ops.torchreplay.small_gemm(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1), False)
+            torch.ops.torchreplay.small_gemm(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1), "none")
         return True
     except RuntimeError:
         return False

@@ -192,9 +192,9 @@ def test_save_refuses_a_close_capture(tmp_path):
         torchreplay.save(step, tmp_path / "m.trp")
 
 
-def small_gemm(x, w_kn, b, relu=False):
+def small_gemm(x, w_kn, b, post_op="none"):
     try:
-        return torch.ops.torchreplay.small_gemm(x, w_kn, b, relu)
+        return torch.ops.torchreplay.small_gemm(x, w_kn, b, post_op)
     except RuntimeError as e:
         if "AVX2" in str(e):
             pytest.skip("no AVX2 and FMA on this CPU")
@@ -229,9 +229,9 @@ def test_small_gemm_bits_do_not_depend_on_tiling_or_threads():
     finally:
         torch.set_num_threads(threads)
     out = torch.full((7, 203), float("nan"))
-    torch.ops.torchreplay.small_gemm.out(x, w, b, True, out=out)
+    torch.ops.torchreplay.small_gemm.out(x, w, b, "relu", out=out)
     assert_bitwise(out, torch.relu(y))
-    nan = small_gemm(torch.full((1, 3), float("nan")), torch.randn(3, 9), torch.zeros(9), True)
+    nan = small_gemm(torch.full((1, 3), float("nan")), torch.randn(3, 9), torch.zeros(9), "relu")
     assert torch.isnan(nan).all()  # relu keeps NaN, as torch.relu does
     with pytest.raises(RuntimeError, match=r"small_gemm: a float32 \[M, K\] input"):
         small_gemm(x.double(), w, b)
@@ -301,7 +301,7 @@ def test_conv_gemm_is_the_small_gemm_of_the_patches(case):
     rows = w.reshape(ws[0], -1).contiguous()
     small_gemm(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1))  # skips without AVX2
     conv_gemm = torch.ops.torchreplay.conv_gemm
-    got = conv_gemm(x, rows, b, list(ws[2:]), stride, padding, dilation, False)
+    got = conv_gemm(x, rows, b, list(ws[2:]), stride, padding, dilation, "none")
     one_d = len(xs) == 3
     x4 = x.unsqueeze(2) if one_d else x
     k4 = [1] + list(ws[2:]) if one_d else list(ws[2:])
@@ -318,31 +318,31 @@ def test_conv_gemm_is_the_small_gemm_of_the_patches(case):
     layouts = [False]
     if not one_d:
         cl = x.contiguous(memory_format=torch.channels_last)
-        assert_bitwise(conv_gemm(cl, rows, b, list(ws[2:]), stride, padding, dilation, False), got)
+        assert_bitwise(conv_gemm(cl, rows, b, list(ws[2:]), stride, padding, dilation, "none"), got)
         layouts.append(True)
         want_cl = got.contiguous(memory_format=torch.channels_last)
         for inp in (x, cl):
-            assert_bitwise(conv_gemm(inp, rows, b, list(ws[2:]), stride, padding, dilation, False, True), want_cl)
+            assert_bitwise(conv_gemm(inp, rows, b, list(ws[2:]), stride, padding, dilation, "none", True), want_cl)
     else:
         with pytest.raises(RuntimeError, match="conv_gemm: a channels-last result is 4-d"):
-            conv_gemm(x, rows, b, list(ws[2:]), stride, padding, dilation, False, True)
+            conv_gemm(x, rows, b, list(ws[2:]), stride, padding, dilation, "none", True)
     for channels_last in layouts:
         fmt = torch.channels_last if channels_last else torch.contiguous_format
         out = torch.full_like(got, float("nan")).contiguous(memory_format=fmt)
-        conv_gemm.out(x, rows, b, list(ws[2:]), stride, padding, dilation, True, channels_last, out=out)
+        conv_gemm.out(x, rows, b, list(ws[2:]), stride, padding, dilation, "relu", channels_last, out=out)
         assert_bitwise(out, torch.relu(got).contiguous(memory_format=fmt))
         threads = torch.get_num_threads()
         try:
             torch.set_num_threads(2)
-            assert_bitwise(conv_gemm(x, rows, b, list(ws[2:]), stride, padding, dilation, False, channels_last),
+            assert_bitwise(conv_gemm(x, rows, b, list(ws[2:]), stride, padding, dilation, "none", channels_last),
                            got.contiguous(memory_format=fmt))
         finally:
             torch.set_num_threads(threads)
     if not one_d:  # an out of the other layout is refused, not written as if it were one
         with pytest.raises(RuntimeError, match="conv_gemm: out is a channels-last float32"):
-            conv_gemm.out(x, rows, b, list(ws[2:]), stride, padding, dilation, False, True, out=torch.empty_like(got))
+            conv_gemm.out(x, rows, b, list(ws[2:]), stride, padding, dilation, "none", True, out=torch.empty_like(got))
     with pytest.raises(RuntimeError, match="conv_gemm: the weight has"):
-        conv_gemm(x, rows[:, 1:].contiguous(), b, list(ws[2:]), stride, padding, dilation, False)
+        conv_gemm(x, rows[:, 1:].contiguous(), b, list(ws[2:]), stride, padding, dilation, "none")
 
 
 class ConvRelu(nn.Module):
@@ -378,6 +378,84 @@ def test_convolutions_take_conv_gemm_where_it_timed_fastest(monkeypatch):
         model.conv.weight.mul_(2)
         with pytest.raises(RuntimeError, match=r"'conv\.weight' was written after the capture"):
             step(*make(0))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_kernels_post_ops_are_eagers_ops_after_them(threads):
+    """post_op "relu" and "hardswish" of the small GEMM and conv_gemm give torch.relu's and
+    torch.hardswish's bits of the result without it, NaN where eager's is and infinities included
+    (NaN payloads aside: ATen's vectorized hardswish makes a NaN all ones), over whole vectors and
+    masked tails; a name of no post-op raises, naming it (the depthwise kernel's too)."""
+
+    def assert_bitwise_but_nan_payloads(got, want):
+        assert torch.equal(got.isnan(), want.isnan()) and got.isnan().any()
+        assert_bitwise(got.nan_to_num(0.0, float("inf"), float("-inf")), want.nan_to_num(0.0, float("inf"),
+                                                                                          float("-inf")))
+
+    g = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(9, 37, generator=g) * 4, torch.randn(37, 203, generator=g), torch.randn(203, generator=g)
+    x[1, 3], x[2, 5], x[4, 0] = float("nan"), float("inf"), float("-inf")
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        plain = small_gemm(x, w, b)
+        ximg, rows = torch.randn(1, 3, 11, 13, generator=g) * 4, torch.randn(20, 27, generator=g)
+        ximg[0, 1, 4, 4] = float("nan")
+        conv = torch.ops.torchreplay.conv_gemm
+        for post, eager in (("relu", torch.relu), ("hardswish", nn.functional.hardswish)):
+            assert_bitwise_but_nan_payloads(small_gemm(x, w, b, post), eager(plain))
+            for channels_last in (False, True):
+                args = (ximg, rows, b[:20].contiguous(), [3, 3], [2, 2], [1, 1], [1, 1])
+                assert_bitwise_but_nan_payloads(conv(*args, post, channels_last),
+                                                eager(conv(*args, "none", channels_last)))
+    finally:
+        torch.set_num_threads(saved)
+    with pytest.raises(RuntimeError, match='small_gemm: post_op is "none", "relu" or "hardswish", not "gelu"'):
+        small_gemm(x, w, b, "gelu")
+    with pytest.raises(RuntimeError, match='conv_gemm: post_op is "none", "relu" or "hardswish", not "relu6"'):
+        torch.ops.torchreplay.conv_gemm(ximg, rows, b[:20].contiguous(), [3, 3], [2, 2], [1, 1], [1, 1], "relu6")
+    dw = torch.randn(3, 1, 3, 3)
+    with pytest.raises(RuntimeError, match='depthwise_conv2d: post_op is "none", "relu" or "hardswish", not ""'):
+        torch.ops.torchreplay.depthwise_conv2d(ximg, dw, dw.view(3, 3, 3).permute(1, 2, 0).contiguous(), None,
+                                               [1, 1], [1, 1], [1, 1], "")
+
+
+class Mobile(nn.Module):
+    """A mobile network's block and head: 1x1 convolutions followed by hardswish and relu (the
+    views of their GEMM between), a linear followed by hardswish."""
+
+    def __init__(self):
+        super().__init__()
+        self.expand = nn.Conv2d(8, 32, 1)
+        self.squeeze = nn.Conv2d(32, 16, 1)
+        self.head = nn.Linear(16, 40)
+
+    def forward(self, x):
+        y = torch.relu(self.squeeze(nn.functional.hardswish(self.expand(x))))
+        return nn.functional.hardswish(self.head(y.mean((2, 3)))), y
+
+
+def test_activations_after_small_gemms_are_fused(monkeypatch):
+    """With the small GEMM timed fastest, the hardswish and relu after the 1x1 convolutions and the
+    linear run inside it (conv_gemm or the small GEMM): no activation op is left in the replay, the results within the
+    tolerance with eager's strides, replayed."""
+    from torchreplay import close_numerics
+    small_gemm(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1))  # skips without AVX2
+    monkeypatch.setattr(close_numerics, "_least_times", lambda fns, rounds=7: list(range(len(fns), 0, -1)))
+    torch.manual_seed(0)
+    model = Mobile().eval()
+    make = lambda i: (torch.randn(1, 8, 5, 6, generator=torch.Generator().manual_seed(i)).contiguous(  # noqa: E731
+        memory_format=torch.channels_last),)
+    with torch.no_grad():
+        step = capture(model, make(0), "close")
+        assert_within_with_eagers_strides(step, model, make)
+    rewrites = step.numerics["rewrites"]
+    # the first convolution through conv_gemm (its input, a placeholder, is not known channels-last),
+    # the second and the linear through the small GEMM
+    assert rewrites["convolutions_small_gemm"] == 1 and rewrites["linears_small_gemm"] == 2, rewrites
+    assert rewrites["post_ops_fused"] == 3, rewrites
+    ops = ops_of(step, make(0))
+    assert not any("hardswish" in op or "relu" in op or op.startswith("fused") for op in ops), ops
 
 
 class Stem(nn.Module):
@@ -421,9 +499,9 @@ def test_conv_gemm_refuses_what_has_no_output():
     conv_gemm = torch.ops.torchreplay.conv_gemm
     w, b = torch.randn(2, 7), torch.randn(2)
     with pytest.raises(RuntimeError, match="conv_gemm: the kernel is larger than the padded input"):
-        conv_gemm(torch.randn(1, 1, 5), w, b, [7], [3], [0], [1], False)  # (5 - 7) // 3 rounds to 0 in C++
+        conv_gemm(torch.randn(1, 1, 5), w, b, [7], [3], [0], [1], "none")  # (5 - 7) // 3 rounds to 0 in C++
     with pytest.raises(RuntimeError, match="conv_gemm: an input without channels or samples"):
-        conv_gemm(torch.randn(1, 1, 0), w, b, [7], [1], [4], [1], False)
+        conv_gemm(torch.randn(1, 1, 0), w, b, [7], [1], [4], [1], "none")
 
 
 class PaddedBeyondReach(nn.Module):

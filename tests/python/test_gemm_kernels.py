@@ -53,8 +53,8 @@ def test_kernels_compute_one_chain_from_the_bias_or_before_it(m, k, n):
     the bias first is numerics "close"'s small GEMM; the bias last is the sum from +0, then + bias."""
     x, w, bias = seeded((m, k), 1), seeded((n, k), 2), seeded((n,), 3)
     kn = w.t().contiguous()
-    first = torch.ops.torchreplay.small_gemm(x, kn, bias, False)
-    from_zero = torch.ops.torchreplay.small_gemm(x, kn, torch.zeros(n), False)
+    first = torch.ops.torchreplay.small_gemm(x, kn, bias, "none")
+    from_zero = torch.ops.torchreplay.small_gemm(x, kn, torch.zeros(n), "none")
     last = from_zero + bias
     assert not torch.equal(bits(first), bits(last))  # the two orders differ on these inputs
     threads = torch.get_num_threads()
