@@ -1,8 +1,9 @@
 // The small GEMM's kernel (Note [Small GEMMs] in small_gemm.h), included once per instruction set
 // by small_gemm_avx2.cc and small_gemm_avx512.cc inside their namespace (avx2, avx512), after
-// simd_ops.h (`V`, a vector of kLanes floats, and its operations) and what each defines for it:
-//   AddBias(bias, sum) (bias + sum, the bias's NaN kept where both are NaN); kMaxRows (rows per tile, at most 8) and kVectors<MR> (vectors of
-//   columns per tile of MR rows: its sums, its weight vectors and one broadcast in registers).
+// simd_ops.h (`V`, a vector of kLanes floats, its operations and PostOf, the post-op) and what
+// each defines for it: AddBias(bias, sum) (bias + sum, the bias's NaN kept where both are NaN);
+// kMaxRows (rows per tile, at most 8) and kVectors<MR> (vectors of columns per tile of MR rows:
+// its sums, its weight vectors and one broadcast in registers).
 // Every output element is the same chain of multiply-adds whatever V is: the two copies give the
 // same bits, and where the rows and columns are cut changes none.
 // Not a header of its own: no include guard, no namespace.
@@ -15,8 +16,8 @@
 #define TORCHREPLAY_TILE(M) TORCHREPLAY_VECTORS(M, 0) TORCHREPLAY_VECTORS(M, 1) TORCHREPLAY_VECTORS(M, 2) \
   TORCHREPLAY_VECTORS(M, 3) TORCHREPLAY_VECTORS(M, 4) TORCHREPLAY_VECTORS(M, 5) TORCHREPLAY_VECTORS(M, 6)   \
   TORCHREPLAY_VECTORS(M, 7)
-// kCols: x read through p.x_cols (a template argument, so that the direct read's loop has no
-// branch: with one at run time the batch-1 MLP and the GRU's steps took 40-50% longer).
+// kCols: x read through p.x_cols, a template argument so that neither read's loop over k tests
+// which read it is.
 template <int MR, int NV, bool kCols>
 inline void TileOf(const Params& p, int64_t r0, int64_t c0) {
   static_assert(MR <= 8 && NV <= 8);
