@@ -2,7 +2,8 @@
 // storing it (the small GEMM and conv_gemm, small_gemm.h; the depthwise convolution,
 // depthwise_kernel.h), by the name its op's schema takes (`str post_op`). Each instruction set's
 // vector form is simd_ops.h's PostOf, with eager's arithmetic: relu keeps NaN, hardswish is
-// x * min(max(x + 3, 0), 6) / 6 as ATen's vectorized kernel computes it.
+// x * min(max(x + 3, 0), 6) / 6 as ATen's vectorized kernel computes it (NaN where eager's is;
+// ATen's makes its NaNs all ones, PostOf keeps x's payload).
 #pragma once
 #include <c10/util/Exception.h>
 #include <c10/util/string_view.h>

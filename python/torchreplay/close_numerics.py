@@ -44,8 +44,9 @@ norms are still folded). The rewrite is checked at capture by running both graph
 inputs: if the rewritten one fails, the capture keeps the bitwise graph and logs why; otherwise
 the largest absolute and relative differences are kept (Captured.numerics).
 
-Over 500 lines in one module: one rewriter, whose rewrites share what the walk learns (which
-results may be channels-last, which parameters were folded, the counts and timings).
+Over 600 lines in one module: one rewriter, whose rewrites share what the walk learns (which
+results may be channels-last, which parameters were folded, the counts and timings); split, each
+part would take that state whole.
 """
 from __future__ import annotations
 
