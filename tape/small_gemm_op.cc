@@ -10,14 +10,17 @@
 //   [C_out, C * KH * KW] by the input's patches, each output channel's sums starting from its
 //   bias, then post_op: a 1x1 convolution of stride 1 without padding reads the input's planes
 //   as they are; any other reads each output row's taps through a table of row pointers (an
-//   indirect GEMM, as XNNPACK's) from a zero-padded copy of the image, split into `stride` phases
-//   along the row so that every tap's row is contiguous. The result is contiguous, or
-//   channels-last where `channels_last` is set (2-d only; any input layout): for NCHW, the
-//   weight's rows by the taps (output channels as the GEMM's rows); for NHWC, an output row's
-//   pixels by the weight's transpose (pixels as rows, their taps read through a table of column
-//   pointers, small_gemm.h's x_cols). Each element is the same chain either way, the bias, then
-//   the taps in order: the two layouts hold the same bits.
+//   indirect GEMM, as XNNPACK's) from a zero-padded copy of the image. The result is contiguous,
+//   or channels-last where `channels_last` is set (2-d only; any input layout): for NCHW, the
+//   weight's rows by the taps (output channels as the GEMM's rows; the copy split into `stride`
+//   phases along the row so that every tap's row is contiguous); for NHWC, an output row's pixels
+//   by the weight's transpose (pixels as rows, their taps read through a table of column
+//   pointers, small_gemm.h's x_cols, `stride` apart). Each element is the same chain either way,
+//   the bias, then the taps in order: the two layouts hold the same bits. The copy's rows and the
+//   output rows are split over torch's threads (the product's columns instead where the output
+//   has too few rows: a 1-d convolution).
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -157,35 +160,56 @@ at::Tensor& ConvGemmOut(const at::Tensor& input, const at::Tensor& weight_rows, 
       p.w = x, p.n = oh * ow, p.y = y;
       small_gemm::Run(p);
     } else {
-      // Each output row as an indirect GEMM over a zero-padded copy of the image split into
-      // `stride` phases along the row (phase q holds padded columns q, q + stride, ...): tap
-      // (c, i, j) of output row r reads, of plane c, padded row r * stride + i * dilation,
-      // phase (j * dilation) % stride, from column (j * dilation) / stride on, where it lies.
-      const int64_t hp = h + 2 * win.padding[0], wp = w + 2 * win.padding[1], s = win.stride[1];
-      const int64_t wq = (wp + s - 1) / s, plane = hp * wq;  // one phase's row and plane
-      thread_local std::vector<float> padded;
-      padded.resize(static_cast<size_t>(s * c * plane));
+      // Each output row as an indirect GEMM over a zero-padded copy of the image. For NCHW the
+      // copy is split into `stride` phases along the row (phase q holds padded columns q,
+      // q + stride, ...), so that each tap's output pixels lie side by side, a vector: tap
+      // (c, i, j) of output row r reads, of plane c, padded row r * stride + i * dilation, phase
+      // (j * dilation) % stride, from column (j * dilation) / stride on. For NHWC, where each
+      // pixel's tap is broadcast alone, one phase: the pixels `stride` apart.
+      const int64_t s = win.stride[1], phases = nhwc ? 1 : s;
+      const int64_t hp = h + 2 * win.padding[0], wp = w + 2 * win.padding[1];
+      const int64_t wq = (wp + phases - 1) / phases, plane = hp * wq;  // one phase's row and plane
       const int64_t pad_top = win.padding[0], pad_left = win.padding[1];
-      for (int64_t q = 0; q < s; ++q) {
-        for (int64_t ci = 0; ci < c; ++ci) {
-          float* phase = padded.data() + (q * c + ci) * plane;
-          // the padding rows above and below, zeros
-          std::fill(phase, phase + pad_top * wq, 0.f);
-          std::fill(phase + (pad_top + h) * wq, phase + plane, 0.f);
-          // input column z is padded column z + pad_left, column (z + pad_left) / s of phase
-          // (z + pad_left) % s: this phase's first is z0, every s-th after it
-          const int64_t z0 = ((q - pad_left) % s + s) % s, first = (z0 + pad_left) / s;
-          const int64_t count = z0 < w ? (w - z0 + s - 1) / s : 0;
-          for (int64_t r = 0; r < h; ++r) {
-            const float* from = x + ci * xs[0] + r * xs[1] + z0 * xs[2];
-            float* to = phase + (r + pad_top) * wq;
-            std::fill(to, to + first, 0.f);
-            const int64_t step = s * xs[2];
-            for (int64_t i = 0; i < count; ++i) to[first + i] = from[i * step];
-            std::fill(to + first + count, to + wq, 0.f);
+      // Of phase q: its first input column z0 (every phases-th after it, `count` of them),
+      // at column `first`: input column z is padded column z + pad_left, column
+      // (z + pad_left) / phases of phase (z + pad_left) % phases.
+      struct Phase {
+        int64_t z0, first, count;
+      };
+      thread_local std::vector<Phase> phase_of;
+      phase_of.clear();
+      for (int64_t q = 0; q < phases; ++q) {
+        const int64_t z0 = ((q - pad_left) % phases + phases) % phases;
+        phase_of.push_back({z0, (z0 + pad_left) / phases, z0 < w ? (w - z0 + phases - 1) / phases : 0});
+      }
+      thread_local std::vector<float> padded;
+      padded.resize(static_cast<size_t>(phases * c * plane));
+      // (a thread_local named inside a task is that thread's own: the tasks get pointers)
+      float* const base = padded.data();
+      const Phase* const phase = phase_of.data();
+      // Padded row pr of plane ci, all its phases, per item; the rows over torch's threads.
+      at::parallel_for(0, c * hp, std::max<int64_t>(1, 16384 / wp), [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) {
+          const int64_t ci = i / hp, pr = i - ci * hp, r = pr - pad_top;
+          for (int64_t q = 0; q < phases; ++q) {
+            float* to = base + (q * c + ci) * plane + pr * wq;
+            if (r < 0 || r >= h) {  // the padding rows above and below, zeros
+              std::fill(to, to + wq, 0.f);
+              continue;
+            }
+            const Phase& f = phase[q];
+            const int64_t step = phases * xs[2];
+            const float* from = x + ci * xs[0] + r * xs[1] + f.z0 * xs[2];
+            std::fill(to, to + f.first, 0.f);
+            if (step == 1) {
+              std::copy(from, from + f.count, to + f.first);
+            } else {
+              for (int64_t j = 0; j < f.count; ++j) to[f.first + j] = from[j * step];
+            }
+            std::fill(to + f.first + f.count, to + wq, 0.f);
           }
         }
-      }
+      });
       // where each tap of output row 0 starts; output row r reads r * stride rows further
       thread_local std::vector<int64_t> taps;
       taps.clear();
@@ -193,26 +217,36 @@ at::Tensor& ConvGemmOut(const at::Tensor& input, const at::Tensor& weight_rows, 
         for (int64_t a = 0; a < win.size[0]; ++a) {
           for (int64_t j = 0; j < win.size[1]; ++j) {
             const int64_t col = j * win.dilation[1];
-            taps.push_back(((col % s) * c + ci) * plane + a * win.dilation[0] * wq + col / s);
+            taps.push_back(((col % phases) * c + ci) * plane + a * win.dilation[0] * wq + col / phases);
           }
         }
       }
-      const float* base = padded.data();
-      // One output row at a time: each row's product is split over torch's threads inside Run.
-      thread_local std::vector<const float*> rows;
-      rows.resize(static_cast<size_t>(k));
+      const int64_t* const tap = taps.data();
       small_gemm::Params q = p;
-      if (nhwc) {  // output row r: [ow pixels, K taps] x [K, C_out], each tap's pixels 1 apart
-        q.x = nullptr, q.x_cols = rows.data(), q.x_row = 1, q.row_bias = nullptr, q.bias = p.row_bias;
+      if (nhwc) {  // output row r: [ow pixels, K taps] x [K, C_out], each tap's pixels s apart
+        q.x = nullptr, q.x_row = s, q.row_bias = nullptr, q.bias = p.row_bias;
         q.w = weight_kn.data(), q.m = ow, q.n = cout, q.y_row = cout;
       } else {
-        q.w_rows = rows.data(), q.n = ow;
+        q.n = ow;
       }
-      for (int64_t r = 0; r < oh; ++r) {
-        const float* start = base + r * win.stride[0] * wq;
-        for (int64_t t = 0; t < k; ++t) rows[t] = start + taps[t];
-        q.y = y + r * (nhwc ? ow * cout : ow);
-        small_gemm::Run(q);
+      // Output rows [r0, r1), each row's product through Run: inline inside a parallel region.
+      auto output_rows = [&](int64_t r0, int64_t r1) {
+        std::vector<const float*> rows(static_cast<size_t>(k));
+        small_gemm::Params t = q;
+        (nhwc ? t.x_cols : t.w_rows) = rows.data();
+        for (int64_t r = r0; r < r1; ++r) {
+          const float* start = base + r * win.stride[0] * wq;
+          for (int64_t j = 0; j < k; ++j) rows[j] = start + tap[j];
+          t.y = y + r * (nhwc ? ow * cout : ow);
+          small_gemm::Run(t);
+        }
+      };
+      // Rows over torch's threads where there are enough of them (each task ~32k multiply-adds
+      // or more); else one at a time, each row's columns split inside Run (a 1-d convolution).
+      if (oh >= 2 * at::get_num_threads()) {
+        at::parallel_for(0, oh, std::max<int64_t>(1, 32768 / std::max<int64_t>(ow * cout * k, 1)), output_rows);
+      } else {
+        output_rows(0, oh);
       }
     }
   }

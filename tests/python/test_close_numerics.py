@@ -286,6 +286,7 @@ def test_products_of_few_rows_take_the_small_gemm_where_it_timed_faster(monkeypa
 @pytest.mark.parametrize("case", [
     ((2, 5, 9, 11), (7, 5, 3, 2), [1, 1], [1, 0], [1, 2]),  # stride 1: one phase
     ((1, 3, 16, 16), (8, 3, 3, 3), [2, 2], [1, 1], [1, 1]),  # strided: two phases per row
+    ((2, 4, 13, 17), (6, 4, 3, 3), [2, 3], [1, 2], [2, 2]),  # three phases, taps two apart
     ((1, 16, 6, 6), (12, 16, 1, 1), [1, 1], [0, 0], [1, 1]),  # 1x1: the planes themselves
     ((1, 1, 400), (9, 1, 20), [4], [3], [1]),  # 1-d, four phases
     ((2, 6, 37), (5, 6, 3), [1], [2], [2]),  # 1-d, stride 1
