@@ -48,12 +48,14 @@ inline V Set(float f) { return _mm256_set1_ps(f); }
 #endif
 
 // The post-op (tape/post_op.h) on a vector, operand for operand as eager's: relu max(0, v) keeps
-// NaN (and -0) as torch.relu; hardswish v * min(max(v + 3, 0), 6) / 6, NaN kept (v times 0).
+// NaN (and -0) as torch.relu; hardswish v * min(max(v + 3, 0), 6) / 6, NaN kept (v times 0);
+// hardsigmoid min(6, max(0, v + 3)) / 6, NaN kept (the second operand of each).
 inline V PostOf(V v, PostOp post) {
   switch (post) {
     case PostOp::kNone: return v;
     case PostOp::kRelu: return Max(Zero(), v);
     case PostOp::kHardswish: return Div(Mul(v, Min(Max(Add(v, Set(3.f)), Zero()), Set(6.f))), Set(6.f));
+    case PostOp::kHardsigmoid: return Div(Min(Set(6.f), Max(Zero(), Add(v, Set(3.f)))), Set(6.f));
   }
   return v;
 }

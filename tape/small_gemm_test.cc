@@ -105,6 +105,10 @@ struct Operands {
           const float up = acc + 3.0f, lo = up > 0.0f ? up : 0.0f;
           acc = acc * (lo < 6.0f ? lo : 6.0f) / 6.0f;
         }
+        if (c.post == PostOp::kHardsigmoid) {  // min(6, max(0, acc + 3)) / 6: NaN kept
+          const float up = acc + 3.0f, lo = 0.0f > up ? 0.0f : up;
+          acc = (6.0f < lo ? 6.0f : lo) / 6.0f;
+        }
         y[r * y_row + col] = acc;
       }
     }
@@ -147,7 +151,7 @@ TEST(SmallGemm, EachCopyIsOneFmaChainPerElement) {
       for (int64_t k : {1, 13, 64}) {
         const int i = static_cast<int>(cases.size());
         cases.push_back({m, k, n, static_cast<Start>(i % 4), static_cast<Read>((i / 4) % 3),
-                         static_cast<PostOp>(i % 5 < 2 ? i % 5 + 1 : 0), i % 3 == 1});
+                         static_cast<PostOp>(i % 7 < 3 ? i % 7 + 1 : 0), i % 3 == 1});
       }
     }
   }

@@ -383,9 +383,9 @@ def test_convolutions_take_conv_gemm_where_it_timed_fastest(monkeypatch):
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_kernels_post_ops_are_eagers_ops_after_them(threads):
-    """post_op "relu" and "hardswish" of the small GEMM and conv_gemm give torch.relu's and
-    torch.hardswish's bits of the result without it, NaN where eager's is and infinities included
-    (NaN payloads aside: ATen's vectorized hardswish makes a NaN all ones), over whole vectors and
+    """post_op "relu", "hardswish" and "hardsigmoid" of the small GEMM and conv_gemm give
+    torch.relu's, hardswish's and hardsigmoid's bits of the result without it, NaN where eager's is
+    and infinities included (NaN payloads aside: ATen's vectorized kernels make a NaN all ones), over whole vectors and
     masked tails; a name of no post-op raises, naming it (the depthwise kernel's too)."""
 
     def assert_bitwise_but_nan_payloads(got, want):
@@ -403,7 +403,8 @@ def test_kernels_post_ops_are_eagers_ops_after_them(threads):
         ximg, rows = torch.randn(1, 3, 11, 13, generator=g) * 4, torch.randn(20, 27, generator=g)
         ximg[0, 1, 4, 4] = float("nan")
         conv = torch.ops.torchreplay.conv_gemm
-        for post, eager in (("relu", torch.relu), ("hardswish", nn.functional.hardswish)):
+        for post, eager in (("relu", torch.relu), ("hardswish", nn.functional.hardswish),
+                            ("hardsigmoid", nn.functional.hardsigmoid)):
             assert_bitwise_but_nan_payloads(small_gemm(x, w, b, post), eager(plain))
             for channels_last in (False, True):
                 args = (ximg, rows, b[:20].contiguous(), [3, 3], [2, 2], [1, 1], [1, 1])
@@ -411,34 +412,37 @@ def test_kernels_post_ops_are_eagers_ops_after_them(threads):
                                                 eager(conv(*args, "none", channels_last)))
     finally:
         torch.set_num_threads(saved)
-    with pytest.raises(RuntimeError, match='small_gemm: post_op is "none", "relu" or "hardswish", not "gelu"'):
+    with pytest.raises(RuntimeError, match='small_gemm: post_op is "none", "relu", "hardswish" or "hardsigmoid", not "gelu"'):
         small_gemm(x, w, b, "gelu")
-    with pytest.raises(RuntimeError, match='conv_gemm: post_op is "none", "relu" or "hardswish", not "relu6"'):
+    with pytest.raises(RuntimeError, match='conv_gemm: post_op is "none", "relu", "hardswish" or "hardsigmoid", not "relu6"'):
         torch.ops.torchreplay.conv_gemm(ximg, rows, b[:20].contiguous(), [3, 3], [2, 2], [1, 1], [1, 1], "relu6")
     dw = torch.randn(3, 1, 3, 3)
-    with pytest.raises(RuntimeError, match='depthwise_conv2d: post_op is "none", "relu" or "hardswish", not ""'):
+    with pytest.raises(RuntimeError, match='depthwise_conv2d: post_op is "none", "relu", "hardswish" or "hardsigmoid", not ""'):
         torch.ops.torchreplay.depthwise_conv2d(ximg, dw, dw.view(3, 3, 3).permute(1, 2, 0).contiguous(), None,
                                                [1, 1], [1, 1], [1, 1], "")
 
 
 class Mobile(nn.Module):
     """A mobile network's block and head: 1x1 convolutions followed by hardswish and relu (the
-    views of their GEMM between), a linear followed by hardswish."""
+    views of their GEMM between), a linear followed by hardswish, one by hardsigmoid (an
+    excitation's gate)."""
 
     def __init__(self):
         super().__init__()
         self.expand = nn.Conv2d(8, 32, 1)
         self.squeeze = nn.Conv2d(32, 16, 1)
         self.head = nn.Linear(16, 40)
+        self.gate = nn.Linear(16, 16)
 
     def forward(self, x):
         y = torch.relu(self.squeeze(nn.functional.hardswish(self.expand(x))))
-        return nn.functional.hardswish(self.head(y.mean((2, 3)))), y
+        m = y.mean((2, 3))
+        return nn.functional.hardswish(self.head(m)), y, nn.functional.hardsigmoid(self.gate(m))
 
 
 def test_activations_after_small_gemms_are_fused(monkeypatch):
-    """With the small GEMM timed fastest, the hardswish and relu after the 1x1 convolutions and the
-    linear run inside it (conv_gemm or the small GEMM): no activation op is left in the replay, the results within the
+    """With the small GEMM timed fastest, the hardswish, relu and hardsigmoid after the 1x1
+    convolutions and the linears run inside it (conv_gemm or the small GEMM): no activation op is left in the replay, the results within the
     tolerance with eager's strides, replayed."""
     from torchreplay import close_numerics
     small_gemm(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1))  # skips without AVX2
@@ -452,11 +456,11 @@ def test_activations_after_small_gemms_are_fused(monkeypatch):
         assert_within_with_eagers_strides(step, model, make)
     rewrites = step.numerics["rewrites"]
     # the first convolution through conv_gemm (its input, a placeholder, is not known channels-last),
-    # the second and the linear through the small GEMM
-    assert rewrites["convolutions_small_gemm"] == 1 and rewrites["linears_small_gemm"] == 2, rewrites
-    assert rewrites["post_ops_fused"] == 3, rewrites
+    # the second and the linears through the small GEMM
+    assert rewrites["convolutions_small_gemm"] == 1 and rewrites["linears_small_gemm"] == 3, rewrites
+    assert rewrites["post_ops_fused"] == 4, rewrites
     ops = ops_of(step, make(0))
-    assert not any("hardswish" in op or "relu" in op or op.startswith("fused") for op in ops), ops
+    assert not any(a in op for op in ops for a in ("hardswish", "relu", "hardsigmoid", "fused")), ops
 
 
 class Stem(nn.Module):

@@ -274,11 +274,12 @@ def test_depthwise_kernel_paths_agree(shape, k, stride, pad, dil):
         torch.testing.assert_close(results[0], want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("post_op,eager", [("relu", torch.relu), ("hardswish", torch.nn.functional.hardswish)])
+@pytest.mark.parametrize("post_op,eager", [("relu", torch.relu), ("hardswish", torch.nn.functional.hardswish),
+                                           ("hardsigmoid", torch.nn.functional.hardsigmoid)])
 @pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last])
 def test_depthwise_post_op_keeps_nans_as_eager(post_op, eager, memory_format):
     """Numerics "close"'s depthwise kernel with its post-op fused: a NaN in the input stays NaN in
-    every output it reaches, as eager's relu or hardswish after the convolution keeps it (not 0),
+    every output it reaches, as eager's activation after the convolution keeps it (not 0),
     on each walk (channels-first, channels-last) and in the lanes past the last whole vector."""
     for c in (3, 20, 88):
         g = torch.Generator().manual_seed(c)
