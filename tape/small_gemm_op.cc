@@ -2,8 +2,8 @@
 // numerics "close" (Note [Close numerics] in python/torchreplay/close_numerics.py); each
 // functional op allocates its result, its out= overload writes a planned buffer.
 // - torchreplay::small_gemm: post_op(bias + input @ weight_kn) (tape/post_op.h: "none", "relu",
-//   "hardswish"); the weight [K, N], or
-//   packed in panels of columns (small_gemm.h's Params::panel) as [panels, K, panel]. Its
+//   "hardswish", "hardsigmoid"); the weight [K, N], or packed in panels of columns (small_gemm.h's
+//   Params::panel) as [panels, K, panel]. Its
 //   signature is one the tape calls unboxed (Note [Typed steps]): a product without bias gets a
 //   bias of zeros (the sums start from +0 either way).
 // - torchreplay::conv_gemm: a 1-d or 2-d convolution of one group as the product of the weight
