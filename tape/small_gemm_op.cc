@@ -187,6 +187,7 @@ at::Tensor& ConvGemmOut(const at::Tensor& input, const at::Tensor& weight_rows, 
       // (a thread_local named inside a task is that thread's own: the tasks get pointers)
       float* const base = padded.data();
       const Phase* const phase = phase_of.data();
+      const int64_t step = phases * xs[2];  // between one phase's input columns
       // Padded row pr of plane ci, all its phases, per item; the rows over torch's threads.
       at::parallel_for(0, c * hp, std::max<int64_t>(1, 16384 / wp), [&](int64_t i0, int64_t i1) {
         for (int64_t i = i0; i < i1; ++i) {
@@ -198,7 +199,6 @@ at::Tensor& ConvGemmOut(const at::Tensor& input, const at::Tensor& weight_rows, 
               continue;
             }
             const Phase& f = phase[q];
-            const int64_t step = phases * xs[2];
             const float* from = x + ci * xs[0] + r * xs[1] + f.z0 * xs[2];
             std::fill(to, to + f.first, 0.f);
             if (step == 1) {

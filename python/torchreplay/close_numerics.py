@@ -13,8 +13,8 @@ eager's instead of equal:
   (relu, hardswish, hardsigmoid, sigmoid, tanh, silu, gelu, leaky_relu, hardtanh) fused as its
   post-op; its results channels-last, and they stay so through the ops between convolutions)
   and, for one group, torchreplay's conv_gemm (the small GEMM of the weight by the input's
-  patches, read in place, relu, hardswish or hardsigmoid fused; its results channels-last where a depthwise or
-  1x1 convolution reads them, else contiguous),
+  patches, read in place, relu, hardswish or hardsigmoid fused; its results channels-last where
+  a depthwise or 1x1 convolution reads them, else contiguous),
   timed at capture;
 - 1x1 convolutions (stride 1, no padding, one group) on a channels-last input as the GEMM they
   are, addmm over the pixels (MKL), without oneDNN's per-call cost; depthwise convolutions
@@ -24,9 +24,8 @@ eager's instead of equal:
   projections, the 1x1 convolutions above) through torchreplay's small GEMM
   (torchreplay::small_gemm, Note [Small GEMMs] in tape/small_gemm.h) on the weight stored [K, N]
   once, or packed in panels of 64 columns if it is large, a relu, hardswish or hardsigmoid after
-  it fused
-  (after a 1x1 convolution's views of it too), where that is
-  faster than the addmm (timed at capture); else linear layers of at most 16 rows with a large
+  it fused (after a 1x1 convolution's views of it too), where that is faster than the addmm
+  (timed at capture); else linear layers of at most 16 rows with a large
   weight read from a transposed copy stored contiguous once;
 - a GRU layer as one call, torchreplay::gru_sequence (Note [GRU steps] in tape/recurrent.h: the
   input projections one small GEMM, then each step's hidden product and gates in the same call);
@@ -82,7 +81,8 @@ _UNARY = {
 # views that need their input's strides to be viewable
 _STRIDE_SENSITIVE = {aten.view.default, aten._unsafe_view.default, aten.as_strided.default}
 # The activations torchreplay's kernels apply before storing (post_op, tape/post_op.h).
-_POST_OPS = {aten.relu.default: "relu", aten.hardswish.default: "hardswish", aten.hardsigmoid.default: "hardsigmoid"}
+_POST_OPS = {aten.relu.default: "relu", aten.hardswish.default: "hardswish",
+             aten.hardsigmoid.default: "hardsigmoid"}
 
 
 def _post_of(node: torch.fx.Node) -> Optional[torch.fx.Node]:
@@ -294,10 +294,10 @@ class _Rewriter:
                       stride: Sequence[int], padding: Sequence[int],
                       dilation: Sequence[int]) -> Optional[torch.fx.Node]:
         """The convolution as torchreplay::conv_gemm (the weight as rows, stored once), an
-        activation of _POST_OPS reading only it fused; returns the node fused into it. Its result is channels-last
-        (whatever its input's layout) where a depthwise or 1x1 convolution reads it (through ops
-        that keep the layout): those read channels-last as it lies (mobilenet's stem: its first
-        depthwise and 1x1 convolutions took 35 and 28 us on a contiguous input, 16 and 4
+        activation of _POST_OPS reading only it fused; returns the node fused into it. Its result is
+        channels-last (whatever its input's layout) where a depthwise or 1x1 convolution reads it
+        (through ops that keep the layout): those read channels-last as it lies (mobilenet's stem:
+        its first depthwise and 1x1 convolutions took 35 and 28 us on a contiguous input, 16 and 4
         channels-last); else contiguous, where the GEMM's rows are the output channels (eight
         output channels as rows of pixels fill half an AVX-512 vector)."""
         post = _post_of(conv)
@@ -415,8 +415,8 @@ class _Rewriter:
         """`node` (addmm or mm of `x` by the weight `kn`, [K, N], read from `source`) through the
         small GEMM if its bias is a vector and that timed faster, on the weight as it is or, if it
         is large, packed in panels of 64 columns (whichever timed fastest), an activation of
-        _POST_OPS reading it (or `through`, the views of it a 1x1 convolution's result is) fused; returns
-        whether it was rewritten."""
+        _POST_OPS reading it (or `through`, the views of it a 1x1 convolution's result is) fused;
+        returns whether it was rewritten."""
         bias = node.args[0] if node.target == aten.addmm.default else None
         n = kn.shape[1]
         if bias is not None:

@@ -385,8 +385,9 @@ def test_convolutions_take_conv_gemm_where_it_timed_fastest(monkeypatch):
 def test_kernels_post_ops_are_eagers_ops_after_them(threads):
     """post_op "relu", "hardswish" and "hardsigmoid" of the small GEMM and conv_gemm give
     torch.relu's, hardswish's and hardsigmoid's bits of the result without it, NaN where eager's is
-    and infinities included (NaN payloads aside: ATen's vectorized kernels make a NaN all ones), over whole vectors and
-    masked tails; a name of no post-op raises, naming it (the depthwise kernel's too)."""
+    and infinities included (NaN payloads aside: ATen's vectorized kernels make a NaN all ones),
+    over whole vectors and masked tails; a name of no post-op raises, naming it (the depthwise
+    kernel's too)."""
 
     def assert_bitwise_but_nan_payloads(got, want):
         assert torch.equal(got.isnan(), want.isnan()) and got.isnan().any()
@@ -412,12 +413,13 @@ def test_kernels_post_ops_are_eagers_ops_after_them(threads):
                                                 eager(conv(*args, "none", channels_last)))
     finally:
         torch.set_num_threads(saved)
-    with pytest.raises(RuntimeError, match='small_gemm: post_op is "none", "relu", "hardswish" or "hardsigmoid", not "gelu"'):
+    names = 'post_op is "none", "relu", "hardswish" or "hardsigmoid"'
+    with pytest.raises(RuntimeError, match=f'small_gemm: {names}, not "gelu"'):
         small_gemm(x, w, b, "gelu")
-    with pytest.raises(RuntimeError, match='conv_gemm: post_op is "none", "relu", "hardswish" or "hardsigmoid", not "relu6"'):
+    with pytest.raises(RuntimeError, match=f'conv_gemm: {names}, not "relu6"'):
         torch.ops.torchreplay.conv_gemm(ximg, rows, b[:20].contiguous(), [3, 3], [2, 2], [1, 1], [1, 1], "relu6")
     dw = torch.randn(3, 1, 3, 3)
-    with pytest.raises(RuntimeError, match='depthwise_conv2d: post_op is "none", "relu", "hardswish" or "hardsigmoid", not ""'):
+    with pytest.raises(RuntimeError, match=f'depthwise_conv2d: {names}, not ""'):
         torch.ops.torchreplay.depthwise_conv2d(ximg, dw, dw.view(3, 3, 3).permute(1, 2, 0).contiguous(), None,
                                                [1, 1], [1, 1], [1, 1], "")
 
@@ -442,8 +444,8 @@ class Mobile(nn.Module):
 
 def test_activations_after_small_gemms_are_fused(monkeypatch):
     """With the small GEMM timed fastest, the hardswish, relu and hardsigmoid after the 1x1
-    convolutions and the linears run inside it (conv_gemm or the small GEMM): no activation op is left in the replay, the results within the
-    tolerance with eager's strides, replayed."""
+    convolutions and the linears run inside it (conv_gemm or the small GEMM): no activation op is
+    left in the replay, the results within the tolerance with eager's strides, replayed."""
     from torchreplay import close_numerics
     small_gemm(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1))  # skips without AVX2
     monkeypatch.setattr(close_numerics, "_least_times", lambda fns, rounds=7: list(range(len(fns), 0, -1)))
