@@ -19,6 +19,7 @@
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
 
 namespace torchreplay::capture {
@@ -103,14 +104,16 @@ const OpInfo* FindOp(const std::string& name) {
 //     views, its byte offset and its strides over the iteration) must be that same mapping, or a
 //     new segment starts: a piece-by-piece walk would otherwise read elements another
 //     instruction already overwrote, or not yet wrote;
-//   - the group's fallback (FusedStep: a call whose inputs the kernel does not promise eager's
-//     bits for is computed again by each node's own kernel) reruns the group from its start, so
-//     what the group overwrites in place of memory that was there before it must be as it was:
-//     the first instruction writing such a tensor saves each piece of it into a scratch buffer
-//     just before it writes the piece (in cache, as the kernel reads it anyway), and the fallback
-//     first writes it all back (fused::Restore). A second in-place write of that tensor in the
-//     group through another mapping ends the group before it. Groups that never fall back (no
-//     NanCheck) save nothing.
+//   - a segment's fallback (FusedStep: a segment whose inputs the kernel does not promise eager's
+//     bits for is computed again by its nodes' own kernels, before the next segment runs) reruns
+//     the segment from its start, so what the segment overwrites in place of memory it found
+//     (the group's inputs, or what an earlier segment wrote) must be as it was: the segment's
+//     first instruction writing such a tensor saves each piece of it into a scratch buffer just
+//     before it writes the piece (in cache, as the kernel reads it anyway), and the fallback
+//     first writes it all back (fused::Restore). Only one segment's copies are needed at a time,
+//     so all segments share one scratch allocation, the size of the largest segment's (on a
+//     compiled Adam, one parameter's state rather than every parameter's: it stays in the L2
+//     cache). Segments that never fall back (no NanCheck) save nothing.
 // The op's name in place -> its out= overload.
 const char* InPlaceAsOut(const std::string& name) {
   static const absl::flat_hash_map<std::string, const char*> kInPlace = {
@@ -568,11 +571,11 @@ std::vector<TapePlan::FusedGroup> PlanFusion(const Graph& g, const Recording& re
   // what an instruction read otherwise would see elements another piece has not written yet, or
   // already overwrote. Such an instruction starts a new segment.
   std::vector<Access> accesses;
-  // Of the open group: the roots its out= instructions wrote (planned buffers, fresh), and the
-  // memory that was there before it that it writes in place, saved before the first write (Note
-  // [In-place instructions]), by root.
+  // Of the open group: the roots its out= instructions wrote (planned buffers, fresh). Of the open
+  // segment: the roots it wrote, by out= or after saving what was there (Note [In-place
+  // instructions]): an in-place write of another root saves it first.
   absl::flat_hash_map<ValueId, bool> fresh;
-  absl::flat_hash_map<ValueId, Access> saved;  // by root: the mapping its saved copy covers
+  absl::flat_hash_set<ValueId> segment_wrote;
   // Per instruction of the open group: each operand's value (-1 for a constant or a number).
   std::vector<std::array<ValueId, fused::kMaxOperands>> operand_values;
   // Per root: the last node reading it or a view of it (nodes().size() for a graph output).
@@ -645,12 +648,21 @@ std::vector<TapePlan::FusedGroup> PlanFusion(const Graph& g, const Recording& re
     }
   };
   auto close = [&] {
-    bool falls_back = false;
-    for (const Instr& in : group.instrs) falls_back = falls_back || in.nan_check != Instr::NanCheck::kNone;
-    if (!falls_back) {  // Run never fails: nothing to put back
-      for (Instr& in : group.instrs) in.snapshot = -1;
-      group.snapshot_bytes.clear();
+    // A segment that never falls back (no NanCheck) saves nothing: nothing to put back.
+    std::vector<int64_t> bytes;
+    for (const fused::Segment& seg : group.segments) {
+      bool falls_back = false;
+      for (int j = seg.first; j < seg.first + seg.count; ++j) {
+        falls_back = falls_back || group.instrs[j].nan_check != Instr::NanCheck::kNone;
+      }
+      for (int j = seg.first; j < seg.first + seg.count; ++j) {
+        Instr& in = group.instrs[j];
+        if (in.snapshot < 0) continue;
+        if (falls_back) bytes.push_back(group.snapshot_bytes[in.snapshot]);
+        in.snapshot = falls_back ? static_cast<int>(bytes.size()) - 1 : -1;
+      }
     }
+    group.snapshot_bytes = std::move(bytes);
     if (!group.nodes.empty()) {
       keep_in_chunks();
       groups.push_back(std::move(group));
@@ -659,7 +671,7 @@ std::vector<TapePlan::FusedGroup> PlanFusion(const Graph& g, const Recording& re
     operand_values.clear();
     accesses.clear();
     fresh.clear();
-    saved.clear();
+    segment_wrote.clear();
   };
   for (int i = 0; i < static_cast<int>(g.nodes().size()); ++i) {
     std::vector<ValueId> values;
@@ -688,14 +700,6 @@ std::vector<TapePlan::FusedGroup> PlanFusion(const Graph& g, const Recording& re
       a.write = k == 0;
       mine.push_back(a);
     }
-    bool snapshot = false;
-    if (in_place && !fresh.contains(mine[0].root)) {
-      const auto it = saved.find(mine[0].root);
-      if (it != saved.end() && !it->second.SameMapping(mine[0])) {
-        close();  // written in place through another mapping: its saved copy would not cover it
-      }
-      snapshot = !saved.contains(mine[0].root);
-    }
     bool same_segment = !group.instrs.empty() && SameShape(group.instrs.back(), *in) &&
                         group.segments.back().count < fused::kMaxSegment;
     for (const Access& a : mine) {
@@ -706,12 +710,14 @@ std::vector<TapePlan::FusedGroup> PlanFusion(const Graph& g, const Recording& re
     if (!same_segment) {
       group.segments.push_back(fused::Segment{static_cast<int>(group.instrs.size()), 0});
       accesses.clear();
+      segment_wrote.clear();
     }
-    if (snapshot) {
+    // Every access of a root written in a segment has one mapping, so the saved copy covers it.
+    if (in_place && segment_wrote.insert(mine[0].root).second) {
       in->snapshot = static_cast<int>(group.snapshot_bytes.size());
       group.snapshot_bytes.push_back(in->numel * static_cast<int64_t>(c10::elementSize(in->dtype)));
-      saved[mine[0].root] = mine[0];
     }
+    segment_wrote.insert(mine[0].root);
     if (!in_place) fresh[mine[0].root] = true;
     group.nodes.push_back(i);
     group.instrs.push_back(*in);

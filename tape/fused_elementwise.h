@@ -86,8 +86,8 @@ std::vector<TapePlan::FusedGroup> PlanFusion(const Graph& graph, const Recording
                                              const TapePlan& plan);
 
 // The step running `program` on `operands` (instructions' operands index into it). `exact` holds
-// the group's nodes' own calls, in order: run instead, after the kernel, on a call whose inputs
-// it does not promise eager's bits for (fused::Run returned false). `arena` is the storage of
+// the group's nodes' own calls, in order: a segment's run instead, after the kernel, on a call
+// whose inputs it does not promise eager's bits for (fused::RunSegment returned false). `arena` is the storage of
 // the arena the step's planned buffers lie in (their data moves with its block). nullptr if the
 // kernel has no code for an instruction.
 std::unique_ptr<TypedCall> MakeFusedStep(fused::Program program, std::vector<TensorArg> operands,

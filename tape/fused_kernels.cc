@@ -7,23 +7,24 @@
 namespace torchreplay::capture::fused {
 namespace avx2 {
 bool Prepare(Program* program);
-bool Run(const Program& program, char* const* base, char* const* scratch);
-void Restore(const Program& program, char* const* base, char* const* scratch);
+bool RunSegment(const Program& program, int segment, char* const* base, char* const* scratch);
+void Restore(const Program& program, int segment, char* const* base, char* const* scratch);
 bool MklAvailable();
 }  // namespace avx2
 namespace avx512 {
 bool Prepare(Program* program);
-bool Run(const Program& program, char* const* base, char* const* scratch);
-void Restore(const Program& program, char* const* base, char* const* scratch);
+bool RunSegment(const Program& program, int segment, char* const* base, char* const* scratch);
+void Restore(const Program& program, int segment, char* const* base, char* const* scratch);
 bool MklAvailable();
 }  // namespace avx512
 
 bool Prepare(Program* program) { return AtenAvx512() ? avx512::Prepare(program) : avx2::Prepare(program); }
-bool Run(const Program& program, char* const* base, char* const* scratch) {
-  return AtenAvx512() ? avx512::Run(program, base, scratch) : avx2::Run(program, base, scratch);
+bool RunSegment(const Program& program, int segment, char* const* base, char* const* scratch) {
+  return AtenAvx512() ? avx512::RunSegment(program, segment, base, scratch)
+                      : avx2::RunSegment(program, segment, base, scratch);
 }
-void Restore(const Program& program, char* const* base, char* const* scratch) {
-  AtenAvx512() ? avx512::Restore(program, base, scratch) : avx2::Restore(program, base, scratch);
+void Restore(const Program& program, int segment, char* const* base, char* const* scratch) {
+  AtenAvx512() ? avx512::Restore(program, segment, base, scratch) : avx2::Restore(program, segment, base, scratch);
 }
 bool MklAvailable() { return avx2::MklAvailable(); }
 

@@ -56,12 +56,12 @@ struct Instr {
   // 0 where every element gets the same bits either way.
   int vec_block = 0;
   // Inputs whose result this kernel cannot promise to be eager's bits for, checked as it runs
-  // (Run then returns false): kNanPair, two NaNs meeting in one element (which NaN's sign and
+  // (RunSegment then returns false): kNanPair, two NaNs meeting in one element (which NaN's sign and
   // payload eager's compiled loops keep differs from loop to loop); kAnyNan, a NaN (Sleef's
   // AVX2 and AVX512 functions give NaNs other signs).
   enum class NanCheck : uint8_t { kNone, kNanPair, kAnyNan };
   NanCheck nan_check = NanCheck::kNone;
-  // An instruction writing in place memory the program found written before it ran (Note [In-place
+  // An instruction writing in place memory its segment found written before it ran (Note [In-place
   // instructions] in fused_elementwise.h): the index of the scratch buffer its output's elements
   // are saved into, piece by piece, just before it writes them; -1 for none.
   int snapshot = -1;
@@ -102,22 +102,25 @@ struct Program {
   std::vector<Instr> instrs;
   std::vector<Segment> segments;
   std::vector<Kernel> kernels;  // per instruction, set by Prepare
-  std::vector<int64_t> snapshot_bytes;  // per scratch buffer (Instr::snapshot): its size
+  // Per scratch buffer (Instr::snapshot): its size. The buffers of one segment are apart; those
+  // of different segments may share memory (each segment's are put back before the next runs).
+  std::vector<int64_t> snapshot_bytes;
 };
 
 // Picks each instruction's kernel; false if one has none (the program cannot run).
 bool Prepare(Program* program);
 
-// Runs `program` on the operands' data (`base[k]`: operand k's first element), saving what its
-// in-place instructions overwrite into `scratch` (one buffer of Program::snapshot_bytes each).
-// Only on CPUs with AVX2 and FMA (ATen's CPU capability AVX2 or AVX512). False if an instruction
-// met an input its NanCheck names: then the results are not promised to be eager's, and the
-// caller puts back what was overwritten (Restore) and computes them again another way.
-bool Run(const Program& program, char* const* base, char* const* scratch);
+// Runs segment `segment` of `program` on the operands' data (`base[k]`: operand k's first
+// element), saving what its in-place instructions overwrite into `scratch` (one buffer of
+// Program::snapshot_bytes each). Only on CPUs with AVX2 and FMA (ATen's CPU capability AVX2 or
+// AVX512). False if an instruction met an input its NanCheck names: then the segment's results
+// are not promised to be eager's, and the caller puts back what it overwrote (Restore) and
+// computes them again another way before running the next segment.
+bool RunSegment(const Program& program, int segment, char* const* base, char* const* scratch);
 
-// Writes back what Run saved into `scratch`: the memory in-place instructions overwrote is again
-// what it was before Run.
-void Restore(const Program& program, char* const* base, char* const* scratch);
+// Writes back what RunSegment saved into `scratch`: the memory the segment's in-place
+// instructions overwrote is again what it was before it ran.
+void Restore(const Program& program, int segment, char* const* base, char* const* scratch);
 
 // Whether the MKL vector math the kernel calls for exp, log, sin, cos, tanh, erf and sqrt is
 // there (vmsExp and the others, which libtorch exports where it was built with MKL): where it is

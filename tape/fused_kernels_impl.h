@@ -680,8 +680,8 @@ struct Item {
   int64_t b, e, start, len;
 };
 
-void RunSegment(const Program& program, const Segment& seg, char* const* base, char* const* scratch,
-                std::atomic<bool>* inexact) {
+void WalkSegment(const Program& program, const Segment& seg, char* const* base, char* const* scratch,
+                 std::atomic<bool>* inexact) {
   const Instr& shape = program.instrs[seg.first];
   const int threads = at::get_num_threads();
   const auto ranges = EagerRanges(shape.numel, threads);
@@ -730,14 +730,16 @@ void RunSegment(const Program& program, const Segment& seg, char* const* base, c
 }  // namespace
 
 
-bool Run(const Program& program, char* const* base, char* const* scratch) {
+bool RunSegment(const Program& program, int segment, char* const* base, char* const* scratch) {
   std::atomic<bool> inexact{false};
-  for (const Segment& seg : program.segments) RunSegment(program, seg, base, scratch, &inexact);
+  WalkSegment(program, program.segments[segment], base, scratch, &inexact);
   return !inexact.load(std::memory_order_relaxed);
 }
 
-void Restore(const Program& program, char* const* base, char* const* scratch) {
-  for (const Instr& in : program.instrs) {
+void Restore(const Program& program, int segment, char* const* base, char* const* scratch) {
+  const Segment& seg = program.segments[segment];
+  for (int j = seg.first; j < seg.first + seg.count; ++j) {
+    const Instr& in = program.instrs[j];
     if (in.snapshot < 0) continue;
     const int64_t size = static_cast<int64_t>(c10::elementSize(in.dtype));
     ForEachPiece(in, 0, in.numel, [&](int64_t start, const Row& row, int64_t len) {

@@ -97,7 +97,7 @@ void ExpectReplayEqualsEager(CapturedGraph& tape, const std::shared_ptr<const Gr
   EXPECT_TRUE(at::equal(inputs[2].toTensor(), eager_in[2].toTensor())) << "acc.add_ in place";
 }
 
-// Fused elementwise steps are off unless a test is about them (fused::Run needs AVX2).
+// Fused elementwise steps are off unless a test is about them (fused::RunSegment needs AVX2).
 CaptureOptions Unfused() {
   CaptureOptions o;
   o.fuse_elementwise = false;
@@ -157,7 +157,7 @@ TEST(KernelTapeTest, ElementwiseRunsAreOneFusedStep) {
 
 // Note [In-place instructions]: a fused group that writes an input in place, on calls where the
 // kernel meets two NaNs in a mul (whose NaN eager keeps it does not promise): the step puts back
-// what it overwrote, then each node runs through its own kernel; the input and the result end
+// what it overwrote, then each node of the segment runs through its own kernel; the input and the result end
 // bitwise as the interpreter leaves them, NaN payloads included.
 TEST(KernelTapeTest, InPlaceGroupsPutBackWhatTheyOverwroteBeforeRunningAgain) {
   if (!FusionAvailable()) GTEST_SKIP() << "no AVX2: nothing is fused";

@@ -476,6 +476,23 @@ def test_an_in_place_write_after_a_transposed_read_starts_a_segment():
         assert log["steps"] == 1 and log["fused_nodes"] == 4, log
 
 
+def test_a_segment_that_falls_back_runs_its_nodes_on_what_earlier_segments_wrote():
+    """A segment whose NanCheck fires runs its own nodes again, not the group's: it first puts
+    back what it wrote in place, also where an earlier segment of the group made that memory
+    (z here: written by the first segment, read transposed by the second, multiplied in place by
+    the third, where NaNs of z and w meet on most calls)."""
+    def fn(x, w):
+        z = x * 1.5
+        t = z.t() * w
+        z.mul_(w)
+        return t + z
+    for n in (8, 33, 64):
+        log = capture_in_place_and_compare(fn, lambda k: (special(n * n, torch.float32, k).view(n, n),
+                                                          special(n * n, torch.float32, 4 + k).view(n, n)),
+                                           calls=6)
+        assert log["steps"] == 1 and log["fused_nodes"] == 4, log
+
+
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
 def test_pow_of_a_scalar_base_is_fused_where_eager_runs_its_scalar_lambda(dtype):
     """pow(Scalar, Tensor) is glibc's pow on each element where eager's loop has fewer elements
