@@ -528,6 +528,20 @@ bool RunsPerCall(const Graph& g, const TapePlan& plan, int i) {
   }
 }
 
+// Whether two elements of a walk over `runs` ((size, byte stride) per dim, sizes above 1) may
+// share memory, `item` bytes each: taken by stride, each run must step past everything the
+// smaller ones reach. Conservative: interleaved runs that never meet count as meeting.
+bool MayOverlapItself(std::vector<std::pair<int64_t, int64_t>> runs, int64_t item) {
+  for (auto& run : runs) run.second = std::abs(run.second);
+  std::sort(runs.begin(), runs.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+  int64_t reach = item;
+  for (const auto& [size, stride] : runs) {
+    if (stride < reach) return true;
+    reach += stride * (size - 1);
+  }
+  return false;
+}
+
 bool SameShape(const Instr& a, const Instr& b) {
   if (a.ndim != b.ndim || a.numel != b.numel) return false;
   for (int d = 0; d < a.ndim; ++d) {
@@ -699,6 +713,14 @@ std::vector<TapePlan::FusedGroup> PlanFusion(const Graph& g, const Recording& re
       }
       a.write = k == 0;
       mine.push_back(a);
+    }
+    // A write through a view whose elements share memory (unfold's or as_strided's overlapping
+    // windows, which eager's kernel writes in its own element order): neither the piece-by-piece
+    // walk nor the copies saved per element would give eager's result. The node keeps its step.
+    if (MayOverlapItself({mine[0].map.begin(), mine[0].map.end()},
+                         static_cast<int64_t>(c10::elementSize(rec.values[values[0]].dtype)))) {
+      if (RunsPerCall(g, plan, i)) close();
+      continue;
     }
     bool same_segment = !group.instrs.empty() && SameShape(group.instrs.back(), *in) &&
                         group.segments.back().count < fused::kMaxSegment;

@@ -41,8 +41,9 @@
 // argument bound per call; NaN clamp bounds (eager fills); pow exponents other than 2, 3, -2,
 // 0.5, -0.5, -1; pow of a scalar base over a vector block or more of elements (its vector lambda
 // is Sleef's pow: only the 0-dim and short cases, where eager runs glibc's pow on each element,
-// fuse) or of base 1 (eager fills); empty results; iteration spaces of more than four dims; a CPU
-// without AVX2, or a libtorch built without MKL for the MKL ops. Differential tests pin every fused op against
+// fuse) or of base 1 (eager fills); empty results; iteration spaces of more than four dims; a
+// write through a view whose elements may share memory (unfold's or as_strided's overlapping
+// windows: eager writes them in its own element order); a CPU without AVX2, or a libtorch built without MKL for the MKL ops. Differential tests pin every fused op against
 // eager for every dtype, length, layout, thread count and special value (tests/python/
 // test_fusion.py). TORCHREPLAY_FUSE=0 (EngineOptions::fuse_elementwise) turns fusion off.
 //
