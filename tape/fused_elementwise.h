@@ -43,9 +43,10 @@
 // is Sleef's pow: only the 0-dim and short cases, where eager runs glibc's pow on each element,
 // fuse) or of base 1 (eager fills); empty results; iteration spaces of more than four dims; a
 // write through a view whose elements may share memory (unfold's or as_strided's overlapping
-// windows: eager writes them in its own element order); a CPU without AVX2, or a libtorch built without MKL for the MKL ops. Differential tests pin every fused op against
-// eager for every dtype, length, layout, thread count and special value (tests/python/
-// test_fusion.py). TORCHREPLAY_FUSE=0 (EngineOptions::fuse_elementwise) turns fusion off.
+// windows: eager writes them in its own element order); a CPU without AVX2, or a libtorch built
+// without MKL for the MKL ops. Differential tests pin every fused op against eager for every
+// dtype, length, layout, thread count and special value (tests/python/test_fusion.py).
+// TORCHREPLAY_FUSE=0 (EngineOptions::fuse_elementwise) turns fusion off.
 //
 // Note [Intermediates kept in chunks]
 // An intermediate that nothing after the group reads need not reach memory: the fused kernel keeps
@@ -88,9 +89,9 @@ std::vector<TapePlan::FusedGroup> PlanFusion(const Graph& graph, const Recording
 
 // The step running `program` on `operands` (instructions' operands index into it). `exact` holds
 // the group's nodes' own calls, in order: a segment's run instead, after the kernel, on a call
-// whose inputs it does not promise eager's bits for (fused::RunSegment returned false). `arena` is the storage of
-// the arena the step's planned buffers lie in (their data moves with its block). nullptr if the
-// kernel has no code for an instruction.
+// whose inputs it does not promise eager's bits for (fused::RunSegment returned false). `arena`
+// is the storage of the arena the step's planned buffers lie in (their data moves with its
+// block). nullptr if the kernel has no code for an instruction.
 std::unique_ptr<TypedCall> MakeFusedStep(fused::Program program, std::vector<TensorArg> operands,
                                          std::vector<std::unique_ptr<TypedCall>> exact, c10::Storage arena);
 

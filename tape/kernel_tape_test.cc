@@ -157,8 +157,8 @@ TEST(KernelTapeTest, ElementwiseRunsAreOneFusedStep) {
 
 // Note [In-place instructions]: a fused group that writes an input in place, on calls where the
 // kernel meets two NaNs in a mul (whose NaN eager keeps it does not promise): the step puts back
-// what it overwrote, then each node of the segment runs through its own kernel; the input and the result end
-// bitwise as the interpreter leaves them, NaN payloads included.
+// what it overwrote, then each node of the segment runs through its own kernel; the input and
+// the result end bitwise as the interpreter leaves them, NaN payloads included.
 TEST(KernelTapeTest, InPlaceGroupsPutBackWhatTheyOverwroteBeforeRunningAgain) {
   if (!FusionAvailable()) GTEST_SKIP() << "no AVX2: nothing is fused";
   GraphBuilder b;
