@@ -480,7 +480,7 @@ def test_a_segment_that_falls_back_runs_its_nodes_on_what_earlier_segments_wrote
     """A segment whose NanCheck fires runs its own nodes again, not the group's: it first puts
     back what it wrote in place, also where an earlier segment of the group made that memory
     (z here: written by the first segment, read transposed by the second, multiplied in place by
-    the third, where NaNs of z and w meet on most calls)."""
+    the third, where NaNs of z and w meet on odd calls)."""
     def fn(x, w):
         z = x * 1.5
         t = z.t() * w
@@ -511,12 +511,12 @@ def test_writes_through_views_whose_elements_share_memory_keep_their_own_steps()
         v.mul_(1.5)
         v.add_(y)
         return buf * 1
-    cases = ((unfolded, unfolded_inputs, 1),
-             (windows, lambda k: (special(45, torch.float32, k), special(240, torch.float32, 2 + k).view(6, 40)), 1))
-    for fn, make, fused in cases:
+    cases = ((unfolded, unfolded_inputs),
+             (windows, lambda k: (special(45, torch.float32, k), special(240, torch.float32, 2 + k).view(6, 40))))
+    for fn, make in cases:
         for threads in (1, 2):
             log = capture_in_place_and_compare(fn, make, calls=5, threads=threads)
-            assert log["fused_nodes"] == fused, (fn.__name__, log)
+            assert log["fused_nodes"] == 1, (fn.__name__, log)  # the result's `* 1` only
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
