@@ -347,7 +347,7 @@ class Emitter final : public EmitContext {
   std::unique_ptr<TypedCall> FusedStep(const TapePlan::FusedGroup& group, const std::vector<Step>& stacks) {
     fused::Program program;
     program.segments = group.segments;
-    program.snapshot_bytes = group.snapshot_bytes;
+    program.scratch_bytes = group.scratch_bytes;
     std::vector<TensorArg> operands;
     // Each node's own typed call: the step runs them instead when the kernel meets an input it
     // does not promise eager's bits for (fused::Instr::NanCheck).

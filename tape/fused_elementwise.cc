@@ -662,21 +662,22 @@ std::vector<TapePlan::FusedGroup> PlanFusion(const Graph& g, const Recording& re
     }
   };
   auto close = [&] {
-    // A segment that never falls back (no NanCheck) saves nothing: nothing to put back.
-    std::vector<int64_t> bytes;
+    // The saved copies of a segment that may fall back (a NanCheck) side by side from the start of
+    // the scratch buffer; a segment that never falls back saves nothing.
     for (const fused::Segment& seg : group.segments) {
       bool falls_back = false;
       for (int j = seg.first; j < seg.first + seg.count; ++j) {
         falls_back = falls_back || group.instrs[j].nan_check != Instr::NanCheck::kNone;
       }
+      int64_t end = 0;
       for (int j = seg.first; j < seg.first + seg.count; ++j) {
         Instr& in = group.instrs[j];
         if (in.snapshot < 0) continue;
-        if (falls_back) bytes.push_back(group.snapshot_bytes[in.snapshot]);
-        in.snapshot = falls_back ? static_cast<int>(bytes.size()) - 1 : -1;
+        in.snapshot = falls_back ? end : -1;
+        if (falls_back) end += (in.numel * static_cast<int64_t>(c10::elementSize(in.dtype)) + 63) / 64 * 64;
       }
+      group.scratch_bytes = std::max(group.scratch_bytes, end);
     }
-    group.snapshot_bytes = std::move(bytes);
     if (!group.nodes.empty()) {
       keep_in_chunks();
       groups.push_back(std::move(group));
@@ -735,11 +736,9 @@ std::vector<TapePlan::FusedGroup> PlanFusion(const Graph& g, const Recording& re
       segment_wrote.clear();
     }
     // Every access of a root written in a segment has one mapping, so the saved copy covers it.
-    if (in_place && segment_wrote.insert(mine[0].root).second) {
-      in->snapshot = static_cast<int>(group.snapshot_bytes.size());
-      group.snapshot_bytes.push_back(in->numel * static_cast<int64_t>(c10::elementSize(in->dtype)));
-    }
-    segment_wrote.insert(mine[0].root);
+    // (Marked here; close() lays the copies out.)
+    const bool first_write = segment_wrote.insert(mine[0].root).second;
+    if (in_place && first_write) in->snapshot = 0;
     if (!in_place) fresh[mine[0].root] = true;
     group.nodes.push_back(i);
     group.instrs.push_back(*in);

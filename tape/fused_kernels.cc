@@ -7,23 +7,23 @@
 namespace torchreplay::capture::fused {
 namespace avx2 {
 bool Prepare(Program* program);
-bool RunSegment(const Program& program, int segment, char* const* base, char* const* scratch);
-void Restore(const Program& program, int segment, char* const* base, char* const* scratch);
+bool RunSegment(const Program& program, int segment, char* const* base, char* scratch);
+void Restore(const Program& program, int segment, char* const* base, char* scratch);
 bool MklAvailable();
 }  // namespace avx2
 namespace avx512 {
 bool Prepare(Program* program);
-bool RunSegment(const Program& program, int segment, char* const* base, char* const* scratch);
-void Restore(const Program& program, int segment, char* const* base, char* const* scratch);
+bool RunSegment(const Program& program, int segment, char* const* base, char* scratch);
+void Restore(const Program& program, int segment, char* const* base, char* scratch);
 bool MklAvailable();
 }  // namespace avx512
 
 bool Prepare(Program* program) { return AtenAvx512() ? avx512::Prepare(program) : avx2::Prepare(program); }
-bool RunSegment(const Program& program, int segment, char* const* base, char* const* scratch) {
+bool RunSegment(const Program& program, int segment, char* const* base, char* scratch) {
   return AtenAvx512() ? avx512::RunSegment(program, segment, base, scratch)
                       : avx2::RunSegment(program, segment, base, scratch);
 }
-void Restore(const Program& program, int segment, char* const* base, char* const* scratch) {
+void Restore(const Program& program, int segment, char* const* base, char* scratch) {
   AtenAvx512() ? avx512::Restore(program, segment, base, scratch) : avx2::Restore(program, segment, base, scratch);
 }
 bool MklAvailable() { return avx2::MklAvailable(); }

@@ -62,9 +62,9 @@ struct Instr {
   enum class NanCheck : uint8_t { kNone, kNanPair, kAnyNan };
   NanCheck nan_check = NanCheck::kNone;
   // An instruction writing in place memory its segment found written before it ran (Note [In-place
-  // instructions] in fused_elementwise.h): the index of the scratch buffer its output's elements
-  // are saved into, piece by piece, just before it writes them; -1 for none.
-  int snapshot = -1;
+  // instructions] in fused_elementwise.h): the byte offset in the step's scratch buffer from
+  // which its output's elements are saved, piece by piece, just before it writes them; -1 for none.
+  int64_t snapshot = -1;
   // Per operand: the chunk buffer it lives in instead of its memory (Note [Intermediates kept in
   // chunks] in fused_elementwise.h), an index below kMaxTemps; -1 for its own memory.
   int8_t temp[kMaxOperands] = {-1, -1, -1, -1};
@@ -102,25 +102,25 @@ struct Program {
   std::vector<Instr> instrs;
   std::vector<Segment> segments;
   std::vector<Kernel> kernels;  // per instruction, set by Prepare
-  // Per scratch buffer (Instr::snapshot): its size. The buffers of one segment are apart; those
-  // of different segments may share memory (each segment's are put back before the next runs).
-  std::vector<int64_t> snapshot_bytes;
+  // The scratch buffer's size (Instr::snapshot): each segment's saved copies lie side by side
+  // from its start (a segment's are put back before the next segment runs).
+  int64_t scratch_bytes = 0;
 };
 
 // Picks each instruction's kernel; false if one has none (the program cannot run).
 bool Prepare(Program* program);
 
 // Runs segment `segment` of `program` on the operands' data (`base[k]`: operand k's first
-// element), saving what its in-place instructions overwrite into `scratch` (one buffer of
-// Program::snapshot_bytes each). Only on CPUs with AVX2 and FMA (ATen's CPU capability AVX2 or
+// element), saving what its in-place instructions overwrite into `scratch` (of
+// Program::scratch_bytes). Only on CPUs with AVX2 and FMA (ATen's CPU capability AVX2 or
 // AVX512). False if an instruction met an input its NanCheck names: then the segment's results
 // are not promised to be eager's, and the caller puts back what it overwrote (Restore) and
 // computes them again another way before running the next segment.
-bool RunSegment(const Program& program, int segment, char* const* base, char* const* scratch);
+bool RunSegment(const Program& program, int segment, char* const* base, char* scratch);
 
 // Writes back what RunSegment saved into `scratch`: the memory the segment's in-place
 // instructions overwrote is again what it was before it ran.
-void Restore(const Program& program, int segment, char* const* base, char* const* scratch);
+void Restore(const Program& program, int segment, char* const* base, char* scratch);
 
 // Whether the MKL vector math the kernel calls for exp, log, sin, cos, tanh, erf and sqrt is
 // there (vmsExp and the others, which libtorch exports where it was built with MKL): where it is

@@ -601,7 +601,7 @@ void CopyElements(char* dst, int64_t dst_stride, const char* src, int64_t src_st
 // to a kernel's loop, which is one vectorized_loop call with its own scalar tail. `from` is a
 // multiple of kChunk (so of every vector block), so each element takes the path it takes in the
 // whole piece.
-void RunPiece(const Program& program, const Segment& seg, char* const* base, char* const* scratch, int64_t start,
+void RunPiece(const Program& program, const Segment& seg, char* const* base, char* scratch, int64_t start,
               const Row& row, int64_t len, int64_t from, int64_t to, std::atomic<bool>* inexact) {
   Cursor c[kMaxSegment];
   for (int j = 0; j < seg.count; ++j) {
@@ -630,7 +630,7 @@ void RunPiece(const Program& program, const Segment& seg, char* const* base, cha
       }
       if (in.snapshot >= 0) {  // what this instruction overwrites, saved at its linear position
         const int64_t size = static_cast<int64_t>(c10::elementSize(in.dtype));
-        CopyElements(scratch[in.snapshot] + start * size, size, c[j].p[0], c[j].s[0], size, from, end);
+        CopyElements(scratch + in.snapshot + start * size, size, c[j].p[0], c[j].s[0], size, from, end);
       }
       program.kernels[seg.first + j](in, c[j], len, from, end);
     }
@@ -680,7 +680,7 @@ struct Item {
   int64_t b, e, start, len;
 };
 
-void WalkSegment(const Program& program, const Segment& seg, char* const* base, char* const* scratch,
+void WalkSegment(const Program& program, const Segment& seg, char* const* base, char* scratch,
                  std::atomic<bool>* inexact) {
   const Instr& shape = program.instrs[seg.first];
   const int threads = at::get_num_threads();
@@ -730,13 +730,13 @@ void WalkSegment(const Program& program, const Segment& seg, char* const* base, 
 }  // namespace
 
 
-bool RunSegment(const Program& program, int segment, char* const* base, char* const* scratch) {
+bool RunSegment(const Program& program, int segment, char* const* base, char* scratch) {
   std::atomic<bool> inexact{false};
   WalkSegment(program, program.segments[segment], base, scratch, &inexact);
   return !inexact.load(std::memory_order_relaxed);
 }
 
-void Restore(const Program& program, int segment, char* const* base, char* const* scratch) {
+void Restore(const Program& program, int segment, char* const* base, char* scratch) {
   const Segment& seg = program.segments[segment];
   for (int j = seg.first; j < seg.first + seg.count; ++j) {
     const Instr& in = program.instrs[j];
@@ -745,7 +745,7 @@ void Restore(const Program& program, int segment, char* const* base, char* const
     ForEachPiece(in, 0, in.numel, [&](int64_t start, const Row& row, int64_t len) {
       int64_t offsets[kMaxOperands];
       OffsetsAt(in, row, offsets);
-      CopyElements(base[in.operand[0]] + offsets[0], in.strides[0][0], scratch[in.snapshot] + start * size, size,
+      CopyElements(base[in.operand[0]] + offsets[0], in.strides[0][0], scratch + in.snapshot + start * size, size,
                    size, 0, len);
     });
   }

@@ -1,7 +1,6 @@
 // The fused elementwise step (Note [Fused elementwise steps] in fused_elementwise.h; Note [A fused
 // step no slower than its ops] below): one TypedCall running a group's program through the
 // fused kernel, or its nodes' own calls.
-#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <limits>
@@ -25,23 +24,8 @@ class FusedStep final : public TypedCall {
   FusedStep(fused::Program program, std::vector<TensorArg> operands,
             std::vector<std::unique_ptr<TypedCall>> exact, c10::Storage arena)
       : program_(std::move(program)), operands_(std::move(operands)), exact_(std::move(exact)),
-        arena_(std::move(arena)), base_(operands_.size()) {
-    // Each segment's scratch buffers side by side from the start of one allocation, as large as the
-    // largest segment needs: a segment's are put back before the next segment runs.
-    std::vector<int64_t> offset(program_.snapshot_bytes.size());
-    int64_t bytes = 0;
-    for (const fused::Segment& seg : program_.segments) {
-      int64_t end = 0;
-      for (int j = seg.first; j < seg.first + seg.count; ++j) {
-        if (const int s = program_.instrs[j].snapshot; s >= 0) {
-          offset[s] = end;
-          end += (program_.snapshot_bytes[s] + 63) / 64 * 64;
-        }
-      }
-      bytes = std::max(bytes, end);
-    }
-    scratch_.resize(static_cast<size_t>(bytes));
-    for (int64_t o : offset) scratch_base_.push_back(scratch_.data() + o);
+        arena_(std::move(arena)), base_(operands_.size()),
+        scratch_(static_cast<size_t>(program_.scratch_bytes)) {
     // Where each operand's data is found per call: a per-call tensor's own; an arena buffer at its
     // offset in the arena's block, which moves when the arena grows; any other constant (a
     // parameter, whose moving recaptures the key; a wrapped number) where it is now.
@@ -93,12 +77,12 @@ class FusedStep final : public TypedCall {
       base_[k] = w.slot >= 0 ? DataOf(slots[w.slot].toTensor()) : w.fixed != nullptr ? w.fixed : block + w.arena_offset;
     }
     for (int s = 0; s < static_cast<int>(program_.segments.size()); ++s) {
-      if (fused::RunSegment(program_, s, base_.data(), scratch_base_.data())) continue;
+      if (fused::RunSegment(program_, s, base_.data(), scratch_.data())) continue;
       // Inputs the kernel does not promise eager's bits for (two NaNs meeting, a NaN into Sleef):
       // the segment's nodes again, each through its own kernel. What the segment wrote in place
       // over memory it found is put back first (Note [In-place instructions]); everything else it
       // reads it wrote itself before reading, or earlier segments wrote as eager would.
-      fused::Restore(program_, s, base_.data(), scratch_base_.data());
+      fused::Restore(program_, s, base_.data(), scratch_.data());
       const fused::Segment& seg = program_.segments[s];
       for (int j = seg.first; j < seg.first + seg.count; ++j) exact_[j]->Run(keys, slots);
     }
@@ -151,8 +135,7 @@ class FusedStep final : public TypedCall {
   mutable int trials_ = 0;
   mutable double best_fused_ = std::numeric_limits<double>::infinity();
   mutable double best_ops_ = std::numeric_limits<double>::infinity();
-  std::vector<char> scratch_;        // what in-place instructions overwrite (Program::snapshot_bytes)
-  std::vector<char*> scratch_base_;  // per snapshot buffer: where it starts in scratch_
+  mutable std::vector<char> scratch_;  // what in-place instructions overwrite (Program::scratch_bytes)
 };
 
 }  // namespace

@@ -67,7 +67,7 @@ struct TapePlan {
     std::vector<int> nodes;
     std::vector<fused::Instr> instrs;  // one per node
     std::vector<fused::Segment> segments;
-    std::vector<int64_t> snapshot_bytes;  // the scratch buffers of its in-place instructions (Instr::snapshot)
+    int64_t scratch_bytes = 0;  // what its in-place instructions save (Instr::snapshot)
   };
   struct ValuePlan {
     bool constant = false;  // else per call, in `slot`
