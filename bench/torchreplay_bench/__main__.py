@@ -465,7 +465,10 @@ def time_interleaved(steps: Dict[str, Callable[[], None]], rounds: int, min_run_
                      grad: bool = False) -> Dict[str, Dict[str, Any]]:
     """Each round times every mode once (a block of calls of about min_run_time / rounds each),
     so that the machine's drift reaches every mode alike; per mode the median over rounds and
-    the spread between its quartiles (us). Grad mode off, unless `grad` (training steps)."""
+    the spread between its quartiles (us). Grad mode off, unless `grad` (training steps). Every
+    mode runs on the threads torch has when this is called (torch.utils.benchmark.Timer would
+    otherwise set torch to one thread while it times)."""
+    threads = torch.get_num_threads()
     times: Dict[str, List[float]] = {mode: [] for mode in steps}
     runs: Dict[str, int] = {mode: 0 for mode in steps}
     with torch.enable_grad() if grad else torch.no_grad():
@@ -475,7 +478,7 @@ def time_interleaved(steps: Dict[str, Callable[[], None]], rounds: int, min_run_
                     times[mode].append(step.time_us(min_run_time / rounds))
                     runs[mode] += 1
                     continue
-                m = tbench.Timer(stmt="step()", globals={"step": step}).blocked_autorange(
+                m = tbench.Timer(stmt="step()", globals={"step": step}, num_threads=threads).blocked_autorange(
                     min_run_time=min_run_time / rounds)
                 times[mode].append(m.median * 1e6)
                 runs[mode] += len(m.times)

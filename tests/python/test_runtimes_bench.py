@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from torchreplay_bench import runtimes
+from torchreplay_bench.__main__ import time_interleaved
 
 MODES = ["eager", "torchreplay-capture", "torchreplay-reduce-overhead", "onnxruntime", "openvino", "executorch"]
 THREADS = [1, 2]
@@ -97,3 +98,17 @@ def test_the_added_models_capture_bitwise(name):
     assert row["check"] == "bitwise" or row["check"].endswith("; bitwise equal to the exported program's"), row
     with torch.no_grad():  # as the harness times it
         step()
+
+
+@pytest.mark.parametrize("threads", THREADS)
+def test_every_mode_is_timed_on_the_threads_set(threads):
+    """The rows at two threads time torch's modes on two threads, as the runtimes beside them
+    run on theirs (torch.utils.benchmark.Timer alone sets torch to one thread while it times)."""
+    seen = []
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        time_interleaved({"probe": lambda: seen.append(torch.get_num_threads())}, rounds=2, min_run_time=0.002)
+    finally:
+        torch.set_num_threads(before)
+    assert seen and set(seen) == {threads}, sorted(set(seen))
