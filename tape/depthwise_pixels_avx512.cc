@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "tape/depthwise_kernel.h"
 
@@ -16,7 +17,12 @@ namespace {
 
 #include "tape/simd_ops.h"
 
+// GCC 12 warns that _mm512_max_ps's and _mm512_min_ps's own placeholder operand
+// (_mm512_undefined_ps) may be used uninitialized once they are inlined here: not so.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "tape/depthwise_pixels_impl.h"
+#pragma GCC diagnostic pop
 
 }  // namespace
 

@@ -236,7 +236,8 @@ def test_dump_names_each_kernel(tmp_path):
 @pytest.mark.parametrize("shape,k,stride,pad,dil", [
     ((1, 16, 48, 48), 3, 2, 1, 1), ((1, 88, 12, 12), 3, 1, 1, 1), ((2, 24, 11, 13), 5, 2, 2, 1),
     ((1, 576, 3, 3), 5, 1, 2, 1), ((1, 9, 20, 7), 3, 1, 2, 2), ((1, 40, 17, 33), 3, 3, 0, 1),
-    ((1, 8, 1, 50), (1, 7), 1, (0, 3), 1)])
+    ((1, 8, 1, 50), (1, 7), 1, (0, 3), 1), ((2, 32, 7, 7), 3, 1, 1, 1), ((1, 48, 9, 10), 3, 1, 1, 1),
+    ((1, 60, 6, 6), 5, 1, 2, 1), ((1, 80, 5, 9), 3, 2, 1, 1)])
 def test_depthwise_kernel_paths_agree(shape, k, stride, pad, dil):
     """Note [Depthwise convolutions]: every path of the direct kernel (row-vectorized, border
     lanes blended, channels-last, the channels-last walk of short rows; one thread or two) gives
