@@ -46,6 +46,16 @@ struct DimsArg {  // int[]?: constant under one guard key
   }
 };
 using DtypeArg = ConstArg<std::optional<c10::ScalarType>, std::optional<c10::ScalarType>>;  // ScalarType?
+struct IntListArg {  // int[]: constant under one guard key
+  using type = at::IntArrayRef;
+  std::vector<int64_t> value;
+  at::IntArrayRef get(const Slots&) const { return value; }
+};
+struct OptTensorArg {  // Tensor?: a constant (a bias), or none
+  using type = const std::optional<at::Tensor>&;
+  std::optional<at::Tensor> value;
+  const std::optional<at::Tensor>& get(const Slots&) const { return value; }
+};
 
 template <class... A>
 class TypedOpCall final : public TypedCall {
@@ -88,6 +98,12 @@ bool FillArg(const c10::IValue& v, bool per_call, int slot, A* a) {
   } else if constexpr (std::is_same_v<A, StrArg>) {
     if (per_call || !v.isString()) return false;
     a->value = v.toStringRef();
+  } else if constexpr (std::is_same_v<A, IntListArg>) {
+    if (per_call || !v.isIntList()) return false;
+    a->value = v.toIntVector();
+  } else if constexpr (std::is_same_v<A, OptTensorArg>) {
+    if (per_call || !(v.isNone() || v.isTensor())) return false;
+    if (v.isTensor()) a->value = v.toTensor();
   } else if constexpr (std::is_same_v<A, DtypeArg>) {
     if (per_call || !(v.isNone() || v.isInt())) return false;
     if (v.isInt()) a->value = static_cast<c10::ScalarType>(v.toInt());
@@ -118,8 +134,8 @@ std::unique_ptr<TypedCall> MakeTyped(const c10::OperatorHandle& op, const Slots&
   }
 }
 
-// One letter per argument: T tensor, S scalar, s optional scalar, I int, B bool, c str, L optional
-// int list, D optional dtype, O out tensor.
+// One letter per argument: T tensor, t optional tensor, S scalar, s optional scalar, I int, B bool,
+// c str, l int list, L optional int list, D optional dtype, O out tensor.
 std::string SignatureCode(const c10::FunctionSchema& schema) {
   std::string code;
   for (const auto& a : schema.arguments()) {
@@ -128,6 +144,11 @@ std::string SignatureCode(const c10::FunctionSchema& schema) {
       code += 'O';
     } else if (t->kind() == c10::TypeKind::TensorType) {
       code += 'T';
+    } else if (t->kind() == c10::TypeKind::OptionalType &&
+               t->containedType(0)->kind() == c10::TypeKind::TensorType) {
+      code += 't';
+    } else if (t->kind() == c10::TypeKind::ListType && t->containedType(0)->kind() == c10::TypeKind::IntType) {
+      code += 'l';
     } else if (t->kind() == c10::TypeKind::NumberType) {
       code += 'S';
     } else if (t->kind() == c10::TypeKind::OptionalType &&
@@ -174,6 +195,13 @@ std::unique_ptr<TypedCall> MakeTypedCall(const c10::OperatorHandle& op, const Sl
   if (code == "TssO") return MakeTyped<T, OptScalarArg, OptScalarArg, O>(op, args, slot_of);
   if (code == "TIBO") return MakeTyped<T, IntArg, BoolArg, O>(op, args, slot_of);
   if (code == "TLBDO") return MakeTyped<T, DimsArg, BoolArg, DtypeArg, O>(op, args, slot_of);  // sum, mean
+  using Ints = IntListArg;
+  if (code == "TTTtlllcO") {  // torchreplay::depthwise_conv2d
+    return MakeTyped<T, T, T, OptTensorArg, Ints, Ints, Ints, StrArg, O>(op, args, slot_of);
+  }
+  if (code == "TTTllllcBO") {  // torchreplay::conv_gemm
+    return MakeTyped<T, T, T, Ints, Ints, Ints, Ints, StrArg, BoolArg, O>(op, args, slot_of);
+  }
   return nullptr;
 }
 

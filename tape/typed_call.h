@@ -2,10 +2,11 @@
 //
 // Note [Typed steps]
 // Most steps of real graphs are out= calls with one of a handful of signatures: pointwise unary,
-// binary and scalar ops, clamp, softmax, mm/addmm, torchreplay::small_gemm. For those, capture
-// builds a TypedCall holding the typed operator handle and the arguments as C++ values, so replay
-// calls the kernel unboxed: no IValue stack, no boxing and unboxing around the kernel. Any other
-// step stays boxed. A prepared pointwise step (prepared_pointwise.h) is a TypedCall too.
+// binary and scalar ops, clamp, softmax, mm/addmm, and numerics "close"'s small_gemm, conv_gemm
+// and depthwise_conv2d. For those, capture builds a TypedCall holding the typed operator handle
+// and the arguments as C++ values (int lists and an optional bias included), so replay calls the
+// kernel unboxed: no IValue stack, no boxing and unboxing around the kernel. Any other step
+// stays boxed. A prepared pointwise step (prepared_pointwise.h) is a TypedCall too.
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
