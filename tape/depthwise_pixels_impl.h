@@ -83,9 +83,10 @@ inline void Block(const Params& p, const float* xn, float* yrow, int64_t oh, int
   }
 }
 
-// Output pixels [ow, ow_end) of row (n, oh), vectorized over channels: four vectors of channels
-// for two pixels at a time, the last group of vectors (its last masked where the channels are not
-// a whole number of vectors) for two or four.
+// Output pixels [ow, ow_end) of row (n, oh), vectorized over channels: each group of four
+// vectors of channels two pixels at a time, then the vectors after the groups (the last masked
+// where the channels are not a whole number of vectors) two pixels at a time, or, where they are
+// one vector, four (eight where that vector is all the channels): six to ten FMA chains in flight.
 inline void PixelRow(const Params& p, int64_t n, int64_t oh, int64_t ow, int64_t ow_end) {
   int64_t kh_lo, kh_hi;
   Taps(oh, p.stride[0], p.padding[0], p.dilation[0], p.kh, p.h, &kh_lo, &kh_hi);
@@ -96,9 +97,10 @@ inline void PixelRow(const Params& p, int64_t n, int64_t oh, int64_t ow, int64_t
   const Mask m = TailMask(static_cast<int>(masked ? p.c % kLanes : kLanes));
   const int64_t whole_groups = masked ? (vectors - 1) / 4 : vectors / 4;  // groups of four unmasked vectors
   const int last = static_cast<int>(vectors - 4 * whole_groups);             // 0..4 vectors after them
-  constexpr int kMaxP = 4;
+  constexpr int kMaxP = 8;
   for (; ow < ow_end;) {
-    const int np = static_cast<int>(std::min<int64_t>(last == 1 ? kMaxP : 2, ow_end - ow));
+    const int pixels = last != 1 ? 2 : whole_groups == 0 ? 8 : 4;
+    const int np = static_cast<int>(std::min<int64_t>(pixels, ow_end - ow));
     int64_t kw_lo[kMaxP] = {}, kw_hi[kMaxP] = {};
     for (int q = 0; q < np; ++q) {
       Taps(ow + q, p.stride[1], p.padding[1], p.dilation[1], p.kw, p.w_, &kw_lo[q], &kw_hi[q]);
@@ -112,10 +114,16 @@ inline void PixelRow(const Params& p, int64_t n, int64_t oh, int64_t ow, int64_t
     }
     const int64_t c = 4 * kLanes * whole_groups;
     switch (last + (masked ? 8 : 0)) {
-      case 1: Block<1, 4, false>(p, xn, yrow, oh, ow, np, kh_lo, kh_hi, kw_lo, kw_hi, c, m); break;
+      case 1:
+        np > 4 ? Block<1, 8, false>(p, xn, yrow, oh, ow, np, kh_lo, kh_hi, kw_lo, kw_hi, c, m)
+               : Block<1, 4, false>(p, xn, yrow, oh, ow, np, kh_lo, kh_hi, kw_lo, kw_hi, c, m);
+        break;
       case 2: Block<2, 2, false>(p, xn, yrow, oh, ow, np, kh_lo, kh_hi, kw_lo, kw_hi, c, m); break;
       case 3: Block<3, 2, false>(p, xn, yrow, oh, ow, np, kh_lo, kh_hi, kw_lo, kw_hi, c, m); break;
-      case 9: Block<1, 4, true>(p, xn, yrow, oh, ow, np, kh_lo, kh_hi, kw_lo, kw_hi, c, m); break;
+      case 9:
+        np > 4 ? Block<1, 8, true>(p, xn, yrow, oh, ow, np, kh_lo, kh_hi, kw_lo, kw_hi, c, m)
+               : Block<1, 4, true>(p, xn, yrow, oh, ow, np, kh_lo, kh_hi, kw_lo, kw_hi, c, m);
+        break;
       case 10: Block<2, 2, true>(p, xn, yrow, oh, ow, np, kh_lo, kh_hi, kw_lo, kw_hi, c, m); break;
       case 11: Block<3, 2, true>(p, xn, yrow, oh, ow, np, kh_lo, kh_hi, kw_lo, kw_hi, c, m); break;
       case 12: Block<4, 2, true>(p, xn, yrow, oh, ow, np, kh_lo, kh_hi, kw_lo, kw_hi, c, m); break;
