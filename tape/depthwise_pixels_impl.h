@@ -83,6 +83,22 @@ inline void Block(const Params& p, const float* xn, float* yrow, int64_t oh, int
   }
 }
 
+// The `vectors` (0 to 4) of channels from `c` after the groups of four, the last masked where
+// kMask: np pixels from `ow` (at most 8 for one vector, else 2).
+template <bool kMask>
+inline void Rest(int vectors, const Params& p, const float* xn, float* yrow, int64_t oh, int64_t ow, int np,
+                 int64_t kh_lo, int64_t kh_hi, const int64_t* kw_lo, const int64_t* kw_hi, int64_t c, Mask m) {
+  switch (vectors) {
+    case 1:
+      return np > 4 ? Block<1, 8, kMask>(p, xn, yrow, oh, ow, np, kh_lo, kh_hi, kw_lo, kw_hi, c, m)
+                    : Block<1, 4, kMask>(p, xn, yrow, oh, ow, np, kh_lo, kh_hi, kw_lo, kw_hi, c, m);
+    case 2: return Block<2, 2, kMask>(p, xn, yrow, oh, ow, np, kh_lo, kh_hi, kw_lo, kw_hi, c, m);
+    case 3: return Block<3, 2, kMask>(p, xn, yrow, oh, ow, np, kh_lo, kh_hi, kw_lo, kw_hi, c, m);
+    case 4: return Block<4, 2, kMask>(p, xn, yrow, oh, ow, np, kh_lo, kh_hi, kw_lo, kw_hi, c, m);
+    default: return;  // none after the groups
+  }
+}
+
 // Output pixels [ow, ow_end) of row (n, oh), vectorized over channels: each group of four
 // vectors of channels two pixels at a time, then the vectors after the groups (the last masked
 // where the channels are not a whole number of vectors) two pixels at a time, or, where they are
@@ -105,29 +121,17 @@ inline void PixelRow(const Params& p, int64_t n, int64_t oh, int64_t ow, int64_t
     for (int q = 0; q < np; ++q) {
       Taps(ow + q, p.stride[1], p.padding[1], p.dilation[1], p.kw, p.w_, &kw_lo[q], &kw_hi[q]);
     }
-    const int pair = std::min(np, 2);
     for (int64_t g = 0; g < whole_groups; ++g) {
       for (int q0 = 0; q0 < np; q0 += 2) {
-        Block<4, 2, false>(p, xn, yrow, oh, ow + q0, std::min(pair, np - q0), kh_lo, kh_hi, kw_lo + q0, kw_hi + q0,
+        Block<4, 2, false>(p, xn, yrow, oh, ow + q0, std::min(2, np - q0), kh_lo, kh_hi, kw_lo + q0, kw_hi + q0,
                            4 * kLanes * g, m);
       }
     }
     const int64_t c = 4 * kLanes * whole_groups;
-    switch (last + (masked ? 8 : 0)) {
-      case 1:
-        np > 4 ? Block<1, 8, false>(p, xn, yrow, oh, ow, np, kh_lo, kh_hi, kw_lo, kw_hi, c, m)
-               : Block<1, 4, false>(p, xn, yrow, oh, ow, np, kh_lo, kh_hi, kw_lo, kw_hi, c, m);
-        break;
-      case 2: Block<2, 2, false>(p, xn, yrow, oh, ow, np, kh_lo, kh_hi, kw_lo, kw_hi, c, m); break;
-      case 3: Block<3, 2, false>(p, xn, yrow, oh, ow, np, kh_lo, kh_hi, kw_lo, kw_hi, c, m); break;
-      case 9:
-        np > 4 ? Block<1, 8, true>(p, xn, yrow, oh, ow, np, kh_lo, kh_hi, kw_lo, kw_hi, c, m)
-               : Block<1, 4, true>(p, xn, yrow, oh, ow, np, kh_lo, kh_hi, kw_lo, kw_hi, c, m);
-        break;
-      case 10: Block<2, 2, true>(p, xn, yrow, oh, ow, np, kh_lo, kh_hi, kw_lo, kw_hi, c, m); break;
-      case 11: Block<3, 2, true>(p, xn, yrow, oh, ow, np, kh_lo, kh_hi, kw_lo, kw_hi, c, m); break;
-      case 12: Block<4, 2, true>(p, xn, yrow, oh, ow, np, kh_lo, kh_hi, kw_lo, kw_hi, c, m); break;
-      default: break;  // no vectors after the groups
+    if (masked) {
+      Rest<true>(last, p, xn, yrow, oh, ow, np, kh_lo, kh_hi, kw_lo, kw_hi, c, m);
+    } else {
+      Rest<false>(last, p, xn, yrow, oh, ow, np, kh_lo, kh_hi, kw_lo, kw_hi, c, m);
     }
     ow += np;
   }

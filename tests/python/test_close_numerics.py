@@ -482,7 +482,8 @@ class Stem(nn.Module):
 def test_conv_gemm_gives_channels_last_where_a_depthwise_reads_it(monkeypatch, threads):
     """conv_gemm's result is channels-last where a depthwise convolution reads it (through the
     hardswish), contiguous where none does (ConvRelu: a 3x3 and a 1-d convolution read it); the
-    outputs within the tolerance, with eager's strides, replayed."""
+    outputs within the tolerance, with eager's strides, replayed; conv_gemm and depthwise_conv2d
+    called unboxed (Note [Typed steps])."""
     from torchreplay import close_numerics
     small_gemm(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1))  # skips without AVX2
     monkeypatch.setattr(close_numerics, "_least_times", lambda fns, rounds=7: list(range(len(fns), 0, -1)))
@@ -495,27 +496,13 @@ def test_conv_gemm_gives_channels_last_where_a_depthwise_reads_it(monkeypatch, t
             with torch.no_grad():
                 step = capture(model, make(0), "close")
                 assert_within_with_eagers_strides(step, model, make)
+                kinds = {r["op"]: r["kind"] for r in step.profile(*make(0), iterations=1)}
             rewrites = step.numerics["rewrites"]
             assert rewrites["results_channels_last"] == want and rewrites["convolutions_small_gemm"] >= 1, rewrites
+            convs = [op for op in kinds if op.startswith(("torchreplay::conv_gemm", "torchreplay::depthwise"))]
+            assert len(convs) == 1 + want and all(kinds[op] == "typed out=" for op in convs), kinds
     finally:
         torch.set_num_threads(saved)
-
-
-def test_close_convolutions_replay_as_typed_calls(monkeypatch):
-    """Note [Typed steps]: conv_gemm and depthwise_conv2d steps call their kernels unboxed, their
-    int lists and bias held as C++ values; the outputs within the tolerance, replayed."""
-    from torchreplay import close_numerics
-    small_gemm(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1))  # skips without AVX2
-    monkeypatch.setattr(close_numerics, "_least_times", lambda fns, rounds=7: list(range(len(fns), 0, -1)))
-    torch.manual_seed(0)
-    model = Stem().eval()
-    make = lambda i: (torch.randn(1, 3, 20, 22, generator=torch.Generator().manual_seed(i)),)  # noqa: E731
-    with torch.no_grad():
-        step = capture(model, make(0), "close")
-        assert_within_with_eagers_strides(step, model, make)
-        kinds = {r["op"]: r["kind"] for r in step.profile(*make(0), iterations=1)}
-    assert kinds["torchreplay::conv_gemm.out"] == "typed out=", kinds
-    assert kinds["torchreplay::depthwise_conv2d.out"] == "typed out=", kinds
 
 
 def test_conv_gemm_refuses_what_has_no_output():
