@@ -10,7 +10,9 @@
 // oneDNN's depthwise kernels accumulate, as far as their results tell: which of the two orders
 // gives eager's bits, if either, the checked convolutions measure per node. The vector and scalar
 // paths compute every element with the same operations (an FMA is correctly rounded), so where
-// rows are cut and how the work is split over threads changes no bit. Channels-last tensors are
+// rows are cut and how the work is split over threads changes no bit; every tap is the same
+// instruction with its operands in the same places (FmaPinned in simd_ops.h), so that where an
+// input NaN meets a weight NaN every walk keeps the same one's payload. Channels-last tensors are
 // walked channel-vectorized, others along the output row.
 #pragma once
 

@@ -47,6 +47,17 @@ inline V Div(V a, V b) { return _mm256_div_ps(a, b); }
 inline V Set(float f) { return _mm256_set1_ps(f); }
 #endif
 
+// acc + w * x, rounded once, as the instruction vfmadd231ps acc, w, x: the operands' places pinned.
+// Where NaNs meet in one element, which one's payload the result keeps follows those places, and
+// the compiler may otherwise swap the product's operands from one instantiation to the next; the
+// depthwise walks compute every tap this way, so their NaNs agree with each other whatever the
+// block, walk or thread split (Note [Depthwise convolutions]).
+inline V FmaPinned(V w, V x, V acc) {
+  asm("vfmadd231ps %2, %1, %0" : "+v"(acc) : "v"(w), "vm"(x));
+  return acc;
+}
+
+
 // The post-op (tape/post_op.h) on a vector, operand for operand as eager's: relu max(0, v) keeps
 // NaN (and -0) as torch.relu; hardswish v * min(max(v + 3, 0), 6) / 6, NaN kept (v times 0);
 // hardsigmoid min(6, max(0, v + 3)) / 6, NaN kept (the second operand of each).

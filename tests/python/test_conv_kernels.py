@@ -275,6 +275,44 @@ def test_depthwise_kernel_paths_agree(shape, k, stride, pad, dil):
         torch.testing.assert_close(results[0], want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("c", [8, 24, 88])
+def test_depthwise_walks_keep_one_nan_where_an_input_nan_meets_a_weight_nan(c):
+    """Note [Depthwise convolutions]: where a NaN input meets a NaN weight in one tap, every walk
+    (channels-first, channels-last in blocks full or cut short by the row's end or by the
+    threads' split) keeps the same NaN, payload and all."""
+    nan = lambda payload: torch.tensor([payload], dtype=torch.int32).view(torch.float32)[0]  # noqa: E731
+    x = torch.ones(1, c, 61, 62)
+    x[:, :, 30, 24] = nan(0x7FC00001)
+    x[:, :, 5, 61] = nan(0x7FC00005)
+    w = torch.full((c, 1, 1, 2), 0.5)
+    w[..., 0] = nan(0x7FC00003)
+    hwc = w.reshape(c, 1, 2).permute(1, 2, 0).contiguous()
+    results = []
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            for memory_format in (torch.contiguous_format, torch.channels_last):
+                for width in (62, 9):  # the row's end cuts the last block short
+                    try:
+                        out = torch.ops.torchreplay.depthwise_conv2d(
+                            x[..., :width].contiguous(memory_format=memory_format), w, hwc, None, [1, 1], [0, 0],
+                            [1, 1], "none")
+                    except RuntimeError as e:
+                        if "AVX2" in str(e):
+                            pytest.skip("no AVX2 and FMA on this CPU")
+                        raise
+                    results.append((width, out.contiguous()))
+    finally:
+        torch.set_num_threads(before)
+    for width in (62, 9):
+        outs = [r for w_, r in results if w_ == width]
+        for r in outs[1:]:
+            assert_bitwise(r, outs[0], f"width {width}")
+    assert_bitwise(results[1][1][..., :8].contiguous(), results[0][1][..., :8].contiguous(), "a block cut short")
+    assert bool(results[0][1][:, :, 30, 24].isnan().all()) and bool(results[0][1][:, :, 5, 60].isnan().all())
+
+
 @pytest.mark.parametrize("post_op,eager", [("relu", torch.relu), ("hardswish", torch.nn.functional.hardswish),
                                            ("hardsigmoid", torch.nn.functional.hardsigmoid)])
 @pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last])
