@@ -47,13 +47,11 @@ inline V Div(V a, V b) { return _mm256_div_ps(a, b); }
 inline V Set(float f) { return _mm256_set1_ps(f); }
 #endif
 
-// acc + w * x, rounded once, as the instruction vfmadd231ps acc, w, x: the operands' places pinned.
+// acc + a * b, rounded once, as the instruction vfmadd231ps acc, a, b: the operands' places pinned.
 // Where NaNs meet in one element, which one's payload the result keeps follows those places, and
-// the compiler may otherwise swap the product's operands from one instantiation to the next; the
-// depthwise walks compute every tap this way, so their NaNs agree with each other whatever the
-// block, walk or thread split (Note [Depthwise convolutions]).
-inline V FmaPinned(V w, V x, V acc) {
-  asm("vfmadd231ps %2, %1, %0" : "+v"(acc) : "v"(w), "vm"(x));
+// the compiler may otherwise swap the product's operands from one instantiation to the next.
+inline V FmaPinned(V a, V b, V acc) {
+  asm("vfmadd231ps %2, %1, %0" : "+v"(acc) : "v"(a), "vm"(b));
   return acc;
 }
 
