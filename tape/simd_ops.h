@@ -55,7 +55,6 @@ inline V FmaPinned(V a, V b, V acc) {
   return acc;
 }
 
-
 // The post-op (tape/post_op.h) on a vector, operand for operand as eager's: relu max(0, v) keeps
 // NaN (and -0) as torch.relu; hardswish v * min(max(v + 3, 0), 6) / 6, NaN kept (v times 0);
 // hardsigmoid min(6, max(0, v + 3)) / 6, NaN kept (the second operand of each).
