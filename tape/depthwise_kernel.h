@@ -11,9 +11,9 @@
 // gives eager's bits, if either, the checked convolutions measure per node. The vector and scalar
 // paths compute every element with the same operations (an FMA is correctly rounded), so where
 // rows are cut and how the work is split over threads changes no bit; every tap is the same
-// instruction with its operands in the same places, input then weight (FmaPinned in
-// simd_ops.h), so that where an input NaN meets a weight NaN every walk keeps the input's payload
-// (as eager's oneDNN kernel did on the CPU we looked at; the FMA's NaN rules are the CPU's).
+// instruction with its operands in the same places, input then weight (Fma in simd_ops.h), so
+// that where an input NaN meets a weight NaN every walk keeps the input's payload (as eager's
+// oneDNN kernel did on the CPU we looked at; the FMA's NaN rules are the CPU's).
 // Channels-last tensors are walked channel-vectorized, others along the output row.
 #pragma once
 

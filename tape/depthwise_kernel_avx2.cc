@@ -113,7 +113,7 @@ void Plane(const Params& p, int64_t n, int64_t c, std::vector<float>* scratch) {
             for (int r = 0; r < 4; ++r) {
               const float* row =
                   scratch->data() + ((oh + r) * p.stride[0] - p.padding[0] + i * p.dilation[0]) * width;
-              const __m256 fma = FmaPinned(load(row + ow * sw + j * dw), wv, acc[r]);
+              const __m256 fma = Fma(load(row + ow * sw + j * dw), wv, acc[r]);
               acc[r] = interior ? fma : _mm256_blendv_ps(acc[r], fma, mask);
             }
           }
@@ -127,7 +127,7 @@ void Plane(const Params& p, int64_t n, int64_t c, std::vector<float>* scratch) {
         const float* row = scratch->data() + (oh * p.stride[0] - p.padding[0] + i * p.dilation[0]) * width;
         for (int64_t j = 0; j < p.kw; ++j) {
           // column ow * sw - pw + j * dw, at + pw in the padded copy
-          const __m256 fma = FmaPinned(load(row + ow * sw + j * dw), _mm256_set1_ps(wc[i * p.kw + j]), acc);
+          const __m256 fma = Fma(load(row + ow * sw + j * dw), _mm256_set1_ps(wc[i * p.kw + j]), acc);
           acc = interior ? fma : _mm256_blendv_ps(acc, fma, j < 16 ? inside[j] : inside_of(j));
         }
       }

@@ -57,7 +57,7 @@ inline void Block(const Params& p, const float* xn, float* yrow, int64_t oh, int
           if (!decltype(all_taps)::value && (q >= np || j < kw_lo[q] || j >= kw_hi[q])) continue;
           const float* at = row + x0[q] + jt;
 #pragma GCC unroll 8
-          for (int v = 0; v < kV; ++v) acc[q][v] = FmaPinned(load(at + kLanes * v, v), w[v], acc[q][v]);
+          for (int v = 0; v < kV; ++v) acc[q][v] = Fma(load(at + kLanes * v, v), w[v], acc[q][v]);
         }
       }
     }

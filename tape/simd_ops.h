@@ -13,7 +13,6 @@ inline V Zero() { return _mm512_setzero_ps(); }
 inline V Load(const float* p) { return _mm512_loadu_ps(p); }
 inline V Broadcast(const float* p) { return _mm512_set1_ps(*p); }
 inline void Store(float* p, V v) { _mm512_storeu_ps(p, v); }
-inline V Fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }  // a * b + c, one rounding
 inline V Add(V a, V b) { return _mm512_add_ps(a, b); }
 inline Mask TailMask(int left) { return static_cast<Mask>((1u << left) - 1); }  // the first `left` lanes
 inline V MaskLoad(const float* p, Mask m) { return _mm512_maskz_loadu_ps(m, p); }  // 0 in the other lanes
@@ -31,7 +30,6 @@ inline V Zero() { return _mm256_setzero_ps(); }
 inline V Load(const float* p) { return _mm256_loadu_ps(p); }
 inline V Broadcast(const float* p) { return _mm256_broadcast_ss(p); }
 inline void Store(float* p, V v) { _mm256_storeu_ps(p, v); }
-inline V Fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
 inline V Add(V a, V b) { return _mm256_add_ps(a, b); }
 inline Mask TailMask(int left) {
   alignas(32) int32_t lanes[kLanes];
@@ -49,8 +47,10 @@ inline V Set(float f) { return _mm256_set1_ps(f); }
 
 // acc + a * b, rounded once, as the instruction vfmadd231ps acc, a, b: the operands' places pinned.
 // Where NaNs meet in one element, which one's payload the result keeps follows those places, and
-// the compiler may otherwise swap the product's operands from one instantiation to the next.
-inline V FmaPinned(V a, V b, V acc) {
+// the compiler would otherwise swap the product's operands from one instantiation to the next (a
+// tile shape, a block of pixels): pinned, a kernel's bits, NaNs included, do not depend on how
+// its work is cut.
+inline V Fma(V a, V b, V acc) {
   asm("vfmadd231ps %2, %1, %0" : "+v"(acc) : "v"(a), "vm"(b));
   return acc;
 }

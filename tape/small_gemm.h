@@ -12,8 +12,9 @@
 // (up to 4 rows by 64 columns with AVX2's 16 registers, up to 8 rows with AVX-512's 32). Each
 // output element is one chain of fused multiply-adds over k in order, starting from the bias (or
 // +0, the bias added after the chain with Params::bias_last): vector and scalar columns compute it
-// alike, so no bit depends on the tiling or on how the columns are split over torch's intra-op
-// threads. MKL sums in that order for some shapes and in others elsewhere: so numerics "close"
+// alike, with the FMA's operands in the same places (Fma in simd_ops.h: where an input NaN meets a
+// weight NaN, the input's is kept), so no bit depends on the tiling or on how the columns are split
+// over torch's intra-op threads. MKL sums in that order for some shapes and in others elsewhere: so numerics "close"
 // uses it where it timed faster than the addmm it replaces, and the bitwise tape only where a
 // check at capture found eager's bits.
 #pragma once

@@ -241,6 +241,27 @@ def test_small_gemm_bits_do_not_depend_on_tiling_or_threads():
         small_gemm(x, _panels(w, 64)[:2].contiguous(), b)
 
 
+def test_small_gemm_keeps_one_nan_where_an_input_nan_meets_a_weight_nan():
+    """Note [Small GEMMs]: where a NaN input meets a NaN weight in one product, every tile shape
+    (one to eight rows, whole vectors and the masked tail) and thread count keeps the same NaN,
+    payload and all."""
+    nan = lambda payload: torch.tensor([payload], dtype=torch.int32).view(torch.float32)[0]  # noqa: E731
+    w = torch.full((24, 85), 0.5)
+    w[3] = nan(0x7FC00003)
+    payloads = set()
+    threads = torch.get_num_threads()
+    try:
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 36):
+                x = torch.ones(m, 24)
+                x[:, 3] = nan(0x7FC00001)
+                payloads |= set(small_gemm(x, w, torch.zeros(85)).view(torch.int32).flatten().tolist())
+    finally:
+        torch.set_num_threads(threads)
+    assert len(payloads) == 1, sorted(hex(p & 0xFFFFFFFF) for p in payloads)
+
+
 class TwoLinears(nn.Module):
     def __init__(self):
         super().__init__()
