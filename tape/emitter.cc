@@ -407,13 +407,17 @@ class Emitter final : public EmitContext {
   // Note [Step kinds]: the step of the family the plan chose.
   void OutVariantStep(const Node& n, const OutVariant& out, Step step) {
     std::vector<int> slot_of(step.args.size(), -1);
-    bool whole_args = true;
+    std::vector<ElemSlot> elem_slots;
     for (const Patch& p : step.patches) {
-      slot_of[p.arg] = p.slot;
-      whole_args = whole_args && p.elem < 0;
+      if (p.elem < 0) {
+        slot_of[p.arg] = p.slot;
+      } else {
+        elem_slots.push_back({p.arg, p.elem, p.slot});
+      }
     }
     const StepKind kind = plan_.nodes[&n - g_.nodes().data()].kind;
-    Made made = MakeOutStep(kind, *this, OutCall{n, out.op, step.args, slot_of, whole_args}, options_);
+    Made made = MakeOutStep(kind, *this, OutCall{n, out.op, step.args, slot_of, elem_slots.empty(), elem_slots},
+                            options_);
     step.typed = std::move(made.call);
     tape_->info_.prepared_steps += made.prepared;
     tape_->info_.typed_steps += step.typed != nullptr;

@@ -78,21 +78,34 @@ at::Tensor FixedBuffer(const ValueRecord& r) {
 
 std::string Us(double us) { return absl::StrFormat("%.1f us", us); }
 
-std::string CompareRun(const std::function<void(const at::Tensor& buffer)>& run, const at::Tensor& eager,
-                       const ValueRecord& r, const char* input) {
-  at::Tensor buffer = FixedBuffer(r);
-  const c10::StorageImpl* storage = buffer.storage().unsafeGetStorageImpl();
+std::string CompareRuns(const std::function<void(const std::vector<at::Tensor>& buffers)>& run,
+                        const std::vector<at::Tensor>& eager, const std::vector<const ValueRecord*>& records,
+                        const char* input) {
+  std::vector<at::Tensor> buffers;
+  std::vector<const c10::StorageImpl*> storages;
+  for (const ValueRecord* r : records) {
+    buffers.push_back(FixedBuffer(*r));
+    storages.push_back(buffers.back().storage().unsafeGetStorageImpl());
+  }
   try {
-    run(buffer);
+    run(buffers);
   } catch (const c10::Error& e) {
     return absl::StrCat("it raised on ", input, ": ", e.what_without_backtrace());
   }
-  if (buffer.sizes() != c10::IntArrayRef(r.sizes) || buffer.strides() != c10::IntArrayRef(r.strides) ||
-      buffer.storage().unsafeGetStorageImpl() != storage) {
-    return "it resized or restrided its output";
+  for (size_t k = 0; k < buffers.size(); ++k) {
+    const ValueRecord& r = *records[k];
+    if (buffers[k].sizes() != c10::IntArrayRef(r.sizes) || buffers[k].strides() != c10::IntArrayRef(r.strides) ||
+        buffers[k].storage().unsafeGetStorageImpl() != storages[k]) {
+      return "it resized or restrided its output";
+    }
+    if (!SameBits(buffers[k], eager[k])) return absl::StrCat("other bits than eager's on ", input);
   }
-  if (!SameBits(buffer, eager)) return absl::StrCat("other bits than eager's on ", input);
   return "";
+}
+
+std::string CompareRun(const std::function<void(const at::Tensor& buffer)>& run, const at::Tensor& eager,
+                       const ValueRecord& r, const char* input) {
+  return CompareRuns([&](const std::vector<at::Tensor>& buffers) { run(buffers[0]); }, {eager}, {&r}, input);
 }
 
 bool WeightWatch::Changed(const at::Tensor& w) {

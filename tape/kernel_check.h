@@ -33,6 +33,11 @@ at::Tensor FixedBuffer(const ValueRecord& r);
 // were; else why not, naming the input as `input`.
 std::string CompareRun(const std::function<void(const at::Tensor& buffer)>& run, const at::Tensor& eager,
                        const ValueRecord& r, const char* input);
+// The same for a kernel with several results: `run` writes buffers of the geometries `records`
+// give, compared with `eager`'s results in order.
+std::string CompareRuns(const std::function<void(const std::vector<at::Tensor>& buffers)>& run,
+                        const std::vector<at::Tensor>& eager, const std::vector<const ValueRecord*>& records,
+                        const char* input);
 
 // The least time in microseconds of each of `fns` over a few rounds, each round running every one
 // once (so that a burst of load on a shared machine slows all of them, not one), stopping after

@@ -13,6 +13,7 @@
 #include "tape/conv_steps.h"
 #include "tape/gemm_steps.h"
 #include "tape/kernel_tape_internal.h"
+#include "tape/lstm_steps.h"
 
 namespace torchreplay::capture {
 namespace tape_internal {
@@ -187,6 +188,10 @@ absl::StatusOr<std::string> KernelTape::Dump(const std::string& path_stem) const
 bool CheckTapeNode(const Graph& g, int node, const std::vector<c10::IValue>& env, Recording* rec) {
   if (IsConvolution(g.nodes()[node])) {
     CheckConvolution(g, node, env, rec);
+    return true;
+  }
+  if (IsCheckedLstm(g.nodes()[node])) {
+    CheckLstm(g, node, env, rec);
     return true;
   }
   return IsGemm(g.nodes()[node]) && CheckGemm(g, node, env, rec);

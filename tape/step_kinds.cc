@@ -3,6 +3,7 @@
 
 #include "tape/conv_steps.h"
 #include "tape/gemm_steps.h"
+#include "tape/lstm_steps.h"
 #include "tape/prepared_pointwise.h"
 
 namespace torchreplay::capture {
@@ -36,6 +37,13 @@ Made MakeGemm(const EmitContext&, const OutCall& call, const CaptureOptions&) {
   return {MakeGemmStep(call.args, call.slot_of), GemmStepKind(call.args)};
 }
 
+bool MatchLstm(const Node&, const std::string& out_op, bool) {
+  return out_op == "torchreplay::lstm.out";  // Note [Checked LSTMs]: its states are list elements
+}
+Made MakeLstm(const EmitContext&, const OutCall& call, const CaptureOptions&) {
+  return {MakeLstmStep(call.args, call.slot_of, call.elem_slots), "checked lstm (onednn_prepacked)"};
+}
+
 bool MatchTypedOut(const Node&, const std::string&, bool whole_args) { return whole_args; }
 Made MakeTypedOut(const EmitContext&, const OutCall& call, const CaptureOptions& options) {
   if (!call.whole_args) return {nullptr, "boxed out="};
@@ -59,6 +67,7 @@ constexpr StepFamily kOutFamilies[] = {
     {StepKind::kLayerNorm, &MatchLayerNorm, &MakeLayerNormStep},
     {StepKind::kConvolution, &MatchConvolution, &MakeConvolution},
     {StepKind::kGemm, &MatchGemm, &MakeGemm},
+    {StepKind::kLstm, &MatchLstm, &MakeLstm},
     {StepKind::kTypedOut, &MatchTypedOut, &MakeTypedOut},
 };
 
@@ -72,6 +81,7 @@ const char* StepKindName(StepKind kind) {
     case StepKind::kLayerNorm: return "prepared layer norm";
     case StepKind::kConvolution: return "checked conv";
     case StepKind::kGemm: return "checked gemm";
+    case StepKind::kLstm: return "checked lstm";
     case StepKind::kTypedOut: return "typed out=";
   }
   return "?";

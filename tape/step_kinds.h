@@ -38,6 +38,7 @@ enum class StepKind : uint8_t {
   kLayerNorm,    // layer norm on prepared buffers (prepared_pointwise.h)
   kConvolution,  // a checked convolution kernel (Note [Checked convolutions])
   kGemm,         // a checked matrix product kernel (Note [Checked GEMMs])
+  kLstm,         // a checked LSTM kernel (Note [Checked LSTMs])
   kTypedOut,     // the out= overload, unboxed; on a prepared iterator where it has one
 };
 const char* StepKindName(StepKind kind);
@@ -55,6 +56,11 @@ class EmitContext {
   ~EmitContext() = default;
 };
 
+// A per-call element of a list argument: element `elem` of argument `arg` is slot `slot`.
+struct ElemSlot {
+  int arg, elem, slot;
+};
+
 // One out= node's step as the emitter prebuilt it.
 struct OutCall {
   const Node& node;
@@ -62,6 +68,7 @@ struct OutCall {
   const Slots& args;                // the arguments (constants in place), the extra argument, the results' buffers
   const std::vector<int>& slot_of;  // per argument: its per-call slot, or -1
   bool whole_args;                  // no list argument has a per-call element (else slot_of is not set for it)
+  const std::vector<ElemSlot>& elem_slots;  // the per-call elements of list arguments
 };
 
 struct Made {

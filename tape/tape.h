@@ -15,8 +15,9 @@
 //   fused_kernels.h       the fused step's program and kernel (fused_kernels_impl.h, compiled per
 //                         instruction set in fused_kernels_avx2.cc and fused_kernels_avx512.cc)
 //   conv_steps.h          checked convolutions (Note [Checked convolutions])
-//   gemm_steps.h          checked matrix products (Note [Checked GEMMs]); kernel_check.h: what
-//                         the checks of both share
+//   gemm_steps.h          checked matrix products (Note [Checked GEMMs])
+//   lstm_steps.h          checked LSTMs (Note [Checked LSTMs]); kernel_check.h: what the checks
+//                         of all three share
 //   depthwise_kernel.h    the direct depthwise convolution (depthwise_kernel_avx2.cc, its
 //                         channels-last walk in depthwise_pixels_impl.h, also compiled in
 //                         depthwise_pixels_avx512.cc; the op in depthwise_op.cc);
@@ -43,6 +44,7 @@
 #include "tape/gemm_steps.h"
 #include "tape/fused_kernels.h"
 #include "tape/kernel_tape.h"
+#include "tape/lstm_steps.h"
 #include "tape/prepared_pointwise.h"
 #include "tape/step_kinds.h"
 #include "tape/tape_plan.h"

@@ -249,12 +249,16 @@ class Backend:
             whole = rnn.whole_only(gm)
             if whole and not self._whole_rnn_hint_logged:
                 self._whole_rnn_hint_logged = True
-                logger.warning(
+                lstm = whole == "lstm"  # Note [Checked LSTMs]: its capture may take a faster kernel
+                logger.log(
+                    logging.INFO if lstm else logging.WARNING,
                     "torchreplay: a compiled graph is only the %s call of a recurrent module, kept whole to keep "
-                    "eager's bits (Note [Recurrent modules whole]): its replay is eager's one call, and Dynamo's "
+                    "eager's bits (Note [Recurrent modules whole]): its replay is eager's one call%s, and Dynamo's "
                     "frame around the module can cost more than eager's Python, a slowdown. "
                     "torchreplay.capture(model, example_args) replays it without Dynamo's frame, bitwise; with "
-                    "config.reduce_overhead.numerics = \"close\" decomposed and fused.", whole)
+                    "config.reduce_overhead.numerics = \"close\" decomposed and fused.", whole,
+                    " unless the capture's check takes oneDNN's layers on weights reordered once (Note [Checked "
+                    "LSTMs])" if lstm else "")
             fn = self._compile_graph(gm, example_inputs)
         else:  # Note [Recurrent modules whole]
             name = f"g{next(_graph_ids)}"

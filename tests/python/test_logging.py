@@ -109,33 +109,43 @@ def test_an_rnn_dynamo_leaves_eager_is_explained_once_for_torchreplay_compiles(r
     assert replay_log.records[0].levelno == logging.WARNING
 
 
-def test_a_graph_that_is_one_whole_recurrent_call_is_explained_once(replay_log):
-    """A compiled graph with nothing but an LSTM kept whole (Note [Recurrent modules whole])
-    replays eager's one call under Dynamo's frame: the log says so once per backend, with what
-    replays it without that frame; a graph with more in it says nothing."""
+@pytest.mark.parametrize("kind", ["gru", "lstm"])
+def test_a_graph_that_is_one_whole_recurrent_call_is_explained_once(replay_log, kind):
+    """A compiled graph with nothing but a recurrent call kept whole (Note [Recurrent modules
+    whole]) replays eager's one call under Dynamo's frame: the log says so once per backend, with
+    what replays it without that frame; a graph with more in it says nothing. A GRU's at WARNING;
+    an LSTM's at INFO, with the faster kernel its capture may take (Note [Checked LSTMs])."""
     from differential import assert_bitwise
 
     class Step(torch.nn.Module):
         def __init__(self, head):
             super().__init__()
-            self.lstm, self.head = torch.nn.LSTM(8, 16, num_layers=2, batch_first=True), head
+            self.rnn = (torch.nn.LSTM if kind == "lstm" else torch.nn.GRU)(8, 16, num_layers=2, batch_first=True)
+            self.head = head
 
         def forward(self, x, h, c):
-            y, (h, c) = self.lstm(x, (h, c))
+            if kind == "lstm":
+                y, (h, c) = self.rnn(x, (h, c))
+            else:
+                y, h = self.rnn(x, h)
             return (self.head(y) if self.head is not None else y), h, c
 
     torch.manual_seed(0)
-    args = (torch.randn(1, 1, 8), torch.randn(2, 1, 16), torch.randn(2, 1, 16))
+    batch = 1 if kind == "lstm" else 3  # a GRU over one row decomposes (Note [Recurrent modules whole])
+    args = (torch.randn(batch, 1, 8), torch.randn(2, batch, 16), torch.randn(2, batch, 16))
     torch._dynamo.reset()
-    with replay_log.at_level(logging.WARNING, logger="torchreplay"), torch.no_grad():
+    with replay_log.at_level(logging.INFO, logger="torchreplay"), torch.no_grad():
         backend = torchreplay.get_backend(compiler_config=config())
         for model in (Step(None).eval(), Step(None).eval(), Step(torch.nn.Linear(16, 4)).eval()):
             f = torch.compile(model, backend=backend)
             for _ in range(3):
-                assert_bitwise(f(*args), model(*args), "LSTM step through torch.compile")
+                assert_bitwise(f(*args), model(*args), f"{kind} step through torch.compile")
     stats = backend.stats()
     assert sum(s["calls"] for s in stats) == 9 and sum(s["replays"] for s in stats) == 6, stats
-    said = [r.getMessage() for r in replay_log.records]
-    assert len(said) == 1, said
-    assert said[0].startswith("torchreplay: a compiled graph is only the lstm call of a recurrent module") \
-        and "torchreplay.capture(model, example_args)" in said[0], said
+    said = [r for r in replay_log.records if "recurrent module" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in said]
+    message = said[0].getMessage()
+    assert message.startswith(f"torchreplay: a compiled graph is only the {kind} call of a recurrent module") \
+        and "torchreplay.capture(model, example_args)" in message, message
+    assert said[0].levelno == (logging.INFO if kind == "lstm" else logging.WARNING)
+    assert ("Note [Checked LSTMs]" in message) == (kind == "lstm"), message
