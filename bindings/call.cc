@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "bindings/convert.h"
 #include "guards/guard_key.h"
+#include "ir/caller_grad.h"
 #include "replay/trace_checks.h"
 
 namespace torchreplay {
@@ -287,7 +288,7 @@ py::object Call::RunChecked(std::vector<c10::IValue> inputs, const py::args& arg
   {
     py::gil_scoped_release no_gil;
     {
-      c10::AutoGradMode no_grad(false);
+      CallerGradScope no_grad;  // Note [The caller's grad mode]
       out = engine->Run(std::move(inputs));
     }
     if (out.ok() && aliases) RegenerateAliases(alias_bases, *out);

@@ -27,6 +27,7 @@
 #include "bindings/call.h"
 #include "bindings/convert.h"
 #include "bindings/training.h"
+#include "ir/caller_grad.h"
 #include "ir/graph.h"
 #include "ir/interpreter.h"
 #include "ir/scopes.h"
@@ -333,7 +334,7 @@ void BindEngine(py::module_& m) {
              absl::StatusOr<std::vector<capture::StepTime>> rows;
              {
                py::gil_scoped_release no_gil;
-               c10::AutoGradMode no_grad(false);
+               CallerGradScope no_grad;  // Note [The caller's grad mode]
                rows = e.ProfileSteps(std::move(inputs), iterations);
              }
              if (!rows.ok()) Throw(rows.status());

@@ -13,12 +13,16 @@
 // the aten op (its C++ composite then picks eager's kernels). python/torchreplay/rnn.py puts
 // these ops into both entry points' graphs (torch.compile: keep_whole; torchreplay.capture:
 // whole_in_trace and export_decompositions) and says where a decomposition may stay. No autograd
-// kernel: a graph whose recurrent call needs gradients runs eagerly instead (keep_whole).
+// kernel: a graph whose recurrent call needs gradients runs eagerly instead (keep_whole). The aten
+// op runs in the caller's grad mode (Note [The caller's grad mode] in ir/caller_grad.h), on which
+// eager's oneDNN LSTM picks its primitive.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
 #include <string>
+
+#include "ir/caller_grad.h"
 
 namespace torchreplay::capture {
 namespace {
@@ -29,6 +33,7 @@ template <const char* kName, const char* kOverload>
 void CallAten(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(kName, kOverload);
   c10::impl::ExcludeDispatchKeyGuard no_python_dispatcher(c10::DispatchKey::PythonDispatcher);
+  c10::AutoGradMode callers(CallerGradEnabled());
   op.callBoxed(stack);
 }
 

@@ -10,6 +10,8 @@
 //   scopes.h          the multi-stream scope ops (torchreplay::scope_enter, ...)
 //   eager_rnn.cc      torchreplay::eager_lstm and kin: recurrent modules kept whole in traced graphs
 //                     (Note [Recurrent modules whole]); registrations only, no header
+//   caller_grad.h     the caller's grad mode while a graph runs with grad off (Note [The
+//                     caller's grad mode]), which those ops run in
 //   testing.h         what the C++ tests share to build graphs (//ir:testing, testonly)
 //
 // Namespace torchreplay::capture, kept from when ir/, tape/ and cuda/ were one capture/ package.
@@ -17,6 +19,7 @@
 // the recording run it hands in (RunAndRecord's `check`).
 #pragma once
 
+#include "ir/caller_grad.h"
 #include "ir/capture_info.h"
 #include "ir/captured_graph.h"
 #include "ir/graph.h"

@@ -4,7 +4,8 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/ops/mkldnn_rnn_layer.h>
+#include <ATen/ops/lstm.h>
+#include <ATen/ops/mkldnn_rnn_layer_ops.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
@@ -16,6 +17,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "ir/caller_grad.h"
 #include "ir/interpreter.h"
 #include "tape/kernel_check.h"
 
@@ -36,12 +38,13 @@ const c10::OperatorHandle* Reorder() {
   return op;
 }
 
-// An LSTM as the step runs it: eager's mkldnn_rnn, layer by layer, on weights reordered once.
+// An LSTM as the step runs it: eager's mkldnn_rnn, layer by layer, on weights reordered once, in
+// the caller's grad mode at capture (Note [The caller's grad mode]); in another, eager's op.
 class LstmCall {
  public:
-  LstmCall(int64_t num_layers, bool has_biases, bool train, bool bidirectional, bool batch_first)
+  LstmCall(int64_t num_layers, bool has_biases, double dropout, bool train, bool bidirectional, bool batch_first)
       : num_layers_(num_layers), stride_(has_biases ? 4 : 2), has_biases_(has_biases), train_(train),
-        bidirectional_(bidirectional), batch_first_(batch_first) {}
+        bidirectional_(bidirectional), batch_first_(batch_first), dropout_(dropout), grad_(CallerGradEnabled()) {}
 
   // (output, hy, cy) = lstm(input, (h0, c0), params), into buffers of the results' geometries.
   void Run(const at::Tensor& input, const at::Tensor& h0, const at::Tensor& c0, const std::vector<at::Tensor>& params,
@@ -50,7 +53,10 @@ class LstmCall {
     TORCH_CHECK(static_cast<int64_t>(params.size()) == stride_ * num_layers_ * dirs && input.dim() == 3 &&
                     h0.dim() == 3,
                 kOutName, ": expects ", stride_, " weights per layer and direction and 3-d input and states");
-    c10::AutoGradMode no_grad(false);
+    if (CallerGradEnabled() != grad_) return Eager(input, h0, c0, params, output, hy, cy);
+    // the layer calls below autograd, autocast and Python modes (they see oneDNN's weights), in
+    // the grad mode that picks oneDNN's primitive
+    c10::AutoGradMode grad_mode(grad_);
     const at::Tensor hx = h0.contiguous(), cx = c0.contiguous();
     const int64_t hidden = hx.size(2);
     Pack(params, input.sizes(), hidden);
@@ -62,9 +68,10 @@ class LstmCall {
         // without biases eager passes zeros of the weights' sizes, which the layer does not read
         const at::Tensor& b_ih = has_biases_ ? params[stride_ * i + 2] : packed_[2 * i];
         const at::Tensor& b_hh = has_biases_ ? params[stride_ * i + 3] : packed_[2 * i + 1];
-        auto result = at::mkldnn_rnn_layer(layer_input, packed_[2 * i], packed_[2 * i + 1], b_ih, b_hh, hx[i], cx[i],
-                                           /*reverse=*/d > 0, /*batch_sizes=*/{}, kLstmMode, hidden, num_layers_,
-                                           has_biases_, bidirectional_, batch_first_, train_);
+        auto result = at::_ops::mkldnn_rnn_layer::redispatch(
+            c10::DispatchKeySet(c10::DispatchKey::CPU), layer_input, packed_[2 * i], packed_[2 * i + 1], b_ih, b_hh,
+            hx[i], cx[i], /*reverse=*/d > 0, /*batch_sizes=*/{}, kLstmMode, hidden, num_layers_, has_biases_,
+            bidirectional_, batch_first_, train_);
         outputs[d] = std::get<0>(result);
         hy[i].copy_(std::get<1>(result));
         cy[i].copy_(std::get<2>(result));
@@ -75,6 +82,17 @@ class LstmCall {
   }
 
  private:
+  // Eager's op, in the caller's grad mode, its results copied into the buffers.
+  void Eager(const at::Tensor& input, const at::Tensor& h0, const at::Tensor& c0, const std::vector<at::Tensor>& params,
+             const at::Tensor& output, const at::Tensor& hy, const at::Tensor& cy) const {
+    c10::AutoGradMode grad_mode(CallerGradEnabled());
+    auto [y, h, c] = at::lstm(input, {h0, c0}, params, has_biases_, num_layers_, dropout_, train_, bidirectional_,
+                              batch_first_);
+    output.copy_(y);
+    hy.copy_(h);
+    cy.copy_(c);
+  }
+
   // Reorders each layer's two weight matrices where they changed (or the input's sizes did).
   void Pack(const std::vector<at::Tensor>& params, at::IntArrayRef input_sizes, int64_t hidden) const {
     const size_t n = params.size() / stride_;  // layers x directions
@@ -98,6 +116,8 @@ class LstmCall {
 
   int64_t num_layers_, stride_;  // stride_: weights per layer and direction
   bool has_biases_, train_, bidirectional_, batch_first_;
+  double dropout_;
+  bool grad_;  // the caller's grad mode at capture
   // per layer and direction: the two weights in oneDNN's layout and what they were made from
   // (WeightWatch), and the input sizes they were packed for (a tape runs on one thread)
   mutable std::vector<at::Tensor> packed_;
@@ -130,7 +150,7 @@ std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> LstmOut(const at::Tensor& inpu
                                                           at::Tensor& output, at::Tensor& hy, at::Tensor& cy) {
   TORCH_CHECK(kernel == kOnednn && Reorder() != nullptr && hx.size() == 2 && !(train && dropout != 0), kOutName,
               ": no kernel '", kernel, "' for this LSTM");
-  LstmCall(num_layers, has_biases, train, bidirectional, batch_first)
+  LstmCall(num_layers, has_biases, dropout, train, bidirectional, batch_first)
       .Run(input, hx[0], hx[1], params.vec(), output, hy, cy);
   return {output, hy, cy};
 }
@@ -195,7 +215,7 @@ void CheckLstm(const Graph& g, int node, const std::vector<c10::IValue>& env, Re
     }
     if (!fixed) return refuse(absl::StrCat(kOnednn, ": the weights are computed or bound per call"));
 
-    LstmCall call(num_layers, has_biases, train, bidirectional, args[8].toBool());
+    LstmCall call(num_layers, has_biases, args[5].toDouble(), train, bidirectional, args[8].toBool());
     const char* names[] = {"the recorded input and states", "an input and states with signed zeros and subnormals",
                            "an input and states with infinities and NaNs"};
     for (int k = 0; k < 3; ++k) {
@@ -264,7 +284,9 @@ std::unique_ptr<TypedCall> MakeLstmStep(const Slots& args, const std::vector<int
     if (!states[e].has_value()) states[e] = TensorArg{args[1].toTensorList().get(e), -1};
   }
   TensorArg input = slot_of[0] >= 0 ? TensorArg{at::Tensor(), slot_of[0]} : TensorArg{args[0].toTensor(), -1};
-  LstmCall call(args[4].toInt(), args[3].toBool(), args[6].toBool(), args[7].toBool(), args[8].toBool());
+  if (!args[5].isDouble()) return nullptr;
+  LstmCall call(args[4].toInt(), args[3].toBool(), args[5].toDouble(), args[6].toBool(), args[7].toBool(),
+                args[8].toBool());
   return std::make_unique<LstmStep>(std::move(call), std::move(input), *std::move(states[0]), *std::move(states[1]),
                                     args[2].toTensorVector(),
                                     std::vector<at::Tensor>{args[10].toTensor(), args[11].toTensor(),

@@ -16,9 +16,10 @@
 // recorded input and states and on two sets made from a private seed (one with infinities and
 // NaNs), into buffers of the recorded geometries, and is faster than eager's op by the least of
 // a few interleaved runs; else the node runs eager's op, the reason in the dump and in
-// Captured.profile's "note". The step runs the layer calls with grad mode off (oneDNN's inference
-// primitive) whatever mode eager ran under: the check compares exactly that with eager's
-// results. The reordered weights are copies: the step compares each weight's bytes with those it
+// Captured.profile's "note". The step runs the layer calls in the caller's grad mode at capture,
+// which picks oneDNN's primitive as in eager (Note [The caller's grad mode] in ir/caller_grad.h),
+// below autograd, autocast and Python dispatch modes (the calls see oneDNN's weights); a call
+// made in the other grad mode runs eager's op. The reordered weights are copies: the step compares each weight's bytes with those it
 // reordered (WeightWatch in kernel_check.h) and reorders again when they differ.
 // TORCHREPLAY_CHECKED_LSTM=0 keeps eager's op everywhere.
 #pragma once

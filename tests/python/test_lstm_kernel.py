@@ -153,3 +153,47 @@ def test_switched_off(monkeypatch):
             assert_bitwise(step(*x), model(*x))
         row = lstm_row(step, x)
     assert row["kind"] == "functional" and row["note"] == ""
+
+
+def test_a_frozen_lstm_called_with_grad_mode_on_is_eagers():
+    """Eager's oneDNN LSTM runs its training primitive whenever grad mode is on, even with nothing
+    requiring grad, and its bits differ from the inference primitive's (Note [The caller's grad
+    mode] in ir/caller_grad.h): a frozen model called without no_grad replays those bits, and the
+    same capture called under no_grad replays the other's."""
+    torch.manual_seed(0)
+    model = nn.LSTM(8, 12, num_layers=2).eval().requires_grad_(False)
+    x = (torch.randn(5, 3, 8),)
+    step = torchreplay.capture(model, x, config=config())
+    for i in range(3):
+        assert_bitwise(step(*x), model(*x), f"grad on, call {i}")
+    with torch.no_grad():
+        for i in range(3):
+            assert_bitwise(step(*x), model(*x), f"no_grad, call {i}")
+    for i in range(2):
+        assert_bitwise(step(*x), model(*x), f"grad on again, call {i}")
+    assert step.stats()["replays"] >= 5, step.stats()
+
+
+def test_a_dispatch_mode_checking_arguments_sees_no_onednn_weights():
+    """The layer calls run below Python dispatch modes: a user's mode that reads every argument
+    (a NaN check) works around a replay as around eager's call."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class NanCheck(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            for a in tree_leaves((args, kwargs)):
+                if isinstance(a, torch.Tensor) and a.is_floating_point():
+                    assert not torch.isnan(a).any(), func
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    model = nn.LSTM(8, 12).eval()
+    x = (torch.randn(5, 3, 8),)
+    with torch.no_grad():
+        step = torchreplay.capture(model, x, config=config())
+        for _ in range(3):
+            step(*x)
+        with NanCheck():
+            got = step(*x)
+        assert_bitwise(got, model(*x))
