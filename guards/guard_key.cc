@@ -1,5 +1,8 @@
 #include "guards/guard_key.h"
 
+#include <ATen/Context.h>
+#include <ATen/autocast_mode.h>
+
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -185,6 +188,36 @@ std::string Diff(const GuardKey& old, const GuardKey& now) {
     clauses.push_back(absl::StrCat("input ", i, ": ", absl::StrJoin(what, ", ")));
   }
   return clauses.empty() ? "same key" : absl::StrJoin(clauses, "; ");
+}
+
+Ambient Ambient::Now() {
+  Ambient a;
+  a.mkldnn = at::globalContext().userEnabledMkldnn();
+  if (at::autocast::is_autocast_enabled(c10::DeviceType::CPU)) {
+    a.autocast_cpu = at::autocast::get_autocast_dtype(c10::DeviceType::CPU);
+  }
+  if (at::autocast::is_autocast_enabled(c10::DeviceType::CUDA)) {
+    a.autocast_cuda = at::autocast::get_autocast_dtype(c10::DeviceType::CUDA);
+  }
+  return a;
+}
+
+std::string Ambient::Diff(const Ambient& old, const Ambient& now) {
+  auto dtype = [](c10::ScalarType t) -> std::string {
+    return t == c10::ScalarType::Undefined ? "off" : c10::toString(t);
+  };
+  std::vector<std::string> clauses;
+  if (old.mkldnn != now.mkldnn) {
+    clauses.push_back(absl::StrCat("torch.backends.mkldnn.enabled ", old.mkldnn ? "True" : "False", " -> ",
+                                   now.mkldnn ? "True" : "False"));
+  }
+  if (old.autocast_cpu != now.autocast_cpu) {
+    clauses.push_back(absl::StrCat("autocast (cpu) ", dtype(old.autocast_cpu), " -> ", dtype(now.autocast_cpu)));
+  }
+  if (old.autocast_cuda != now.autocast_cuda) {
+    clauses.push_back(absl::StrCat("autocast (cuda) ", dtype(old.autocast_cuda), " -> ", dtype(now.autocast_cuda)));
+  }
+  return clauses.empty() ? "the same" : absl::StrJoin(clauses, "; ");
 }
 
 }  // namespace torchreplay::guards

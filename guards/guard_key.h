@@ -7,6 +7,7 @@
 #pragma once
 
 #include <ATen/core/ivalue.h>
+#include <c10/core/ScalarType.h>
 
 #include <string>
 #include <vector>
@@ -72,6 +73,27 @@ class GuardKey {
 
  private:
   std::vector<InputGuard> inputs_;
+};
+
+// Note [Ambient state]
+// Some settings change which kernels eager runs, and so its results, without changing any input:
+// autocast on the CPU or CUDA (its ops cast to a lower precision first) and
+// torch.backends.mkldnn.enabled (convolutions and LSTMs then run other kernels). A captured graph
+// keeps the kernels chosen under the state its key was first seen in (Entry::ambient). A call
+// under another mkldnn setting captures the key again; a call under another autocast state runs
+// eagerly (the interpreter dispatches each op as eager does: a capture made under it would call
+// kernels below autocast), logged once per engine.
+struct Ambient {
+  bool mkldnn = true;
+  // per device (CPU, CUDA): autocast's lower-precision dtype, or Undefined when it is off
+  c10::ScalarType autocast_cpu = c10::ScalarType::Undefined, autocast_cuda = c10::ScalarType::Undefined;
+
+  static Ambient Now();
+  bool SameAutocast(const Ambient& o) const { return autocast_cpu == o.autocast_cpu && autocast_cuda == o.autocast_cuda; }
+  bool operator==(const Ambient& o) const { return mkldnn == o.mkldnn && SameAutocast(o); }
+  bool operator!=(const Ambient& o) const { return !(*this == o); }
+  // "autocast (cpu) off -> bfloat16", "torch.backends.mkldnn.enabled True -> False"
+  static std::string Diff(const Ambient& old, const Ambient& now);
 };
 
 // Why `now` is not `old`, one clause per differing input:

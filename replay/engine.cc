@@ -479,6 +479,27 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::RunKeyed(std::vector<c10::IValu
     ++eager_fallbacks_;
     return RunEager(inputs);
   }
+  if (const guards::Ambient now = guards::Ambient::Now(); now != e->ambient) {  // Note [Ambient state]
+    const std::string diff = guards::Ambient::Diff(e->ambient, now);
+    if (!now.SameAutocast(e->ambient)) {
+      RECORD_FUNCTION("torchreplay::eager_fallback", std::vector<c10::IValue>());
+      if (!ambient_logged_.exchange(true)) {
+        std::string reason = absl::StrCat(diff, " since this key was first seen; calls under another autocast "
+                                          "state than their key's capture run eagerly");
+        Log(LogLevel::kWarning, reason);
+        absl::MutexLock lock(&mu_);
+        AppendBounded(&fallback_reasons_, std::move(reason));
+      }
+      ++eager_fallbacks_;
+      return RunEager(inputs);
+    }
+    e->ambient = now;  // another mkldnn setting: eager's kernels differ, so capture this key again
+    e->reason = diff;
+    if (e->graph != nullptr) --ts.captured;
+    e->graph.reset();
+    e->recording.reset();
+    e->eager_runs = 0;
+  }
   if (e->graph != nullptr) {
     for (const auto& [i, ptr] : e->static_ptrs) {
       const void* now = inputs[i].toTensor().const_data_ptr();

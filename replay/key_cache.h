@@ -26,6 +26,7 @@ namespace torchreplay::replay {
 // Everything the engine holds for one guard key on one thread.
 struct Entry {
   guards::GuardKey key;
+  guards::Ambient ambient = guards::Ambient::Now();  // Note [Ambient state]: when first seen or captured again
   std::string reason;  // why this key needs a capture
   int eager_runs = 0;
   std::optional<capture::Recording> recording;           // of the latest warm-up run

@@ -201,3 +201,65 @@ def test_a_scalar_changing_every_call_replays_every_timed_call():
 
     eager, ours = scalar_loop(50)   # outputs checked bitwise inside
     assert ours["captures"] == 1 and ours["replays"] >= 7 * 50
+
+
+class ConvNet(nn.Module):
+    """Convolutions whose kernels eager picks by torch.backends.mkldnn.enabled, and a linear layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(8, 16, 3, padding=1)
+        self.b = nn.Conv2d(16, 16, 3, padding=1, groups=16)
+        self.fc = nn.Linear(16 * 8 * 8, 10)
+
+    def forward(self, x):
+        return self.fc(self.b(torch.relu(self.a(x))).flatten(1))
+
+
+def test_a_call_under_another_mkldnn_setting_captures_again_with_eagers_bits():
+    """Note [Ambient state]: torch.backends.mkldnn.enabled changes which kernels eager runs (and
+    the checked kernels a capture took for its convolutions): a call under the other setting
+    captures the key again, each call eager's bits."""
+    import torchreplay
+    torch.manual_seed(0)
+    model = ConvNet().eval()
+    x = torch.randn(1, 8, 8, 8)
+    config = torchreplay.CompilerConfig()
+    config.mode = "reduce-overhead"
+    with torch.no_grad():
+        step = torchreplay.capture(model, (x,), config=config)
+        for enabled in (True, False, False, False, True, True):
+            with torch.backends.mkldnn.flags(enabled=enabled):
+                assert_bitwise(step(x), model(x), f"mkldnn enabled={enabled}")
+    stats = step.stats()
+    # warm-up (True); warm-up and capture again (False), replay; warm-up and capture again (True)
+    assert (stats["warmups"], stats["captures"], stats["replays"], stats["eager_fallbacks"]) == (3, 2, 3, 0), stats
+    reasons = [c["reason"] for c in stats["capture_log"]]
+    assert reasons == ["torch.backends.mkldnn.enabled True -> False", "torch.backends.mkldnn.enabled False -> True"], \
+        reasons
+
+
+def test_a_call_under_autocast_after_a_capture_without_it_runs_eagerly(replay_log):
+    """Note [Ambient state]: a call under autocast of a graph captured without it runs the graph
+    eagerly, op by op under autocast (its results in autocast's dtype, as eager's are), logged
+    once; calls without autocast replay again."""
+    import torchreplay
+    torch.manual_seed(0)
+    model = ConvNet().eval()
+    x = torch.randn(1, 8, 8, 8)
+    config = torchreplay.CompilerConfig()
+    config.mode = "reduce-overhead"
+    with torch.no_grad(), replay_log.at_level(logging.WARNING, logger="torchreplay"):
+        step = torchreplay.capture(model, (x,), config=config)
+        for _ in range(3):
+            assert_bitwise(step(x), model(x))
+        for _ in range(2):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                got, want = step(x), model(x)
+            assert got.dtype == want.dtype == torch.bfloat16
+            assert (got.float() - want.float()).abs().max() <= 0.05 * want.float().abs().max()
+        assert_bitwise(step(x), model(x))
+    stats = step.stats()
+    assert (stats["eager_fallbacks"], stats["replays"], stats["captures"]) == (2, 3, 1), stats
+    said = [r.getMessage() for r in replay_log.records if "autocast (cpu) off -> BFloat16" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in replay_log.records]
