@@ -27,6 +27,9 @@ eager's instead of equal:
   it fused (after a 1x1 convolution's views of it too), where that is faster than the addmm
   (timed at capture); else linear layers of at most 16 rows with a large
   weight read from a transposed copy stored contiguous once;
+- the spatial mean of a channels-last image of one sample (squeeze-and-excitation's pooling) as
+  the small GEMM of a row of 1 / (H * W) by its pixels, read in place, where that timed faster
+  than eager's mean;
 - a GRU layer as one call, torchreplay::gru_sequence (Note [GRU steps] in tape/recurrent.h: the
   input projections one small GEMM, then each step's hidden product and gates in the same call);
   LSTM and RNN through export's decomposition (products and pointwise ops, which the tape fuses)
@@ -105,7 +108,8 @@ class _Rewriter:
         self.counts: Dict[str, int] = {"batch_norms_folded": 0, "convolutions_onednn": 0, "convolutions_gemm": 0,
                                        "convolutions_depthwise": 0, "convolutions_small_gemm": 0, "post_ops_fused": 0,
                                        "layout_copies": 0, "linears_transposed_once": 0, "linears_small_gemm": 0,
-                                       "convolutions_eager": 0, "grus_fused": 0, "results_channels_last": 0}
+                                       "convolutions_eager": 0, "grus_fused": 0, "results_channels_last": 0,
+                                       "means_small_gemm": 0}
         self.channels_last: set = set()  # results that may be channels-last where eager's are not
         self.contiguous: set = set()  # results made contiguous where eager's may be channels-last
         # (input sizes, weight sizes, {way: us}) of each timed convolution and product
@@ -457,6 +461,48 @@ class _Rewriter:
         self.counts["linears_small_gemm"] += 1
         return True
 
+    def rewrite_spatial_means(self) -> None:
+        """A mean over the spatial dims of a 4-d image of one sample (squeeze-and-excitation's
+        pooling) as the small GEMM of a row of 1 / (H * W) by the image's pixels, [H * W, C]: a
+        view of a channels-last result, read in place (a copy of any other), where that timed
+        faster than eager's mean."""
+        for node in list(self.graph.nodes):
+            if node.op != "call_function" or node.target != aten.mean.dim or len(node.args) != 3 or node.kwargs:
+                continue
+            x, dims, keepdim = node.args
+            val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+            if val is None or val.dim() != 4 or val.dtype != torch.float32 or val.device.type != "cpu" or \
+                    not all(isinstance(s, int) for s in val.shape) or val.shape[0] != 1 or not keepdim or \
+                    sorted(d % 4 for d in dims) != [2, 3] or x not in self.channels_last or \
+                    not _small_gemm_available():
+                continue
+            c, hw = val.shape[1], val.shape[2] * val.shape[3]
+            if not self._mean_faster(c, val.shape[2], val.shape[3]):
+                continue
+            row, zeros = torch.full((1, hw), 1.0 / hw), torch.zeros(c)
+            with self.graph.inserting_before(node):
+                permuted = self.graph.call_function(aten.permute.default, (x, [0, 2, 3, 1]))
+                flat = self.graph.call_function(aten.reshape.default, (permuted, [hw, c]))
+                mean = self.graph.call_function(torch.ops.torchreplay.small_gemm.default, (
+                    self.constant(row, "mean_row"), flat, self.constant(zeros, "bias"), "none"))
+                view = self.graph.call_function(aten.view.default, (mean, [1, c, 1, 1]))
+            view.meta["val"] = node.meta.get("val")
+            node.replace_all_uses_with(view)
+            self.graph.erase_node(node)
+            self.counts["means_small_gemm"] += 1
+
+    def _mean_faster(self, c: int, h: int, w: int) -> bool:
+        """Whether the small GEMM's mean of a channels-last [1, c, h, w] timed faster than eager's."""
+        row, zeros = torch.full((1, h * w), 1.0 / (h * w)), torch.zeros(c)
+        image = torch.randn(1, c, h, w).to(memory_format=torch.channels_last)
+        pixels, out = image.permute(0, 2, 3, 1).reshape(h * w, c), torch.empty(1, c)
+        with torch.no_grad():
+            eager, ours = _least_times([
+                lambda: aten.mean.out(image, [2, 3], True, out=out.view(1, c, 1, 1)),
+                lambda: torch.ops.torchreplay.small_gemm.out(row, pixels, zeros, "none", out=out)], rounds=15)
+        self.timings.append(((1, h * w), (h * w, c), {"mean": eager, "small_gemm": ours}))
+        return ours < eager
+
     # -- recurrent layers ---------------------------------------------------------------------
     def rewrite_grus(self) -> None:
         """A GRU the export kept whole for it (rnn.fused_gru) as torchreplay::gru_sequence, one
@@ -608,6 +654,7 @@ def rewrite(gm: torch.fx.GraphModule, bound: Sequence[Any], names: Sequence[str]
         r.rewrite_convolutions()
         r.rewrite_linears()
         r.rewrite_grus()
+        r.rewrite_spatial_means()
         r.restore_layouts()
     r.guard()
     gm.graph.eliminate_dead_code()

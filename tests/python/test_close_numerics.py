@@ -590,3 +590,42 @@ def test_a_channels_last_input_gives_eagers_channels_last_outputs(monkeypatch, w
         assert step.numerics["rewrites"]["convolutions_onednn" if way == "onednn" else "convolutions_small_gemm"] == 2
         assert_within_with_eagers_strides(step, model, make)
 
+
+
+class SqueezeExcite(nn.Module):
+    """A depthwise block with squeeze-and-excitation, as in MobileNetV3, and a mean over an input."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(8, 16, 3, padding=1)
+        self.dw = nn.Conv2d(16, 16, 3, padding=1, groups=16)
+        self.fc1, self.fc2 = nn.Conv2d(16, 4, 1), nn.Conv2d(4, 16, 1)
+        self.out = nn.Conv2d(16, 8, 1)
+
+    def forward(self, x):
+        y = nn.functional.hardswish(self.dw(torch.relu(self.stem(x))))
+        s = nn.functional.hardsigmoid(self.fc2(torch.relu(self.fc1(y.mean((2, 3), keepdim=True)))))
+        return self.out(y * s), x.mean((-1, -2), keepdim=True)
+
+
+@pytest.mark.parametrize("ours_faster", [True, False])
+def test_spatial_means_of_channels_last_results_take_the_small_gemm_where_it_timed_faster(monkeypatch, ours_faster):
+    """A squeeze-and-excitation mean of a result the rewrite made channels-last becomes the small
+    GEMM of a row of 1 / (H * W) by its pixels where the capture's timing says so (forced here both
+    ways); the mean of the input (contiguous) stays eager's; results within the tolerance."""
+    from torchreplay import close_numerics
+    small_gemm(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1))  # skips without AVX2
+    # every timing: the last way the fastest (or the first), so that the convolutions' rewrites
+    # give the channels-last result the mean reads
+    monkeypatch.setattr(close_numerics, "_least_times", lambda fns, rounds=7: [
+        float(len(fns) - i) for i in range(len(fns))])
+    monkeypatch.setattr(close_numerics._Rewriter, "_mean_faster", lambda self, c, h, w: ours_faster)
+    torch.manual_seed(0)
+    model = SqueezeExcite().eval()
+    make = lambda i: (torch.randn(1, 8, 10, 10, generator=torch.Generator().manual_seed(i)),)  # noqa: E731
+    with torch.no_grad():
+        step = capture(model, make(0), "close")
+        assert_within_with_eagers_strides(step, model, make)
+        ops = [r["op"] for r in step.profile(*make(0), iterations=1)]
+    assert step.numerics["rewrites"]["means_small_gemm"] == (1 if ours_faster else 0)
+    assert ops.count("aten::mean.out") == (1 if ours_faster else 2), ops
