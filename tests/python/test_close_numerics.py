@@ -615,7 +615,7 @@ def test_spatial_means_of_channels_last_results_take_the_small_gemm_where_it_tim
     ways); the mean of the input (contiguous) stays eager's; results within the tolerance."""
     from torchreplay import close_numerics
     small_gemm(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1))  # skips without AVX2
-    # every timing: the last way the fastest (or the first), so that the convolutions' rewrites
+    # every other timing: the last way the fastest, so that the convolutions' rewrites
     # give the channels-last result the mean reads
     monkeypatch.setattr(close_numerics, "_least_times", lambda fns, rounds=7: [
         float(len(fns) - i) for i in range(len(fns))])
