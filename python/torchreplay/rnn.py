@@ -222,8 +222,9 @@ def keep_whole(gm: torch.fx.GraphModule) -> Optional[str]:
 def whole_only(gm: torch.fx.GraphModule) -> Optional[str]:
     """The recurrent op's name when keep_whole left Dynamo's graph `gm` nothing to compute but
     twins (and getitems of their results); else None. A replay of such a graph is eager's one call
-    with nothing saved around it, so the compiled call costs Dynamo's frame more than eager's
-    (for nn.LSTM, more than the module's Python it replaces)."""
+    (an LSTM's through oneDNN's layers on weights reordered once where the capture's check takes
+    them, Note [Checked LSTMs]) with nothing saved around it, so the compiled call can cost
+    Dynamo's frame more than eager's Python."""
     twins = set(_WHOLE.values())
     names = set()
     for node in gm.graph.nodes:
