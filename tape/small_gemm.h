@@ -46,6 +46,10 @@ struct Params {
   const float* bias = nullptr;      // [n] or null: each column's sums start from it
   bool bias_last = false;           // or, if set, start from +0 and bias + sum after the last k
   const float* row_bias = nullptr;  // [m] or null: each row's sums start from it (not with bias)
+  // [k] or null: x's column k multiplied by x_scale[k] first, each product rounded (x * scale, then
+  // the product by w: a per-channel scale of a 1x1 convolution's input, squeeze-and-excitation's,
+  // in the call); rows of x read as they are (not with x_cols)
+  const float* x_scale = nullptr;
   float* y = nullptr;           // [m, n], row r at y + r * y_row, elements contiguous
   int64_t x_row = 0, y_row = 0, m = 0, k = 0, n = 0;
   PostOp post = PostOp::kNone;

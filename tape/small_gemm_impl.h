@@ -183,7 +183,29 @@ void TailRows(const Params& p) {
   LastRows<kMaxRows - 1>(p, r, p.m - r, v, v, &mask);
 }
 
+// Rows [r0, r0 + m) of p.x times p.x_scale, into this thread's buffer: the x a product with
+// x_scale reads (each element one multiply, as the elementwise op it replaces computes it).
+const float* ScaledRows(const Params& p, int64_t r0, int64_t m) {
+  thread_local std::vector<float> buffer;
+  if (buffer.size() < static_cast<size_t>(m * p.k)) buffer.resize(m * p.k);
+  const int64_t whole = p.k / kLanes * kLanes;
+  const Mask mask = TailMask(static_cast<int>(p.k - whole));
+  for (int64_t r = 0; r < m; ++r) {
+    const float* x = p.x + (r0 + r) * p.x_row;
+    float* y = buffer.data() + r * p.k;
+    int64_t c = 0;
+    for (; c < whole; c += kLanes) Store(y + c, Mul(Load(x + c), Load(p.x_scale + c)));
+    if (c < p.k) MaskStore(y + c, mask, Mul(MaskLoad(x + c, mask), MaskLoad(p.x_scale + c, mask)));
+  }
+  return buffer.data();
+}
+
 void Gemm(const Params& p) {
+  if (p.x_scale != nullptr && p.m < 4 * kMaxRows) {  // (with many rows, per task below)
+    Params q = p;
+    q.x = ScaledRows(p, 0, p.m), q.x_row = p.k, q.x_scale = nullptr;
+    return Gemm(q);
+  }
   if (p.panel > 0) {  // each panel a product of its own, its rows p.panel apart
     const int64_t panels = (p.n + p.panel - 1) / p.panel;
     const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(p.m * p.k * p.panel, 1));
@@ -209,6 +231,8 @@ void Gemm(const Params& p) {
       q.m = std::min(p.m, b1 * kMaxRows) - r0, q.y = p.y + r0 * p.y_row;
       if (p.x_cols != nullptr) {
         q.x_cols_from = p.x_cols_from + r0;
+      } else if (p.x_scale != nullptr) {
+        q.x = ScaledRows(p, r0, q.m), q.x_row = p.k, q.x_scale = nullptr;
       } else {
         q.x = p.x + r0 * p.x_row;
       }

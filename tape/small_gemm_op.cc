@@ -6,6 +6,9 @@
 //   Params::panel) as [panels, K, panel]. Its
 //   signature is one the tape calls unboxed (Note [Typed steps]): a product without bias gets a
 //   bias of zeros (the sums start from +0 either way).
+// - torchreplay::small_gemm_scaled: the same of (input * scale), scale [K] a factor per column of
+//   the input, each product rounded as the elementwise multiply computes it (a squeeze-and-
+//   excitation scale fused into the 1x1 convolution after it; small_gemm.h's x_scale).
 // - torchreplay::conv_gemm: a 1-d or 2-d convolution of one group as the product of the weight
 //   [C_out, C * KH * KW] by the input's patches, each output channel's sums starting from its
 //   bias, then post_op: a 1x1 convolution of stride 1 without padding reads the input's planes
@@ -36,8 +39,8 @@ constexpr const char* kName = "torchreplay::small_gemm";
 
 // input [M, K]; weight_kn [K, N] contiguous, or packed in panels as [P, K, panel] contiguous
 // (N = bias's size, P = ceil(N / panel)); bias [N].
-at::Tensor& SmallGemmOut(const at::Tensor& input, const at::Tensor& weight_kn, const at::Tensor& bias,
-                         c10::string_view post_op, at::Tensor& out) {
+at::Tensor& ScaledOut(const at::Tensor& input, const float* scale, const at::Tensor& weight_kn,
+                      const at::Tensor& bias, c10::string_view post_op, at::Tensor& out) {
   TORCH_CHECK(small_gemm::Available(), kName, ": this CPU has no AVX2 and FMA");
   const bool packed = weight_kn.dim() == 3;
   TORCH_CHECK(input.dim() == 2 && (weight_kn.dim() == 2 || packed) && input.scalar_type() == c10::kFloat &&
@@ -69,8 +72,34 @@ at::Tensor& SmallGemmOut(const at::Tensor& input, const at::Tensor& weight_kn, c
   p.y = out.data_ptr<float>(), p.y_row = out.stride(0);
   p.m = m, p.k = k, p.n = n;
   p.post = PostOpOf(post_op, kName);
+  p.x_scale = scale;
   small_gemm::Run(p);
   return out;
+}
+
+at::Tensor& SmallGemmOut(const at::Tensor& input, const at::Tensor& weight_kn, const at::Tensor& bias,
+                         c10::string_view post_op, at::Tensor& out) {
+  return ScaledOut(input, nullptr, weight_kn, bias, post_op, out);
+}
+
+at::Tensor& SmallGemmScaledOut(const at::Tensor& input, const at::Tensor& scale, const at::Tensor& weight_kn,
+                               const at::Tensor& bias, c10::string_view post_op, at::Tensor& out) {
+  TORCH_CHECK(input.dim() == 2 && scale.dim() == 1 && scale.size(0) == input.size(1) &&
+                  scale.scalar_type() == c10::kFloat && scale.device().is_cpu(),
+              "torchreplay::small_gemm_scaled: scale is a float32 [K] for a [M, K] input, not ", scale.sizes(), " ",
+              scale.scalar_type(), " for ", input.sizes());
+  const at::Tensor s = scale.contiguous();
+  return ScaledOut(input, s.const_data_ptr<float>(), weight_kn, bias, post_op, out);
+}
+
+at::Tensor SmallGemmScaled(const at::Tensor& input, const at::Tensor& scale, const at::Tensor& weight_kn,
+                           const at::Tensor& bias, c10::string_view post_op) {
+  TORCH_CHECK(input.dim() == 2 && (weight_kn.dim() == 2 || weight_kn.dim() == 3) && bias.dim() == 1, kName,
+              ": a 2-d input, a 2-d (or packed 3-d) weight and a 1-d bias, not ", input.sizes(), ", ",
+              weight_kn.sizes(), " and ", bias.sizes());
+  at::Tensor out = at::empty({input.size(0), weight_kn.dim() == 3 ? bias.size(0) : weight_kn.size(1)},
+                             input.options());
+  return SmallGemmScaledOut(input, scale, weight_kn, bias, post_op, out);
 }
 
 at::Tensor SmallGemm(const at::Tensor& input, const at::Tensor& weight_kn, const at::Tensor& bias,
@@ -284,6 +313,9 @@ bool Available() { return HasAvx2AndFma(); }
 TORCH_LIBRARY_FRAGMENT(torchreplay, m) {
   m.def("small_gemm(Tensor input, Tensor weight_kn, Tensor bias, str post_op) -> Tensor");
   m.def("small_gemm.out(Tensor input, Tensor weight_kn, Tensor bias, str post_op, *, Tensor(a!) out) -> Tensor(a!)");
+  m.def("small_gemm_scaled(Tensor input, Tensor scale, Tensor weight_kn, Tensor bias, str post_op) -> Tensor");
+  m.def("small_gemm_scaled.out(Tensor input, Tensor scale, Tensor weight_kn, Tensor bias, str post_op, *, "
+        "Tensor(a!) out) -> Tensor(a!)");
 }
 
 TORCH_LIBRARY_FRAGMENT(torchreplay, m) {
@@ -296,6 +328,8 @@ TORCH_LIBRARY_FRAGMENT(torchreplay, m) {
 TORCH_LIBRARY_IMPL(torchreplay, CPU, m) {
   m.impl("small_gemm", &SmallGemm);
   m.impl("small_gemm.out", &SmallGemmOut);
+  m.impl("small_gemm_scaled", &SmallGemmScaled);
+  m.impl("small_gemm_scaled.out", &SmallGemmScaledOut);
   m.impl("conv_gemm", &ConvGemm);
   m.impl("conv_gemm.out", &ConvGemmOut);
 }

@@ -192,6 +192,7 @@ std::unique_ptr<TypedCall> MakeTypedCall(const c10::OperatorHandle& op, const Sl
   if (code == "TTTSO") return MakeTyped<T, T, T, S, O>(op, args, slot_of);
   if (code == "TTTSSO") return MakeTyped<T, T, T, S, S, O>(op, args, slot_of);
   if (code == "TTTcO") return MakeTyped<T, T, T, StrArg, O>(op, args, slot_of);  // torchreplay::small_gemm
+  if (code == "TTTTcO") return MakeTyped<T, T, T, T, StrArg, O>(op, args, slot_of);  // small_gemm_scaled
   if (code == "TssO") return MakeTyped<T, OptScalarArg, OptScalarArg, O>(op, args, slot_of);
   if (code == "TIBO") return MakeTyped<T, IntArg, BoolArg, O>(op, args, slot_of);
   if (code == "TLBDO") return MakeTyped<T, DimsArg, BoolArg, DtypeArg, O>(op, args, slot_of);  // sum, mean

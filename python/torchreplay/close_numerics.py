@@ -30,6 +30,9 @@ eager's instead of equal:
 - the spatial mean of a channels-last image of one sample (squeeze-and-excitation's pooling) as
   the small GEMM of a row of 1 / (H * W) by its pixels, read in place, where that timed faster
   than eager's mean;
+- a per-channel scale of such an image (squeeze-and-excitation's) read only by a 1x1 convolution
+  through the small GEMM, folded into that product (torchreplay::small_gemm_scaled, the same
+  rounded products without the elementwise step);
 - a GRU layer as one call, torchreplay::gru_sequence (Note [GRU steps] in tape/recurrent.h: the
   input projections one small GEMM, then each step's hidden product and gates in the same call);
   LSTM and RNN through export's decomposition (products and pointwise ops, which the tape fuses)
@@ -109,7 +112,7 @@ class _Rewriter:
                                        "convolutions_depthwise": 0, "convolutions_small_gemm": 0, "post_ops_fused": 0,
                                        "layout_copies": 0, "linears_transposed_once": 0, "linears_small_gemm": 0,
                                        "convolutions_eager": 0, "grus_fused": 0, "results_channels_last": 0,
-                                       "means_small_gemm": 0}
+                                       "means_small_gemm": 0, "scales_folded": 0}
         self.channels_last: set = set()  # results that may be channels-last where eager's are not
         self.contiguous: set = set()  # results made contiguous where eager's may be channels-last
         # (input sizes, weight sizes, {way: us}) of each timed convolution and product
@@ -491,6 +494,43 @@ class _Rewriter:
             self.graph.erase_node(node)
             self.counts["means_small_gemm"] += 1
 
+    def fold_channel_scales(self) -> None:
+        """A per-channel scale of an image of one sample (squeeze-and-excitation's x * s, s [1, C,
+        1, 1]) read only by a 1x1 convolution through the small GEMM moves into that product
+        (torchreplay::small_gemm_scaled: the same products, each rounded as the multiply rounds
+        it, without the elementwise step or its result)."""
+        for node in list(self.graph.nodes):
+            if node.op != "call_function" or node.target != torch.ops.torchreplay.small_gemm.default:
+                continue
+            rows = node.args[0]
+            permuted = rows.args[0] if isinstance(rows, torch.fx.Node) and rows.target == aten.view.default else None
+            mul = permuted.args[0] if isinstance(permuted, torch.fx.Node) and \
+                permuted.target == aten.permute.default and list(permuted.args[1]) == [0, 2, 3, 1] else None
+            if not isinstance(mul, torch.fx.Node) or mul.target != aten.mul.Tensor or \
+                    any(len(n.users) != 1 for n in (rows, permuted, mul)):
+                continue
+            vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in mul.args]
+            if not all(isinstance(v, torch.Tensor) and v.dim() == 4 and v.dtype == torch.float32 for v in vals):
+                continue
+            image = next((i for i in (0, 1) if vals[i].shape[0] == 1 and vals[1 - i].shape[2:] == (1, 1) and
+                          vals[1 - i].shape[:2] == vals[i].shape[:2] and vals[i].shape[2:] != (1, 1)), None)
+            if image is None or not all(isinstance(d, int) for d in vals[image].shape):
+                continue
+            x, s = mul.args[image], mul.args[1 - image]
+            if x not in self.channels_last:
+                continue
+            with self.graph.inserting_before(node):
+                x_rows = self.graph.call_function(aten.view.default, (
+                    self.graph.call_function(aten.permute.default, (x, [0, 2, 3, 1])), rows.args[1]))
+                scale = self.graph.call_function(aten.view.default, (s, [vals[image].shape[1]]))
+                scaled = self.graph.call_function(torch.ops.torchreplay.small_gemm_scaled.default,
+                                                  (x_rows, scale, *node.args[1:]))
+            scaled.meta["val"] = node.meta.get("val")
+            node.replace_all_uses_with(scaled)
+            for n in (node, rows, permuted, mul):
+                self.graph.erase_node(n)
+            self.counts["scales_folded"] += 1
+
     def _mean_faster(self, c: int, h: int, w: int) -> bool:
         """Whether the small GEMM's mean of a channels-last [1, c, h, w] timed faster than eager's."""
         row, zeros = torch.full((1, h * w), 1.0 / (h * w)), torch.zeros(c)
@@ -655,6 +695,7 @@ def rewrite(gm: torch.fx.GraphModule, bound: Sequence[Any], names: Sequence[str]
         r.rewrite_linears()
         r.rewrite_grus()
         r.rewrite_spatial_means()
+        r.fold_channel_scales()
         r.restore_layouts()
     r.guard()
     gm.graph.eliminate_dead_code()

@@ -629,3 +629,50 @@ def test_spatial_means_of_channels_last_results_take_the_small_gemm_where_it_tim
         ops = [r["op"] for r in step.profile(*make(0), iterations=1)]
     assert step.numerics["rewrites"]["means_small_gemm"] == (1 if ours_faster else 0)
     assert ops.count("aten::mean.out") == (1 if ours_faster else 2), ops
+
+
+@pytest.mark.parametrize("rows", [1, 9, 36, 144])
+def test_small_gemm_scaled_is_the_small_gemm_of_the_scaled_input(rows):
+    """torchreplay::small_gemm_scaled(x, s, w, b) gives the bits of small_gemm(x * s, w, b): each
+    product rounded as the multiply rounds it, with few rows (scaled once) and many (per task), K
+    not a multiple of a vector, on one thread or two, NaNs and infinities included."""
+    small_gemm(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1))  # skips without AVX2
+    g = torch.Generator().manual_seed(rows)
+    x, s = torch.randn(rows, 45, generator=g), torch.rand(45, generator=g)
+    w, b = torch.randn(45, 40, generator=g), torch.randn(40, generator=g)
+    x[0, 3], x[-1, 44], s[7] = float("nan"), float("inf"), float("-inf")
+    threads = torch.get_num_threads()
+    try:
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            got = torch.ops.torchreplay.small_gemm_scaled(x, s, w, b, "hardswish")
+            assert_bitwise(got, small_gemm(x * s, w, b, "hardswish"), f"{t} threads")
+    finally:
+        torch.set_num_threads(threads)
+    strided = torch.randn(90, generator=g)[::2]  # a scale that is not contiguous: copied first
+    assert_bitwise(torch.ops.torchreplay.small_gemm_scaled(x, strided, w, b, "none"), small_gemm(x * strided, w, b))
+    with pytest.raises(RuntimeError, match=r"small_gemm_scaled: scale is a float32 \[K\]"):
+        torch.ops.torchreplay.small_gemm_scaled(x, s[:5], w, b, "none")
+
+
+@pytest.mark.parametrize("ours_faster", [True, False])
+def test_a_squeeze_excitation_scale_folds_into_the_small_gemm_after_it(monkeypatch, ours_faster):
+    """The scale x * s of a channels-last image read only by a 1x1 convolution through the small
+    GEMM moves into that product (small_gemm_scaled): no elementwise step left for it; results
+    within the tolerance, with eager's strides, replayed. (Where the 1x1 convolution stays MKL's
+    addmm, the product is not the small GEMM's and the scale stays.)"""
+    from torchreplay import close_numerics
+    small_gemm(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1))  # skips without AVX2
+    monkeypatch.setattr(close_numerics, "_least_times", lambda fns, rounds=7: [
+        float(len(fns) - i) if ours_faster else float(i + 1) for i in range(len(fns))])
+    torch.manual_seed(0)
+    model = SqueezeExcite().eval()
+    make = lambda i: (torch.randn(1, 8, 10, 10, generator=torch.Generator().manual_seed(i)),)  # noqa: E731
+    with torch.no_grad():
+        step = capture(model, make(0), "close")
+        assert_within_with_eagers_strides(step, model, make)
+        ops = [r["op"] for r in step.profile(*make(0), iterations=1)]
+    folded = step.numerics["rewrites"]["scales_folded"]
+    assert folded == (1 if "torchreplay::small_gemm_scaled.out" in ops else 0), (folded, ops)
+    if ours_faster:
+        assert folded == 1 and not any(op.startswith("fused: mul") for op in ops), ops
