@@ -25,8 +25,8 @@
 //   cpu_features.h        whether the CPU runs the kernels compiled for AVX2 and FMA, and which
 //                         copy ATen's CPU capability picks
 //   small_gemm.h          products of few rows (Note [Small GEMMs]; small_gemm_impl.h, compiled in
-//                         small_gemm_avx2.cc and small_gemm_avx512.cc; the ops small_gemm and
-//                         conv_gemm in small_gemm_op.cc)
+//                         small_gemm_avx2.cc and small_gemm_avx512.cc; the ops small_gemm,
+//                         small_gemm_scaled and conv_gemm in small_gemm_op.cc)
 //   post_op.h             the activation these kernels apply before storing, by name;
 //                         simd_ops.h: the vector operations their intrinsics copies share
 //   recurrent.h           a GRU layer in one call (Note [GRU steps]; recurrent_avx2.cc; the op
