@@ -608,25 +608,33 @@ class SqueezeExcite(nn.Module):
         return self.out(y * s), x.mean((-1, -2), keepdim=True)
 
 
-@pytest.mark.parametrize("ours_faster", [True, False])
-def test_spatial_means_of_channels_last_results_take_the_small_gemm_where_it_timed_faster(monkeypatch, ours_faster):
-    """A squeeze-and-excitation mean of a result the rewrite made channels-last becomes the small
-    GEMM of a row of 1 / (H * W) by its pixels where the capture's timing says so (forced here both
-    ways); the mean of the input (contiguous) stays eager's; results within the tolerance."""
+def squeeze_excite_ops(monkeypatch, last_fastest):
+    """Captures SqueezeExcite under "close" with every timing forced (the last way the fastest, or
+    the first), checks its results within the tolerance with eager's strides, replayed; returns
+    the capture and its steps' ops."""
     from torchreplay import close_numerics
     small_gemm(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1))  # skips without AVX2
-    # every other timing: the last way the fastest, so that the convolutions' rewrites
-    # give the channels-last result the mean reads
     monkeypatch.setattr(close_numerics, "_least_times", lambda fns, rounds=7: [
-        float(len(fns) - i) for i in range(len(fns))])
-    monkeypatch.setattr(close_numerics._Rewriter, "_mean_faster", lambda self, c, h, w: ours_faster)
+        float(len(fns) - i) if last_fastest else float(i + 1) for i in range(len(fns))])
     torch.manual_seed(0)
     model = SqueezeExcite().eval()
     make = lambda i: (torch.randn(1, 8, 10, 10, generator=torch.Generator().manual_seed(i)),)  # noqa: E731
     with torch.no_grad():
         step = capture(model, make(0), "close")
         assert_within_with_eagers_strides(step, model, make)
-        ops = [r["op"] for r in step.profile(*make(0), iterations=1)]
+        return step, [r["op"] for r in step.profile(*make(0), iterations=1)]
+
+
+@pytest.mark.parametrize("ours_faster", [True, False])
+def test_spatial_means_of_channels_last_results_take_the_small_gemm_where_it_timed_faster(monkeypatch, ours_faster):
+    """A squeeze-and-excitation mean of a result the rewrite made channels-last becomes the small
+    GEMM of a row of 1 / (H * W) by its pixels where the capture's timing says so (forced here both
+    ways); the mean of the input (contiguous) stays eager's; results within the tolerance."""
+    from torchreplay import close_numerics
+    monkeypatch.setattr(close_numerics._Rewriter, "_mean_faster", lambda self, c, h, w: ours_faster)
+    # every other timing: the last way the fastest, so that the convolutions' rewrites give the
+    # channels-last result the mean reads
+    step, ops = squeeze_excite_ops(monkeypatch, last_fastest=True)
     assert step.numerics["rewrites"]["means_small_gemm"] == (1 if ours_faster else 0)
     assert ops.count("aten::mean.out") == (1 if ours_faster else 2), ops
 
@@ -661,17 +669,7 @@ def test_a_squeeze_excitation_scale_folds_into_the_small_gemm_after_it(monkeypat
     GEMM moves into that product (small_gemm_scaled): no elementwise step left for it; results
     within the tolerance, with eager's strides, replayed. (Where the 1x1 convolution stays MKL's
     addmm, the product is not the small GEMM's and the scale stays.)"""
-    from torchreplay import close_numerics
-    small_gemm(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1))  # skips without AVX2
-    monkeypatch.setattr(close_numerics, "_least_times", lambda fns, rounds=7: [
-        float(len(fns) - i) if ours_faster else float(i + 1) for i in range(len(fns))])
-    torch.manual_seed(0)
-    model = SqueezeExcite().eval()
-    make = lambda i: (torch.randn(1, 8, 10, 10, generator=torch.Generator().manual_seed(i)),)  # noqa: E731
-    with torch.no_grad():
-        step = capture(model, make(0), "close")
-        assert_within_with_eagers_strides(step, model, make)
-        ops = [r["op"] for r in step.profile(*make(0), iterations=1)]
+    step, ops = squeeze_excite_ops(monkeypatch, last_fastest=ours_faster)
     folded = step.numerics["rewrites"]["scales_folded"]
     assert folded == (1 if "torchreplay::small_gemm_scaled.out" in ops else 0), (folded, ops)
     if ours_faster:
