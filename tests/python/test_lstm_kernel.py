@@ -197,3 +197,4 @@ def test_a_dispatch_mode_checking_arguments_sees_no_onednn_weights():
         with NanCheck():
             got = step(*x)
         assert_bitwise(got, model(*x))
+    assert step.stats()["replays"] >= 3, step.stats()  # the call under the mode replayed too
