@@ -388,6 +388,36 @@ VmlFn<T> MklFn(Op op) {
   }
 }
 
+// Note [Zeros around MKL's sqrt]
+// MKL's sqrt takes every vector that holds a zero (or another special input) down a slow path
+// (vssqrt_cout_rare, several times the cost of the other vectors), and an optimizer's update
+// takes the square root of many exact zeros: Adam's, RMSprop's and Adagrad's state stays zero in
+// the embedding rows no token reached. MKL's sqrt of +-0 is +-0, and the result of one lane does
+// not depend on the other lanes of the call or on where the call starts (checked over all 2^32
+// float inputs, with zeros of both signs between them, at other offsets and call lengths; the
+// tests check float and double against eager). So where a chunk holds zeros, MKL runs on a copy
+// with each zero replaced by 1 and the zeros are put back: every element keeps MKL's bits.
+template <class T>
+struct MklSqrt {
+  using Bits = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+  static bool IsZero(T x) { return (c10::bit_cast<Bits>(x) << 1) == 0; }  // +0 or -0 (not by DAZ)
+
+  void operator()(T* out, const T* in, int64_t n) const {
+    Bits least = ~Bits(0);  // a minimum the compiler vectorizes: zero where some input is +-0
+    for (int64_t i = 0; i < n; ++i) least = std::min<Bits>(least, c10::bit_cast<Bits>(in[i]) << 1);
+    const VmlFn<T> fn = MklFn<T>(Op::kSqrt);
+    if (least != 0) {
+      fn(static_cast<int>(n), in, out, kVmlMode);
+      return;
+    }
+    thread_local std::vector<T> ones(kChunk);  // n <= kChunk: Vml's pieces
+    T* copy = ones.data();
+    for (int64_t i = 0; i < n; ++i) copy[i] = IsZero(in[i]) ? T(1) : in[i];
+    fn(static_cast<int>(n), copy, copy, kVmlMode);
+    for (int64_t i = 0; i < n; ++i) out[i] = IsZero(in[i]) ? in[i] : copy[i];  // `out` may be `in`
+  }
+};
+
 // log1p and expm1 are not MKL's in vml.h: Sleef through vec::map, on every element.
 template <class T>
 struct SleefMap {
@@ -458,6 +488,10 @@ template <class T>
 void MklKernel(const Instr& in, const Cursor& c, int64_t, int64_t begin, int64_t end) {
   Vml<T>(Mkl<T>{MklFn<T>(in.op)}, c, begin, end, in.nan_check);
 }
+template <class T>
+void MklSqrtKernel(const Instr& in, const Cursor& c, int64_t, int64_t begin, int64_t end) {
+  Vml<T>(MklSqrt<T>{}, c, begin, end, in.nan_check);
+}
 template <class T, bool kLog1p>
 void SleefKernel(const Instr& in, const Cursor& c, int64_t, int64_t begin, int64_t end) {
   Vml<T>(SleefMap<T>{kLog1p}, c, begin, end, in.nan_check);
@@ -518,8 +552,8 @@ Kernel FloatingKernel(Op op) {
     case Op::kSin:
     case Op::kCos:
     case Op::kTanh:
-    case Op::kErf:
-    case Op::kSqrt: return &MklKernel<T>;
+    case Op::kErf: return &MklKernel<T>;
+    case Op::kSqrt: return &MklSqrtKernel<T>;
     case Op::kLog1p: return &SleefKernel<T, true>;
     case Op::kExpm1: return &SleefKernel<T, false>;
     case Op::kAdd: return &MapKernel<T, Add<T>, 2>;

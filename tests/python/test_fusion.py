@@ -461,6 +461,38 @@ def test_in_place_chains_over_large_tensors_on_each_thread_count(threads):
         assert log["steps"] == 1, log
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_square_roots_of_zeros_keep_mkls_bits(dtype, threads):
+    """Note [Zeros around MKL's sqrt]: a chunk holding zeros goes to MKL with them replaced and put
+    back. Chunks of zeros only, of zeros of both signs scattered among values whose MKL square
+    root is not the correctly rounded one and among special values, and of no zeros at all; out
+    of place and in place (the result overwriting the input), strided too: eager's bits."""
+    n = 3 * 2048 + 517
+
+    def make(k):
+        g = torch.Generator().manual_seed(k)
+        x = torch.rand(n, generator=g, dtype=torch.float64).to(dtype) * 10.0 ** (k % 5)
+        x[:2100] = 0.0
+        x[2100:2400:3] = -0.0
+        x[2400:2600] = special(200, dtype, seed=k).abs()  # infinities, subnormals, huge, tiny
+        x[4096 + 7:4096 + 900:11] = 0.0  # the last chunk (from 6144) has none
+        return x
+
+    def out_of_place(x):
+        return torch.sqrt(x) * 1.5
+
+    def in_place(x):
+        return x.sqrt_() * 1.5
+
+    def strided(x):
+        return torch.sqrt(x[::3]) + 1.0
+
+    for fn in (out_of_place, strided, in_place):
+        log = capture_in_place_and_compare(fn, lambda k: (make(k),), threads=threads)
+        assert log["fused_steps"] == 1 and log["fused_nodes"] == 2, (fn.__name__, log)
+
+
 def test_an_in_place_write_after_a_transposed_read_starts_a_segment():
     """A segment walks its instructions piece by piece: an in-place write of memory an earlier
     instruction of it read in another element order would overwrite elements that read has not
