@@ -10,7 +10,8 @@
 # tiny Llama step sharded over 2 ranks with DTensor, gloo on 127.0.0.1: eager, torch.compile and
 # capture against the step's communication floor, and compute overlapping an all_reduce). Last,
 # training steps (python -m torchreplay_bench.train: the MLP and the tiny Llama, with and without
-# a compiled Adam, against eager, Inductor and aot_eager, and the breakdown of torchreplay's step).
+# a compiled Adam, against eager, Inductor and aot_eager, the breakdown of torchreplay's step, and
+# six optimizers' updates alone against eager's foreach and fused=True updates and Inductor's).
 # Then serving from C++ (python -m torchreplay_bench.deploy: models saved by torchreplay.save and
 # loaded by torchreplay::Load against AOTInductor's package and C++ loader, bench/deploy_bench.cc).
 # Last, the CPU runtimes a user weighs (python -m torchreplay_bench.runtimes: eager, torchreplay

@@ -35,11 +35,21 @@ engine with its gradient accumulation. The same for the traced step (one frame, 
 
 Inductor's traced modes compile during the three checked steps, with the flag on; the timed calls
 run with it off (Dynamo reads it only when it traces), and a recompile while timing is reported.
+
+Last, per model, the optimizer update alone (`--optimizers`: Adam, AdamW, SGD with momentum and
+with nesterov, RMSprop, Adagrad; foreach), the gradients of one backward fixed: eager's foreach
+update, eager's `fused=True` update (torch.optim's fused CPU kernels; RMSprop has none),
+`torch.compile(opt.step)` with torchreplay, Inductor and aot_eager. Parameters and state after
+three updates are compared with aot_eager's, and torchreplay's update is reported with the number
+of steps its replay runs and how many of them are fused elementwise steps. Every mode's timed
+call first copies the gradients back (one `torch._foreach_copy_`: SGD's foreach nesterov adds into
+them), so each row includes that copy.
 """
 from __future__ import annotations
 
 import argparse
 import copy
+import inspect
 import sys
 import types
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -80,6 +90,14 @@ def _llama() -> Tuple[torch.nn.Module, tuple, Callable[..., torch.Tensor]]:
     ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
     return model, (ids,), lambda m, ids: m(input_ids=ids, labels=ids, use_cache=False).loss
 
+
+OPTIMIZERS = {"adam": (torch.optim.Adam, dict(lr=1e-3)),
+              "adamw": (torch.optim.AdamW, dict(lr=1e-3, weight_decay=0.01)),
+              "sgd_momentum": (torch.optim.SGD, dict(lr=1e-2, momentum=0.9)),
+              "sgd_nesterov": (torch.optim.SGD, dict(lr=1e-2, momentum=0.9, nesterov=True)),
+              "rmsprop": (torch.optim.RMSprop, dict(lr=1e-3)),
+              "adagrad": (torch.optim.Adagrad, dict(lr=1e-2))}
+UPDATE_MODES = ["eager, foreach", "eager, fused", "torchreplay", "inductor", "aot_eager"]
 
 MODELS = {"mlp": (_mlp, "MLP 32-64-64-4, tanh, batch 16, MSE"),
           "llama": (_llama, "tiny Llama (transformers), 2 x 16 tokens, cross-entropy")}
@@ -269,21 +287,80 @@ def _breakdown(model0: torch.nn.Module, inputs: tuple, loss_fn: Callable[..., to
         print(f"  {name:<66}{v:>9.1f}")
 
 
+def bench_optimizers(name: str, optimizers: List[str], rounds: int, seconds: float) -> bool:
+    """The update alone for each optimizer, on the model's parameters with one backward's gradients.
+    False where torchreplay's parameters and state are not aot_eager's bits, or a mode's are wrong."""
+    factory, _ = MODELS[name]
+    model0, inputs, loss_fn = factory()
+    loss_fn(model0, *inputs).backward()
+    grads = [p.grad.detach().clone() for p in model0.parameters()]
+    ok = True
+    print(f"{name}: optimizer update alone ({sum(g.numel() for g in grads)} parameters in {len(grads)} tensors; "
+          "one thread; the gradients copied back first), µs per update")
+    print(f"  {'optimizer':<14}" + "".join(f"{m:>16}" for m in UPDATE_MODES) + "  check")
+    for opt_name in optimizers:
+        opt_cls, kwargs = OPTIMIZERS[opt_name]
+        fresh_dynamo(len(UPDATE_MODES))
+        has_fused = "fused" in inspect.signature(opt_cls.__init__).parameters
+        modes = [m for m in UPDATE_MODES if m != "eager, fused" or has_fused]
+        params = {m: [torch.nn.Parameter(p.detach().clone()) for p in model0.parameters()] for m in modes}
+        for ps in params.values():
+            for p, g in zip(ps, grads):
+                p.grad = g.clone()
+        opts = {m: opt_cls(params[m], **kwargs, **(dict(fused=True) if m == "eager, fused" else dict(foreach=True)))
+                for m in modes}
+        backends = {m: _backend(m) for m in modes if not m.startswith("eager")}
+        compiled = {m: torch.compile(opts[m].step, backend=backends[m]) if m in backends else opts[m].step
+                    for m in modes}
+
+        def update(m: str) -> None:  # SGD's foreach nesterov adds into the gradients: restored first
+            torch._foreach_copy_([p.grad for p in params[m]], grads)
+            compiled[m]()
+
+        steps = {m: (lambda m=m: update(m)) for m in modes}
+        for _ in range(3):
+            for s in steps.values():
+                s()
+
+        def state(m: str) -> List[torch.Tensor]:
+            return [p.detach() for p in params[m]] + [v for st in opts[m].state.values()
+                                                        for _, v in sorted(st.items()) if isinstance(v, torch.Tensor)]
+        want = state("aot_eager")
+        checks = {m: _agreement(state(m), want) for m in modes if m != "aot_eager"}
+        ok = ok and checks["torchreplay"] == "bitwise" and "WRONG" not in checks.values()
+        logs = [log for st in backends["torchreplay"].stats() for log in st["capture_log"]]
+        timed = _interleaved(steps, rounds, seconds)
+        cells = "".join(f"{timed[m]:>16.1f}" if m in timed else f"{'(none)':>16}" for m in UPDATE_MODES)
+        steps_note = ", ".join(f"{log['steps']} steps, {log['fused_steps']} fused" for log in logs)
+        print(f"  {opt_name:<14}{cells}  torchreplay {checks['torchreplay']} vs aot_eager ({steps_note}); "
+              f"inductor {checks['inductor']}, eager {checks['eager, foreach']}"
+              + (f", fused {checks['eager, fused']}" if "eager, fused" in checks else ""))
+    return ok
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m torchreplay_bench.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default=",".join(MODELS), help="comma-separated: " + ", ".join(MODELS))
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--seconds", type=float, default=6.0, help="per mode and table, over all rounds")
+    p.add_argument("--optimizers", default=",".join(OPTIMIZERS),
+                   help="the updates timed alone, comma-separated (or none): " + ", ".join(OPTIMIZERS))
     a = p.parse_args(argv)
+    models = a.models.split(",")
+    optimizers = [o for o in a.optimizers.split(",") if o and o != "none"]
+    for what, names, known in (("model", models, MODELS), ("optimizer", optimizers, OPTIMIZERS)):
+        if any(n not in known for n in names):
+            p.error(f"unknown {what} in {','.join(names)}")
     torch.set_num_threads(1)
     ok = True
-    for i, name in enumerate(a.models.split(",")):
-        if name not in MODELS:
-            p.error(f"unknown model {name}")
+    for i, name in enumerate(models):
         if i:
             print()
         ok = bench_model(name, a.rounds, a.seconds) and ok
+        if optimizers:
+            print()
+            ok = bench_optimizers(name, optimizers, a.rounds, a.seconds) and ok
     return 0 if ok else 1
 
 
