@@ -272,8 +272,25 @@ def restore_max_pool1d(gm: torch.fx.GraphModule) -> int:
     return count
 
 
+def rsub_as_sub(gm: torch.fx.GraphModule) -> int:
+    """`rsub(x, other, alpha)` as the `sub(other, x, alpha)` eager runs for it (BinaryOps.cpp:
+    rsub.Tensor redispatches to at::sub with its operands swapped, rsub.Scalar first wraps its
+    number as a 0-dim tensor, which a number in a Tensor position is here too): the same kernel on
+    the same operands, which the fused elementwise step computes (AdamW's `1 - lr * weight_decay`
+    with a tensor learning rate). Returns how many it rewrote."""
+    count = 0
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in (aten.rsub.Scalar, aten.rsub.Tensor):
+            x, other, *alpha = node.args
+            node.target = aten.sub.Tensor
+            node.args = (other, x)
+            node.kwargs = {**node.kwargs, **({"alpha": alpha[0]} if alpha else {})}
+            count += 1
+    return count
+
+
 BUILTIN_PASSES = (reinplace_input_updates, reinplace_foreach_all, decompose_foreach, restore_max_pool1d,
-                  remove_dead_code, sink_waits)
+                  rsub_as_sub, remove_dead_code, sink_waits)
 
 
 def run_passes(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Any,

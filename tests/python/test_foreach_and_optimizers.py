@@ -380,3 +380,37 @@ def test_per_tensor_chains_are_ordered_by_tensor_only_where_no_tensor_is_shared(
         assert_bitwise(compiled(*mine), reference(*args), f"call {k}")
         assert_bitwise(mine, args, f"call {k}: inputs")
     assert total(b, "replays") >= 2
+
+
+@pytest.mark.parametrize("opt_cls", [torch.optim.Adam, torch.optim.AdamW], ids=["adam", "adamw"])
+def test_learning_rate_as_a_tensor_changed_by_a_scheduler_replays_one_graph(opt_cls):
+    """The learning rate a scheduler changes every step, as a tensor (`capturable=True`): one
+    graph, replayed on every call with the new rate, parameters and state bitwise aot_eager's
+    after each step (a float rate would make Dynamo recompile per value, for every backend)."""
+    shapes = [(64, 32), (64,), (300, 16)]
+    torch.manual_seed(23)
+    init = [torch.randn(s) for s in shapes]
+    sets = [[nn.Parameter(t.clone()) for t in init] for _ in range(2)]  # replay, aot_eager
+    opts = [opt_cls(ps, lr=torch.tensor(0.01), foreach=True, capturable=True) for ps in sets]
+    scheds = [torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=10) for o in opts]
+    b = backend()
+    steps = [torch.compile(opts[0].step, backend=b), torch.compile(opts[1].step, backend="aot_eager")]
+    rates = set()
+    for i in range(12):
+        g = gen(3000 + i)
+        grads = [rn(g, *s) for s in shapes]
+        grads[2][1::2] = 0.0  # embedding rows no token reached
+        for ps in sets:
+            for p, gr in zip(ps, grads):
+                p.grad = gr.clone()
+        for st, sc in zip(steps, scheds):
+            st()
+            sc.step()
+        rates.add(float(opts[0].param_groups[0]["lr"]))
+        assert_bitwise([p.detach() for p in sets[0]], [p.detach() for p in sets[1]], f"step {i}: parameters")
+        assert_bitwise(_opt_state_tensors(opts[0]), _opt_state_tensors(opts[1]), f"step {i}: optimizer state")
+    stats = b.stats()
+    assert len(rates) >= 10 and len(stats) == 1, (rates, stats)
+    assert stats[0]["replays"] >= 10, stats
+    logs = stats[0]["capture_log"]
+    assert len(logs) == 1 and logs[0]["steps"] == logs[0]["fused_steps"] == 1, logs
