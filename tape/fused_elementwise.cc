@@ -50,6 +50,9 @@ struct OpInfo {
   bool mkl = false;    // MKL's vector math (vml.h)
   bool ints = false;   // int64 too
   bool sleef = false;  // Sleef in the vector lambda (its AVX2 and AVX512 functions differ on NaNs)
+  // exact: eager's kernel is the op's AVX512 one where ATen's CPU capability is AVX512
+  // (ALSO_REGISTER_AVX512_DISPATCH); otherwise its AVX2 one, as REGISTER_DISPATCH leaves it there
+  bool avx512 = true;
 };
 
 const OpInfo* FindOp(const std::string& name) {
@@ -78,6 +81,8 @@ const OpInfo* FindOp(const std::string& name) {
       {"aten::sub.out", {Op::kAdd, Form::kAlpha, false, false, true}},
       {"aten::mul.out", {Op::kMul, Form::kBinary, false, false, true}},
       {"aten::div.out", {Op::kDiv, Form::kBinary}},
+      {"aten::maximum.out", {Op::kMaximum, Form::kBinary, true, false, false, false, false}},
+      {"aten::clamp_min.Tensor_out", {Op::kMaximum, Form::kBinary, true, false, false, false, false}},
       {"aten::lt.Tensor_out", {Op::kLt, Form::kCompare, false, false, true}},
       {"aten::le.Tensor_out", {Op::kLe, Form::kCompare, false, false, true}},
       {"aten::gt.Tensor_out", {Op::kGt, Form::kCompare, false, false, true}},
@@ -135,6 +140,7 @@ const char* InPlaceAsOut(const std::string& name) {
       {"aten::expm1_", "aten::expm1.out"},
       {"aten::pow_.Scalar", "aten::pow.Tensor_Scalar_out"},
       {"aten::clamp_min_", "aten::clamp_min.out"},
+      {"aten::clamp_min_.Tensor", "aten::clamp_min.Tensor_out"},
       {"aten::clamp_max_", "aten::clamp_max.out"},
       {"aten::clamp_", "aten::clamp.out"},
       {"aten::add_.Tensor", "aten::add.out"},
@@ -152,11 +158,12 @@ const char* InPlaceAsOut(const std::string& name) {
   return it == kInPlace.end() ? nullptr : it->second;
 }
 
-// Elements per iteration of eager's vectorized loop for an op whose AVX512 kernel is used where
-// the CPU capability is AVX512 (sigmoid, silu, exp2 are registered for AVX512): 2 * Vec::size().
-int VecBlock(c10::ScalarType dtype) {
-  static const bool avx512 = at::get_cpu_capability() == "AVX512";
-  const int bytes = avx512 ? 64 : 32;
+// Elements per iteration of eager's vectorized loop, 2 * Vec::size(), for an op whose AVX512
+// kernel is used where the CPU capability is AVX512 (`avx512`: sigmoid, silu, exp2 and pow are
+// registered for AVX512) or whose AVX2 kernel is used there too (maximum).
+int VecBlock(c10::ScalarType dtype, bool avx512) {
+  static const bool capability = at::get_cpu_capability() == "AVX512";
+  const int bytes = avx512 && capability ? 64 : 32;
   return 2 * bytes / static_cast<int>(c10::elementSize(dtype));
 }
 
@@ -244,7 +251,7 @@ class Describer {
     if (out_dtype != (info->form == Form::kCompare ? c10::kBool : compute)) return std::nullopt;
     in.dtype = compute;
     in.num_inputs = static_cast<int>(inputs.size());
-    in.vec_block = info->exact ? VecBlock(compute) : 0;
+    in.vec_block = info->exact ? VecBlock(compute, info->avx512) : 0;
     if (floating && (in.op == Op::kAdd || in.op == Op::kMul || in.op == Op::kDiv)) {
       in.nan_check = Instr::NanCheck::kNanPair;
     } else if (floating && info->sleef) {

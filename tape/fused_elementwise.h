@@ -24,13 +24,15 @@
 //     AVX2 loops, and pinned by the tests), are written as the fmas they became. add with an alpha
 //     other than +-1 fuses only where `other` is not a scalar within each row: there the compiled
 //     tail rounds alpha * other first for some elements;
-//   - where an op's vector and scalar lambdas can round an element differently (sigmoid, silu,
-//     exp2: Sleef in one, glibc in the other), each element takes the path eager gives it. Eager
+//   - where an op's vector and scalar lambdas can give an element different bits (sigmoid, silu,
+//     exp2: Sleef in one, glibc in the other; maximum, and clamp_min with a tensor bound, which is
+//     maximum's kernel: NaNs and signed zeros), each element takes the path eager gives it. Eager
 //     runs the vector lambda on the first n - n % (2 * Vec::size()) elements of each row (each
 //     vectorized_loop call: Loops.h) when every operand is contiguous or one input is broadcast,
 //     the scalar lambda on the rest and on every element of any other layout; Vec::size() is
-//     that of the kernel DispatchStub picks (these three have AVX512 kernels, used where ATen's
-//     CPU capability is AVX512), and rows are cut where at::parallel_for cuts the range when a
+//     that of the kernel DispatchStub picks (sigmoid, silu and exp2 have AVX512 kernels, used
+//     where ATen's CPU capability is AVX512; maximum's AVX2 kernel runs there too), and rows are
+//     cut where at::parallel_for cuts the range when a
 //     tensor reaches the grain size on more than one thread. The kernel cuts its pieces at the
 //     same places and splits each the same way. Every other fused op gives the same bits on both
 //     paths (IEEE arithmetic in the same order, selects, comparisons, MKL or Sleef on every

@@ -55,6 +55,7 @@ const char* OpName(Op op) {
     case Op::kAdd: return "add";
     case Op::kMul: return "mul";
     case Op::kDiv: return "div";
+    case Op::kMaximum: return "maximum";
     case Op::kLt: return "lt";
     case Op::kLe: return "le";
     case Op::kGt: return "gt";

@@ -32,6 +32,7 @@ enum class Op : uint8_t {
   // Two inputs.
   kAdd,  // fma(alpha, b, a), alpha in p0 (sub: -alpha); integers wrap
   kMul, kDiv,
+  kMaximum,  // NaN where either is (all ones on the vector path, the quiet NaN on the scalar one)
   kLt, kLe, kGt, kGe, kEq, kNe,  // bool results
   kMaskedFill,  // (self, bool mask): the value whose bits are i0 where the mask is set, else self
   // Three inputs.

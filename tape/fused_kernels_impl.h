@@ -20,6 +20,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -299,6 +300,18 @@ struct Addcmul {
     return at::vec::fmadd(Vectorized<T>(value) * t1, t2, self);
   }
 };
+// maximum_kernel (BinaryOpsKernel.cpp), clamp_min.Tensor's too: its two lambdas differ where an
+// input is a NaN (all ones, or the quiet NaN) and on zeros of both signs (the vector max keeps b,
+// std::max keeps a).
+template <class T>
+struct Maximum {
+  static Maximum Of(const Instr&) { return {}; }
+  T S(T a, T b) const {
+    if (a != a || b != b) return std::numeric_limits<T>::quiet_NaN();
+    return std::max(a, b);
+  }
+  Vectorized<T> V(Vectorized<T> a, Vectorized<T> b) const { return at::vec::maximum(a, b); }
+};
 template <class T>
 struct Addcdiv {
   static Addcdiv Of(const Instr& in) { return {static_cast<T>(in.p0)}; }
@@ -559,6 +572,7 @@ Kernel FloatingKernel(Op op) {
     case Op::kAdd: return &MapKernel<T, Add<T>, 2>;
     case Op::kMul: return &MapKernel<T, Mul<T>, 2>;
     case Op::kDiv: return &MapKernel<T, Div<T>, 2>;
+    case Op::kMaximum: return &MapKernel<T, Maximum<T>, 2>;
     case Op::kPowScalarBase: return &MapKernel<T, PowScalarBase<T>, 1>;
     case Op::kAddcmul: return &MapKernel<T, Addcmul<T>, 3>;
     case Op::kAddcdiv: return &MapKernel<T, Addcdiv<T>, 3>;

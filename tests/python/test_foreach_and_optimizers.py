@@ -237,6 +237,7 @@ def test_foreach_in_place_only_where_it_gives_the_same_bits():
 FUSED_OPT_CASES = [
     pytest.param(torch.optim.Adam, dict(lr=0.01), id="adam"),
     pytest.param(torch.optim.AdamW, dict(lr=0.01, weight_decay=0.05), id="adamw"),
+    pytest.param(torch.optim.Adam, dict(lr=0.01, amsgrad=True), id="adam_amsgrad"),
     pytest.param(torch.optim.SGD, dict(lr=0.1, momentum=0.9), id="sgd_momentum"),
     pytest.param(torch.optim.SGD, dict(lr=0.1, momentum=0.9, nesterov=True), id="sgd_nesterov"),
     pytest.param(torch.optim.RMSprop, dict(lr=0.01), id="rmsprop"),

@@ -141,6 +141,45 @@ def test_every_binary_op_is_fused_bitwise_with_broadcasts(name, dtype):
                 raise AssertionError(f"{name} {dtype} n={n} {layout}: {e}") from None
 
 
+def signed_zeros_and_nans(n, dtype, seed):
+    """Pairs (x, y) where maximum's two lambdas disagree: +0 against -0 both ways, NaNs of either
+    sign in either operand, beside random values."""
+    g = torch.Generator().manual_seed(seed)
+    x, y = (torch.randn(n, generator=g, dtype=torch.float64).to(dtype) for _ in range(2))
+    x[0::5], y[0::5] = 0.0, -0.0
+    x[1::5], y[1::5] = -0.0, 0.0
+    x[2::7], y[3::7] = math.nan, -math.nan
+    return x, y
+
+
+MAXIMUM = {"maximum": torch.maximum, "clamp_min tensor": torch.clamp_min,
+           "clamp_min_ tensor": lambda x, y: x.clamp_min_(y) * 1}
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("name", list(MAXIMUM))
+def test_maximum_takes_the_path_eager_gives_each_element(name, dtype):
+    """maximum_kernel (maximum, clamp_min with a tensor bound, amsgrad's update): its vector lambda
+    keeps y of +0 and -0 and makes a NaN all ones, its scalar lambda keeps x and gives the quiet
+    NaN, so each element takes eager's path, in the blocks of the AVX2 kernel eager runs where
+    the CPU capability is AVX512 too; at every length, broadcast, strided and in place."""
+    op = MAXIMUM[name]
+    for n in LENGTHS:
+        shapes = {
+            "same layout": lambda k: signed_zeros_and_nans(n, dtype, k),
+            "a 0-dim bound": lambda k: (signed_zeros_and_nans(n, dtype, k)[0], torch.tensor(-0.0, dtype=dtype)),
+            "rows broadcast": lambda k: (signed_zeros_and_nans(3 * n, dtype, k)[0].view(3, n),
+                                         signed_zeros_and_nans(n, dtype, 50 + k)[1]),
+            "strided": lambda k: tuple(t[::2] for t in signed_zeros_and_nans(2 * n, dtype, k)),
+        }
+        for layout, make in shapes.items():
+            try:
+                log = capture_in_place_and_compare(op, make)
+            except AssertionError as e:
+                raise AssertionError(f"{name} {dtype} n={n} {layout}: {e}") from None
+            assert log["steps"] == log["fused_steps"] == 1, (name, layout, log)
+
+
 @pytest.mark.parametrize("dtype", SELECT_DTYPES, ids=str)
 def test_selects_move_bits_in_every_dtype(dtype):
     """where and masked_fill move elements as they are, of any dtype of up to 8 bytes."""
