@@ -272,25 +272,36 @@ def restore_max_pool1d(gm: torch.fx.GraphModule) -> int:
     return count
 
 
-def rsub_as_sub(gm: torch.fx.GraphModule) -> int:
-    """`rsub(x, other, alpha)` as the `sub(other, x, alpha)` eager runs for it (BinaryOps.cpp:
-    rsub.Tensor redispatches to at::sub with its operands swapped, rsub.Scalar first wraps its
-    number as a 0-dim tensor, which a number in a Tensor position is here too): the same kernel on
-    the same operands, which the fused elementwise step computes (AdamW's `1 - lr * weight_decay`
-    with a tensor learning rate). Returns how many it rewrote."""
+# Ops whose ATen implementation only redispatches (BinaryOps.cpp), as the overload they call:
+# rsub.Tensor is at::sub with its operands swapped, rsub.Scalar wraps its number first; add, sub,
+# mul and div's .Scalar overloads call their .Tensor ones on the number wrapped as a 0-dim tensor
+# (which a number in a Tensor position is here too). The target, then how its arguments are read.
+_REDISPATCHES = {aten.rsub.Tensor: aten.sub.Tensor, aten.rsub.Scalar: aten.sub.Tensor,
+                 aten.add.Scalar: aten.add.Tensor, aten.sub.Scalar: aten.sub.Tensor,
+                 aten.mul.Scalar: aten.mul.Tensor, aten.div.Scalar: aten.div.Tensor}
+
+
+def as_redispatched(gm: torch.fx.GraphModule) -> int:
+    """Each op of _REDISPATCHES as the overload eager's implementation calls: the same kernel on
+    the same operands, which the fused elementwise step computes where the op itself would be a
+    step of its own (AdamW's `1 - lr * weight_decay` with a tensor learning rate, Adadelta's
+    `square_avg + eps`). Returns how many it rewrote."""
     count = 0
     for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target in (aten.rsub.Scalar, aten.rsub.Tensor):
-            x, other, *alpha = node.args
-            node.target = aten.sub.Tensor
-            node.args = (other, x)
-            node.kwargs = {**node.kwargs, **({"alpha": alpha[0]} if alpha else {})}
-            count += 1
+        target = _REDISPATCHES.get(node.target) if node.op == "call_function" else None
+        if target is None:
+            continue
+        x, other, *alpha = node.args
+        swap = node.target in (aten.rsub.Tensor, aten.rsub.Scalar)
+        node.target = target
+        node.args = (other, x) if swap else (x, other)
+        node.kwargs = {**node.kwargs, **({"alpha": alpha[0]} if alpha else {})}
+        count += 1
     return count
 
 
 BUILTIN_PASSES = (reinplace_input_updates, reinplace_foreach_all, decompose_foreach, restore_max_pool1d,
-                  rsub_as_sub, remove_dead_code, sink_waits)
+                  as_redispatched, remove_dead_code, sink_waits)
 
 
 def run_passes(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Any,

@@ -242,6 +242,9 @@ FUSED_OPT_CASES = [
     pytest.param(torch.optim.SGD, dict(lr=0.1, momentum=0.9, nesterov=True), id="sgd_nesterov"),
     pytest.param(torch.optim.RMSprop, dict(lr=0.01), id="rmsprop"),
     pytest.param(torch.optim.Adagrad, dict(lr=0.01), id="adagrad"),
+    pytest.param(torch.optim.Adamax, dict(lr=0.01), id="adamax"),
+    pytest.param(torch.optim.NAdam, dict(lr=0.01), id="nadam"),
+    pytest.param(torch.optim.Adadelta, dict(lr=1.0), id="adadelta"),
 ]
 PARAM_SETS = {
     "mlp": [(64, 32), (64,), (64, 64), (64,), (4, 64), (4,)],  # the MLP 32-64-64-4

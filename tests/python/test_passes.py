@@ -84,9 +84,10 @@ def test_a_1d_max_pool_without_indices_replays_as_eagers_max_pool1d(entry, pool)
         torch._dynamo.reset()
 
 
-def test_rsub_becomes_the_sub_eager_runs_for_it_and_fuses():
-    """rsub(x, other, alpha) is eager's sub(other, x, alpha) (rsub_as_sub): the graph holds no rsub,
-    its steps are one fused step, and the results are eager's bits, infinities and NaNs too."""
+def test_redispatching_overloads_become_what_eager_runs_and_fuse():
+    """rsub(x, other, alpha) is eager's sub(other, x, alpha), add/sub/mul/div.Scalar their .Tensor
+    overloads on the number (as_redispatched): the graph holds none of them, its steps are one
+    fused step, and the results are eager's bits, infinities and NaNs too."""
     from differential import run_diff
     from test_fusion import special
 
@@ -94,21 +95,23 @@ def test_rsub_becomes_the_sub_eager_runs_for_it_and_fuses():
         a = 1.0 - x                      # rsub.Scalar
         b = torch.rsub(y, x, alpha=3)    # rsub.Tensor: x - 3 * y
         c = torch.rsub(x, 2.5, alpha=0.5)
-        return (a * b + c).exp()
+        d = aten.add.Scalar(aten.mul.Scalar(a, 0.3), 1.5)
+        e = aten.div.Scalar(aten.sub.Scalar(b, 0.25), 7.0)
+        return (d * e + c).exp()
 
     b = run_diff(fn, lambda i, g: (special(37, torch.float32, i), special(37, torch.float32, 10 + i)))
     logs = [log for s in b.stats() for log in s["capture_log"]]
-    assert logs and all(log["steps"] == log["fused_steps"] == 1 and log["fused_nodes"] == 6 for log in logs), logs
+    assert logs and all(log["steps"] == log["fused_steps"] == 1 and log["fused_nodes"] == 10 for log in logs), logs
 
 
-def test_rsub_as_sub_keeps_an_alpha_given_by_position():
-    from torchreplay.passes import rsub_as_sub
+def test_redispatched_rsub_keeps_an_alpha_given_by_position():
+    from torchreplay.passes import as_redispatched
 
     g = torch.fx.Graph()
     x = g.placeholder("x")
     g.output((g.call_function(aten.rsub.Scalar, (x, 2.0, 0.25)),))
     gm = torch.fx.GraphModule(torch.nn.Module(), g)
-    assert rsub_as_sub(gm) == 1
+    assert as_redispatched(gm) == 1
     gm.recompile()
     (node,) = [n for n in gm.graph.nodes if n.op == "call_function"]
     assert node.target == aten.sub.Tensor and node.args == (2.0, x) and node.kwargs == {"alpha": 0.25}
