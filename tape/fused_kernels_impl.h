@@ -416,6 +416,11 @@ struct MklSqrt {
   static bool IsZero(T x) { return (c10::bit_cast<Bits>(x) << 1) == 0; }  // +0 or -0 (not by DAZ)
 
   void operator()(T* out, const T* in, int64_t n) const {
+    for (int64_t b = 0; b < n; b += kChunk) Chunk(out + b, in + b, std::min(kChunk, n - b));
+  }
+
+ private:
+  static void Chunk(T* out, const T* in, int64_t n) {
     Bits least = ~Bits(0);  // a minimum the compiler vectorizes: zero where some input is +-0
     for (int64_t i = 0; i < n; ++i) least = std::min<Bits>(least, c10::bit_cast<Bits>(in[i]) << 1);
     const VmlFn<T> fn = MklFn<T>(Op::kSqrt);
@@ -423,8 +428,8 @@ struct MklSqrt {
       fn(static_cast<int>(n), in, out, kVmlMode);
       return;
     }
-    thread_local std::vector<T> ones(kChunk);  // n <= kChunk: Vml's pieces
-    T* copy = ones.data();
+    thread_local std::vector<T> buffer(kChunk);  // per thread, made once
+    T* copy = buffer.data();
     for (int64_t i = 0; i < n; ++i) copy[i] = IsZero(in[i]) ? T(1) : in[i];
     fn(static_cast<int>(n), copy, copy, kVmlMode);
     for (int64_t i = 0; i < n; ++i) out[i] = IsZero(in[i]) ? in[i] : copy[i];  // `out` may be `in`
