@@ -4,6 +4,9 @@
 #include <ATen/autocast_mode.h>
 
 #include <cstring>
+#if defined(__x86_64__) || defined(_M_X64)
+#include <xmmintrin.h>
+#endif
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -193,6 +196,9 @@ std::string Diff(const GuardKey& old, const GuardKey& now) {
 Ambient Ambient::Now() {
   Ambient a;
   a.mkldnn = at::globalContext().userEnabledMkldnn();
+#if defined(__x86_64__) || defined(_M_X64)
+  a.flush_denormal = (_mm_getcsr() & 0x8040) != 0;  // FTZ (bit 15) or DAZ (bit 6): set_flush_denormal
+#endif
   if (at::autocast::is_autocast_enabled(c10::DeviceType::CPU)) {
     a.autocast_cpu = at::autocast::get_autocast_dtype(c10::DeviceType::CPU);
   }
@@ -210,6 +216,10 @@ std::string Ambient::Diff(const Ambient& old, const Ambient& now) {
   if (old.mkldnn != now.mkldnn) {
     clauses.push_back(absl::StrCat("torch.backends.mkldnn.enabled ", old.mkldnn ? "True" : "False", " -> ",
                                    now.mkldnn ? "True" : "False"));
+  }
+  if (old.flush_denormal != now.flush_denormal) {
+    clauses.push_back(absl::StrCat("flush denormal ", old.flush_denormal ? "on" : "off", " -> ",
+                                   now.flush_denormal ? "on" : "off"));
   }
   if (old.autocast_cpu != now.autocast_cpu) {
     clauses.push_back(absl::StrCat("autocast (cpu) ", dtype(old.autocast_cpu), " -> ", dtype(now.autocast_cpu)));

@@ -77,22 +77,29 @@ class GuardKey {
 
 // Note [Ambient state]
 // Some settings change which kernels eager runs, and so its results, without changing any input:
-// autocast on the CPU or CUDA (its ops cast to a lower precision first) and
-// torch.backends.mkldnn.enabled (convolutions and LSTMs then run other kernels). A captured graph
-// keeps the kernels chosen under the state its key was first seen in (Entry::ambient). A call
-// under another mkldnn setting captures the key again; a call under another autocast state runs
+// autocast on the CPU or CUDA (its ops cast to a lower precision first),
+// torch.backends.mkldnn.enabled (convolutions and LSTMs then run other kernels), and
+// torch.set_flush_denormal (the calling thread's flush-to-zero and denormals-are-zero modes: a
+// number a capture converted once, `x * 1e-40`'s, is converted under the mode of the capture,
+// where eager converts it per call). A captured graph keeps the kernels chosen and the constants
+// made under the state its key was first seen in (Entry::ambient). A call under another mkldnn
+// or flush-denormal setting captures the key again; a call under another autocast state runs
 // eagerly (the interpreter dispatches each op as eager does: a capture made under it would call
 // kernels below autocast), logged once per engine.
 struct Ambient {
   bool mkldnn = true;
+  bool flush_denormal = false;  // the calling thread's FTZ or DAZ bit (MXCSR on x86-64)
   // per device (CPU, CUDA): autocast's lower-precision dtype, or Undefined when it is off
   c10::ScalarType autocast_cpu = c10::ScalarType::Undefined, autocast_cuda = c10::ScalarType::Undefined;
 
   static Ambient Now();
   bool SameAutocast(const Ambient& o) const { return autocast_cpu == o.autocast_cpu && autocast_cuda == o.autocast_cuda; }
-  bool operator==(const Ambient& o) const { return mkldnn == o.mkldnn && SameAutocast(o); }
+  bool operator==(const Ambient& o) const {
+    return mkldnn == o.mkldnn && flush_denormal == o.flush_denormal && SameAutocast(o);
+  }
   bool operator!=(const Ambient& o) const { return !(*this == o); }
-  // "autocast (cpu) off -> bfloat16", "torch.backends.mkldnn.enabled True -> False"
+  // "autocast (cpu) off -> bfloat16", "torch.backends.mkldnn.enabled True -> False",
+  // "flush denormal off -> on"
   static std::string Diff(const Ambient& old, const Ambient& now);
 };
 

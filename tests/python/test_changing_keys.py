@@ -239,6 +239,36 @@ def test_a_call_under_another_mkldnn_setting_captures_again_with_eagers_bits():
         reasons
 
 
+def test_a_call_under_another_flush_denormal_setting_captures_again_with_eagers_bits():
+    """Note [Ambient state]: a number a capture converted once (`1e-40 - x`, `x * 1e-40`, a where's
+    fill) is converted under the thread's flush-denormal mode, which eager applies per call: a call
+    under the other mode captures the key again, each call eager's bits, both ways."""
+    import torchreplay
+    aten = torch.ops.aten
+
+    def fn(x, m):
+        a = (1e-40 - x) * 1e20 + aten.mul.Scalar(x, 1e-40) * 1e20
+        return a, torch.where(m, x, 1e-40), (x * 1e-40) * 1e20
+
+    config = torchreplay.CompilerConfig()
+    config.mode = "reduce-overhead"
+    b = torchreplay.get_backend(compiler_config=config)
+    step = torch.compile(fn, backend=b)
+    x, m = torch.tensor([0.0, 1.0, -2.0, 3e-39]), torch.tensor([True, False, False, True])
+    try:
+        for flush in (True, True, True, False, False, True, True):
+            torch.set_flush_denormal(flush)
+            got, want = step(x, m), fn(x, m)
+            for k, (g, w) in enumerate(zip(got, want)):
+                assert_bitwise(g, w, f"flush denormal {flush}: output {k}")
+    finally:
+        torch.set_flush_denormal(False)
+    (stats,) = b.stats()
+    assert stats["replays"] >= 3 and stats["eager_fallbacks"] == 0, stats
+    reasons = [c["reason"] for c in stats["capture_log"][1:]]
+    assert reasons == ["flush denormal on -> off", "flush denormal off -> on"], reasons
+
+
 def test_a_call_under_autocast_after_a_capture_without_it_runs_eagerly(replay_log):
     """Note [Ambient state]: a call under autocast of a graph captured without it runs the graph
     eagerly, op by op under autocast (its results in autocast's dtype, as eager's are), logged
