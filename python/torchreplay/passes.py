@@ -275,7 +275,7 @@ def restore_max_pool1d(gm: torch.fx.GraphModule) -> int:
 # Ops whose ATen implementation only redispatches (BinaryOps.cpp), as the overload they call:
 # rsub.Tensor is at::sub with its operands swapped, rsub.Scalar wraps its number first; add, sub,
 # mul and div's .Scalar overloads call their .Tensor ones on the number wrapped as a 0-dim tensor
-# (which a number in a Tensor position is here too). The target, then how its arguments are read.
+# (which a number in a Tensor position is here too).
 _REDISPATCHES = {aten.rsub.Tensor: aten.sub.Tensor, aten.rsub.Scalar: aten.sub.Tensor,
                  aten.add.Scalar: aten.add.Tensor, aten.sub.Scalar: aten.sub.Tensor,
                  aten.mul.Scalar: aten.mul.Tensor, aten.div.Scalar: aten.div.Tensor}
@@ -289,7 +289,7 @@ def as_redispatched(gm: torch.fx.GraphModule) -> int:
     count = 0
     for node in gm.graph.nodes:
         target = _REDISPATCHES.get(node.target) if node.op == "call_function" else None
-        if target is None:
+        if target is None or len(node.args) < 2:  # `other` by keyword: left as it is
             continue
         x, other, *alpha = node.args
         swap = node.target in (aten.rsub.Tensor, aten.rsub.Scalar)

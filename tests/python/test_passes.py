@@ -117,3 +117,15 @@ def test_redispatched_rsub_keeps_an_alpha_given_by_position():
     assert node.target == aten.sub.Tensor and node.args == (2.0, x) and node.kwargs == {"alpha": 0.25}
     t = torch.randn(9)
     assert_bitwise(gm(t)[0], torch.rsub(t, 2.0, alpha=0.25))
+
+
+def test_redispatch_leaves_an_other_given_by_keyword():
+    from torchreplay.passes import as_redispatched
+
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    g.output((g.call_function(aten.mul.Scalar, (x,), {"other": 3.0}),))
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    assert as_redispatched(gm) == 0
+    t = torch.randn(5)
+    assert_bitwise(gm(t)[0], t * 3.0)
