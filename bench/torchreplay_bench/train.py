@@ -289,7 +289,8 @@ def _breakdown(model0: torch.nn.Module, inputs: tuple, loss_fn: Callable[..., to
 
 def bench_optimizers(name: str, optimizers: List[str], rounds: int, seconds: float) -> bool:
     """The update alone for each optimizer, on the model's parameters with one backward's gradients.
-    False where torchreplay's parameters and state are not aot_eager's bits, or a mode's are wrong."""
+    False where torchreplay's parameters and state are not aot_eager's bits after updates that
+    replayed, or a mode's are wrong."""
     factory, _ = MODELS[name]
     model0, inputs, loss_fn = factory()
     loss_fn(model0, *inputs).backward()
@@ -327,12 +328,15 @@ def bench_optimizers(name: str, optimizers: List[str], rounds: int, seconds: flo
                                                         for _, v in sorted(st.items()) if isinstance(v, torch.Tensor)]
         want = state("aot_eager")
         checks = {m: _agreement(state(m), want) for m in modes if m != "aot_eager"}
-        ok = ok and checks["torchreplay"] == "bitwise" and "WRONG" not in checks.values()
-        logs = [log for st in backends["torchreplay"].stats() for log in st["capture_log"]]
+        stats = backends["torchreplay"].stats()
+        replays = sum(st["replays"] for st in stats)  # checked: the bits compared are a replay's
+        ok = ok and checks["torchreplay"] == "bitwise" and replays > 0 and "WRONG" not in checks.values()
         timed = _interleaved(steps, rounds, seconds)
         cells = "".join(f"{timed[m]:>16.1f}" if m in timed else f"{'(none)':>16}" for m in UPDATE_MODES)
-        steps_note = ", ".join(f"{log['steps']} steps, {log['fused_steps']} fused" for log in logs)
-        print(f"  {opt_name:<14}{cells}  torchreplay {checks['torchreplay']} vs aot_eager ({steps_note}); "
+        steps_note = ", ".join(f"{log['steps']} steps, {log['fused_steps']} fused" for st in stats
+                               for log in st["capture_log"])
+        print(f"  {opt_name:<14}{cells}  torchreplay {checks['torchreplay']} vs aot_eager ({steps_note}), "
+              f"{replays} replays; "
               f"inductor {checks['inductor']}, eager {checks['eager, foreach']}"
               + (f", fused {checks['eager, fused']}" if "eager, fused" in checks else ""))
     return ok
