@@ -213,6 +213,13 @@ class PreparedPointwise final : public TypedCall {
 // CPU code computes them (ReduceOps.cpp: sum_out builds the reduction iterator with
 // make_reduction_from_out_ty and calls sum_stub; mean_out on the CPU is that sum, then div_ by
 // the number of elements reduced, an IEEE division of each result), with the iterator built once.
+// A per-call input is built on a stand-in whose data pointer each call replaces; that is safe only
+// where the kernel reads the iterator's pointers. TensorIteratorBase::parallel_reduce does not
+// when the result is one element and the iterator holds GRAIN_SIZE elements or more: at more than
+// one thread it takes two_pass_reduction, which builds a new iterator over iter.input(0), the
+// stand-in tensor itself (TensorIteratorReduce.cpp), and sums the stand-in's bytes. Such a
+// reduction (a sum over one long row) keeps the typed call, which builds its iterator per call;
+// at that length building it is a small part of the call.
 class PreparedReduction final : public TypedCall {
  public:
   PreparedReduction(TensorArg input, at::Tensor out, std::optional<std::vector<int64_t>> dims, bool keepdim,
@@ -262,6 +269,7 @@ class PreparedReduction final : public TypedCall {
       return false;
     }
     if (iter_->numel() == 0 || iter_->ntensors() != 2 || iter_->data_ptr(1) != standin_.data_ptr()) return false;
+    if (input_.slot >= 0 && iter_->output(0).numel() == 1 && iter_->numel() >= at::internal::GRAIN_SIZE) return false;
     built_out_ = out_.data_ptr();
     built_in_ = in.data_ptr();
     return true;
