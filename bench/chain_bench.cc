@@ -5,6 +5,7 @@
 // TensorIterator's set-up that these calls pay). Then the harness's MLP (64 -> 256 -> 256 -> 64,
 // batch 1), whose time is in its kernels: the engine's replay and the same addmm/relu kernels
 // called by hand into preallocated outputs, a floor for this model (any replay runs them too).
+// Last, the per-call read of the settings a capture was made under (Note [Ambient state]).
 // Run: bazel run //bench:chain_bench
 #include <ATen/ops/add.h>
 #include <ATen/ops/addmm.h>
@@ -18,6 +19,7 @@
 #include <benchmark/benchmark.h>
 
 #include "ir/graph.h"
+#include "guards/guard_key.h"
 #include "ir/interpreter.h"
 #include "replay/engine.h"
 
@@ -140,11 +142,18 @@ void BM_MlpHandWrittenOutFloor(benchmark::State& state) {
   }
 }
 
+// What every call pays for Note [Ambient state]: reading the settings eager's kernels depend on,
+// compared with the key's in the replays above.
+void BM_AmbientNow(benchmark::State& state) {
+  for (auto _ : state) benchmark::DoNotOptimize(torchreplay::guards::Ambient::Now());
+}
+
 BENCHMARK(BM_Interpreter);
 BENCHMARK(BM_Replay);
 BENCHMARK(BM_AtenAllocating);
 BENCHMARK(BM_AtenOutPreallocated);
 BENCHMARK(BM_MlpReplay);
 BENCHMARK(BM_MlpHandWrittenOutFloor);
+BENCHMARK(BM_AmbientNow);
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "guards/guard_key.h"
 
 #include <ATen/Context.h>
+#include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
 
 #include <cstring>
@@ -194,11 +195,32 @@ std::string Diff(const GuardKey& old, const GuardKey& now) {
 }
 
 Ambient Ambient::Now() {
+  at::Context& ctx = at::globalContext();
   Ambient a;
-  a.mkldnn = at::globalContext().userEnabledMkldnn();
+  a.threads = at::get_num_threads();
+  a.default_dtype = c10::get_default_dtype_as_scalartype();
+  using B = at::Float32Backend;
+  using Op = at::Float32Op;
+  constexpr std::pair<B, Op> kPrecisions[6] = {{B::MKLDNN, Op::MATMUL}, {B::MKLDNN, Op::CONV}, {B::MKLDNN, Op::RNN},
+                                               {B::CUDA, Op::MATMUL},   {B::CUDA, Op::CONV},   {B::CUDA, Op::RNN}};
+  for (int i = 0; i < 6; ++i) {
+    a.fp32_precision[i] = static_cast<uint8_t>(ctx.float32Precision(kPrecisions[i].first, kPrecisions[i].second));
+  }
+  a.mkldnn = ctx.userEnabledMkldnn();
+  a.mkldnn_deterministic = ctx.deterministicMkldnn();
+  a.nnpack = ctx.userEnabledNNPACK();
+  a.fp16_reduction_cpu = ctx.allowFP16ReductionCPU();
+  a.deterministic = ctx.deterministicAlgorithms();
+  a.fill_uninitialized = a.deterministic && ctx.deterministicFillUninitializedMemory();
 #if defined(__x86_64__) || defined(_M_X64)
   a.flush_denormal = (_mm_getcsr() & 0x8040) != 0;  // FTZ (bit 15) or DAZ (bit 6): set_flush_denormal
 #endif
+  a.cuda = {ctx.userEnabledCuDNN(),
+            ctx.benchmarkCuDNN(),
+            ctx.deterministicCuDNN(),
+            static_cast<uint8_t>(ctx.allowFP16ReductionCuBLAS()),
+            static_cast<uint8_t>(ctx.allowBF16ReductionCuBLAS()),
+            ctx.allowFP16AccumulationCuBLAS()};
   if (at::autocast::is_autocast_enabled(c10::DeviceType::CPU)) {
     a.autocast_cpu = at::autocast::get_autocast_dtype(c10::DeviceType::CPU);
   }
@@ -208,25 +230,48 @@ Ambient Ambient::Now() {
   return a;
 }
 
+bool Ambient::operator==(const Ambient& o) const {
+  return threads == o.threads && default_dtype == o.default_dtype && fp32_precision == o.fp32_precision &&
+         mkldnn == o.mkldnn && mkldnn_deterministic == o.mkldnn_deterministic && nnpack == o.nnpack &&
+         fp16_reduction_cpu == o.fp16_reduction_cpu && deterministic == o.deterministic &&
+         fill_uninitialized == o.fill_uninitialized && flush_denormal == o.flush_denormal && cuda == o.cuda &&
+         SameAutocast(o);
+}
+
 std::string Ambient::Diff(const Ambient& old, const Ambient& now) {
   auto dtype = [](c10::ScalarType t) -> std::string {
     return t == c10::ScalarType::Undefined ? "off" : c10::toString(t);
   };
+  auto on = [](bool b) -> std::string { return b ? "on" : "off"; };
   std::vector<std::string> clauses;
-  if (old.mkldnn != now.mkldnn) {
-    clauses.push_back(absl::StrCat("torch.backends.mkldnn.enabled ", old.mkldnn ? "True" : "False", " -> ",
-                                   now.mkldnn ? "True" : "False"));
+  auto differs = [&](const auto& a, const auto& b, absl::string_view what, const auto& say) {
+    if (a != b) clauses.push_back(absl::StrCat(what, " ", say(a), " -> ", say(b)));
+  };
+  differs(old.threads, now.threads, "threads", [](int n) { return absl::StrCat(n); });
+  differs(old.default_dtype, now.default_dtype, "default dtype", dtype);
+  constexpr const char* kPrecisionNames[6] = {"mkldnn matmul", "mkldnn conv", "mkldnn rnn",
+                                              "cuda matmul",   "cuda conv",   "cuda rnn"};
+  for (int i = 0; i < 6; ++i) {
+    differs(old.fp32_precision[i], now.fp32_precision[i], absl::StrCat(kPrecisionNames[i], " fp32 precision"),
+            [](uint8_t p) { return at::precision2str(static_cast<at::Float32Precision>(p)); });
   }
-  if (old.flush_denormal != now.flush_denormal) {
-    clauses.push_back(absl::StrCat("flush denormal ", old.flush_denormal ? "on" : "off", " -> ",
-                                   now.flush_denormal ? "on" : "off"));
+  differs(old.mkldnn, now.mkldnn, "torch.backends.mkldnn.enabled", [](bool b) -> std::string {
+    return b ? "True" : "False";
+  });
+  differs(old.mkldnn_deterministic, now.mkldnn_deterministic, "mkldnn deterministic", on);
+  differs(old.nnpack, now.nnpack, "nnpack", on);
+  differs(old.fp16_reduction_cpu, now.fp16_reduction_cpu, "cpu fp16 reduced-precision reduction", on);
+  differs(old.deterministic, now.deterministic, "deterministic algorithms", on);
+  differs(old.fill_uninitialized, now.fill_uninitialized, "deterministic fill of uninitialized memory", on);
+  differs(old.flush_denormal, now.flush_denormal, "flush denormal", on);
+  constexpr const char* kCudaNames[6] = {"cudnn enabled", "cudnn benchmark", "cudnn deterministic",
+                                         "cublas fp16 reduction", "cublas bf16 reduction",
+                                         "cublas fp16 accumulation"};
+  for (int i = 0; i < 6; ++i) {
+    differs(old.cuda[i], now.cuda[i], kCudaNames[i], [](uint8_t v) { return absl::StrCat(v); });
   }
-  if (old.autocast_cpu != now.autocast_cpu) {
-    clauses.push_back(absl::StrCat("autocast (cpu) ", dtype(old.autocast_cpu), " -> ", dtype(now.autocast_cpu)));
-  }
-  if (old.autocast_cuda != now.autocast_cuda) {
-    clauses.push_back(absl::StrCat("autocast (cuda) ", dtype(old.autocast_cuda), " -> ", dtype(now.autocast_cuda)));
-  }
+  differs(old.autocast_cpu, now.autocast_cpu, "autocast (cpu)", dtype);
+  differs(old.autocast_cuda, now.autocast_cuda, "autocast (cuda)", dtype);
   return clauses.empty() ? "the same" : absl::StrJoin(clauses, "; ");
 }
 

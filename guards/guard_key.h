@@ -9,6 +9,8 @@
 #include <ATen/core/ivalue.h>
 #include <c10/core/ScalarType.h>
 
+#include <array>
+
 #include <string>
 #include <vector>
 
@@ -76,30 +78,82 @@ class GuardKey {
 };
 
 // Note [Ambient state]
-// Some settings change which kernels eager runs, and so its results, without changing any input:
-// autocast on the CPU or CUDA (its ops cast to a lower precision first),
-// torch.backends.mkldnn.enabled (convolutions and LSTMs then run other kernels), and
-// torch.set_flush_denormal (the calling thread's flush-to-zero and denormals-are-zero modes: a
-// number a capture converted once, `x * 1e-40`'s, is converted under the mode of the capture,
-// where eager converts it per call). A captured graph keeps the kernels chosen and the constants
-// made under the state its key was first seen in (Entry::ambient). A call under another mkldnn
-// or flush-denormal setting captures the key again; a call under another autocast state runs
-// eagerly (the interpreter dispatches each op as eager does: a capture made under it would call
-// kernels below autocast), logged once per engine.
+// Process and thread state that changes which kernel eager runs, or what it computes, without
+// changing any input. Read from ATen's code (Context.h and the kernels that consult it); each is
+// what a key does with it:
+//
+//   state (Python spelling)                              what eager does with it      key
+//   torch.set_num_threads (at::get_num_threads)          reductions split by thread,  captured again
+//                                                        MKL's and oneDNN's blocking,
+//                                                        convolution choice (Slow2d
+//                                                        or oneDNN); the checked
+//                                                        kernels were timed and
+//                                                        checked at the old count
+//   fp32 precision of oneDNN's matmul, conv, rnn         bf16 or tf32 arithmetic in   captured again
+//   (torch.backends.mkldnn.{matmul,conv,rnn}.            fp32 GEMMs, convolutions,
+//   fp32_precision; set_float32_matmul_precision)        LSTMs
+//   fp32 precision of CUDA's matmul, conv, rnn           tf32 in cuBLAS and cuDNN     captured again
+//   (torch.backends.cuda.matmul.allow_tf32, cudnn's)
+//   torch.backends.mkldnn.enabled                        other convolution and LSTM   captured again
+//                                                        kernels
+//   torch.backends.mkldnn.deterministic                  oneDNN's deterministic path  captured again
+//   torch.backends.nnpack.set_flags                      NNPACK convolutions (batch   captured again
+//                                                        >= 16, mkldnn off)
+//   torch.backends.cpu fp16 reduction                    reduced-precision fp16 GEMM  captured again
+//   (_set_cpu_allow_fp16_reduced_precision_reduction)    accumulation
+//   torch.backends.cudnn.{enabled,benchmark,             which cuDNN algorithm        captured again
+//   deterministic}, cuBLAS fp16/bf16 reduction and
+//   fp16 accumulation
+//   torch.use_deterministic_algorithms (and its          index_put_ with accumulate   captured again
+//   fill_uninitialized_memory)                           sorts first; empty tensors
+//                                                        filled with NaN
+//   torch.set_default_dtype                              factories without a dtype    captured again
+//                                                        (arange of floats,
+//                                                        scalar_tensor) make others
+//   torch.set_flush_denormal (the thread's FTZ/DAZ)      numbers converted per call;  captured again
+//                                                        a capture converted them
+//                                                        once
+//   autocast (CPU or CUDA)                               casts before each op         runs eagerly
+//   grad mode                                            nothing a graph computes     not in the key: graphs run
+//                                                        (graphs run with it off)     with grad off, the caller's
+//                                                                                     mode kept for outputs
+//   inference mode                                       its outputs are inference    not in the key: the pool is
+//                                                        tensors                      made of ordinary tensors,
+//                                                                                     outputs handed out under the
+//                                                                                     caller's mode
+//
+// A captured graph keeps the kernels chosen, the constants made and the checked kernels timed
+// under the state its key was first seen in (Entry::ambient); every call compares the state now
+// (Now(), on the replay path: plain reads, a few hash lookups for the fp32 precisions). A call
+// under another state captures the key again, the reason logged as the diff; a call under another
+// autocast state runs eagerly (the interpreter dispatches each op as eager does: a capture made
+// under it would call kernels below autocast), logged once per engine. What is decided when a
+// model is traced (default dtype for torch.compile, which Dynamo guards; SDPA's backend choice;
+// Python-level switches) is the tracer's: torchreplay.capture traces again under another default
+// dtype (captured.py).
 struct Ambient {
+  int threads = 1;
+  c10::ScalarType default_dtype = c10::ScalarType::Float;
+  // at::Float32Precision per (backend, op): oneDNN's matmul, conv, rnn; CUDA's matmul, conv, rnn
+  std::array<uint8_t, 6> fp32_precision{};
   bool mkldnn = true;
-  bool flush_denormal = false;  // the calling thread's FTZ or DAZ bit (MXCSR on x86-64)
+  bool mkldnn_deterministic = false;
+  bool nnpack = true;
+  bool fp16_reduction_cpu = false;
+  bool deterministic = false;        // use_deterministic_algorithms
+  bool fill_uninitialized = false;   // ... and its fill of empty tensors (read only when it is on)
+  bool flush_denormal = false;       // the calling thread's FTZ or DAZ bit (MXCSR on x86-64)
+  // cuDNN enabled, benchmark, deterministic; cuBLAS fp16/bf16 reduction options, fp16 accumulation
+  std::array<uint8_t, 6> cuda{};
   // per device (CPU, CUDA): autocast's lower-precision dtype, or Undefined when it is off
   c10::ScalarType autocast_cpu = c10::ScalarType::Undefined, autocast_cuda = c10::ScalarType::Undefined;
 
   static Ambient Now();
   bool SameAutocast(const Ambient& o) const { return autocast_cpu == o.autocast_cpu && autocast_cuda == o.autocast_cuda; }
-  bool operator==(const Ambient& o) const {
-    return mkldnn == o.mkldnn && flush_denormal == o.flush_denormal && SameAutocast(o);
-  }
+  bool operator==(const Ambient& o) const;
   bool operator!=(const Ambient& o) const { return !(*this == o); }
-  // "autocast (cpu) off -> bfloat16", "torch.backends.mkldnn.enabled True -> False",
-  // "flush denormal off -> on"
+  // One clause per setting that differs: "threads 1 -> 2", "autocast (cpu) off -> bfloat16",
+  // "torch.backends.mkldnn.enabled True -> False", "flush denormal off -> on"
   static std::string Diff(const Ambient& old, const Ambient& now);
 };
 

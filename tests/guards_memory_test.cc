@@ -1,10 +1,13 @@
 // Guard keys (match without rebuilding, readable diffs) and the arena planner (no two buffers
 // alive at the same time overlap; reuse makes the arena smaller than the sum).
+#include <ATen/Context.h>
+#include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/randn.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <limits>
 #include <random>
 
@@ -52,6 +55,74 @@ TEST(GuardKeyTest, DiffSaysWhichInputChangedHow) {
   EXPECT_THAT(d, HasSubstr("input 0: sizes (100, 128) -> (64, 128)"));
   EXPECT_THAT(d, HasSubstr("input 1: value int=3 -> int=5"));
   EXPECT_EQ(guards::Diff(a, a), "same key");
+}
+
+// Note [Ambient state]: each setting the Note lists, changed through ATen's own setter, makes
+// Now() differ from before and Diff() name it; put back, Now() equals before again.
+TEST(AmbientTest, EachListedSettingIsSeenAndNamed) {
+  at::Context& ctx = at::globalContext();
+  using B = at::Float32Backend;
+  using Op = at::Float32Op;
+  auto precision = [&](B b, Op op, const char* p) {
+    const at::Float32Precision old = ctx.float32Precision(b, op);
+    return std::function<void()>([&ctx, b, op, p, old, set = true]() mutable {
+      ctx.setFloat32Precision(b, op, set ? at::str2precision(p) : old);
+      set = !set;
+    });
+  };
+  auto toggle = [](auto get, auto set) {
+    return std::function<void()>([get, set]() { set(!get()); });
+  };
+  struct Case {
+    const char* named;
+    std::function<void()> flip;  // called twice: change, then put back
+  };
+  const int threads = at::get_num_threads();
+  std::vector<Case> cases = {
+      {"threads", [threads, set = true]() mutable {
+         at::set_num_threads(set ? threads + 1 : threads);
+         set = !set;
+       }},
+      {"default dtype", [set = true]() mutable {
+         c10::set_default_dtype(c10::scalarTypeToTypeMeta(set ? at::kDouble : at::kFloat));
+         set = !set;
+       }},
+      {"mkldnn matmul fp32 precision", precision(B::MKLDNN, Op::MATMUL, "bf16")},
+      {"mkldnn conv fp32 precision", precision(B::MKLDNN, Op::CONV, "bf16")},
+      {"mkldnn rnn fp32 precision", precision(B::MKLDNN, Op::RNN, "bf16")},
+      {"cuda matmul fp32 precision", precision(B::CUDA, Op::MATMUL, "tf32")},
+      {"cuda conv fp32 precision", precision(B::CUDA, Op::CONV, "ieee")},
+      {"cuda rnn fp32 precision", precision(B::CUDA, Op::RNN, "ieee")},
+      {"torch.backends.mkldnn.enabled", toggle([&] { return ctx.userEnabledMkldnn(); },
+                                               [&](bool b) { ctx.setUserEnabledMkldnn(b); })},
+      {"mkldnn deterministic", toggle([&] { return ctx.deterministicMkldnn(); },
+                                      [&](bool b) { ctx.setDeterministicMkldnn(b); })},
+      {"nnpack", toggle([&] { return ctx.userEnabledNNPACK(); }, [&](bool b) { ctx.setUserEnabledNNPACK(b); })},
+      {"cpu fp16 reduced-precision reduction",
+       toggle([&] { return ctx.allowFP16ReductionCPU(); }, [&](bool b) { ctx.setAllowFP16ReductionCPU(b); })},
+      {"deterministic algorithms", toggle([&] { return ctx.deterministicAlgorithms(); },
+                                          [&](bool b) { ctx.setDeterministicAlgorithms(b, false); })},
+      {"cudnn enabled", toggle([&] { return ctx.userEnabledCuDNN(); }, [&](bool b) { ctx.setUserEnabledCuDNN(b); })},
+      {"cudnn benchmark", toggle([&] { return ctx.benchmarkCuDNN(); }, [&](bool b) { ctx.setBenchmarkCuDNN(b); })},
+      {"cudnn deterministic",
+       toggle([&] { return ctx.deterministicCuDNN(); }, [&](bool b) { ctx.setDeterministicCuDNN(b); })},
+      {"cublas fp16 accumulation", toggle([&] { return ctx.allowFP16AccumulationCuBLAS(); },
+                                          [&](bool b) { ctx.setAllowFP16AccumulationCuBLAS(b); })},
+  };
+  const guards::Ambient before = guards::Ambient::Now();
+  for (Case& c : cases) {
+    try {
+      c.flip();
+    } catch (const c10::Error&) {  // a setting this CPU refuses (fp16 reduction without fp16 arithmetic)
+      continue;
+    }
+    const guards::Ambient changed = guards::Ambient::Now();
+    c.flip();
+    EXPECT_NE(changed, before) << c.named;
+    EXPECT_THAT(guards::Ambient::Diff(before, changed), HasSubstr(c.named));
+    EXPECT_EQ(guards::Ambient::Now(), before) << c.named << ": not put back";
+  }
+  EXPECT_EQ(guards::Ambient::Diff(before, guards::Ambient::Now()), "the same");
 }
 
 TEST(ArenaPlanTest, BuffersAliveTogetherNeverOverlap) {
