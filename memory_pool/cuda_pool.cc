@@ -6,6 +6,8 @@
 
 #include <algorithm>
 
+#include "memory_pool/ordinary_tensors.h"
+
 #ifdef TORCHREPLAY_WITH_CUDA
 #include <ATen/cuda/CUDAContextLight.h>
 #include <ATen/cuda/CUDAEvent.h>
@@ -119,6 +121,7 @@ at::Tensor CudaPool::Placeholder(const at::Tensor& like) {
   const int64_t span = like.storage_offset() +
       static_cast<int64_t>(at::detail::computeStorageNbytes(like.sizes(), like.strides(), itemsize)) /
           itemsize;
+  const OrdinaryTensors ordinary;  // Note [A pool of ordinary tensors]
   at::Tensor base = at::empty({std::max<int64_t>(span, 1)}, like.options());
   at::Tensor placeholder = base.as_strided(like.sizes(), like.strides(), like.storage_offset());
   DistinctElements(placeholder).copy_(DistinctElements(like));

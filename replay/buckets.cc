@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "memory_pool/ordinary_tensors.h"
+
 namespace torchreplay::replay {
 
 Buckets::Buckets(std::vector<int64_t> sizes, std::vector<int> batch_inputs,
@@ -60,6 +62,7 @@ std::vector<c10::IValue> Buckets::Resized(const std::vector<c10::IValue>& inputs
     const std::vector<int64_t> strides = at::infer_dense_strides(sizes, t.strides());
     if (!s.defined() || s.sizes() != c10::IntArrayRef(sizes) || s.strides() != c10::IntArrayRef(strides) ||
         s.dtype() != t.dtype() || s.device() != t.device()) {
+      const memory_pool::OrdinaryTensors ordinary;  // Note [A pool of ordinary tensors]
       s = at::empty_strided(sizes, strides, t.options());
     }
     const int64_t rows = std::min(n, size);

@@ -17,6 +17,7 @@
 #include "cuda/cuda_graph.h"
 #include "memory_pool/arena.h"
 #include "memory_pool/cuda_pool.h"
+#include "memory_pool/ordinary_tensors.h"
 #include "replay/handout.h"
 #include "tape/kernel_tape.h"
 
@@ -268,6 +269,7 @@ absl::Status Engine::Capture(ThreadState& ts, Entry& e, const std::vector<c10::I
   const bool cuda = device.has_value();
   if (cuda && options_.cuda_graphs) ts.cuda_pool.OrderStreams(device->index());  // before the pool is touched
   ts.handout.Release(inputs);  // the pool may grow, and replays below will reuse it
+  const memory_pool::OrdinaryTensors ordinary;  // Note [A pool of ordinary tensors]
   const auto t0 = std::chrono::steady_clock::now();
   capture::CaptureOptions options;
   options.prepared_steps = options_.prepared_steps;
@@ -493,7 +495,7 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::RunKeyed(std::vector<c10::IValu
       ++eager_fallbacks_;
       return RunEager(inputs);
     }
-    e->ambient = now;  // another mkldnn setting: eager's kernels differ, so capture this key again
+    e->ambient = now;  // another setting eager's kernels read: capture this key again
     e->reason = diff;
     if (e->graph != nullptr) --ts.captured;
     e->graph.reset();
