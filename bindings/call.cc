@@ -120,6 +120,11 @@ void Call::Validate() const {
     for (const auto& f : checks->fixed) {
       if (!in_args(f.first)) throw py::value_error("torchreplay: fixed index out of range");
     }
+    for (const auto& g : checks->grad_traced) {
+      if (g.first < 0 || g.first >= static_cast<int>(bound.size()) || !bound[g.first].isTensor()) {
+        throw py::value_error("torchreplay: grad_traced out of range");
+      }
+    }
   }
   if (aot.has_value()) {
     for (const auto& [o, dims] : aot->dynamic_dims) {
@@ -134,9 +139,17 @@ void Call::Validate() const {
   }
 }
 
+bool Call::GradsAsTraced() const {
+  for (const auto& [i, requires_grad] : checks->grad_traced) {
+    if (bound[i].toTensor().requires_grad() != requires_grad) return false;
+  }
+  return true;
+}
+
 py::object Call::operator()(const py::args& args, const py::kwargs& kwargs) const {
   const bool slow = checks.has_value() && !checks->slow_path.is_none();
-  if (slow && (checks->always_slow || kwargs.size() != 0 || checks->modes_epoch != ModuleModesEpoch())) {
+  if (slow && (checks->always_slow || kwargs.size() != 0 || checks->modes_epoch != ModuleModesEpoch() ||
+               checks->default_dtype != c10::get_default_dtype_as_scalartype() || !GradsAsTraced())) {
     return checks->slow_path(*args, **kwargs);
   }
   std::vector<c10::IValue> inputs;
@@ -382,7 +395,8 @@ void BindCall(py::module_& m) {
   py::class_<CaptureChecks>(m, "CaptureChecks", "What torchreplay.capture's trace assumed, checked per call.")
       .def(py::init([](py::dict fixed, std::vector<SizeCheck> sizes, py::object module,
                        std::vector<int> grad_checked, std::vector<std::optional<at::Tensor>> grad_owners,
-                       std::vector<std::string> bound_names, py::object slow_path, bool always_slow) {
+                       std::vector<std::string> bound_names, py::object slow_path, bool always_slow,
+                       std::vector<std::pair<int, bool>> grad_traced) {
              CaptureChecks c;
              for (auto [i, v] : fixed) c.fixed.emplace_back(i.cast<int>(), ToIValue(v));
              c.sizes = std::move(sizes);
@@ -393,13 +407,15 @@ void BindCall(py::module_& m) {
              c.bound_names = std::move(bound_names);
              c.slow_path = std::move(slow_path);
              c.always_slow = always_slow && !c.slow_path.is_none();
+             c.default_dtype = c10::get_default_dtype_as_scalartype();  // made right after the trace
+             c.grad_traced = std::move(grad_traced);
              return c;
            }),
            py::arg("fixed") = py::dict(), py::arg("sizes") = std::vector<SizeCheck>(),
            py::arg("module") = py::none(), py::arg("grad_checked") = std::vector<int>(),
            py::arg("grad_owners") = std::vector<std::optional<at::Tensor>>(),
            py::arg("bound_names") = std::vector<std::string>(), py::arg("slow_path") = py::none(),
-           py::arg("always_slow") = false);
+           py::arg("always_slow") = false, py::arg("grad_traced") = std::vector<std::pair<int, bool>>());
 
   py::class_<Call>(m, "Call", "One compiled graph as a C++ callable (Note [The call path]).",
                    py::custom_type_setup([](PyHeapTypeObject* type) { type->ht_type.tp_call = &Call::TpCall; }))

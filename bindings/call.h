@@ -136,6 +136,13 @@ struct CaptureChecks {
   std::string stale;
   // The modules' modes were last checked (in Python) at this count of nn.Module.train calls.
   mutable int64_t modes_epoch = -1;
+  // The default dtype the trace was made under (factories without a dtype made tensors of it): a
+  // call under another takes the slow path, which traces again under it (Note [Ambient state]).
+  c10::ScalarType default_dtype = c10::ScalarType::Float;
+  // (bound input, requires_grad then) of the parameters whose requires_grad decided how a matmul
+  // was traced (Note [Matmuls folded as eager folds them]): a call after one changed takes the
+  // slow path, which traces again.
+  std::vector<std::pair<int, bool>> grad_traced;
 };
 
 struct Call {
@@ -163,6 +170,8 @@ struct Call {
                                           std::vector<c10::IValue>* inputs) const;
   // torchreplay.capture's checks of the converted inputs.
   void Check(const std::vector<c10::IValue>& inputs) const;
+  // The parameters of checks->grad_traced require grad as when traced.
+  bool GradsAsTraced() const;
   py::object RunChecked(std::vector<c10::IValue> inputs, const py::args& args) const;
   void RegenerateAliases(const absl::InlinedVector<c10::IValue, 2>& input_bases,
                          std::vector<c10::IValue>& out) const;

@@ -115,10 +115,18 @@ class _Trace:
         # Every module the graph reads (the model's, a module argument's), with its mode then.
         modules = [module] + [c.value for c in self.constants.values() if isinstance(c.value, torch.nn.Module)]
         self.modes = [(weakref.ref(m), name, m.training) for top in modules for name, m in top.named_modules()]
+        self.default_dtype = torch.get_default_dtype()  # factories without a dtype traced as this
+        # (bound input, requires_grad) of the parameters that decided a matmul's trace (matmul_fold.py)
+        self.grad_traced: List[Tuple[int, bool]] = []
         self._again = again
 
-    def recapture(self, args: Sequence[Any], kwargs: Dict[str, Any]) -> "Captured":
-        return self._again(tuple(args), kwargs)
+    def state(self) -> Tuple[Any, Tuple[bool, ...]]:
+        """What the trace was made under besides the arguments: the default dtype, and the
+        requires_grad of the parameters that decided how a matmul was traced."""
+        return self.default_dtype, tuple(g for _, g in self.grad_traced)
+
+    def recapture(self, args: Sequence[Any], kwargs: Dict[str, Any], dynamic: bool = True) -> "Captured":
+        return self._again(tuple(args), kwargs, dynamic)
 
     @staticmethod
     def size_class(flat: Sequence[Any]) -> Tuple[Tuple[int, ...], ...]:

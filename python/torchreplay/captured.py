@@ -84,7 +84,8 @@ class Captured(_C.Call):
         checks = _C.CaptureChecks(fixed=fixed, sizes=[_C.SizeCheck(*s) for s in sizes], module=module,
                                   grad_checked=grad_checked, grad_owners=list(grad_owners), bound_names=bound_names,
                                   slow_path=lambda *a, **k: me()._slow_call(*a, **k),
-                                  always_slow=not (flat_in and flat_out) or bool(trace.size_exprs))
+                                  always_slow=not (flat_in and flat_out) or bool(trace.size_exprs),
+                                  grad_traced=trace.grad_traced)
         super().__init__(engine, bound=bound, mutated=mutated, num_outputs=trace.num_outputs, returns=returns,
                          checks=checks)
         # The engine's Python object too: torchreplay.stats() lists it while this lives.
@@ -92,7 +93,7 @@ class Captured(_C.Call):
         self._variants: Dict[Any, "Captured"] = {}
         self._lock = threading.Lock()
         if trace.dynamic:
-            self._variants[trace.size_class(trace.example)] = self
+            self._variants[(trace.size_class(trace.example), trace.state())] = self
 
     @property
     def name(self) -> str:
@@ -148,21 +149,28 @@ class Captured(_C.Call):
         return target.engine.profile(list(target._bound) + flat, iterations)
 
     def _trace_for(self, flat: List[Any], args: Sequence[Any], kwargs: Dict[str, Any]) -> "Captured":
-        """The capture whose trace holds for these sizes: this one, or (dynamic=True) one traced
-        for the sizes export specialized (0, 1), made once, when first needed, under a lock (two
-        threads never trace at once). Arguments of other kinds than traced (None where a tensor
-        was) get no trace of their own: this capture's call raises the clear error."""
-        if not self._trace.dynamic or not self._trace.same_kinds(flat):
+        """The capture whose trace holds for these sizes and the default dtype now: this one, or
+        one traced for them, made once, when first needed, under a lock (two threads never trace
+        at once): (dynamic=True) for the sizes export specialized (0, 1); under another default
+        dtype (torch.set_default_dtype: the model's factories without a dtype make tensors of it,
+        Note [Ambient state]). Arguments of other kinds than traced (None where a tensor was) get
+        no trace of their own: this capture's call raises the clear error."""
+        state = (torch.get_default_dtype(), tuple(self._bound[i].requires_grad for i, _ in self._trace.grad_traced))
+        if not self._trace.same_kinds(flat) or (not self._trace.dynamic and state == self._trace.state()):
             return self
-        key = self._trace.size_class(flat)
+        key = (self._trace.size_class(flat) if self._trace.dynamic else None, state)
         found = self._variants.get(key)
         if found is None:
             with self._lock:
                 found = self._variants.get(key)
                 if found is None:
-                    logger.info("torchreplay: %s: tracing again for sizes %s (a trace holds for 0, 1 or 2 and "
-                                "more, as export specializes)", self.name, key)
-                    found = self._trace.recapture(args, kwargs)
+                    if state != self._trace.state():
+                        logger.info("torchreplay: %s: tracing again under the default dtype %s and parameters "
+                                    "requiring grad %s (traced under %s)", self.name, *state, self._trace.state())
+                    else:
+                        logger.info("torchreplay: %s: tracing again for sizes %s (a trace holds for 0, 1 or 2 "
+                                    "and more, as export specializes)", self.name, key[0])
+                    found = self._trace.recapture(args, kwargs, dynamic=self._trace.dynamic)
                     found._variants, found._lock = self._variants, self._lock
                     self._variants[key] = found
         return found
@@ -266,9 +274,10 @@ def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Option
     dump_graph(config, name, gm, graph)
     engine = new_engine(graph, config, name, bound_inputs=len(bound), **batch)
     trace = _Trace(model, module, args, kwargs, in_spec, constants, names, dynamic,
-                   lambda a, k: capture(model, a, k, config=config, dynamic=True, decompositions=decompositions))
+                   lambda a, k, dyn: capture(model, a, k, config=config, dynamic=dyn, decompositions=decompositions))
     trace.example, trace.out_spec, trace.num_outputs = list(leaves), program.out_spec, program.num_outputs
     trace.size_exprs, trace.symbol_dims = size_exprs, symbol_dims
+    trace.grad_traced = program.grad_traced
     captured = Captured(engine, bound, bound_names, _graph_inputs_tracked(gm, len(bound)), program.mutated, fixed, sizes,
                         model if isinstance(model, torch.nn.Module) else None, trace, program.grad_owners)
     captured.numerics = numerics

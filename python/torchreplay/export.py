@@ -23,6 +23,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from torch.utils import _pytree as pytree
 
 from . import rnn
+from .matmul_fold import fold_as_eager
 from .random_state import _RandomStateWatch
 
 aten = torch.ops.aten
@@ -63,6 +64,9 @@ class _Program(NamedTuple):
     out_spec: Any
     ranges: Dict[Any, Any]
     grad_owners: List[Optional[torch.Tensor]]  # per bound tensor: whose requires_grad stands for it
+    # (bound input, requires_grad then) of the parameters whose requires_grad decided how a matmul
+    # was traced (Note [Matmuls folded as eager folds them])
+    grad_traced: List[Tuple[int, bool]] = []
 
 
 def trace_program(traced: _Flat, leaves: Tuple[Any, ...], *, subclassed: bool, dynamic: bool,
@@ -175,6 +179,8 @@ def _trace_exported(traced: "_Flat", leaves: Tuple[Any, ...], dynamic: bool,
         _refuse_shared_memory(inputs, (), e)
         raise
     rng.check()
+    targets = {spec.arg.name: spec.target for spec in ep.graph_signature.input_specs if hasattr(spec.arg, "name")}
+    decided = {targets[p.name]: p.meta["val"].requires_grad for p in fold_as_eager(ep.graph_module)}
     try:
         with torch.no_grad():
             ep = ep.run_decompositions(_decompositions(decompositions, close))
@@ -201,8 +207,11 @@ def _trace_exported(traced: "_Flat", leaves: Tuple[Any, ...], dynamic: bool,
         raise AssertionError("torchreplay.capture: graph inputs and signature disagree")
     mutated_names = {s.target for s in ep.graph_signature.output_specs if s.kind == OutputKind.USER_INPUT_MUTATION}
     mutated = [k for k, spec in enumerate(user_specs) if spec.arg.name in mutated_names]
+    bound_targets = [spec.target for spec in ep.graph_signature.input_specs
+                     if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)]
+    grad_traced = [(i, decided[t]) for i, t in enumerate(bound_targets) if t in decided]
     return _Program(gm, bound, bound_names, mutated, num_outputs, ep.call_spec.out_spec, ep.range_constraints,
-                    [None] * len(bound))
+                    [None] * len(bound), grad_traced)
 
 
 # Note [Inputs that share memory]

@@ -11,6 +11,7 @@ import torch
 import torch.fx
 
 from . import _C
+from .matmul_fold import deciding_inputs
 
 
 def _lifted(gm: torch.fx.GraphModule) -> List[torch.Tensor]:
@@ -35,7 +36,9 @@ def _lifted(gm: torch.fx.GraphModule) -> List[torch.Tensor]:
 # (`_guard_requires_grad`): a root lambda guard, `_C.RequiresGradGuard`, that checks in C++ that
 # each nn.Parameter the graph takes from a module (not their .grad, which training replaces every
 # step) requires grad as it did; when one changed Dynamo recompiles, and the new graph computes
-# the gradients eager would. It costs one C++ call per frame call and a flag read per parameter
+# the gradients eager would. A graph compiled with grad mode off gets the guard too, on the
+# parameters whose requires_grad decided how a matmul was folded (Note [Matmuls folded as eager
+# folds them] in matmul_fold.py). It costs one C++ call per frame call and a flag read per parameter
 # (0.08 µs for the MLP's 6 parameters, 0.10 µs for the tiny Llama's 21) and leaves the module
 # guards' dict-tag fast path as it is (turning the tag skip off instead costs the tiny Llama's
 # step ~20 µs of guards). Should such a call still reach a graph (a guard_filter_fn that drops the
@@ -93,9 +96,12 @@ def _guard_requires_grad(gm: torch.fx.GraphModule, name: str) -> Optional[Any]:
     """Adds the frame's guard on the requires_grad of the module parameters graph `name` takes (Note
     [Leaves' requires_grad]); the guard, or None where there is none to add."""
     ctx = torch._guards.TracingContext.try_get()
-    if ctx is None or not torch.is_grad_enabled():
+    if ctx is None:
         return None
-    params = [(what, p) for _, what, p in _module_parameters(gm)]
+    # grad mode off: an inference graph, whose parameters' requires_grad matters only where it
+    # decided how a matmul folds (Note [Matmuls folded as eager folds them])
+    deciding = None if torch.is_grad_enabled() else deciding_inputs(gm)
+    params = [(what, p) for i, what, p in _module_parameters(gm) if deciding is None or i in deciding]
     if not params:
         return None
     try:
