@@ -35,7 +35,7 @@ from .engines import dump_graph, new_engine
 from .export import _dtensors, _Flat, trace_program
 from .lowering import lower
 from .passes import run_passes
-from .patches import _watch
+from .patches import _watch, watch_folded
 
 logger = logging.getLogger("torchreplay")
 _capture_ids = itertools.count()
@@ -252,6 +252,8 @@ def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Option
             numerics["not_rewritten"] = "DTensor models keep the bitwise graph"
         else:
             gm, numerics = _rewrite_close(gm, bound, bound_names, leaves, dynamic)
+            from .close_numerics import folded
+            watch_folded(folded(gm, bound))  # Note [Writes a capture would not see]
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     example = [n.meta.get("val") for n in placeholders]
     run_passes(gm, example, config)
@@ -317,6 +319,11 @@ def _rewrite_close(gm: torch.fx.GraphModule, bound: List[Any], bound_names: List
         logger.warning("torchreplay.capture: numerics 'close': the rewritten graph failed on the example inputs "
                        "(%s: %s); the graph stays bitwise", type(e).__name__, e)
         return reference, {"numerics": "bitwise", "not_rewritten": f"{type(e).__name__}: {e}"}
+    layout = close_numerics.layout_difference(got, want)
+    if layout is not None:
+        logger.warning("torchreplay.capture: numerics 'close': the rewritten graph gives %s; the graph stays bitwise",
+                       layout)
+        return reference, {"numerics": "bitwise", "not_rewritten": layout}
     report.update(close_numerics.difference(got, want))
     report["checked"] = "on the example inputs, against the bitwise graph"
     logger.info("torchreplay.capture: numerics 'close': %s; on the example inputs max abs err %.3g, max rel err %.3g",

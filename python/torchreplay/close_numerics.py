@@ -66,6 +66,8 @@ import torch
 import torch.fx
 from torch.nn.utils.fusion import fuse_conv_bn_weights
 
+from .fx_views import is_view
+
 aten = torch.ops.aten
 logger = logging.getLogger("torchreplay")
 
@@ -585,24 +587,48 @@ class _Rewriter:
     # -- layouts --------------------------------------------------------------------------------
     def restore_layouts(self) -> None:
         """Makes what may be channels-last (rewrite_convolutions marked it) contiguous where an op
-        could see the layout; at the outputs, each result takes eager's layout (channels-last where
-        eager's is, from a channels-last input)."""
-        for node in list(self.graph.nodes):
-            sensitive = node.op == "output" or (node.op == "call_function" and node.target in _STRIDE_SENSITIVE)
-            if not sensitive:
+        could see the layout: once, right after it, for every view of it and the outputs, so that
+        outputs that are views of one result lie and share memory as eager's do (convolutions and
+        elementwise ops go on reading it as it lies). At the outputs, each result takes eager's
+        layout (channels-last where eager's is, from a channels-last input)."""
+        for a in list(self.graph.nodes):
+            if a not in self.channels_last or not self._layouts_differ(a):
                 continue
-            for a in list(node.all_input_nodes):
-                eager_channels_last = node.op == "output" and _channels_last(a)
-                if a in self.channels_last and self._layouts_differ(a) and not eager_channels_last:
-                    layout = torch.contiguous_format
-                elif a in self.contiguous and eager_channels_last:
-                    layout = torch.channels_last
-                else:
-                    continue
-                with self.graph.inserting_before(node):
-                    c = self.graph.call_function(aten.clone.default, (a,), {"memory_format": layout})
-                node.replace_input_with(a, c)
+            readers = [u for u in a.users if (u.op == "output" and not _channels_last(a)) or
+                       (u.op == "call_function" and (u.target in _STRIDE_SENSITIVE or
+                                                     (is_view(u) and self._seen_as_eagers(u))))]
+            if not readers:
+                continue
+            with self.graph.inserting_after(a):
+                c = self.graph.call_function(aten.clone.default, (a,), {"memory_format": torch.contiguous_format})
+            c.meta.update(a.meta)
+            for u in readers:
+                u.replace_input_with(a, c)
+            self.counts["layout_copies"] += 1
+            todo = [u for u in readers if u.op == "call_function"]
+            while todo:  # views of the copy lie as eager's
+                v = todo.pop()
+                if v in self.channels_last and is_view(v):
+                    self.channels_last.discard(v)
+                    todo.extend(v.users)
+        output = next(n for n in self.graph.nodes if n.op == "output")
+        for a in list(output.all_input_nodes):
+            if a in self.contiguous and _channels_last(a):
+                with self.graph.inserting_before(output):
+                    c = self.graph.call_function(aten.clone.default, (a,), {"memory_format": torch.channels_last})
+                output.replace_input_with(a, c)
                 self.counts["layout_copies"] += 1
+
+    @staticmethod
+    def _seen_as_eagers(view: torch.fx.Node) -> bool:
+        """Whether an output or an op that reads strides (a `view`) reads `view`, directly or
+        through more views; views read by kernels that take the layout as it lies are not."""
+        for u in view.users:
+            if u.op == "output" or (u.op == "call_function" and u.target in _STRIDE_SENSITIVE):
+                return True
+            if u.op == "call_function" and is_view(u) and _Rewriter._seen_as_eagers(u):
+                return True
+        return False
 
     @staticmethod
     def _layouts_differ(node: torch.fx.Node) -> bool:
@@ -619,10 +645,17 @@ class _Rewriter:
             return
         nodes = list(self.frozen)
         versions = [-1 if t.is_inference() else t._version for t in self.frozen.values()]
+        # Per-channel vectors (a batch norm's statistics and affine, biases) are also compared with
+        # their contents at capture: a train-mode forward updates the statistics without their
+        # version counters; their size keeps the comparison a small part of a call.
         first = next(n for n in self.graph.nodes if n.op != "placeholder")
         with self.graph.inserting_before(first):
+            copies = [self.constant(t.detach().clone(), "copy") if t.dim() <= 1 and t.is_contiguous() else None
+                      for t in self.frozen.values()]
+            empty = self.constant(torch.empty(0), "copy") if None in copies else None
             self.graph.call_function(torch.ops.torchreplay.check_frozen.default,
-                                     (nodes, versions, [self.names.get(n, n.name) for n in nodes]))
+                                     (nodes, versions, [self.names.get(n, n.name) for n in nodes],
+                                      [c if c is not None else empty for c in copies]))
 
 
 def _least_times(fns: Sequence[Any], rounds: int = 7) -> List[float]:
@@ -705,6 +738,39 @@ def rewrite(gm: torch.fx.GraphModule, bound: Sequence[Any], names: Sequence[str]
     gm.graph.lint()
     gm.recompile()
     return r.counts
+
+
+def folded(gm: torch.fx.GraphModule, bound: Sequence[Any]) -> List[torch.Tensor]:
+    """The bound tensors the rewritten `gm` folded into its constants (check_frozen's)."""
+    placeholders = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+    check = next((n for n in gm.graph.nodes if n.target is torch.ops.torchreplay.check_frozen.default), None)
+    if check is None:
+        return []
+    return [bound[placeholders[n]] for n in check.args[0] if placeholders.get(n, len(bound)) < len(bound)]
+
+
+def layout_difference(got: Any, want: Any) -> Optional[str]:
+    """Where the rewritten graph's outputs differ from the bitwise graph's other than in values:
+    structure, shape, dtype, strides, or which outputs share memory; None where they do not."""
+    from torch.utils import _pytree as pytree
+    g_leaves, g_spec = pytree.tree_flatten(got)
+    w_leaves, w_spec = pytree.tree_flatten(want)
+    if g_spec != w_spec:
+        return f"outputs of another structure ({g_spec} where eager's are {w_spec})"
+    tensors = [(i, g, w) for i, (g, w) in enumerate(zip(g_leaves, w_leaves)) if isinstance(w, torch.Tensor)]
+    for i, g, w in tensors:
+        if not isinstance(g, torch.Tensor) or (g.shape, g.dtype, g.stride()) != (w.shape, w.dtype, w.stride()):
+            what = (tuple(g.shape), g.dtype, g.stride()) if isinstance(g, torch.Tensor) else type(g).__name__
+            return f"output {i} is {what} where eager's is {(tuple(w.shape), w.dtype, w.stride())}"
+
+    def shared(t: torch.Tensor, u: torch.Tensor) -> bool:
+        return t.untyped_storage().data_ptr() == u.untyped_storage().data_ptr() and t.numel() > 0 and u.numel() > 0
+    for k, (i, g, w) in enumerate(tensors):
+        for j, g2, w2 in tensors[k + 1:]:
+            if shared(g, g2) != shared(w, w2):
+                return f"outputs {i} and {j} {'share' if shared(g, g2) else 'do not share'} memory where eager's " \
+                       f"{'do' if shared(w, w2) else 'do not'}"
+    return None
 
 
 def difference(got: Any, want: Any) -> Dict[str, float]:

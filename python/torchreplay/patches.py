@@ -281,6 +281,62 @@ def _on_registration(module: torch.nn.Module, name: str, value: Any) -> None:
 def _watch(module: torch.nn.Module, captured: Captured) -> None:
     for m in module.modules():
         _watched.setdefault(m, weakref.WeakSet()).add(captured)
+        _numbers.setdefault(m, {}).update(
+            {k: v for k, v in vars(m).items() if type(v) in _NUMBERS and k != "training" and not k.startswith("_")})
+
+
+# Note [Writes a capture would not see]
+# A trace keeps what it read of a model as it was then: a module's numbers (a batch norm's eps, a
+# LeakyReLU's slope: constants of the graph), and, with numerics "close", the parameters and
+# buffers it folded or packed (Note [Close numerics]; their version counters and, for per-channel
+# vectors, their contents are checked per call by torchreplay::check_frozen). Two writes reach
+# neither check, so they are watched here, for the modules and parameters of live captures only:
+# - a module attribute that held a number (int, float, bool) at capture set to another value
+#   (`training` aside: train/eval is checked per call, Captured._slow_call): every later call of the captures bound to the module raises, saying to capture again
+#   (_on_setattr; both numerics);
+# - a parameter folded by a "close" capture written through .data, whose alias has a version
+#   counter of its own: for such a parameter .data gives p.detach(), which shares p's counter,
+#   so the write is seen (and `p.data = t` counts as one). Writes through aliases taken before
+#   the capture, or from outside PyTorch (a NumPy view), are not seen.
+_NUMBERS = (int, float, bool)
+_numbers: "weakref.WeakKeyDictionary[torch.nn.Module, Dict[str, Any]]" = weakref.WeakKeyDictionary()
+_folded: Dict[int, "weakref.ref[torch.nn.Parameter]"] = {}  # id -> parameter folded by a close capture
+_DATA = torch._C.TensorBase.data
+
+
+def watch_folded(tensors: Sequence[Any]) -> None:
+    """The parameters among `tensors` were folded into a "close" capture's constants."""
+    for t in tensors:
+        if isinstance(t, torch.nn.Parameter):
+            key = id(t)
+            _folded[key] = weakref.ref(t, lambda _, k=key: _folded.pop(k, None))
+
+
+def _is_folded(p: torch.Tensor) -> bool:
+    if torch.compiler.is_compiling():  # first: Dynamo guards on nothing here
+        return False
+    ref = _folded.get(id(p))
+    return ref is not None and ref() is p
+
+
+def _parameter_data_get(self: torch.nn.Parameter) -> torch.Tensor:
+    return self.detach() if _is_folded(self) else _DATA.__get__(self)
+
+
+def _parameter_data_set(self: torch.nn.Parameter, value: torch.Tensor) -> None:
+    _DATA.__set__(self, value)
+    if _is_folded(self):
+        torch.autograd.graph.increment_version(self)
+
+
+def _on_setattr(module: torch.nn.Module, name: str, value: Any) -> None:
+    held = _numbers.get(module)
+    if not held or name not in held or (type(value) in _NUMBERS and value == held[name]):
+        return
+    for c in list(_watched.get(module, ())):
+        c._set_stale(f"torchreplay: attribute '{name}' of {type(module).__name__} changed from {held[name]!r} to "
+                     f"{value!r} after the model was captured as {c.name!r} (the trace keeps the values it read); "
+                     "capture the model again")
 
 
 def _install_watchers() -> None:
@@ -296,13 +352,22 @@ def _install_watchers() -> None:
                        nn_module.register_module_module_registration_hook(_on_registration)])
     if getattr(torch.nn.Module.train, "_torchreplay", False):
         return
-    train = torch.nn.Module.train
+    train, setattr_ = torch.nn.Module.train, torch.nn.Module.__setattr__
 
     def watched_train(self: torch.nn.Module, mode: bool = True) -> torch.nn.Module:
         out = train(self, mode)
         _C.module_modes_changed()
         return out
 
+    def watched_setattr(self: torch.nn.Module, name: str, value: Any) -> None:
+        setattr_(self, name, value)
+        if not torch.compiler.is_compiling() and _numbers:  # in this order: Dynamo guards on nothing here
+            _on_setattr(self, name, value)
+
     watched_train._torchreplay = True  # type: ignore[attr-defined]
     watched_train.__doc__ = train.__doc__
     torch.nn.Module.train = watched_train  # type: ignore[method-assign]
+    watched_setattr.__doc__ = setattr_.__doc__
+    torch.nn.Module.__setattr__ = watched_setattr  # type: ignore[method-assign]
+    torch.nn.Parameter.data = property(_parameter_data_get, _parameter_data_set,  # type: ignore[method-assign]
+                                       doc=_DATA.__doc__)

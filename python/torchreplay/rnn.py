@@ -135,8 +135,20 @@ def export_decompositions(table: Dict[Any, Callable], close: bool = False) -> Di
 
 def _where_eager(op: Any, decomposition: Optional[Callable], twin: Any, close: bool, *args: Any, **kwargs: Any) -> Any:
     if decomposition is not None and not kwargs and len(args) == 9 and _decomposes(op, args, close):
-        return decomposition(*args, **kwargs)
+        return _states_as_given(args, decomposition(*args, **kwargs))
     return twin(*args, **kwargs)
+
+
+def _states_as_given(args: tuple, out: Any) -> Any:
+    """The decomposition's results with its final states shaped as the op gives them, those of the
+    initial states it was given: PyTorch's decomposition of a multi-layer LSTM returns (layers, 1,
+    batch, hidden) states where aten.lstm returns (layers, batch, hidden)."""
+    given = args[1] if isinstance(args[1], (list, tuple)) else [args[1]]
+    if not isinstance(out, (list, tuple)) or len(out) != len(given) + 1 or \
+            not all(isinstance(h, torch.Tensor) for h in given):
+        return out
+    states = [s if s.shape == h.shape else s.reshape(h.shape) for s, h in zip(out[1:], given)]
+    return type(out)([out[0], *states])
 
 
 def _overload(packet: Any, args: tuple) -> Optional[Any]:
