@@ -144,8 +144,10 @@ void BM_MlpHandWrittenOutFloor(benchmark::State& state) {
 
 // What every call pays for Note [Ambient state]: reading the settings eager's kernels depend on,
 // compared with the key's in the replays above.
+// Args: a key with CUDA inputs; a graph with an op that may read the fp32 precisions.
 void BM_AmbientNow(benchmark::State& state) {
-  for (auto _ : state) benchmark::DoNotOptimize(torchreplay::guards::Ambient::Now());
+  const bool cuda = state.range(0) != 0, precision = state.range(1) != 0;
+  for (auto _ : state) benchmark::DoNotOptimize(torchreplay::guards::Ambient::Now(cuda, precision));
 }
 
 BENCHMARK(BM_Interpreter);
@@ -154,6 +156,6 @@ BENCHMARK(BM_AtenAllocating);
 BENCHMARK(BM_AtenOutPreallocated);
 BENCHMARK(BM_MlpReplay);
 BENCHMARK(BM_MlpHandWrittenOutFloor);
-BENCHMARK(BM_AmbientNow);
+BENCHMARK(BM_AmbientNow)->Args({0, 0})->Args({0, 1})->Args({1, 1});
 
 }  // namespace

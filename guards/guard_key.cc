@@ -194,7 +194,7 @@ std::string Diff(const GuardKey& old, const GuardKey& now) {
   return clauses.empty() ? "same key" : absl::StrJoin(clauses, "; ");
 }
 
-Ambient Ambient::Now() {
+Ambient Ambient::Now(bool cuda, bool precision) {
   at::Context& ctx = at::globalContext();
   Ambient a;
   a.threads = at::get_num_threads();
@@ -203,7 +203,7 @@ Ambient Ambient::Now() {
   using Op = at::Float32Op;
   constexpr std::pair<B, Op> kPrecisions[6] = {{B::MKLDNN, Op::MATMUL}, {B::MKLDNN, Op::CONV}, {B::MKLDNN, Op::RNN},
                                                {B::CUDA, Op::MATMUL},   {B::CUDA, Op::CONV},   {B::CUDA, Op::RNN}};
-  for (int i = 0; i < 6; ++i) {
+  for (int i = 0; i < (!precision ? 0 : cuda ? 6 : 3); ++i) {
     a.fp32_precision[i] = static_cast<uint8_t>(ctx.float32Precision(kPrecisions[i].first, kPrecisions[i].second));
   }
   a.mkldnn = ctx.userEnabledMkldnn();
@@ -215,12 +215,14 @@ Ambient Ambient::Now() {
 #if defined(__x86_64__) || defined(_M_X64)
   a.flush_denormal = (_mm_getcsr() & 0x8040) != 0;  // FTZ (bit 15) or DAZ (bit 6): set_flush_denormal
 #endif
-  a.cuda = {ctx.userEnabledCuDNN(),
-            ctx.benchmarkCuDNN(),
-            ctx.deterministicCuDNN(),
-            static_cast<uint8_t>(ctx.allowFP16ReductionCuBLAS()),
-            static_cast<uint8_t>(ctx.allowBF16ReductionCuBLAS()),
-            ctx.allowFP16AccumulationCuBLAS()};
+  if (cuda) {
+    a.cuda = {ctx.userEnabledCuDNN(),
+              ctx.benchmarkCuDNN(),
+              ctx.deterministicCuDNN(),
+              static_cast<uint8_t>(ctx.allowFP16ReductionCuBLAS()),
+              static_cast<uint8_t>(ctx.allowBF16ReductionCuBLAS()),
+              ctx.allowFP16AccumulationCuBLAS()};
+  }
   if (at::autocast::is_autocast_enabled(c10::DeviceType::CPU)) {
     a.autocast_cpu = at::autocast::get_autocast_dtype(c10::DeviceType::CPU);
   }

@@ -124,13 +124,19 @@ class GuardKey {
 //
 // A captured graph keeps the kernels chosen, the constants made and the checked kernels timed
 // under the state its key was first seen in (Entry::ambient); every call compares the state now
-// (Now(), on the replay path: plain reads, a few hash lookups for the fp32 precisions). A call
+// (Now(), on the replay path: plain reads, and a few hash lookups for the fp32 precisions, only
+// for graphs with an op that may consult them, the CUDA ones only for keys with CUDA inputs:
+// Engine::reads_precision_). A call
 // under another state captures the key again, the reason logged as the diff; a call under another
 // autocast state runs eagerly (the interpreter dispatches each op as eager does: a capture made
 // under it would call kernels below autocast), logged once per engine. What is decided when a
 // model is traced (default dtype for torch.compile, which Dynamo guards; SDPA's backend choice;
 // Python-level switches) is the tracer's: torchreplay.capture traces again under another default
-// dtype (captured.py).
+// dtype (captured.py). Tests: tests/guards_memory_test.cc (each setting is read and named);
+// tests/python/test_conditions.py (captured again with eager's bits: thread count, matmul
+// precision, default dtype, deterministic algorithms, NNPACK, oneDNN deterministic and conv
+// precision; inference mode) and test_changing_keys.py (mkldnn, flush-denormal, autocast). The
+// CUDA settings are read and compared as the others but were never run on a GPU.
 struct Ambient {
   int threads = 1;
   c10::ScalarType default_dtype = c10::ScalarType::Float;
@@ -148,7 +154,10 @@ struct Ambient {
   // per device (CPU, CUDA): autocast's lower-precision dtype, or Undefined when it is off
   c10::ScalarType autocast_cpu = c10::ScalarType::Undefined, autocast_cuda = c10::ScalarType::Undefined;
 
-  static Ambient Now();
+  // The calling thread's state now. `cuda`: also the CUDA settings (a key on CPU tensors only
+  // leaves them unread, as its kernels do); `precision`: also the fp32 precisions (a graph with no
+  // GEMM, convolution or recurrent op leaves them unread). What is unread stays at its default.
+  static Ambient Now(bool cuda = true, bool precision = true);
   bool SameAutocast(const Ambient& o) const { return autocast_cpu == o.autocast_cpu && autocast_cuda == o.autocast_cuda; }
   bool operator==(const Ambient& o) const;
   bool operator!=(const Ambient& o) const { return !(*this == o); }

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cuda/cuda_graph.h"
@@ -98,11 +99,35 @@ thread_local std::array<StateSlot, 8> state_cache;
 thread_local unsigned state_cache_next = 0;
 }  // namespace
 
+namespace {
+
+// Whether an op of the graph may consult the fp32 precision settings: any op outside aten (ours,
+// custom ops), and any aten op whose name says it multiplies matrices, convolves or recurs (the
+// kernels that read Float32Op::MATMUL, CONV and RNN). Conservative: a name it misses would have
+// to compute a product without any of these words.
+bool ReadsPrecision(const capture::Graph& graph) {
+  static constexpr absl::string_view kWords[] = {"mm", "mv", "matmul", "linear", "dot", "conv", "lstm", "gru",
+                                                 "rnn", "mkldnn", "einsum", "tensordot", "attention", "linalg",
+                                                 "bilinear", "cdist", "kron", "inner", "outer", "ger"};
+  for (const capture::Node& n : graph.nodes()) {
+    if (!n.op.has_value()) continue;
+    const std::string name = capture::OperatorName(*n.op);
+    if (!absl::StartsWith(name, "aten::")) return true;
+    for (absl::string_view w : kWords) {
+      if (absl::StrContains(name, w)) return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
 Engine::Engine(std::shared_ptr<const capture::Graph> graph, EngineOptions options)
     : id_(next_engine_id++), graph_(std::move(graph)), options_(std::move(options)),
       interpreter_(graph_),
       buckets_(options_.capture_sizes, options_.batch_inputs, options_.batch_size_inputs,
                options_.batch_outputs, graph_->written_inputs()) {
+  reads_precision_ = ReadsPrecision(*graph_);
   invalidated_msg_ = absl::StrCat(
       "torchreplay: this tensor is an output of the replayed graph '", options_.name,
       "', and a later replay has reused its memory. Clone outputs you keep across calls "
@@ -207,6 +232,8 @@ absl::StatusOr<Entry*> Engine::Lookup(ThreadState& ts, const std::vector<c10::IV
     entry->baked.push_back(graph_->is_static_input(i));
   }
   entry->moves.assign(inputs.size(), 0);
+  entry->cuda = capture::Interpreter::CudaDevice(inputs).has_value();
+  entry->ambient = guards::Ambient::Now(entry->cuda, reads_precision_);
   std::vector<std::unique_ptr<Entry>> evicted;
   Entry* e = ts.keys.Insert(std::move(key), std::move(entry), &evicted);
   evictions_ += static_cast<int64_t>(evicted.size());
@@ -481,7 +508,8 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::RunKeyed(std::vector<c10::IValu
     ++eager_fallbacks_;
     return RunEager(inputs);
   }
-  if (const guards::Ambient now = guards::Ambient::Now(); now != e->ambient) {  // Note [Ambient state]
+  if (const guards::Ambient now = guards::Ambient::Now(e->cuda, reads_precision_); now != e->ambient) {
+    // Note [Ambient state]
     const std::string diff = guards::Ambient::Diff(e->ambient, now);
     if (!now.SameAutocast(e->ambient)) {
       RECORD_FUNCTION("torchreplay::eager_fallback", std::vector<c10::IValue>());

@@ -138,6 +138,9 @@ class Engine {
       misses_{0}, evictions_{0};
   CopyCounts copies_;  // outputs copied out of the pools (before threads_: their Handouts point here)
   std::atomic<bool> churn_logged_{false}, oversize_logged_{false}, cuda_logged_{false}, ambient_logged_{false};
+  // Whether an op of the graph may consult the fp32 precision settings (Note [Ambient state]):
+  // if not, calls leave them unread.
+  bool reads_precision_ = true;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::thread::id, std::unique_ptr<ThreadState>> threads_ ABSL_GUARDED_BY(mu_);
   std::vector<CaptureRecord> capture_log_ ABSL_GUARDED_BY(mu_);

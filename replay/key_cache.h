@@ -26,7 +26,8 @@ namespace torchreplay::replay {
 // Everything the engine holds for one guard key on one thread.
 struct Entry {
   guards::GuardKey key;
-  guards::Ambient ambient = guards::Ambient::Now();  // Note [Ambient state]: when first seen or captured again
+  bool cuda = false;         // an input is a CUDA tensor: the CUDA settings are part of `ambient`
+  guards::Ambient ambient;  // Note [Ambient state]: when first seen or captured again
   std::string reason;  // why this key needs a capture
   int eager_runs = 0;
   std::optional<capture::Recording> recording;           // of the latest warm-up run

@@ -123,6 +123,12 @@ TEST(AmbientTest, EachListedSettingIsSeenAndNamed) {
     EXPECT_EQ(guards::Ambient::Now(), before) << c.named << ": not put back";
   }
   EXPECT_EQ(guards::Ambient::Diff(before, guards::Ambient::Now()), "the same");
+  // A key on CPU tensors leaves the CUDA settings unread.
+  const guards::Ambient cpu = guards::Ambient::Now(/*cuda=*/false);
+  ctx.setUserEnabledCuDNN(!ctx.userEnabledCuDNN());
+  EXPECT_EQ(guards::Ambient::Now(/*cuda=*/false), cpu);
+  EXPECT_NE(guards::Ambient::Now(/*cuda=*/true), before);
+  ctx.setUserEnabledCuDNN(!ctx.userEnabledCuDNN());
 }
 
 TEST(ArenaPlanTest, BuffersAliveTogetherNeverOverlap) {
