@@ -9,6 +9,18 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 
 
+def pytest_configure(config):
+    """TORCHREPLAY_TEST_THREADS=n: the session runs at n intra-op threads instead of the machine's
+    default (tools/test.sh runs the differential slice so at two more counts: Note [Ambient state])."""
+    threads = os.environ.get("TORCHREPLAY_TEST_THREADS")
+    if threads:
+        torch.set_num_threads(int(threads))
+
+
+def pytest_report_header(config):
+    return f"torch intra-op threads: {torch.get_num_threads()}"
+
+
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
     """Every test compiles from scratch (Dynamo's caches and recompile limits are global), with

@@ -2,7 +2,10 @@
 run eagerly op by op through torch.ops (the reference), with the same inputs.
 
 A program's values are float32 tensors of shape (r, C), where r is a symbolic int input that
-changes between calls; ops that change shape are paired so every value comes back to (r, C).
+changes between calls; ops that change shape are paired so every value comes back to (r, C). C is
+8, or for long-row programs thousands of columns (a row of at least 64k elements, or values of
+between one and two of ATen's grains, GRAIN_SIZE: split over threads), where the products by the
+(C, C) weight are left out.
 """
 from __future__ import annotations
 
@@ -30,8 +33,9 @@ class Program:
 class _Gen:
     """Emits each op to the C++ builder and records a closure for the eager reference."""
 
-    def __init__(self, rng: random.Random, device: str = "cpu"):
+    def __init__(self, rng: random.Random, device: str = "cpu", cols: int = C):
         self.rng = rng
+        self.C = cols  # columns
         self.b = _C.GraphBuilder()
         self.steps: List[Callable[[Dict[int, Any]], None]] = []
         self.ops_used: set = set()
@@ -100,7 +104,10 @@ def _emit_random_op(g: _Gen) -> None:
     rng = g.rng
     a, b = g.pick(), g.pick()
     R = _Ref
-    choice = rng.randrange(36)
+    cols = g.C
+    choice = rng.randrange(37)
+    if cols != C and choice in (11, 12, 13):  # no (C, C) weight for long rows
+        choice = 36
     if choice == 0:
         g.add(g.op(rng.choice(["aten::relu", "aten::sigmoid", "aten::tanh", "aten::neg", "aten::abs"]), a))
     elif choice == 1:
@@ -134,17 +141,17 @@ def _emit_random_op(g: _Gen) -> None:
         small = g.op("aten::mm", R(t), b)
         g.add(g.op("aten::mm", a, R(small)))
     elif choice == 14:   # view through a symbolic size and back
-        n = g.sym_mul(R(g.r), C)
+        n = g.sym_mul(R(g.r), cols)
         dense = g.op("aten::clone", a, memory_format=torch.contiguous_format)
         flat = g.op("aten::view", R(dense), [R(n)])
-        g.add(g.op("aten::view", R(flat), [R(g.r), C]))
+        g.add(g.op("aten::view", R(flat), [R(g.r), cols]))
     elif choice == 15:   # expand a column through the symbolic size
         col = g.op("aten::sum.dim_IntList", a, [1], True)
-        g.add(g.op("aten::expand", R(col), [R(g.r), C]))
+        g.add(g.op("aten::expand", R(col), [R(g.r), cols]))
     elif choice == 16:   # slices and cat
-        h = rng.randrange(1, C)
+        h = rng.randrange(1, cols)
         left = g.op("aten::slice.Tensor", a, 1, 0, h)
-        right = g.op("aten::slice.Tensor", b, 1, h, C)
+        right = g.op("aten::slice.Tensor", b, 1, h, cols)
         g.add(g.op("aten::cat", [R(left), R(right)], 1))
     elif choice == 17:
         st = g.op("aten::stack", [a, b], 0)
@@ -188,7 +195,7 @@ def _emit_random_op(g: _Gen) -> None:
         row = g.op("aten::select.int", a, 0, 0)
         g.add(g.op("aten::add.Tensor", b, R(row)))
     elif choice == 30:   # a view of a value, next to the value: outputs may alias each other
-        v = g.op("aten::view", a, [R(g.r), C]) if a.id not in (g.x, g.y) else g.op("aten::alias", a)
+        v = g.op("aten::view", a, [R(g.r), cols]) if a.id not in (g.x, g.y) else g.op("aten::alias", a)
         g.add(v)
     elif choice == 31:   # in-place through a view of an intermediate
         c = g.op("aten::clone", a)
@@ -207,12 +214,15 @@ def _emit_random_op(g: _Gen) -> None:
     elif choice == 35:   # in-place on a slice of an input (a view of the caller's tensor)
         if not g.mutated_input:
             g.mutated_input = True
-            h = rng.randrange(1, C)
+            h = rng.randrange(1, cols)
             part = g.op("aten::slice.Tensor", R(g.y), 1, 0, h)
             g.op("aten::mul_.Tensor", R(part), 0.5)
             g.add(g.op("aten::slice_scatter", R(g.y), R(part), 1, 0, h) if rng.random() < 0.5 else g.y)
         else:
             g.add(g.op("aten::sigmoid", a))
+    elif choice == 36:   # a reduction to one element (ATen's two-pass one over long rows), broadcast back
+        red = g.op(rng.choice(["aten::sum.dim_IntList", "aten::mean.dim"]), a, [0, 1], True)
+        g.add(g.op("aten::sub.Tensor", b, R(red)))
     else:                 # mutate an input in place (the caller must see it)
         if not g.mutated_input:
             g.mutated_input = True
@@ -221,9 +231,9 @@ def _emit_random_op(g: _Gen) -> None:
             g.add(g.op("aten::tanh", a))
 
 
-def make_program(seed: int, num_ops: int = 8, device: str = "cpu") -> Program:
+def make_program(seed: int, num_ops: int = 8, device: str = "cpu", cols: int = C) -> Program:
     rng = random.Random(seed)
-    g = _Gen(rng, device)
+    g = _Gen(rng, device, cols)
     for _ in range(num_ops):
         _emit_random_op(g)
     candidates = g.pool[2:] or g.pool
@@ -252,9 +262,12 @@ def make_program(seed: int, num_ops: int = 8, device: str = "cpu") -> Program:
     return prog
 
 
-def make_inputs(rng: torch.Generator, r: int, w: torch.Tensor, device: str = "cpu") -> List[Any]:
-    x = torch.randn(r, C, generator=rng).to(device)
-    y = torch.randn(r, C, generator=rng).to(device)
+def make_inputs(rng: torch.Generator, r: int, w: torch.Tensor, device: str = "cpu", cols: int = C,
+                permuted: bool = False) -> List[Any]:
+    """The inputs of a call with r rows; `permuted`: x a transposed view (strides (1, r))."""
+    x = torch.randn(cols, r, generator=rng).t() if permuted else torch.randn(r, cols, generator=rng)
+    x = x.to(device)
+    y = torch.randn(r, cols, generator=rng).to(device)
     idx = torch.randperm(r, generator=rng)[:K].to(device)
     return [x, y, w, idx, r]
 

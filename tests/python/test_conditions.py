@@ -1,0 +1,529 @@
+"""Replays under the conditions users run with (Note [Ambient state] in guards/guard_key.h): the
+machine's thread count and others, long rows, settings changed between capture and call (thread
+count, fp32 matmul precision, default dtype, deterministic algorithms, inference mode), inputs of
+other layouts, through every entry point a condition applies to: torchreplay.capture, torch.compile
+and a saved program loaded by the C++ loader. Each case compares bits with eager's and checks
+that the call replayed, or captured again where the condition says it must."""
+import contextlib
+
+import pytest
+import torch
+import torch.nn as nn
+
+import torchreplay
+from configs import backend, config
+from differential import assert_bitwise, gen, rn
+
+ENTRIES = ("capture", "compile", "loaded")
+
+
+class Entry:
+    """One model through one entry point: call it as the model is called; stats() sums its
+    engines' counters and joins their capture logs."""
+
+    def __init__(self, kind, model, example, tmp_path=None, **ro):
+        self.kind = kind
+        if kind == "compile":
+            self._backend = backend(**ro)
+            self._fn = torch.compile(model, backend=self._backend)
+        else:
+            step = torchreplay.capture(model, example, config=config(**ro))
+            if kind == "capture":
+                self._fn, self._stats = step, step.stats
+            else:
+                torchreplay.save(step, tmp_path / "model.trp")
+                program = torchreplay.load(tmp_path / "model.trp")
+                self._fn = lambda *a: _single(program(*a))
+                self._stats = program.stats
+
+    def __call__(self, *args):
+        return self._fn(*args)
+
+    def stats(self):
+        if self.kind != "compile":
+            return self._stats()
+        each = self._backend.stats()
+        out = {k: sum(s[k] for s in each) for k in ("calls", "replays", "captures", "eager_fallbacks")}
+        out["capture_log"] = [c for s in each for c in s["capture_log"]]
+        return out
+
+    def reasons(self):
+        return [c["reason"] for c in self.stats()["capture_log"]]
+
+
+def _single(out):
+    return out[0] if isinstance(out, (list, tuple)) and len(out) == 1 else out
+
+
+@contextlib.contextmanager
+def threads(n):
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+class Fn(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+# One-output reductions over rows of at least GRAIN_SIZE (32768) elements take ATen's two-pass
+# reduction at more than one thread (Note [Prepared sums and means]); the others are controls.
+LONG_ROWS = {
+    "sum over a long row": (lambda x: x.sum(1), (1, 50000), torch.float32),
+    "mean over the last dim": (lambda x: x.mean(-1), (1, 50000), torch.float32),
+    "sum kept": (lambda x: x.sum(-1, keepdim=True) * 2, (1, 70000), torch.float32),
+    "float64 sum": (lambda x: x.sum(1), (1, 50000), torch.float64),
+    "sum of a transpose": (lambda x: x.t().sum(0), (1, 50000), torch.float32),
+    "per-image mean": (lambda x: x.mean((1, 2, 3)), (1, 8, 64, 64), torch.float32),
+    "audio normalization": (lambda x: (x - x.mean(-1, keepdim=True)) / x.std(-1, keepdim=True), (1, 50000),
+                            torch.float32),
+    "a few long rows": (lambda x: x.sum(-1), (3, 40000), torch.float32),
+    "short rows": (lambda x: x.mean(-1), (64, 37), torch.float32),
+}
+
+
+@pytest.mark.parametrize("n_threads", [1, 3])
+@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("case", list(LONG_ROWS))
+def test_reductions_over_long_rows_replay_eagers_bits(case, entry, n_threads, tmp_path):
+    fn, shape, dtype = LONG_ROWS[case]
+    g = gen(0)
+    make = lambda: (rn(g, *shape, dtype=dtype) * 10,)  # noqa: E731
+    with threads(n_threads), torch.no_grad():
+        f = Entry(entry, Fn(fn), make(), tmp_path)
+        for i in range(4):
+            (x,) = make()
+            assert_bitwise(f(x), fn(x), f"{case}, {entry}, {n_threads} threads, call {i}")
+    assert f.stats()["replays"] >= 2, f.stats()
+
+
+class Convs(nn.Module):
+    """A linear layer (the checked small GEMM where it matches), a 1x1 convolution (Slow2d at one
+    thread, oneDNN at more in eager), a long one-output sum."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 24)
+        self.conv = nn.Conv2d(16, 64, 1)
+
+    def forward(self, x, img, row):
+        return self.fc(x), self.conv(img), row.sum(1)
+
+
+def _convs_inputs(i):
+    g = gen(i)
+    return rn(g, 5, 16), rn(g, 1, 16, 20, 20), rn(g, 1, 50000)
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_a_call_at_another_thread_count_captures_again(entry, tmp_path):
+    """Note [Ambient state]: the thread count decides how eager reduces and which convolution and
+    GEMM kernels it runs (and the checked kernels were chosen at the capture's count): a call at
+    another count captures the key again, both ways, each call eager's bits at its count."""
+    torch.manual_seed(0)
+    model = Convs().eval()
+    with torch.no_grad():
+        with threads(1):
+            f = Entry(entry, model, _convs_inputs(0), tmp_path)
+        for i, n in enumerate((1, 1, 1, 3, 3, 3, 1, 1)):
+            with threads(n):
+                args = _convs_inputs(i)
+                for k, (got, want) in enumerate(zip(f(*args), model(*args))):
+                    assert_bitwise(got, want, f"{entry}, call {i} at {n} threads, output {k}")
+    s = f.stats()
+    if entry == "compile":  # Dynamo guards on the thread count (GLOBAL_STATE): a graph per count
+        assert f.reasons() == ["no graph yet", "no graph yet"], f.reasons()
+    else:
+        assert f.reasons()[-2:] == ["threads 1 -> 3", "threads 3 -> 1"], f.reasons()
+    assert s["replays"] >= 4 and s["eager_fallbacks"] == 0, s
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 64)).eval()
+
+
+@contextlib.contextmanager
+def _matmul_precision(how):
+    before = torch.backends.mkldnn.matmul.fp32_precision, torch.get_float32_matmul_precision()
+    try:
+        if how == "mkldnn bf16":
+            torch.backends.mkldnn.matmul.fp32_precision = "bf16"
+        else:
+            torch.set_float32_matmul_precision("medium")
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before[1])
+        torch.backends.mkldnn.matmul.fp32_precision = before[0]
+
+
+@pytest.mark.parametrize("how", ["mkldnn bf16", "set_float32_matmul_precision medium"])
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_a_call_under_another_matmul_precision_captures_again(entry, how, tmp_path):
+    """Note [Ambient state]: oneDNN's fp32 matmul precision (bf16 arithmetic in eager's GEMMs where
+    the CPU has it) set after a capture: the key is captured again, each call eager's bits, and
+    again when it is put back."""
+    model = _mlp()
+    x = torch.randn(8, 64)
+    with torch.no_grad():
+        f = Entry(entry, model, (x,), tmp_path)
+        for i in range(3):
+            assert_bitwise(f(x), model(x), f"{entry}: call {i}")
+        with _matmul_precision(how):
+            for i in range(3):
+                assert_bitwise(f(x), model(x), f"{entry}, {how}: call {i}")
+        for i in range(3):
+            assert_bitwise(f(x), model(x), f"{entry}: put back, call {i}")
+    if entry == "compile" and how != "mkldnn bf16":  # Dynamo guards on this one: a graph per setting
+        assert f.reasons() == ["no graph yet", "no graph yet"], f.reasons()
+    else:
+        changes = [r for r in f.reasons() if "fp32 precision" in r]
+        assert len(changes) == 2 and "mkldnn matmul fp32 precision none -> bf16" in changes[0] and \
+            "mkldnn matmul fp32 precision bf16 -> none" in changes[1], f.reasons()
+    assert f.stats()["replays"] >= 4, f.stats()
+
+
+def test_deterministic_algorithms_set_after_a_capture_capture_again():
+    """Note [Ambient state]: use_deterministic_algorithms changes eager's index_put_ with
+    accumulate on the CPU (it sorts the indices first): the key is captured again."""
+    def fn(x, i, v):
+        return x.index_put((i,), v, accumulate=True) * 1
+
+    g = gen(0)
+    x, i, v = rn(g, 64), torch.randint(0, 64, (500,), generator=g), rn(g, 500)
+    step = torchreplay.capture(fn, (x, i, v), config=config())
+    before = torch.are_deterministic_algorithms_enabled()
+    try:
+        for flag in (False, False, True, True, True, False):
+            torch.use_deterministic_algorithms(flag)
+            assert_bitwise(step(x, i, v), fn(x, i, v), f"deterministic {flag}")
+    finally:
+        torch.use_deterministic_algorithms(before)
+    reasons = [c["reason"] for c in step.stats()["capture_log"]]
+    assert any("deterministic algorithms off -> on" in r for r in reasons), reasons
+    assert step.stats()["replays"] >= 2
+
+
+SETTINGS = {  # Note [Ambient state]: (what the capture log names, the setting changed)
+    "nnpack off": ("nnpack on -> off", lambda: torch.backends.nnpack.flags(enabled=False)),
+    "mkldnn deterministic": ("mkldnn deterministic off -> on",
+                             lambda: torch.backends.mkldnn.flags(enabled=True, deterministic=True)),
+    "mkldnn conv bf16": ("mkldnn conv fp32 precision none -> bf16",
+                         lambda: torch.backends.mkldnn.flags(enabled=True, fp32_precision="bf16")),
+}
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_a_call_under_another_backend_setting_captures_again(setting):
+    """Note [Ambient state]: NNPACK, oneDNN's deterministic mode and oneDNN's fp32 convolution
+    precision decide which convolution kernel eager runs: a call under another setting captures
+    the key again, eager's bits under each, and the capture log names the change."""
+    named, flags = SETTINGS[setting]
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 8, 3)).eval()
+    x = torch.randn(16, 8, 10, 10)  # batch 16: NNPACK's threshold
+    with torch.no_grad():
+        step = torchreplay.capture(model, (x,), config=config())
+        for i in range(2):
+            assert_bitwise(step(x), model(x), f"before, call {i}")
+        with flags():
+            for i in range(3):
+                assert_bitwise(step(x), model(x), f"{setting}, call {i}")
+    reasons = [c["reason"] for c in step.stats()["capture_log"]]
+    assert any(named in r for r in reasons), reasons
+    assert step.stats()["replays"] >= 3, step.stats()
+
+
+class Factories(nn.Module):
+    """Tensors made without a dtype: the default dtype decides theirs."""
+
+    def forward(self, x):
+        return x + torch.ones(3) + torch.tensor([1.0, 2.0, 3.0]) + torch.arange(3.0) * 0.1
+
+
+@contextlib.contextmanager
+def default_dtype(dtype):
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_a_call_under_another_default_dtype(entry, tmp_path):
+    """torch.set_default_dtype after a capture: torchreplay.capture traces the model again under it
+    (as torch.compile, whose Dynamo guards on it, compiles again), eager's dtype and bits; a loaded
+    program (its graph fixed) captures again, giving what its graph gives run op by op."""
+    model = Factories()
+    x = torch.randn(3)
+    f = Entry(entry, model, (x,), tmp_path)
+    reference = model
+    if entry == "loaded":
+        program = torchreplay.load(tmp_path / "model.trp", config("default"))
+        reference = lambda *a: program(*a)[0]  # noqa: E731
+    for dtype in (torch.float32, torch.float64, torch.float64, torch.float64, torch.float32):
+        with default_dtype(dtype):
+            want = reference(x)
+            if entry != "loaded":
+                assert want.dtype == dtype
+            for i in range(2):
+                assert_bitwise(f(x), want, f"{entry}, default dtype {dtype}, call {i}")
+    assert f.stats()["replays"] >= 3, f.stats()
+    if entry == "loaded":
+        assert "default dtype Float -> Double" in f.reasons(), f.reasons()
+
+
+class Permuted(nn.Module):
+    def __init__(self, bias):
+        super().__init__()
+        self.fc = nn.Linear(8, 12, bias=bias)
+
+    def forward(self, x):
+        return self.fc(x.permute(2, 0, 1))
+
+
+class Matmuls(nn.Module):
+    """Products by a parameter whose fold (one mm over the batch, or a bmm) depends on whether the
+    parameter requires grad: batch @ matrix, batch @ vector, matrix @ batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8, 12))
+        self.v = nn.Parameter(torch.randn(8))
+        self.m = nn.Parameter(torch.randn(5, 6))
+
+    def forward(self, x):
+        xp = x.permute(2, 0, 1)
+        return xp @ self.w, xp @ self.v, self.m @ x.permute(0, 2, 1)[:, :6, :]
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("make", ["linear", "linear without bias", "matmuls"])
+def test_products_by_parameters_on_permuted_inputs_fold_as_eager(make, entry, tmp_path):
+    """Note [Matmuls folded as eager folds them]: eager folds such a product into one mm (a copy of
+    the input first) while the parameter requires grad, even under no_grad, and runs a bmm once it
+    is frozen; each call eager's bits, and changing requires_grad after the capture traces again."""
+    torch.manual_seed(0)
+    model = Matmuls() if make == "matmuls" else Permuted(bias=make == "linear")
+    x = torch.randn(2, 8, 6)
+    with torch.no_grad():
+        f = Entry(entry, model, (x,), tmp_path)
+        grads = (True, False, True) if entry != "loaded" else (True,)  # a loaded program: its trace's weights
+        for requires_grad in grads:
+            model.requires_grad_(requires_grad)
+            for i in range(3):
+                got, want = f(x), model(x)
+                got, want = (got, want) if isinstance(want, tuple) else ((got,), (want,))
+                for k, (g_, w_) in enumerate(zip(got, want)):
+                    assert_bitwise(g_, w_, f"{make}, {entry}, requires_grad={requires_grad}, call {i}, output {k}")
+    assert f.stats()["replays"] >= 2 * len(grads), f.stats()
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_captured_under_inference_mode_and_called_outside_it(entry, tmp_path):
+    """Note [A pool of ordinary tensors]: what a capture keeps is made as ordinary tensors, so a
+    capture made in inference mode replays under no_grad (eager's bits, no 'inference tensor'
+    error), and its outputs are inference tensors exactly when the call is in inference mode."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 24), nn.ReLU(), nn.Linear(24, 8)).eval()
+    model.requires_grad_(False)
+    x = torch.randn(5, 16)
+    with torch.inference_mode():
+        f = Entry(entry, model, (x,), tmp_path)
+        for _ in range(3):
+            out = f(x)
+        assert out.is_inference()
+    for mode in (torch.no_grad, torch.inference_mode, torch.enable_grad, torch.no_grad):
+        with mode():
+            for i in range(2):
+                got, want = f(x), model(x)
+                assert_bitwise(got, want, f"{entry} under {mode.__name__}, call {i}")
+                assert got.is_inference() == want.is_inference(), mode
+    assert f.stats()["replays"] >= 6, f.stats()
+
+
+def _close(model, example):
+    return torchreplay.capture(model, example, config=config(numerics="close"))
+
+
+def _conv_bn():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU()).eval()
+    with torch.no_grad():
+        m[1].running_mean.normal_()
+        m[1].running_var.uniform_(0.5, 2)
+    return m
+
+
+def test_close_refuses_a_call_after_a_train_mode_forward_updated_the_statistics():
+    """Note [Close numerics]: a train-mode forward updates a batch norm's running statistics
+    inside its kernel, with no version counter bumped: the per-channel vectors a capture folded
+    are compared with their contents at capture, and the call raises instead of computing with
+    the old statistics."""
+    m = _conv_bn()
+    x = torch.randn(1, 3, 16, 16)
+    with torch.no_grad():
+        step = _close(m, (x,))
+        for _ in range(3):
+            torch.testing.assert_close(step(x), m(x), rtol=1e-4, atol=1e-5)
+        assert step.numerics["numerics"] == "close" and step.numerics["rewrites"]["batch_norms_folded"] == 1
+        m.train()
+        m(torch.randn(4, 3, 16, 16))
+        m.eval()
+        with pytest.raises(RuntimeError, match="running_mean' was written after the capture"):
+            step(x)
+
+
+@pytest.mark.parametrize("write", ["data in place", "data assigned", "attribute"])
+@pytest.mark.parametrize("numerics", ["bitwise", "close"])
+def test_writes_the_version_counters_miss_are_refused(numerics, write):
+    """Note [Writes a capture would not see]: a folded weight written through .data (close) and a
+    module's number changed after the capture (both numerics) make later calls raise; the bitwise
+    graph reads weights as they are, so a write through .data gives eager's bits there. A read of
+    .data changes nothing."""
+    m = _conv_bn()
+    x = torch.randn(1, 3, 16, 16)
+    with torch.no_grad():
+        step = torchreplay.capture(m, (x,), config=config(numerics=numerics))
+        for _ in range(3):
+            step(x)
+        assert m[0].weight.data.abs().sum() > 0  # a read
+        step(x)
+        if write == "data in place":
+            m[0].weight.data.mul_(2)
+        elif write == "data assigned":
+            m[0].weight.data = m[0].weight.detach() * 2
+        else:
+            m[1].eps = 0.5
+        if numerics == "bitwise" and write != "attribute":
+            assert_bitwise(step(x), m(x))
+        else:
+            with pytest.raises((RuntimeError, ValueError), match="eps' of BatchNorm2d changed|0.weight' was written"):
+                step(x)
+
+
+def test_close_lstm_states_have_eagers_shapes():
+    """A multi-layer LSTM under numerics "close" runs PyTorch's decomposition, whose final states
+    came out (layers, 1, batch, hidden): they are eager's (layers, batch, hidden)."""
+    torch.manual_seed(0)
+    lstm = nn.LSTM(8, 16, num_layers=2, batch_first=True).eval()
+    x = torch.randn(3, 5, 8)
+    with torch.no_grad():
+        step = _close(lstm, (x,))
+        for _ in range(3):
+            got, want = step(x), lstm(x)
+    assert step.numerics["numerics"] == "close", step.numerics
+    for g, w in zip((got[0], *got[1]), (want[0], *want[1])):
+        assert (g.shape, g.stride()) == (w.shape, w.stride())
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+    assert step.stats()["replays"] >= 2
+
+
+class ConvViews(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c = nn.Conv2d(16, 32, 3, padding=1)
+        self.d = nn.Conv2d(32, 32, 3, padding=1, groups=32)
+        self.p = nn.Conv2d(32, 32, 1)
+
+    def forward(self, x):
+        y = torch.relu(self.c(x))
+        z = self.d(y)
+        w = self.p(z)
+        return y, y[:, :4], y.flatten(1), z.permute(0, 2, 3, 1), w, w[0]
+
+
+def test_close_outputs_that_are_views_keep_eagers_strides_and_sharing():
+    """Results the rewrite leaves channels-last are made contiguous once, before their views, so
+    outputs that are views of one result have eager's strides and share its memory as eager's do;
+    the capture's own check compares layouts and sharing, not only values."""
+    torch.manual_seed(0)
+    m = ConvViews().eval()
+    x = torch.randn(1, 16, 24, 24)
+    with torch.no_grad():
+        step = _close(m, (x,))
+        for _ in range(3):
+            got, want = step(x), m(x)
+    assert step.numerics["numerics"] == "close", step.numerics
+    for k, (g, w) in enumerate(zip(got, want)):
+        assert (g.shape, g.stride()) == (w.shape, w.stride()), k
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+    def sharing(outs):
+        return [[a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() for b in outs] for a in outs]
+    assert sharing(got) == sharing(want)
+    assert step.stats()["replays"] >= 2
+
+
+class EveryKind(nn.Module):
+    """A step of every kind the CPU tape has (but collectives), on short and long rows."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.ln = nn.LayerNorm(16)
+        self.conv = nn.Conv2d(4, 8, 3, padding=1)
+        self.lstm = nn.LSTM(16, 16, batch_first=True)
+        self.w = nn.Parameter(torch.randn(16, 16))
+        self.register_buffer("state", torch.zeros(4, 16))
+
+    def forward(self, x, img, q, seq, row):
+        self.state.add_(x)                                          # in place (an input written)
+        fused = (x.sin() * 2 + 1).relu()                            # fused elementwise
+        return (torch.cat([fused, torch.cumsum(x, 1)], 1),          # copies, boxed out=
+                x.sum(-1) + x.mean(-1), row.sum(1), row.mean(-1),   # prepared reductions, one a long row
+                nn.functional.scaled_dot_product_attention(q, q, q),  # prepared attention
+                self.fc(self.ln(x)), x @ self.w,                    # prepared layer norm, typed out=, checked gemm
+                self.conv(img), self.lstm(seq)[0],                  # checked conv, checked lstm
+                torch.sort(x, 1)[0], torch.atan2(x, fused),         # functional, typed out=
+                x.permute(1, 0), (row * 0.5).sin().exp())           # view; a long elementwise row
+
+
+EVERY_KIND = {"fused elementwise", "typed out=", "boxed out=", "copies", "prepared pointwise", "prepared reduction",
+              "prepared attention", "prepared layer norm", "checked conv", "checked gemm", "checked lstm",
+              "functional", "in place", "view"}
+
+
+def test_every_step_kind_replays_eagers_bits_at_the_sessions_thread_count():
+    """Every step kind of the CPU tape (collectives aside: tests/python/test_collectives.py) in one
+    model and, for prepared pointwise steps (what ops the fused kernel does not take get), one
+    graph with fusion off, on short rows and rows of 65536 elements (ATen splits those over
+    threads): eager's bits at whatever thread count the session runs (CI runs this file at 1, 2
+    and 3 threads: tools/test.sh)."""
+    from differential import engine_for
+    torch.manual_seed(0)
+    model = EveryKind().eval()
+    reference = EveryKind().eval()
+    reference.load_state_dict(model.state_dict())
+    g = gen(0)
+    make = lambda: (rn(g, 4, 16), rn(g, 1, 4, 8, 8), rn(g, 1, 2, 5, 8), rn(g, 2, 3, 16), rn(g, 1, 1 << 16))  # noqa: E731
+    kinds = set()
+    with torch.no_grad():
+        step = torchreplay.capture(model, make(), config=config())
+        for i in range(4):
+            args = make()
+            for k, (got, want) in enumerate(zip(step(*args), reference(*args))):
+                assert_bitwise(got, want, f"call {i}, output {k}, {torch.get_num_threads()} threads")
+        kinds |= {r["kind"].split(" (")[0] for r in step.profile(*args, iterations=1)}
+        assert step.stats()["replays"] >= 3
+
+        def pointwise(x, y):
+            return torch.rsqrt(x.abs() + 1) * torch.erf(y), (x > y) | (x == 0), torch.nn.functional.silu(x)
+        xs = [rn(g, 1, 1 << 16), rn(g, 1, 1 << 16)]
+        engine = engine_for(pointwise, xs, fuse_elementwise=False)
+        for i in range(3):
+            xs = [rn(g, 1, 1 << 16), rn(g, 1, 1 << 16)]
+            for k, (got, want) in enumerate(zip(engine.run(list(xs)), pointwise(*xs))):
+                assert_bitwise(got, want, f"fusion off, call {i}, output {k}")
+        kinds |= {r["kind"].split(" (")[0] for r in engine.profile(xs, 1)}
+    assert kinds >= EVERY_KIND, EVERY_KIND - kinds
