@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from . import _C, rnn
 from .capture_sizes import batch_fields
-from .config import CompilerConfig
+from .config import MODES, CompilerConfig
 from .engines import dump_graph, new_engine
 from .lowering import LoweringError, lower
 from .passes import run_passes
@@ -238,11 +238,16 @@ class Backend:
         self._cuda_graph_calls: Dict[str, List[int]] = {}
         self._backward_hint_logged = False  # the hint at a graph broken at loss.backward(), once
         self._whole_rnn_hint_logged = False  # the hint at a graph that is one recurrent call kept whole, once
+        self._variants: Dict[str, "Backend"] = {}  # per torch.compile mode and options (Note [torch.compile's mode])
         if self.config.reduce_overhead.numerics != "bitwise":
             logger.warning("torchreplay: config.reduce_overhead.numerics = %r applies to torchreplay.capture; "
                            "torch.compile's graphs stay bitwise", self.config.reduce_overhead.numerics)
 
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **_: Any) -> Any:
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: Optional[str] = None,
+                 options: Optional[Dict[str, Any]] = None) -> Any:
+        config = torch_compile_config(self.config, mode, options)  # Note [torch.compile's mode]
+        if config is not self.config:
+            return self._variant(mode, options, config)(gm, example_inputs)
         consumed = _detach_consumed_outputs(gm)
         why = rnn.keep_whole(gm)
         if why is None:
@@ -266,6 +271,18 @@ class Backend:
             self.eager_graphs[name] = why
             fn = gm.forward
         return _raise_on_backward_of(fn, consumed) if consumed else fn
+
+    def _variant(self, mode: Optional[str], options: Optional[Dict[str, Any]], config: CompilerConfig) -> "Backend":
+        """This backend with torch.compile's mode and options applied: made once per spelling, its
+        engines and graphs listed in this one's stats()."""
+        key = repr((mode, sorted((options or {}).items())))
+        variant = self._variants.get(key)
+        if variant is None:
+            variant = Backend(config, self.decompositions)
+            variant.engines, variant.eager_graphs = self.engines, self.eager_graphs
+            variant.call_paths, variant.cuda_graphs = self.call_paths, self.cuda_graphs
+            self._variants[key] = variant
+        return variant
 
     def _compile_graph(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         graph_id = next(_graph_ids)
@@ -489,6 +506,38 @@ class Backend:
         return out
 
 
+# Note [torch.compile's mode]
+# torch.compile(model, backend=..., mode=..., options=...) hands the backend its `mode` (only when
+# it is not "default") and `options` as keyword arguments, for a named backend and a backend object
+# alike (torch's _TorchCompileWrapper). Users migrating from Inductor write
+# mode="reduce-overhead" (transformers' CompileConfig too): it sets config.mode, on top of the
+# backend's config and under `options` (flat names, CompilerConfig._OPTION_PATHS); a backend object
+# keeps its own config and compiles such calls with a variant of it that shares its stats.
+# Inductor's "max-autotune" modes ask for autotuned generated kernels, which torchreplay has none
+# of: refused, saying what to use. `dynamic` and `fullgraph` are Dynamo's and never reach a backend.
+_AUTOTUNE_MODES = ("max-autotune", "max-autotune-no-cudagraphs")
+
+
+def torch_compile_config(config: CompilerConfig, mode: Optional[str] = None,
+                         options: Optional[Dict[str, Any]] = None) -> CompilerConfig:
+    """The config a compile runs with: `config`, with torch.compile's `options` and `mode` applied
+    (Note [torch.compile's mode]); `config` itself when they change nothing."""
+    if mode in _AUTOTUNE_MODES:
+        raise ValueError(
+            f"torchreplay: torch.compile mode {mode!r} asks Inductor to autotune the kernels it generates; "
+            "torchreplay generates none (it calls eager's kernels, and with mode='reduce-overhead' checks and "
+            "times faster ones per node at capture): use mode='reduce-overhead' (capture and replay) or "
+            "mode='default' (the graph run op by op in C++), or backend='inductor' to autotune")
+    if mode is not None and mode not in MODES:
+        raise ValueError(f"torchreplay: unknown torch.compile mode {mode!r}; torchreplay takes {MODES}")
+    if not options and (mode is None or mode == config.mode):
+        return config
+    out = config.with_options(options)
+    if mode is not None:
+        out.mode = mode
+    return out
+
+
 def get_backend(*, compiler_config: Optional[CompilerConfig] = None,
                 custom_decompositions: Optional[Dict[Any, Callable]] = None) -> Backend:
     """The backend to hand to torch.compile(model, backend=...)."""
@@ -496,6 +545,7 @@ def get_backend(*, compiler_config: Optional[CompilerConfig] = None,
 
 
 def named_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
-                  options: Optional[Dict[str, Any]] = None, **_: Any) -> Any:
-    """torch.compile(model, backend="torchreplay", options={...})."""
-    return Backend(CompilerConfig.from_options(options))(gm, example_inputs)
+                  mode: Optional[str] = None, options: Optional[Dict[str, Any]] = None) -> Any:
+    """torch.compile(model, backend="torchreplay", mode=..., options={...}) (Note [torch.compile's
+    mode])."""
+    return Backend(torch_compile_config(CompilerConfig(), mode, options))(gm, example_inputs)

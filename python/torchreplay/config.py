@@ -11,6 +11,7 @@ Every field is checked when it is set, so a typo fails where it is written.
 """
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable, Dict, Optional
 
 MODES = ("default", "reduce-overhead")
@@ -148,15 +149,17 @@ class CompilerConfig(_Section):
     def from_options(cls, options: Optional[Dict[str, Any]]) -> "CompilerConfig":
         """Builds a config from a flat options dict; dotted paths ("reduce_overhead.warmup_iters")
         are accepted too."""
-        config = cls()
+        return cls().with_options(options)
+
+    def with_options(self, options: Optional[Dict[str, Any]]) -> "CompilerConfig":
+        """A copy of this config with a flat options dict applied (as from_options takes it)."""
+        config = copy.deepcopy(self)
         for key, value in (options or {}).items():
-            path = cls._OPTION_PATHS.get(key) or tuple(key.split("."))
+            path = self._OPTION_PATHS.get(key) or tuple(key.split("."))
             target: Any = config
             for part in path[:-1]:
-                if not isinstance(getattr(target, part, None), _Section):
-                    raise ValueError(
-                        f"torchreplay: unknown option '{key}'; options: {sorted(cls._OPTION_PATHS)}"
-                    )
-                target = getattr(target, part)
+                target = getattr(target, part, None)
+            if not isinstance(target, _Section) or (len(path) == 1 and key not in self._OPTION_PATHS):
+                raise ValueError(f"torchreplay: unknown option '{key}'; options: {sorted(self._OPTION_PATHS)}")
             setattr(target, path[-1], value)
         return config

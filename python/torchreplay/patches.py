@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 import torch
 
 from . import _C, rnn
-from .backend import Backend, named_backend
+from .backend import Backend, named_backend, torch_compile_config
 from .config import CompilerConfig
 from .training_guards import _CONSUMED, _hazard
 
@@ -64,10 +64,11 @@ def _compiled_by(tx: Any) -> Optional[CompilerConfig]:
         return None
     wrapper = torch._dynamo.eval_frame.innermost_backend(fn)
     inner = getattr(wrapper, "compiler_fn", wrapper)
+    kwargs = getattr(wrapper, "kwargs", {})
     if isinstance(inner, Backend):
-        return inner.config
+        return torch_compile_config(inner.config, kwargs.get("mode"), kwargs.get("options"))
     if inner is named_backend:
-        return CompilerConfig.from_options(getattr(wrapper, "kwargs", {}).get("options"))
+        return torch_compile_config(CompilerConfig(), kwargs.get("mode"), kwargs.get("options"))
     return None
 
 
