@@ -595,8 +595,7 @@ class _Rewriter:
             if a not in self.channels_last or not self._layouts_differ(a):
                 continue
             readers = [u for u in a.users if (u.op == "output" and not _channels_last(a)) or
-                       (u.op == "call_function" and (u.target in _STRIDE_SENSITIVE or
-                                                     (is_view(u) and self._seen_as_eagers(u))))]
+                       (u.op == "call_function" and (u.target in _STRIDE_SENSITIVE or self._seen_as_eagers(u)))]
             if not readers:
                 continue
             with self.graph.inserting_after(a):
@@ -619,14 +618,16 @@ class _Rewriter:
                 output.replace_input_with(a, c)
                 self.counts["layout_copies"] += 1
 
-    @staticmethod
-    def _seen_as_eagers(view: torch.fx.Node) -> bool:
-        """Whether an output or an op that reads strides (a `view`) reads `view`, directly or
-        through more views; views read by kernels that take the layout as it lies are not."""
+    def _seen_as_eagers(self, view: torch.fx.Node) -> bool:
+        """Whether `view` is a view of the model's graph (marked with its channels-last source, not
+        one the rewrite made to feed its own kernels, such as a 1x1 convolution's permute) that an
+        output or an op that reads strides (a `view`) reads, directly or through more such views."""
+        if view not in self.channels_last or not is_view(view):
+            return False
         for u in view.users:
             if u.op == "output" or (u.op == "call_function" and u.target in _STRIDE_SENSITIVE):
                 return True
-            if u.op == "call_function" and is_view(u) and _Rewriter._seen_as_eagers(u):
+            if u.op == "call_function" and self._seen_as_eagers(u):
                 return True
         return False
 
@@ -646,16 +647,19 @@ class _Rewriter:
         nodes = list(self.frozen)
         versions = [-1 if t.is_inference() else t._version for t in self.frozen.values()]
         # Per-channel vectors (a batch norm's statistics and affine, biases) are also compared with
-        # their contents at capture: a train-mode forward updates the statistics without their
-        # version counters; their size keeps the comparison a small part of a call.
+        # their contents at capture on every call: a train-mode forward updates the statistics
+        # without their version counters; their size keeps the comparison a small part of a call.
+        # The others' contents are hashed now and compared after a folded parameter was reached
+        # through .data (Note [Writes a capture would not see] in patches.py).
+        small = [t.dim() <= 1 and t.is_contiguous() for t in self.frozen.values()]
+        hashes = [-1] + [0 if s else torch.ops.torchreplay.content_hash(t) for s, t in zip(small, self.frozen.values())]
         first = next(n for n in self.graph.nodes if n.op != "placeholder")
         with self.graph.inserting_before(first):
-            copies = [self.constant(t.detach().clone(), "copy") if t.dim() <= 1 and t.is_contiguous() else None
-                      for t in self.frozen.values()]
-            empty = self.constant(torch.empty(0), "copy") if None in copies else None
+            empty = self.constant(torch.empty(0), "copy") if not all(small) else None
+            copies = [self.constant(t.detach().clone(), "copy") if s else empty for s, t in zip(small, self.frozen.values())]
             self.graph.call_function(torch.ops.torchreplay.check_frozen.default,
-                                     (nodes, versions, [self.names.get(n, n.name) for n in nodes],
-                                      [c if c is not None else empty for c in copies]))
+                                     (nodes, versions, [self.names.get(n, n.name) for n in nodes], copies,
+                                      self.constant(torch.tensor(hashes, dtype=torch.int64), "hashes")))
 
 
 def _least_times(fns: Sequence[Any], rounds: int = 7) -> List[float]:

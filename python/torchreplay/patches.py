@@ -274,34 +274,53 @@ def _on_registration(module: torch.nn.Module, name: str, value: Any) -> None:
     what = "submodule" if isinstance(value, torch.nn.Module) else "parameter" if isinstance(
         value, torch.nn.Parameter) else "buffer"
     for c in list(captures):
-        c._set_stale(f"torchreplay: {what} '{name}' of {type(module).__name__} was replaced after the model was "
-                     f"captured as {c.name!r} (its graph holds the old tensors); capture the model again")
+        _stale(c, ("replaced",), f"torchreplay: {what} '{name}' of {type(module).__name__} was replaced after the model "
+                                 f"was captured as {c.name!r} (its graph holds the old tensors); capture the model again")
     return None
+
+
+# Per Captured, why its calls raise: replaced tensors (for good), module numbers that differ from
+# the capture's (until set back), in the order they happened.
+_stale_reasons: "weakref.WeakKeyDictionary[Captured, Dict[Any, str]]" = weakref.WeakKeyDictionary()
+
+
+def _stale(c: Captured, key: Any, why: Optional[str]) -> None:
+    """Sets (or, with why None, clears) one reason for c's calls to raise; they raise the first."""
+    reasons = _stale_reasons.setdefault(c, {})
+    if why is None:
+        reasons.pop(key, None)
+    elif key != ("replaced",) or key not in reasons:
+        reasons[key] = why
+    c._set_stale(next(iter(reasons.values()), ""))
 
 
 def _watch(module: torch.nn.Module, captured: Captured) -> None:
     for m in module.modules():
         _watched.setdefault(m, weakref.WeakSet()).add(captured)
         _numbers.setdefault(m, {}).update(
-            {k: v for k, v in vars(m).items() if type(v) in _NUMBERS and k != "training" and not k.startswith("_")})
+            {k: v for k, v in vars(m).items() if type(v) in _NUMBERS and k not in _UNREAD and not k.startswith("_")})
 
 
 # Note [Writes a capture would not see]
 # A trace keeps what it read of a model as it was then: a module's numbers (a batch norm's eps, a
 # LeakyReLU's slope: constants of the graph), and, with numerics "close", the parameters and
-# buffers it folded or packed (Note [Close numerics]; their version counters and, for per-channel
-# vectors, their contents are checked per call by torchreplay::check_frozen). Two writes reach
-# neither check, so they are watched here, for the modules and parameters of live captures only:
+# buffers it folded or packed (Note [Close numerics]; torchreplay::check_frozen checks their
+# version counters per call, and the contents of per-channel vectors). What those checks miss is
+# watched here, for the modules and parameters of live captures only:
 # - a module attribute that held a number (int, float, bool) at capture set to another value
-#   (`training` aside: train/eval is checked per call, Captured._slow_call): every later call of the captures bound to the module raises, saying to capture again
-#   (_on_setattr; both numerics);
-# - a parameter folded by a "close" capture written through .data, whose alias has a version
-#   counter of its own: for such a parameter .data gives p.detach(), which shares p's counter,
-#   so the write is seen (and `p.data = t` counts as one). Writes through aliases taken before
-#   the capture, or from outside PyTorch (a NumPy view), are not seen.
+#   (`training`, whose mode is checked per call, and `inplace`, which changes no result, aside):
+#   the captures bound to the module raise on every call until it is set back (_on_setattr; both
+#   numerics). Whether the trace read it is not known here: one it did not read raises too;
+# - a parameter folded by a "close" capture reached through .data (an alias with a version
+#   counter of its own), read or written, or given new data (`p.data = t`): check_frozen compares
+#   the folded tensors' contents with their hashes at capture on the next call, and raises only
+#   if they changed (a read, or `model.to()` giving the same data, changes nothing).
+# Not seen: writes through an alias taken before the capture, through a NumPy or DLPack view, or
+# through the untyped storage; capture again after one.
 _NUMBERS = (int, float, bool)
+_UNREAD = ("training", "inplace")
 _numbers: "weakref.WeakKeyDictionary[torch.nn.Module, Dict[str, Any]]" = weakref.WeakKeyDictionary()
-_folded: Dict[int, "weakref.ref[torch.nn.Parameter]"] = {}  # id -> parameter folded by a close capture
+_FOLDED = "_torchreplay_folded"  # set on a parameter a "close" capture folded
 _DATA = torch._C.TensorBase.data
 
 
@@ -309,35 +328,31 @@ def watch_folded(tensors: Sequence[Any]) -> None:
     """The parameters among `tensors` were folded into a "close" capture's constants."""
     for t in tensors:
         if isinstance(t, torch.nn.Parameter):
-            key = id(t)
-            _folded[key] = weakref.ref(t, lambda _, k=key: _folded.pop(k, None))
-
-
-def _is_folded(p: torch.Tensor) -> bool:
-    if torch.compiler.is_compiling():  # first: Dynamo guards on nothing here
-        return False
-    ref = _folded.get(id(p))
-    return ref is not None and ref() is p
+            setattr(t, _FOLDED, True)
 
 
 def _parameter_data_get(self: torch.nn.Parameter) -> torch.Tensor:
-    return self.detach() if _is_folded(self) else _DATA.__get__(self)
+    if not torch.compiler.is_compiling() and self.__dict__.get(_FOLDED):  # in this order: no guard in Dynamo
+        torch.ops.torchreplay.folded_data_reached()
+    return _DATA.__get__(self)
 
 
 def _parameter_data_set(self: torch.nn.Parameter, value: torch.Tensor) -> None:
     _DATA.__set__(self, value)
-    if _is_folded(self):
-        torch.autograd.graph.increment_version(self)
+    if not torch.compiler.is_compiling() and self.__dict__.get(_FOLDED):
+        torch.ops.torchreplay.folded_data_reached()
 
 
 def _on_setattr(module: torch.nn.Module, name: str, value: Any) -> None:
     held = _numbers.get(module)
-    if not held or name not in held or (type(value) in _NUMBERS and value == held[name]):
+    if not held or name not in held:
         return
+    same = type(value) in _NUMBERS and value == held[name]
     for c in list(_watched.get(module, ())):
-        c._set_stale(f"torchreplay: attribute '{name}' of {type(module).__name__} changed from {held[name]!r} to "
-                     f"{value!r} after the model was captured as {c.name!r} (the trace keeps the values it read); "
-                     "capture the model again")
+        _stale(c, (id(module), name), None if same else
+               f"torchreplay: attribute '{name}' of {type(module).__name__} was {held[name]!r} when the model was "
+               f"captured as {c.name!r} and is now {value!r} (the trace keeps the values it read); set it back or "
+               "capture the model again")
 
 
 def _install_watchers() -> None:
