@@ -1,6 +1,7 @@
 // The Call (Note [The call path] in call.h) and its bindings.
 #include "bindings/call.h"
 
+#include <ATen/Context.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -94,6 +95,27 @@ PyObject* RequiresGradGuard::TpCall(PyObject* self, PyObject* /*args*/, PyObject
   return result;
 }
 
+uint8_t TraceState::SdpaNow() {
+  const at::Context& ctx = at::globalContext();
+  return static_cast<uint8_t>(ctx.userEnabledFlashSDP() | ctx.userEnabledMemEfficientSDP() << 1 |
+                              ctx.userEnabledMathSDP() << 2 | ctx.userEnabledCuDNNSDP() << 3 |
+                              ctx.allowFP16BF16ReductionMathSDP() << 4);
+}
+
+TraceState TraceState::Now() { return TraceState{c10::get_default_dtype_as_scalartype(), SdpaNow()}; }
+
+PyObject* SdpaGuard::TpCall(PyObject* self, PyObject* /*args*/, PyObject* /*kwargs*/) {
+  auto* inst = reinterpret_cast<py::detail::instance*>(self);
+  const SdpaGuard* guard = inst->get_value_and_holder().value_ptr<SdpaGuard>();
+  if (guard == nullptr || !inst->get_value_and_holder().holder_constructed()) {
+    PyErr_SetString(PyExc_TypeError, "torchreplay: this SdpaGuard was not initialized");
+    return nullptr;
+  }
+  PyObject* result = guard->sdpa == TraceState::SdpaNow() ? Py_True : Py_False;
+  Py_INCREF(result);
+  return result;
+}
+
 void ModuleModesChanged() { g_module_modes_epoch.fetch_add(1, std::memory_order_relaxed); }
 int64_t ModuleModesEpoch() { return g_module_modes_epoch.load(std::memory_order_relaxed); }
 
@@ -149,7 +171,7 @@ bool Call::GradsAsTraced() const {
 py::object Call::operator()(const py::args& args, const py::kwargs& kwargs) const {
   const bool slow = checks.has_value() && !checks->slow_path.is_none();
   if (slow && (checks->always_slow || kwargs.size() != 0 || checks->modes_epoch != ModuleModesEpoch() ||
-               checks->default_dtype != c10::get_default_dtype_as_scalartype() || !GradsAsTraced())) {
+               checks->traced != TraceState::Now() || !GradsAsTraced())) {
     return checks->slow_path(*args, **kwargs);
   }
   std::vector<c10::IValue> inputs;
@@ -407,7 +429,6 @@ void BindCall(py::module_& m) {
              c.bound_names = std::move(bound_names);
              c.slow_path = std::move(slow_path);
              c.always_slow = always_slow && !c.slow_path.is_none();
-             c.default_dtype = c10::get_default_dtype_as_scalartype();  // made right after the trace
              c.grad_traced = std::move(grad_traced);
              return c;
            }),
@@ -467,6 +488,13 @@ void BindCall(py::module_& m) {
            py::arg("tensors"))
       .def("changed", &RequiresGradGuard::Changed, "Indices of the tensors whose requires_grad changed since.")
       .def_property_readonly("requires_grad", [](const RequiresGradGuard& g) { return g.requires_grad; });
+  py::class_<SdpaGuard>(m, "SdpaGuard",
+                        "Dynamo's guard on scaled_dot_product_attention's backend switches (Note [What a trace was "
+                        "made under]): called with anything, True while they are as when built.",
+                        py::custom_type_setup([](PyHeapTypeObject* type) { type->ht_type.tp_call = &SdpaGuard::TpCall; }))
+      .def(py::init<>());
+  m.def("sdpa_switches", &TraceState::SdpaNow,
+        "scaled_dot_product_attention's backend switches now, a bit each (Note [What a trace was made under]).");
   m.def("is_grad_leaf", &IsGradLeaf, py::arg("tensor"),
         "Whether a backward computes this tensor's gradient as a leaf's: it requires grad, no grad_fn.");
   m.def("backward_hazards", &BackwardHazards, py::arg("tensor"),

@@ -111,6 +111,32 @@ struct RequiresGradGuard {
   static PyObject* TpCall(PyObject* self, PyObject* args, PyObject* kwargs);
 };
 
+// Note [What a trace was made under]
+// Process state that decides which ops a trace records, where Note [Ambient state] is about which
+// kernels run them: the default dtype (the model's factories without a dtype make tensors of it)
+// and scaled_dot_product_attention's backend switches (torch.nn.attention.sdpa_kernel; the CPU
+// records the flash op or the math decomposition). A graph recorded under one is another program
+// than eager's under another. torchreplay.capture checks it on every call and traces again under
+// another (captured.py); torch.compile's Dynamo guards the default dtype, and the backend adds
+// SdpaGuard to the frames whose graph has an attention (backend.py). A loaded program's graph is
+// fixed: it computes what it recorded.
+struct TraceState {
+  c10::ScalarType default_dtype = c10::ScalarType::Float;
+  uint8_t sdpa = 0;  // a bit each: flash, memory-efficient, math, cuDNN enabled; fp16/bf16 reduction in math
+
+  static TraceState Now();
+  static uint8_t SdpaNow();
+  bool operator==(const TraceState& o) const { return default_dtype == o.default_dtype && sdpa == o.sdpa; }
+  bool operator!=(const TraceState& o) const { return !(*this == o); }
+};
+
+// Dynamo's guard on the SDPA switches of a frame whose graph has an attention (Note [What a trace
+// was made under]): called with anything, True while they are as when built.
+struct SdpaGuard {
+  uint8_t sdpa = TraceState::SdpaNow();
+  static PyObject* TpCall(PyObject* self, PyObject* args, PyObject* kwargs);
+};
+
 using replay::SizeCheck;
 
 // What torchreplay.capture's trace assumed, checked every call before anything runs (ValueError or
@@ -136,9 +162,9 @@ struct CaptureChecks {
   std::string stale;
   // The modules' modes were last checked (in Python) at this count of nn.Module.train calls.
   mutable int64_t modes_epoch = -1;
-  // The default dtype the trace was made under (factories without a dtype made tensors of it): a
-  // call under another takes the slow path, which traces again under it (Note [Ambient state]).
-  c10::ScalarType default_dtype = c10::ScalarType::Float;
+  // What the trace was made under: a call under another state takes the slow path, which traces
+  // again under it (Note [What a trace was made under]).
+  TraceState traced = TraceState::Now();
   // (bound input, requires_grad then) of the parameters whose requires_grad decided how a matmul
   // was traced (Note [Matmuls folded as eager folds them]): a call after one changed takes the
   // slow path, which traces again.

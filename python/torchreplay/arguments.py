@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Sequence, Tuple
 import torch
 from torch.utils import _pytree as pytree
 
+from . import _C
+
 if TYPE_CHECKING:
     from .captured import Captured
 
@@ -115,15 +117,18 @@ class _Trace:
         # Every module the graph reads (the model's, a module argument's), with its mode then.
         modules = [module] + [c.value for c in self.constants.values() if isinstance(c.value, torch.nn.Module)]
         self.modes = [(weakref.ref(m), name, m.training) for top in modules for name, m in top.named_modules()]
-        self.default_dtype = torch.get_default_dtype()  # factories without a dtype traced as this
+        # Note [What a trace was made under] (bindings/call.h): factories without a dtype traced
+        # as this dtype, attention as these backend switches chose
+        self.default_dtype, self.sdpa = torch.get_default_dtype(), _C.sdpa_switches()
         # (bound input, requires_grad) of the parameters that decided a matmul's trace (matmul_fold.py)
         self.grad_traced: List[Tuple[int, bool]] = []
         self._again = again
 
-    def state(self) -> Tuple[Any, Tuple[bool, ...]]:
-        """What the trace was made under besides the arguments: the default dtype, and the
-        requires_grad of the parameters that decided how a matmul was traced."""
-        return self.default_dtype, tuple(g for _, g in self.grad_traced)
+    def state(self) -> Tuple[Any, int, Tuple[bool, ...]]:
+        """What the trace was made under besides the arguments: the default dtype, the attention
+        backend switches, and the requires_grad of the parameters that decided how a matmul was
+        traced."""
+        return self.default_dtype, self.sdpa, tuple(g for _, g in self.grad_traced)
 
     def recapture(self, args: Sequence[Any], kwargs: Dict[str, Any], dynamic: bool = True) -> "Captured":
         return self._again(tuple(args), kwargs, dynamic)

@@ -23,8 +23,9 @@ from .config import MODES, CompilerConfig
 from .engines import dump_graph, new_engine
 from .lowering import LoweringError, lower
 from .passes import run_passes
-from .training_guards import (_detach_consumed_outputs, _frozen_checked, _guard_requires_grad, _lifted,
-                              _module_parameters, _raise_on_backward_of, _TracedBackward)
+from .training_guards import (_detach_consumed_outputs, _frozen_checked, _guard_attention_backends,
+                              _guard_requires_grad, _lifted, _module_parameters, _raise_on_backward_of,
+                              _TracedBackward)
 
 logger = logging.getLogger("torchreplay")
 
@@ -288,6 +289,7 @@ class Backend:
         graph_id = next(_graph_ids)
         built: Dict[str, Any] = {}
         _guard_requires_grad(gm, f"g{graph_id}")
+        _guard_attention_backends(gm, f"g{graph_id}")
         traces = any(n.target is torch.autograd.grad for n in gm.graph.nodes if n.op == "call_function")
         traced = _TracedBackward(f"g{graph_id}", gm, example_inputs) \
             if traces or torch._dynamo.config.trace_autograd_ops else None

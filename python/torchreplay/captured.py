@@ -149,13 +149,15 @@ class Captured(_C.Call):
         return target.engine.profile(list(target._bound) + flat, iterations)
 
     def _trace_for(self, flat: List[Any], args: Sequence[Any], kwargs: Dict[str, Any]) -> "Captured":
-        """The capture whose trace holds for these sizes and the default dtype now: this one, or
+        """The capture whose trace holds for these sizes and what it was made under: this one, or
         one traced for them, made once, when first needed, under a lock (two threads never trace
         at once): (dynamic=True) for the sizes export specialized (0, 1); under another default
-        dtype (torch.set_default_dtype: the model's factories without a dtype make tensors of it,
-        Note [Ambient state]). Arguments of other kinds than traced (None where a tensor was) get
-        no trace of their own: this capture's call raises the clear error."""
-        state = (torch.get_default_dtype(), tuple(self._bound[i].requires_grad for i, _ in self._trace.grad_traced))
+        dtype or attention backend switches (Note [What a trace was made under]) or requires_grad
+        of a parameter that decided a matmul's fold (matmul_fold.py). Arguments of other kinds than
+        traced (None where a tensor was) get no trace of their own: this capture's call raises the
+        clear error."""
+        state = (torch.get_default_dtype(), _C.sdpa_switches(),
+                 tuple(self._bound[i].requires_grad for i, _ in self._trace.grad_traced))
         if not self._trace.same_kinds(flat) or (not self._trace.dynamic and state == self._trace.state()):
             return self
         key = (self._trace.size_class(flat) if self._trace.dynamic else None, state)
@@ -165,8 +167,9 @@ class Captured(_C.Call):
                 found = self._variants.get(key)
                 if found is None:
                     if state != self._trace.state():
-                        logger.info("torchreplay: %s: tracing again under the default dtype %s and parameters "
-                                    "requiring grad %s (traced under %s)", self.name, *state, self._trace.state())
+                        logger.info("torchreplay: %s: tracing again under the default dtype %s, attention switches "
+                                    "%s and parameters requiring grad %s (traced under %s)", self.name, *state,
+                                    self._trace.state())
                     else:
                         logger.info("torchreplay: %s: tracing again for sizes %s (a trace holds for 0, 1 or 2 "
                                     "and more, as export specializes)", self.name, key[0])

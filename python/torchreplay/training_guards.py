@@ -1,6 +1,7 @@
 """The guards of training graphs and traced backwards under torch.compile, which backend.py
 puts around the graphs it compiles: the requires_grad of a graph's leaves (Note [Leaves'
-requires_grad]: the Dynamo guard, the checks where AOTAutograd's wrapper stays), what a traced
+requires_grad]: the Dynamo guard, the checks where AOTAutograd's wrapper stays), attention's
+backend switches (Note [What a trace was made under] in bindings/call.h), what a traced
 backward would not do as eager's (Note [Traced backward]: _hazard, _TracedBackward), and a
 returned tensor whose backward the graph ran (Note [Returning a tensor whose backward ran])."""
 from __future__ import annotations
@@ -92,33 +93,53 @@ def _frozen_checked(fn: Callable, name: str, gm: torch.fx.GraphModule) -> Callab
     return checked
 
 
+def _add_frame_guard(guard: Any, code: str) -> bool:
+    """Adds `guard` (a callable taking the frame's locals) to the guards of the frame Dynamo is
+    compiling, shown as `code` in its guard dumps; False where there is no frame."""
+    ctx = torch._guards.TracingContext.try_get()
+    if ctx is None:
+        return False
+    try:
+        from torch._dynamo.source import GlobalStateSource
+        from torch._guards import Guard
+    except ImportError:
+        return False
+
+    def TORCHREPLAY_GUARD(builder: Any, g: Any) -> None:  # noqa: N802 (as Dynamo names guards)
+        builder.guard_manager.root.add_lambda_guard(guard, [code], g.user_stack)
+
+    ctx.guards_context.dynamo_guards.add(Guard(GlobalStateSource(), TORCHREPLAY_GUARD))
+    return True
+
+
 def _guard_requires_grad(gm: torch.fx.GraphModule, name: str) -> Optional[Any]:
     """Adds the frame's guard on the requires_grad of the module parameters graph `name` takes (Note
     [Leaves' requires_grad]); the guard, or None where there is none to add."""
-    ctx = torch._guards.TracingContext.try_get()
-    if ctx is None:
-        return None
     # grad mode off: an inference graph, whose parameters' requires_grad matters only where it
     # decided how a matmul folds (Note [Matmuls folded as eager folds them])
     deciding = None if torch.is_grad_enabled() else deciding_inputs(gm)
     params = [(what, p) for i, what, p in _module_parameters(gm) if deciding is None or i in deciding]
     if not params:
         return None
-    try:
-        from torch._dynamo.source import GlobalStateSource
-        from torch._guards import Guard
-    except ImportError:
-        return None
     guard = _C.RequiresGradGuard([p for _, p in params])
     shown = ", ".join(f"{n}.requires_grad == {p.requires_grad}" for n, p in params[:6])
-    code = [f"torchreplay {name}: {shown}{', ...' if len(params) > 6 else ''} "
-            f"({len(params)} module parameters, as compiled)"]
+    code = (f"torchreplay {name}: {shown}{', ...' if len(params) > 6 else ''} "
+            f"({len(params)} module parameters, as compiled)")
+    return guard if _add_frame_guard(guard, code) else None
 
-    def TORCHREPLAY_REQUIRES_GRAD(builder: Any, g: Any) -> None:  # noqa: N802 (as Dynamo names guards)
-        builder.guard_manager.root.add_lambda_guard(guard, code, g.user_stack)
 
-    ctx.guards_context.dynamo_guards.add(Guard(GlobalStateSource(), TORCHREPLAY_REQUIRES_GRAD))
-    return guard
+_ATTENTION = {torch._C._nn.scaled_dot_product_attention, torch.nn.functional.scaled_dot_product_attention}
+
+
+def _guard_attention_backends(gm: torch.fx.GraphModule, name: str) -> Optional[Any]:
+    """For a graph with scaled_dot_product_attention, adds the frame's guard on its backend
+    switches, which decided what the graph recorded for it (Note [What a trace was made under] in
+    bindings/call.h); the guard, or None where there is none to add."""
+    if not any(n.op == "call_function" and n.target in _ATTENTION for n in gm.graph.nodes):
+        return None
+    guard = _C.SdpaGuard()
+    code = f"torchreplay {name}: scaled_dot_product_attention's backend switches as compiled"
+    return guard if _add_frame_guard(guard, code) else None
 
 
 # Note [Traced backward]
