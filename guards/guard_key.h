@@ -129,13 +129,13 @@ class GuardKey {
 // Engine::reads_precision_). A call
 // under another state captures the key again, the reason logged as the diff; a call under another
 // autocast state runs eagerly (the interpreter dispatches each op as eager does: a capture made
-// under it would call kernels below autocast), logged once per engine. What is decided when a
-// model is traced (default dtype for torch.compile, which Dynamo guards; SDPA's backend choice;
-// Python-level switches) is the tracer's: torchreplay.capture traces again under another default
-// dtype (captured.py). Tests: tests/guards_memory_test.cc (each setting is read and named);
+// under it would call kernels below autocast), logged once per engine; settings that change before
+// each of 8 calls in a row could be captured are said once. What decides which ops a trace records
+// (the default dtype, attention's backend switches) is the tracer's: Note [What a trace was made
+// under] in bindings/call.h. Tests: tests/guards_memory_test.cc (each setting is read and named);
 // tests/python/test_conditions.py (captured again with eager's bits: thread count, matmul
 // precision, default dtype, deterministic algorithms, NNPACK, oneDNN deterministic and conv
-// precision; inference mode) and test_changing_keys.py (mkldnn, flush-denormal, autocast). The
+// precision; inference mode; attention's switches traced again) and test_changing_keys.py (mkldnn, flush-denormal, autocast). The
 // CUDA settings are read and compared as the others but were never run on a GPU.
 struct Ambient {
   int threads = 1;

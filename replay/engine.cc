@@ -525,6 +525,18 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::RunKeyed(std::vector<c10::IValu
     }
     e->ambient = now;  // another setting eager's kernels read: capture this key again
     e->reason = diff;
+    // Settings that change faster than a key can be captured (a thread count set per call) leave
+    // it never replaying: said once, in the log and the stats.
+    e->unsettled = e->graph != nullptr ? 0 : e->unsettled + 1;
+    if (e->unsettled == KeyCache::kChurn && !unsettled_logged_.exchange(true)) {
+      std::string reason = absl::StrCat("the settings eager's kernels read changed before each of the last ",
+                                        KeyCache::kChurn, " calls could be captured (latest: ", diff,
+                                        "), so they ran eagerly; a key replays only while they hold (Note [Ambient "
+                                        "state])");
+      Log(LogLevel::kWarning, reason);
+      absl::MutexLock lock(&mu_);
+      AppendBounded(&fallback_reasons_, std::move(reason));
+    }
     if (e->graph != nullptr) --ts.captured;
     e->graph.reset();
     e->recording.reset();

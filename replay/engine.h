@@ -137,7 +137,8 @@ class Engine {
   std::atomic<int64_t> calls_{0}, replays_{0}, captures_{0}, warmups_{0}, eager_fallbacks_{0},
       misses_{0}, evictions_{0};
   CopyCounts copies_;  // outputs copied out of the pools (before threads_: their Handouts point here)
-  std::atomic<bool> churn_logged_{false}, oversize_logged_{false}, cuda_logged_{false}, ambient_logged_{false};
+  std::atomic<bool> churn_logged_{false}, oversize_logged_{false}, cuda_logged_{false}, ambient_logged_{false},
+      unsettled_logged_{false};
   // Whether an op of the graph may consult the fp32 precision settings (Note [Ambient state]):
   // if not, calls leave them unread.
   bool reads_precision_ = true;

@@ -29,6 +29,7 @@ struct Entry {
   bool cuda = false;         // an input is a CUDA tensor: the CUDA settings are part of `ambient`
   guards::Ambient ambient;  // Note [Ambient state]: when first seen or captured again
   std::string reason;  // why this key needs a capture
+  int unsettled = 0;   // ambient changes in a row that came before the key could be captured
   int eager_runs = 0;
   std::optional<capture::Recording> recording;           // of the latest warm-up run
   std::unique_ptr<capture::CapturedGraph> graph;         // set: the key replays
