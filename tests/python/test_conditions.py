@@ -408,8 +408,44 @@ def test_writes_the_version_counters_miss_are_refused(numerics, write):
         if numerics == "bitwise" and write != "attribute":
             assert_bitwise(step(x), m(x))
         else:
-            with pytest.raises((RuntimeError, ValueError), match="eps' of BatchNorm2d changed|0.weight' was written"):
+            with pytest.raises((RuntimeError, ValueError), match="eps' of BatchNorm2d was 1e-05|0.weight' was written"):
                 step(x)
+        if write == "attribute":  # set back: the capture holds again
+            m[1].eps = 1e-5
+            got = step(x)
+            if numerics == "bitwise":
+                assert_bitwise(got, m(x))
+
+
+def test_what_changes_nothing_is_not_refused():
+    """Note [Writes a capture would not see]: reading a folded weight's .data, training steps that
+    clamp weights through .data between forward and backward (autograd sees no write), a module
+    moved to where it is, and a number set and set back leave a "close" capture working."""
+    m = _conv_bn()
+    x = torch.randn(1, 3, 16, 16)
+    with torch.no_grad():
+        step = _close(m, (x,))
+        want = step(x)
+    trained = _conv_bn().train()
+    for p in trained.parameters():  # an eager model trained beside the capture: its parameters are not folded
+        p.data.clamp_(-1, 1)
+    trained(torch.randn(2, 3, 16, 16)).sum().backward()
+    with torch.no_grad():
+        assert m[0].weight.data.abs().sum() > 0
+        m.to("cpu")
+        m.to(torch.float32)
+        m[1].momentum = 0.2
+        m[1].momentum = 0.1
+        for _ in range(3):
+            assert_bitwise(step(x), want)
+    m.train()
+    out = m(torch.randn(2, 3, 16, 16))
+    for p in m.parameters():
+        p.data.clamp_(-1, 1)  # between forward and backward: .data's alias has a counter of its own
+    out.sum().backward()
+    m.eval()
+    with torch.no_grad(), pytest.raises(RuntimeError, match="was written after the capture"):
+        step(x)  # the train-mode forward moved the statistics
 
 
 def test_close_lstm_states_have_eagers_shapes():
@@ -443,13 +479,15 @@ class ConvViews(nn.Module):
         return y, y[:, :4], y.flatten(1), z.permute(0, 2, 3, 1), w, w[0]
 
 
-def test_close_outputs_that_are_views_keep_eagers_strides_and_sharing():
-    """Results the rewrite leaves channels-last are made contiguous once, before their views, so
-    outputs that are views of one result have eager's strides and share its memory as eager's do;
-    the capture's own check compares layouts and sharing, not only values."""
+@pytest.mark.parametrize("batch", [1, 2])
+def test_close_outputs_that_are_views_keep_eagers_strides_and_sharing(batch):
+    """Results the rewrite leaves channels-last are made contiguous once, before the model's views
+    of them (not the rewrite's own, which read them as they lie), so outputs that are views of one
+    result have eager's strides and share its memory as eager's do; the capture's own check
+    compares layouts and sharing, not only values."""
     torch.manual_seed(0)
     m = ConvViews().eval()
-    x = torch.randn(1, 16, 24, 24)
+    x = torch.randn(batch, 16, 24, 24)
     with torch.no_grad():
         step = _close(m, (x,))
         for _ in range(3):
@@ -527,3 +565,41 @@ def test_every_step_kind_replays_eagers_bits_at_the_sessions_thread_count():
                 assert_bitwise(got, want, f"fusion off, call {i}, output {k}")
         kinds |= {r["kind"].split(" (")[0] for r in engine.profile(xs, 1)}
     assert kinds >= EVERY_KIND, EVERY_KIND - kinds
+
+
+@pytest.mark.parametrize("entry", ["capture", "compile"])
+def test_attention_backend_switches_decide_what_is_traced(entry, tmp_path):
+    """Note [What a trace was made under]: sdpa_kernel() decides what a trace records for
+    scaled_dot_product_attention (the flash op or the math decomposition on the CPU): a call under
+    other switches traces again (capture) or recompiles (torch.compile, through the backend's
+    guard), each call eager's bits."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def attention(q, k, v):
+        return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True) * 1
+
+    g = gen(0)
+    make = lambda: tuple(rn(g, 2, 4, 16, 8) for _ in range(3))  # noqa: E731
+    f = Entry(entry, Fn(attention), make(), tmp_path)
+    with torch.no_grad():
+        for backends in ([SDPBackend.FLASH_ATTENTION, SDPBackend.MATH], [SDPBackend.MATH], None):
+            with sdpa_kernel(backends) if backends else contextlib.nullcontext():
+                for i in range(3):
+                    args = make()
+                    assert_bitwise(f(*args), attention(*args), f"{entry}, {backends}, call {i}")
+    s = f.stats()
+    assert s["captures"] >= 2 and s["replays"] >= 4, s
+
+
+def test_settings_changed_on_every_call_are_said():
+    """Note [Ambient state]: a thread count set before each call keeps the key from being
+    captured; every call is eager's, and the engine says once why it never replays."""
+    model = Fn(lambda x: x.sum(1) * 2)
+    x = torch.randn(1, 50000)
+    with torch.no_grad():
+        step = torchreplay.capture(model, (x,), config=config())
+        for i in range(12):
+            with threads(1 + i % 2):
+                assert_bitwise(step(x), model(x), f"call {i}")
+    s = step.stats()
+    assert s["replays"] == 0 and any("changed before each of the last 8 calls" in r for r in s["fallback_reasons"]), s
