@@ -53,6 +53,75 @@ def install() -> None:
     _mark_consumed_outputs()
     _install_watchers()
     _trace_rnns_for_torchreplay()
+    _attention_as_eager_in_transformers()
+
+
+# Note [transformers' attention as eager runs it]
+# transformers' SDPA attention (integrations/sdpa_attention.py, transformers 5.23) takes another
+# branch while a model is compiled or exported (`not is_torchdynamo_compiling()`): for
+# grouped-query attention with one query token (every decode step), eager packs the query heads
+# onto the key/value heads (pack_gqa) and a traced step repeats the keys and values (repeat_kv).
+# Another program, other bits: a GQA decode step traced by any backend differed from eager's in
+# the last bits from its first token on (the other modules that read the flag change nothing,
+# checked one by one). torchreplay promises eager's bits, and the eager branch traces as well, so
+# for the traces torchreplay makes (its torch.compile backend, torchreplay.capture's export) that
+# module reads the flag as False; other backends' traces and eager are untouched. The module is
+# patched when imported (a finder waits for it if transformers comes later); its flag is one
+# function of this module, which Dynamo evaluates once per trace (assume_constant_result).
+_SDPA_MODULE = "transformers.integrations.sdpa_attention"
+
+
+@torch._dynamo.assume_constant_result
+def _traced_by_torchreplay() -> bool:
+    """Whether the trace running now is torchreplay's: its export, or a frame Dynamo compiles for
+    torchreplay's backend (called by Dynamo while tracing, outside the graph)."""
+    from .export import _tracing
+    if getattr(_tracing, "active", False):
+        return True
+    from torch._dynamo import symbolic_convert
+    tx = getattr(symbolic_convert.tls, "current_tx", None)
+    return tx is not None and _compiled_by(tx) is not None
+
+
+def _patch_sdpa_attention(module: Any) -> None:
+    flag = getattr(module, "is_torchdynamo_compiling", None)
+    if flag is None or getattr(flag, "_torchreplay", False):
+        return
+
+    def is_torchdynamo_compiling() -> bool:  # the name transformers' code calls
+        return flag() and not _traced_by_torchreplay()
+
+    is_torchdynamo_compiling._torchreplay = True  # type: ignore[attr-defined]
+    module.is_torchdynamo_compiling = is_torchdynamo_compiling
+
+
+class _PatchOnImport:
+    """A finder on sys.meta_path that patches _SDPA_MODULE once it is imported."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != _SDPA_MODULE:
+            return None
+        import importlib.machinery
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_and_patch(module: Any) -> None:
+            exec_module(module)
+            _patch_sdpa_attention(module)
+
+        spec.loader.exec_module = exec_and_patch  # type: ignore[method-assign]
+        return spec
+
+
+def _attention_as_eager_in_transformers() -> None:
+    """Note [transformers' attention as eager runs it]."""
+    import sys
+    if _SDPA_MODULE in sys.modules:
+        _patch_sdpa_attention(sys.modules[_SDPA_MODULE])
+    elif not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PatchOnImport())
 
 
 def _compiled_by(tx: Any) -> Optional[CompilerConfig]:

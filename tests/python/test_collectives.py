@@ -376,22 +376,21 @@ def test_the_tensor_parallel_report_checks_each_mode_against_its_own_reference()
 
 
 def test_the_tensor_parallel_llama_step_replays_bitwise_through_both_entry_points(tmp_path, capsys):
-    """The harness's tensor-parallel tiny Llama (DTensor, 2 ranks), per rank: capture bitwise equal
-    to eager, torch.compile to the TP step compiled with aot_eager (AOTAutograd's decompositions
-    change the arithmetic: eager's bits come out on some CPUs only), eager's collectives per call,
-    replayed; the overlap steps too. The ranks are killed at the deadline."""
+    """The harness's tensor-parallel tiny Llama (DTensor, 2 ranks), per rank: capture and
+    torch.compile bitwise equal to eager (its grouped-query attention traced as eager runs it:
+    Note [transformers' attention as eager runs it]), eager's collectives per call, replayed; the
+    overlap steps too. The ranks are killed at the deadline."""
     pytest.importorskip("transformers")
     from torchreplay_bench import tp
 
     assert tp.main(["--rounds", "1", "--calls", "3", "--out", str(tmp_path), "--deadline", "480"]) == 0
     table = capsys.readouterr().out
-    assert "bitwise vs aot_eager on every rank" in table and "bitwise vs eager on every rank" in table, table
+    assert table.count("bitwise vs eager on every rank") >= 3 and "WRONG" not in table, table
     with open(tmp_path / "tp.json") as f:
         ranks_ = json.load(f)["ranks"]
     for rank, r in enumerate(ranks_):
-        for mode, reference in (("eager", "eager"), ("compile", "aot_eager"), ("capture", "eager")):
+        for mode in ("eager", "compile", "capture"):
             m = r["modes"][mode]
-            assert m["reference"] == reference, (rank, mode, m)
             assert m["bitwise"] and m["collectives_match"] and m["collectives"] == 4, (rank, mode, m)
         assert r["modes"]["compile"]["replays"] == 3 and r["modes"]["capture"]["replays"] == 3, (rank, r["modes"])
         assert r["modes"]["comm-floor"]["collectives"] == 4
