@@ -543,21 +543,25 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::RunKeyed(std::vector<c10::IValu
     e->eager_runs = 0;
   }
   if (e->graph != nullptr) {
+    // Never replay with a stale address: recapture this key around the new ones. A static input
+    // that keeps moving (a buffer reassigned in forward: self.avg = self.avg * 0.9 + ..; the new
+    // KV cache of each generate) is rebound per call from its second move on, instead of
+    // recaptured every call. All that moved count at once: one capture for a whole new cache.
+    std::vector<std::string> moved;
+    bool rebound = false;
     for (const auto& [i, ptr] : e->static_ptrs) {
-      const void* now = inputs[i].toTensor().const_data_ptr();
-      if (now != ptr) {
-        // Never replay with a stale address: recapture this key around the new one. A static
-        // input that keeps moving (a buffer reassigned in forward: self.avg = self.avg * 0.9 + ..)
-        // is rebound per call from its second move on, instead of recaptured every call.
-        const bool rebind = ++e->moves[i] >= 2;
-        e->baked[i] = !rebind;
-        e->reason = absl::StrCat("static input ", i, " (", graph_->values()[graph_->inputs()[i]].name,
-                                 ") moved", rebind ? "; it is rebound per call from now on" : "");
-        e->graph.reset();
-        e->eager_runs = 0;
-        --ts.captured;
-        break;
-      }
+      if (inputs[i].toTensor().const_data_ptr() == ptr) continue;
+      const bool rebind = ++e->moves[i] >= 2;
+      e->baked[i] = !rebind;
+      rebound = rebound || rebind;
+      moved.push_back(absl::StrCat(i, " (", graph_->values()[graph_->inputs()[i]].name, ")"));
+    }
+    if (!moved.empty()) {
+      e->reason = absl::StrCat(moved.size() == 1 ? "static input " : "static inputs ", absl::StrJoin(moved, ", "),
+                               " moved", rebound ? "; rebound per call from now on" : "");
+      e->graph.reset();
+      e->eager_runs = 0;
+      --ts.captured;
     }
   }
   if (e->graph == nullptr) {

@@ -1,0 +1,109 @@
+"""transformers' generate with a static cache through torchreplay (docs/guide.md, "Hugging Face
+generate"): the decode step compiled by transformers itself with CompileConfig(backend=
+"torchreplay") (on the CPU it needs the private `_compile_all_devices`), or model.forward
+compiled by the user. Tiny random configs of five decoder architectures with grouped-query
+attention; every case compares tokens and the scores of every step bit for bit with eager's
+generate (Note [transformers' attention as eager runs it]) and checks that the step replayed."""
+import pytest
+import torch
+
+import torchreplay
+
+transformers = pytest.importorskip("transformers")
+
+ARCHS = ["llama", "qwen2", "mistral", "gemma", "phi3"]
+
+
+def _model(arch):
+    kw = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+              vocab_size=512, max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    config = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+              "mistral": transformers.MistralConfig, "gemma": transformers.GemmaConfig,
+              "phi3": transformers.Phi3Config}[arch](**kw)
+    if arch == "gemma":
+        config.head_dim = 16
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+def _compile_config():
+    cc = transformers.CompileConfig(backend="torchreplay")  # mode "reduce-overhead", transformers' default
+    cc._compile_all_devices = True  # transformers compiles the decode step on CUDA only otherwise
+    return cc
+
+
+def _generate(model, ids, **kw):
+    kw = {**dict(max_new_tokens=8, do_sample=False, cache_implementation="static", output_scores=True,
+                 return_dict_in_generate=True, pad_token_id=0), **kw}
+    with torch.no_grad():
+        return model.generate(ids, **kw)
+
+
+def _assert_same(got, want, what):
+    assert torch.equal(got.sequences, want.sequences), what
+    for step, (g, w) in enumerate(zip(got.scores, want.scores)):
+        assert torch.equal(g.view(torch.int32), w.view(torch.int32)), f"{what}: scores of step {step}"
+
+
+def _engines(before):
+    seen = {s["name"] for s in before}
+    return [s for s in torchreplay.stats() if s["name"] not in seen]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_generate_with_a_static_cache_replays_eagers_bits(arch):
+    model = _model(arch)
+    ids = torch.randint(3, 512, (1, 8), generator=torch.Generator().manual_seed(1))
+    before = torchreplay.stats()
+    want = _generate(model, ids)
+    for i in range(2):
+        _assert_same(_generate(model, ids, compile_config=_compile_config()), want, f"{arch}, generate {i}")
+    engines = _engines(before)
+    # The second generate's new cache moves the step's static inputs: captured again, then rebound
+    # per call from the next move on (Engine::RunKeyed).
+    assert sum(s["replays"] for s in engines) >= 10 and sum(s["captures"] for s in engines) <= 2, engines
+
+
+def test_prompts_of_any_length_share_one_capture_under_a_fixed_cache_length():
+    """With max_cache_len= the static cache has one shape whatever the prompt: 20 prompts of 3 to
+    60 tokens replay the decode step's capture (the prefill runs eagerly; the new caches of the
+    second and third generates capture it again, later ones are rebound per call)."""
+    model = _model("llama")
+    g = torch.Generator().manual_seed(2)
+    before = torchreplay.stats()
+    for n in range(3, 61, 3):
+        ids = torch.randint(3, 512, (1, n), generator=g)
+        _assert_same(_generate(model, ids, compile_config=_compile_config(), max_cache_len=128),
+                     _generate(model, ids, max_cache_len=128), f"prompt of {n}")
+    engines = _engines(before)
+    assert sum(s["captures"] for s in engines) <= 3 and sum(s["replays"] for s in engines) >= 20 * 6, engines
+
+
+def test_a_padded_batch_and_sampling():
+    """A batch of 4 prompts, left-padded with an attention mask; and sampling with a seed (the
+    draws happen outside the compiled step, on its bitwise logits)."""
+    model = _model("qwen2")
+    tok = torch.randint(3, 512, (4, 10), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(tok)
+    for row, pad in enumerate((0, 3, 5, 7)):
+        tok[row, :pad], mask[row, :pad] = 0, 0
+    _assert_same(_generate(model, tok, attention_mask=mask, compile_config=_compile_config()),
+                 _generate(model, tok, attention_mask=mask), "batch of 4")
+    runs = []
+    for compile_config in (None, _compile_config()):
+        torch.manual_seed(4)
+        runs.append(_generate(model, tok[:1], do_sample=True, top_k=50, temperature=0.8, compile_config=compile_config))
+    _assert_same(runs[1], runs[0], "sampling")
+
+
+def test_model_forward_compiled_by_the_user():
+    """The CPU way without the private flag: model.forward compiled with torchreplay's backend.
+    Prefill and decode steps are compiled; eager's bits."""
+    model = _model("llama")
+    ids = torch.randint(3, 512, (1, 8), generator=torch.Generator().manual_seed(5))
+    want = _generate(model, ids)
+    model.forward = torch.compile(model.forward, backend="torchreplay", mode="reduce-overhead")
+    before = torchreplay.stats()
+    for i in range(2):
+        _assert_same(_generate(model, ids), want, f"generate {i}")
+    assert sum(s["replays"] for s in _engines(before)) >= 8
