@@ -107,3 +107,16 @@ def test_model_forward_compiled_by_the_user():
     for i in range(2):
         _assert_same(_generate(model, ids), want, f"generate {i}")
     assert sum(s["replays"] for s in _engines(before)) >= 8
+
+
+def test_the_generate_benchmark_checks_its_rows(tmp_path, capsys):
+    """python -m torchreplay_bench.generate: each row checked against eager's generate; the
+    command fails if torchreplay's is not bitwise."""
+    from torchreplay_bench import generate
+
+    assert generate.main(["--archs", "mistral", "--threads", "1", "--modes", "eager,torchreplay,aot_eager",
+                          "--new-tokens", "8", "--rounds", "1", "--out", str(tmp_path)]) == 0
+    table = capsys.readouterr().out
+    rows = {line.split()[2]: line.split("  ")[-1].strip() for line in table.splitlines()[2:]}
+    assert rows["torchreplay"] == "bitwise" and rows["eager"] == "bitwise", table
+    assert rows["aot_eager"] in ("bitwise", "same tokens"), table
