@@ -83,16 +83,27 @@ std::vector<int> RequiresGradGuard::Changed() const {
   return changed;
 }
 
-PyObject* RequiresGradGuard::TpCall(PyObject* self, PyObject* /*args*/, PyObject* /*kwargs*/) {
+namespace {
+
+// A guard object's tp_call, as Dynamo's lambda guards call it (with the frame's locals, unread):
+// True while it holds.
+template <typename Guard>
+PyObject* GuardCall(PyObject* self, const char* name) {
   auto* inst = reinterpret_cast<py::detail::instance*>(self);
-  const RequiresGradGuard* guard = inst->get_value_and_holder().value_ptr<RequiresGradGuard>();
+  const Guard* guard = inst->get_value_and_holder().template value_ptr<Guard>();
   if (guard == nullptr || !inst->get_value_and_holder().holder_constructed()) {
-    PyErr_SetString(PyExc_TypeError, "torchreplay: this RequiresGradGuard was not initialized");
+    PyErr_Format(PyExc_TypeError, "torchreplay: this %s was not initialized", name);
     return nullptr;
   }
   PyObject* result = guard->Holds() ? Py_True : Py_False;
   Py_INCREF(result);
   return result;
+}
+
+}  // namespace
+
+PyObject* RequiresGradGuard::TpCall(PyObject* self, PyObject* /*args*/, PyObject* /*kwargs*/) {
+  return GuardCall<RequiresGradGuard>(self, "RequiresGradGuard");
 }
 
 uint8_t TraceState::SdpaNow() {
@@ -105,15 +116,7 @@ uint8_t TraceState::SdpaNow() {
 TraceState TraceState::Now() { return TraceState{c10::get_default_dtype_as_scalartype(), SdpaNow()}; }
 
 PyObject* SdpaGuard::TpCall(PyObject* self, PyObject* /*args*/, PyObject* /*kwargs*/) {
-  auto* inst = reinterpret_cast<py::detail::instance*>(self);
-  const SdpaGuard* guard = inst->get_value_and_holder().value_ptr<SdpaGuard>();
-  if (guard == nullptr || !inst->get_value_and_holder().holder_constructed()) {
-    PyErr_SetString(PyExc_TypeError, "torchreplay: this SdpaGuard was not initialized");
-    return nullptr;
-  }
-  PyObject* result = guard->sdpa == TraceState::SdpaNow() ? Py_True : Py_False;
-  Py_INCREF(result);
-  return result;
+  return GuardCall<SdpaGuard>(self, "SdpaGuard");
 }
 
 void ModuleModesChanged() { g_module_modes_epoch.fetch_add(1, std::memory_order_relaxed); }

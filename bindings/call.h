@@ -134,6 +134,7 @@ struct TraceState {
 // was made under]): called with anything, True while they are as when built.
 struct SdpaGuard {
   uint8_t sdpa = TraceState::SdpaNow();
+  bool Holds() const { return sdpa == TraceState::SdpaNow(); }
   static PyObject* TpCall(PyObject* self, PyObject* args, PyObject* kwargs);
 };
 

@@ -93,9 +93,10 @@ def _frozen_checked(fn: Callable, name: str, gm: torch.fx.GraphModule) -> Callab
     return checked
 
 
-def _add_frame_guard(guard: Any, code: str) -> bool:
+def _add_frame_guard(guard: Any, kind: str, code: str) -> bool:
     """Adds `guard` (a callable taking the frame's locals) to the guards of the frame Dynamo is
-    compiling, shown as `code` in its guard dumps; False where there is no frame."""
+    compiling, of guard type `kind` (what a guard_filter_fn sees), shown as `code` in its guard
+    dumps; False where there is no frame."""
     ctx = torch._guards.TracingContext.try_get()
     if ctx is None:
         return False
@@ -105,10 +106,11 @@ def _add_frame_guard(guard: Any, code: str) -> bool:
     except ImportError:
         return False
 
-    def TORCHREPLAY_GUARD(builder: Any, g: Any) -> None:  # noqa: N802 (as Dynamo names guards)
+    def create(builder: Any, g: Any) -> None:
         builder.guard_manager.root.add_lambda_guard(guard, [code], g.user_stack)
 
-    ctx.guards_context.dynamo_guards.add(Guard(GlobalStateSource(), TORCHREPLAY_GUARD))
+    create.__name__ = kind  # Dynamo's guard type is its create function's name
+    ctx.guards_context.dynamo_guards.add(Guard(GlobalStateSource(), create))
     return True
 
 
@@ -125,7 +127,7 @@ def _guard_requires_grad(gm: torch.fx.GraphModule, name: str) -> Optional[Any]:
     shown = ", ".join(f"{n}.requires_grad == {p.requires_grad}" for n, p in params[:6])
     code = (f"torchreplay {name}: {shown}{', ...' if len(params) > 6 else ''} "
             f"({len(params)} module parameters, as compiled)")
-    return guard if _add_frame_guard(guard, code) else None
+    return guard if _add_frame_guard(guard, "TORCHREPLAY_REQUIRES_GRAD", code) else None
 
 
 _ATTENTION = {torch._C._nn.scaled_dot_product_attention, torch.nn.functional.scaled_dot_product_attention}
@@ -139,7 +141,7 @@ def _guard_attention_backends(gm: torch.fx.GraphModule, name: str) -> Optional[A
         return None
     guard = _C.SdpaGuard()
     code = f"torchreplay {name}: scaled_dot_product_attention's backend switches as compiled"
-    return guard if _add_frame_guard(guard, code) else None
+    return guard if _add_frame_guard(guard, "TORCHREPLAY_SDPA", code) else None
 
 
 # Note [Traced backward]

@@ -56,13 +56,18 @@ def _single(out):
 
 
 @contextlib.contextmanager
-def threads(n):
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
+def setting(get, put, value):
+    """Within: the setting `get` reads and `put` sets is `value`; put back after."""
+    before = get()
+    put(value)
     try:
         yield
     finally:
-        torch.set_num_threads(before)
+        put(before)
+
+
+def threads(n):
+    return setting(torch.get_num_threads, torch.set_num_threads, n)
 
 
 class Fn(nn.Module):
@@ -249,14 +254,8 @@ class Factories(nn.Module):
         return x + torch.ones(3) + torch.tensor([1.0, 2.0, 3.0]) + torch.arange(3.0) * 0.1
 
 
-@contextlib.contextmanager
 def default_dtype(dtype):
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(before)
+    return setting(torch.get_default_dtype, torch.set_default_dtype, dtype)
 
 
 @pytest.mark.parametrize("entry", ENTRIES)

@@ -15,15 +15,8 @@ ARCHS = ["llama", "qwen2", "mistral", "gemma", "phi3"]
 
 
 def _model(arch):
-    kw = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-              vocab_size=512, max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    config = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
-              "mistral": transformers.MistralConfig, "gemma": transformers.GemmaConfig,
-              "phi3": transformers.Phi3Config}[arch](**kw)
-    if arch == "gemma":
-        config.head_dim = 16
-    torch.manual_seed(0)
-    return transformers.AutoModelForCausalLM.from_config(config).eval()
+    from torchreplay_bench.generate import tiny_model
+    return tiny_model(arch)
 
 
 def _compile_config():
