@@ -12,6 +12,10 @@ in, once (the package's __init__ calls it); each is idempotent (a patched functi
   comment at _watched below). These two at import, not at the first capture: Dynamo guards on
   the global hooks and on nn.Module.train, so installing them later would recompile every
   function torch.compile had compiled before.
+- torch.nn.Module.__setattr__ and torch.nn.Parameter.data: a module's number changed after a
+  capture, and a folded parameter reached through .data (Note [Writes a capture would not see]).
+- transformers' SDPA attention module (patched when imported): for torchreplay's own traces it
+  takes eager's grouped-query branch (Note [transformers' attention as eager runs it]).
 - Dynamo's TensorVariable.method_backward: turns Dynamo's own switch (trace_autograd_ops) on
   while it traces the `loss.backward()` of a frame a torchreplay backend compiles, so that the
   whole step is one graph; breaks the graph at a backward whose traced form would not be eager's
@@ -366,8 +370,8 @@ def _stale(c: Captured, key: Any, why: Optional[str]) -> None:
 def _watch(module: torch.nn.Module, captured: Captured) -> None:
     for m in module.modules():
         _watched.setdefault(m, weakref.WeakSet()).add(captured)
-        _numbers.setdefault(m, {}).update(
-            {k: v for k, v in vars(m).items() if type(v) in _NUMBERS and k not in _UNREAD and not k.startswith("_")})
+        _numbers.setdefault(m, weakref.WeakKeyDictionary())[captured] = {
+            k: v for k, v in vars(m).items() if type(v) in _NUMBERS and k not in _UNREAD and not k.startswith("_")}
 
 
 # Note [Writes a capture would not see]
@@ -388,7 +392,8 @@ def _watch(module: torch.nn.Module, captured: Captured) -> None:
 # through the untyped storage; capture again after one.
 _NUMBERS = (int, float, bool)
 _UNREAD = ("training", "inplace")
-_numbers: "weakref.WeakKeyDictionary[torch.nn.Module, Dict[str, Any]]" = weakref.WeakKeyDictionary()
+# per module, per Captured bound to it: its numbers when captured
+_numbers: "weakref.WeakKeyDictionary[torch.nn.Module, weakref.WeakKeyDictionary]" = weakref.WeakKeyDictionary()
 _FOLDED = "_torchreplay_folded"  # set on a parameter a "close" capture folded
 _DATA = torch._C.TensorBase.data
 
@@ -413,11 +418,10 @@ def _parameter_data_set(self: torch.nn.Parameter, value: torch.Tensor) -> None:
 
 
 def _on_setattr(module: torch.nn.Module, name: str, value: Any) -> None:
-    held = _numbers.get(module)
-    if not held or name not in held:
-        return
-    same = type(value) in _NUMBERS and value == held[name]
-    for c in list(_watched.get(module, ())):
+    for c, held in list(_numbers.get(module, {}).items()):
+        if name not in held:
+            continue
+        same = type(value) in _NUMBERS and value == held[name]
         _stale(c, (id(module), name), None if same else
                f"torchreplay: attribute '{name}' of {type(module).__name__} was {held[name]!r} when the model was "
                f"captured as {c.name!r} and is now {value!r} (the trace keeps the values it read); set it back or "

@@ -602,3 +602,20 @@ def test_settings_changed_on_every_call_are_said():
                 assert_bitwise(step(x), model(x), f"call {i}")
     s = step.stats()
     assert s["replays"] == 0 and any("changed before each of the last 8 calls" in r for r in s["fallback_reasons"]), s
+
+
+def test_each_capture_holds_the_numbers_it_was_made_with():
+    """Note [Writes a capture would not see]: two captures of one module made under two values of
+    a number: each holds while the module has its own value, and raises under the other."""
+    m = _conv_bn()
+    x = torch.randn(1, 3, 16, 16)
+    with torch.no_grad():
+        first = torchreplay.capture(m, (x,), config=config())
+        m[1].eps = 0.5
+        second = torchreplay.capture(m, (x,), config=config())
+        for eps, holds, raises in ((0.5, second, first), (1e-5, first, second)):
+            m[1].eps = eps
+            for _ in range(3):
+                assert_bitwise(holds(x), m(x), f"eps {eps}")
+            with pytest.raises(ValueError, match="attribute 'eps' of BatchNorm2d was"):
+                raises(x)
