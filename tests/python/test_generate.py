@@ -4,6 +4,8 @@ generate"): the decode step compiled by transformers itself with CompileConfig(b
 compiled by the user. Tiny random configs of five decoder architectures with grouped-query
 attention; every case compares tokens and the scores of every step bit for bit with eager's
 generate (Note [transformers' attention as eager runs it]) and checks that the step replayed."""
+import json
+
 import pytest
 import torch
 
@@ -113,3 +115,8 @@ def test_the_generate_benchmark_checks_its_rows(tmp_path, capsys):
     rows = {line.split()[2]: line.split("  ")[-1].strip() for line in table.splitlines()[2:]}
     assert rows["torchreplay"] == "bitwise" and rows["eager"] == "bitwise", table
     assert rows["aot_eager"] in ("bitwise", "same tokens"), table
+    # The step split: our replay is found inside the compiled frame; aot_eager's graph records none.
+    split = {r["mode"]: r for r in json.load(open(tmp_path / "generate.json"))}
+    assert 0 < split["torchreplay"]["graph_us"] < split["torchreplay"]["frame_us"], split["torchreplay"]
+    assert split["torchreplay"]["guards_us"] > 0 and split["aot_eager"]["graph_us"] == 0, split
+    assert "guards_us" not in split["eager"]
