@@ -20,8 +20,8 @@ from typing import Callable, List, Optional
 import torch
 
 import torchreplay
-from torchreplay_bench.__main__ import compile_for, fresh_dynamo
-from torchreplay_bench.zoo import MODELS
+from torchreplay_bench.modes import compile_for, fresh_dynamo
+from torchreplay_bench.zoo_models import MODELS
 
 
 def pairs(floor: Callable[[], None], other: Callable[[], None], calls: int) -> tuple:

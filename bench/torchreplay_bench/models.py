@@ -208,8 +208,8 @@ def _zoo(name: str, calibrate: bool = False, **kwargs):
     weights with the initial statistics leave a deep CNN's outputs near zero, where any output
     passes a check with an absolute tolerance)."""
     def build():
-        from torchreplay_bench import zoo
-        model, make_inputs = zoo.build(name, **kwargs)
+        from torchreplay_bench import zoo_models
+        model, make_inputs = zoo_models.build(name, **kwargs)
         if calibrate:
             model.train()
             with torch.no_grad():

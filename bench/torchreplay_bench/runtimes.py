@@ -47,7 +47,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 from torch.utils import _pytree as pytree
 
-from torchreplay_bench.__main__ import compile_for, fresh_dynamo, same, time_interleaved
+from torchreplay_bench.modes import compile_for, fresh_dynamo, same
+from torchreplay_bench.timing import time_interleaved
 from torchreplay_bench.models import MODELS as ALL_MODELS
 from torchreplay_bench.peers import PEER_CLASSES, executorch_threads, quiet
 

@@ -58,7 +58,8 @@ import torch
 import torch.nn.functional as F
 
 import torchreplay
-from torchreplay_bench.__main__ import RecordingBackend, fresh_dynamo, time_interleaved
+from torchreplay_bench.modes import RecordingBackend, fresh_dynamo
+from torchreplay_bench.timing import time_interleaved
 
 MODES = ["eager", "torchreplay", "torchreplay, broken bw", "inductor", "aot_eager", "inductor, traced bw",
          "torchreplay, returns loss", "inductor, traced bw, returns loss"]

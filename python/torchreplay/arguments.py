@@ -11,15 +11,12 @@ import copy
 import inspect
 import struct
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import torch
 from torch.utils import _pytree as pytree
 
 from . import _C
-
-if TYPE_CHECKING:
-    from .captured import Captured
 
 
 def _size_checks(vals: List[Any], ranges: Dict[Any, Any]) -> Tuple[List[Any], List[Any], Dict[Any, Any]]:
@@ -103,7 +100,7 @@ class _Trace:
 
     def __init__(self, model: Any, module: torch.nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any],
                  in_spec: Any, constants: Dict[int, Any], names: List[str], dynamic: bool,
-                 again: Callable[..., "Captured"]) -> None:
+                 again: Callable[..., Any]) -> None:
         self.model, self.module, self.in_spec, self.dynamic = model, module, in_spec, dynamic
         self.constants = {i: _Specialized(v) for i, v in constants.items()}
         self.names = names  # per flat leaf, what errors call it
@@ -130,7 +127,7 @@ class _Trace:
         traced."""
         return self.default_dtype, self.sdpa, tuple(g for _, g in self.grad_traced)
 
-    def recapture(self, args: Sequence[Any], kwargs: Dict[str, Any], dynamic: bool = True) -> "Captured":
+    def recapture(self, args: Sequence[Any], kwargs: Dict[str, Any], dynamic: bool = True) -> Any:
         return self._again(tuple(args), kwargs, dynamic)
 
     @staticmethod

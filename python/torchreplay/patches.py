@@ -36,7 +36,7 @@ from __future__ import annotations
 import itertools
 import logging
 import weakref
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
@@ -46,9 +46,6 @@ from .config import CompilerConfig
 from .training_guards import _CONSUMED, _hazard
 
 logger = logging.getLogger("torchreplay")
-
-if TYPE_CHECKING:
-    from .captured import Captured
 
 
 def install() -> None:
@@ -354,10 +351,10 @@ def _on_registration(module: torch.nn.Module, name: str, value: Any) -> None:
 
 # Per Captured, why its calls raise: replaced tensors (for good), module numbers that differ from
 # the capture's (until set back), in the order they happened.
-_stale_reasons: "weakref.WeakKeyDictionary[Captured, Dict[Any, str]]" = weakref.WeakKeyDictionary()
+_stale_reasons: "weakref.WeakKeyDictionary[Any, Dict[Any, str]]" = weakref.WeakKeyDictionary()
 
 
-def _stale(c: Captured, key: Any, why: Optional[str]) -> None:
+def _stale(c: Any, key: Any, why: Optional[str]) -> None:
     """Sets (or, with why None, clears) one reason for c's calls to raise; they raise the first."""
     reasons = _stale_reasons.setdefault(c, {})
     if why is None:
@@ -367,7 +364,9 @@ def _stale(c: Captured, key: Any, why: Optional[str]) -> None:
     c._set_stale(next(iter(reasons.values()), ""))
 
 
-def _watch(module: torch.nn.Module, captured: Captured) -> None:
+def _watch(module: torch.nn.Module, captured: Any) -> None:
+    """`captured` (a Captured of captured.py, typed Any here: captured.py imports this module)
+    checks its calls against module's numbers from now on."""
     for m in module.modules():
         _watched.setdefault(m, weakref.WeakSet()).add(captured)
         _numbers.setdefault(m, weakref.WeakKeyDictionary())[captured] = {

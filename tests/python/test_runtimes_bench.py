@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from torchreplay_bench import runtimes
-from torchreplay_bench.__main__ import time_interleaved
+from torchreplay_bench.timing import time_interleaved
 
 MODES = ["eager", "torchreplay-capture", "torchreplay-reduce-overhead", "onnxruntime", "openvino", "executorch"]
 THREADS = [1, 2]

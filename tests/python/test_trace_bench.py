@@ -10,6 +10,7 @@ import torch
 import torchreplay
 from torchreplay import trace
 from torchreplay_bench import __main__ as bench
+from torchreplay_bench import modes
 from torchreplay_bench.models import ElementwiseChain
 
 STEPS = 5
@@ -200,13 +201,13 @@ def test_harness_quick_run_writes_results_and_flags_a_wrong_mode(tmp_path, capsy
             return lambda *args: [o + 1 for o in gm(*args)]
         return torch.compile(model, backend=backend)
 
-    bench.register_mode("off-by-one", "a deliberately wrong backend", off_by_one)
+    modes.register_mode("off-by-one", "a deliberately wrong backend", off_by_one)
     try:
         rc = bench.main(["--quick", "--models", "chain64", "--modes", "eager,torchreplay-reduce-overhead,off-by-one",
                          "--out", str(tmp_path), "--trace"])
     finally:
-        bench.MODES.pop("off-by-one")
-        bench._CUSTOM.pop("off-by-one")
+        modes.MODES.pop("off-by-one")
+        modes._CUSTOM.pop("off-by-one")
     assert rc == 0
     out = capsys.readouterr().out
     table = {}
@@ -288,4 +289,4 @@ def test_harness_conv_bound_times_the_convolutions_of_the_tape(tmp_path):
     assert ("mlp", "conv-bound") not in results and ("mlp", "torchreplay-capture") in results
     model, make_inputs = bench.MODELS["convnet"][0]()
     convs = sum(isinstance(m, torch.nn.Conv2d) for m in model.modules())
-    assert convs > 0 and bench.ConvBound(model, list(make_inputs(0))).steps == convs
+    assert convs > 0 and modes.ConvBound(model, list(make_inputs(0))).steps == convs
