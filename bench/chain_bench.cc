@@ -18,9 +18,9 @@
 #include <ATen/ops/sin.h>
 #include <benchmark/benchmark.h>
 
-#include "ir/graph.h"
+#include "capture/ir/graph.h"
 #include "guards/guard_key.h"
-#include "ir/interpreter.h"
+#include "capture/ir/interpreter.h"
 #include "replay/engine.h"
 
 namespace {

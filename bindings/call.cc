@@ -16,7 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "bindings/convert.h"
 #include "guards/guard_key.h"
-#include "ir/caller_grad.h"
+#include "capture/ir/caller_grad.h"
 #include "replay/trace_checks.h"
 
 namespace torchreplay {

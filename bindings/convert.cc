@@ -11,7 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "ir/interpreter.h"
+#include "capture/ir/interpreter.h"
 
 namespace torchreplay {
 

@@ -15,7 +15,7 @@ namespace torchreplay {
 namespace py = pybind11;
 
 // An int of the graph that left int64 (where Python's would not): the call may be run by Python
-// instead (an error of type OverflowError, ir/interpreter.h).
+// instead (an error of type OverflowError, capture/ir/interpreter.h).
 bool IsIntOverflow(const absl::Status& s);
 
 // Raises `s` as Python would raise it: an error Python code set, the exception eager raises for

@@ -37,7 +37,7 @@ namespace py = pybind11;
 //     That check reads the saved tensor's version counter, which must be the one the caller's
 //     in-place op bumps: an output the backward reads is handed out as the same tensor as the
 //     saved one, views of one buffer share a counter (Note [Handed-out outputs]), and views of an
-//     input share the input's (Note [Outputs that view an input], tape/kernel_tape.cc).
+//     input share the input's (Note [Outputs that view an input], capture/tape/kernel_tape.cc).
 //   - backward (ReplayBackward::apply, no Python): the tangents of the outputs that require grad,
 //     zeros for those autograd gives none (autograd.Function materializes them), each made to
 //     the layout the backward graph was traced with (as `coerce_to_expected_memory_format`); then

@@ -2,7 +2,7 @@
 //
 // A key covers every input: for a tensor its dtype, device, sizes, strides and storage offset; for
 // a symbolic scalar its value, or only its kind for a scalar bound per call (Note [Scalars bound
-// per call] in ir/graph.h). One captured graph exists per key. The common case, a call with the
+// per call] in capture/ir/graph.h). One captured graph exists per key. The common case, a call with the
 // same key as the previous one, is checked by Matches() without building a key or allocating.
 #pragma once
 

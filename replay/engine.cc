@@ -15,12 +15,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "cuda/cuda_graph.h"
+#include "capture/cuda/cuda_graph.h"
 #include "memory_pool/arena.h"
 #include "memory_pool/cuda_pool.h"
 #include "memory_pool/ordinary_tensors.h"
 #include "replay/handout.h"
-#include "tape/kernel_tape.h"
+#include "capture/tape/kernel_tape.h"
 
 namespace torchreplay::replay {
 

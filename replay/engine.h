@@ -39,7 +39,7 @@
 // previous warm-up's recording and runs nothing of it (collectives are never folded: only aten
 // ops are, tape_plan.cc); the capture call and every later call replay the tape once, each
 // collective a step at its place, its wait at the graph's wait_tensor (Note [Collective steps]
-// in tape/collective_steps.h; the sink_waits pass moves a wait down to its result's first
+// in capture/tape/collective_steps.h; the sink_waits pass moves a wait down to its result's first
 // reader, and never a collective).
 // tests/python/test_collectives.py pins this with ranks at different stages (counted by the
 // process group's sequence number). CUDA: capturing NCCL collectives into a CUDA graph needs every
@@ -60,9 +60,9 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "ir/captured_graph.h"
-#include "ir/graph.h"
-#include "ir/interpreter.h"
+#include "capture/ir/captured_graph.h"
+#include "capture/ir/graph.h"
+#include "capture/ir/interpreter.h"
 #include "replay/buckets.h"
 #include "replay/handout.h"
 #include "replay/key_cache.h"

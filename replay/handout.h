@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "ir/captured_graph.h"
+#include "capture/ir/captured_graph.h"
 #include "memory_pool/arena.h"
 
 namespace torchreplay::replay {

@@ -18,8 +18,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "guards/guard_key.h"
-#include "ir/captured_graph.h"
-#include "ir/recording.h"
+#include "capture/ir/captured_graph.h"
+#include "capture/ir/recording.h"
 
 namespace torchreplay::replay {
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "ir/capture_info.h"
+#include "capture/ir/capture_info.h"
 
 namespace torchreplay::replay {
 
@@ -40,7 +40,7 @@ struct EngineOptions {
   // When set, each capture writes what it captured to DIR/torchreplay_NAME.keyK: the tape's
   // plan as .txt (CPU), the CUDA graph as .dot.
   std::string dump_dir;
-  // CUDA keys: capture them into torchreplay's own CUDA graphs (cuda/cuda_graph.h), which have
+  // CUDA keys: capture them into torchreplay's own CUDA graphs (capture/cuda/cuda_graph.h), which have
   // never run on a GPU: untested, opt-in, logged as such at the first capture. false: CUDA keys
   // run op by op in C++, with this reason in the stats (torch.compile's CUDA graphs then come from
   // PyTorch's cudagraph trees around the engine: python/torchreplay/backend.py).

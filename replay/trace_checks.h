@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "ir/graph.h"
+#include "capture/ir/graph.h"
 
 namespace torchreplay::replay {
 

@@ -14,8 +14,8 @@
 
 #include <limits>
 
-#include "ir/graph.h"
-#include "ir/interpreter.h"
+#include "capture/ir/graph.h"
+#include "capture/ir/interpreter.h"
 
 namespace torchreplay::capture {
 namespace {

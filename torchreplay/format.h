@@ -34,7 +34,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "ir/graph.h"
+#include "capture/ir/graph.h"
 #include "replay/trace_checks.h"
 
 namespace torchreplay::format {

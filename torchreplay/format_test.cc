@@ -18,8 +18,8 @@
 #include <random>
 #include <thread>
 
-#include "ir/interpreter.h"
-#include "ir/testing.h"
+#include "capture/ir/interpreter.h"
+#include "capture/ir/testing.h"
 #include "torchreplay/torchreplay.h"
 
 namespace torchreplay::format {

@@ -403,7 +403,7 @@ class Backend:
         run = engine.run
         forward = gm.forward
         # Int arithmetic inside the graph can leave int64 where Python's ints would not: such a
-        # call is run by Python instead (Note [Scalars bound per call] in ir/graph.h), on a
+        # call is run by Python instead (Note [Scalars bound per call] in capture/ir/graph.h), on a
         # copy of its arguments, since the engine consumes them. Inference graphs only (training
         # graphs free their saved tensors as the run goes), and not when the graph writes into its
         # inputs (the run may have written some already): those raise the OverflowError.

@@ -82,7 +82,7 @@ def sink_waits(gm: torch.fx.GraphModule) -> int:
 
     A trace puts `wait_tensor` right after its collective, so nothing could run while the
     collective is in flight. Moved down, the nodes between run meanwhile: compute overlaps with
-    communication (Note [Collective steps] in tape/collective_steps.h). The collectives are
+    communication (Note [Collective steps] in capture/tape/collective_steps.h). The collectives are
     issued where they were, in the same order on every rank; only waits move. A wait stops before
     any node that writes memory (the process group may still be reading the collective's input)
     and before the output. Returns how many waits moved."""

@@ -6,7 +6,7 @@ row, not over several (eager's GRU cell squashes its gates in place on chunks of
 decomposition on new ones, so the elementwise kernels split the elements between their vector
 and scalar paths at other places; a batch-first RNN's input projection is another GEMM call),
 and they make an LSTM two oneDNN calls that cost more than eager's one. So (Note [Recurrent
-modules whole] in ir/eager_rnn.cc):
+modules whole] in capture/ir/eager_rnn.cc):
 
 - torchreplay.capture keeps those ops whole as torchreplay::eager_* ops (whole_in_trace while
   export traces, export_decompositions after): at run time the aten op, whose C++ composite picks
@@ -61,7 +61,7 @@ def _fake_output(input: torch.Tensor, hx: torch.Tensor, bidirectional: bool, bat
 
 def _register_fakes() -> None:
     """Sizes and strides of the torchreplay::eager_* ops under a trace (symbolic sizes too), as
-    the CPU run gives them (the kernels are eager's, ir/eager_rnn.cc); and of numerics "close"'s
+    the CPU run gives them (the kernels are eager's, capture/ir/eager_rnn.cc); and of numerics "close"'s
     torchreplay::gru_sequence."""
     def lstm_input(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
         return _fake_output(input, hx[0], bidirectional, batch_first), hx[0].new_empty(hx[0].shape), \
@@ -83,7 +83,7 @@ def _register_fakes() -> None:
         torch.library.register_fake(f"torchreplay::{name}.input")(rnn_input)
         torch.library.register_fake(f"torchreplay::{name}.data")(rnn_data)
 
-    def gru_sequence(input, hx, w_ih_kn, b_ih, w_hh_kn, b_hh, batch_first):  # tape/recurrent_op.cc
+    def gru_sequence(input, hx, w_ih_kn, b_ih, w_hh_kn, b_hh, batch_first):  # capture/tape/recurrent_op.cc
         return _fake_output(input, hx, False, batch_first), hx.new_empty(hx.shape)
 
     torch.library.register_fake("torchreplay::gru_sequence")(gru_sequence)
@@ -113,7 +113,7 @@ def _decomposes(op: Any, args: tuple, close: bool = False) -> bool:
 
 def fused_gru(op: Any, args: tuple) -> bool:
     """Whether numerics "close" runs this recurrent call as torchreplay::gru_sequence, one call a
-    layer (Note [GRU steps] in tape/recurrent.h): a float32 CPU GRU over a 3-d input, one
+    layer (Note [GRU steps] in capture/tape/recurrent.h): a float32 CPU GRU over a 3-d input, one
     direction, no dropout drawn, outside autocast, on a CPU with AVX2 and FMA."""
     if op is not aten.gru.input or len(args) != 9:
         return False

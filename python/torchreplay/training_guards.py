@@ -325,4 +325,4 @@ def _raise_on_backward_of(fn: Callable, consumed: Sequence[int]) -> Callable:
 # inputs written that are not static) run op by op, the reason in stats()'s "cuda_graphs", as
 # there: a skipped forward's backward runs plain, a skipped backward of a captured forward tells
 # the trees it ran (set_to_running_backward). The call stays AOTAutograd's wrapper. "torchreplay" selects the engine's own CUDA graphs
-# (EngineOptions.cuda_graphs, cuda/cuda_graph.h): untested, logged as such.
+# (EngineOptions.cuda_graphs, capture/cuda/cuda_graph.h): untested, logged as such.

@@ -1,7 +1,7 @@
 """Scalars that change every call, and keys that never repeat: scalars that are data are bound per
 call (one capture, then replays, bitwise equal to eager); scalars that decide shapes stay in the
 guard key; the per-thread cache is bounded (LRU eviction, the pool shrunk, RSS flat) and says
-why calls miss (Note [Scalars bound per call] in ir/graph.h, Note [A bounded cache] in
+why calls miss (Note [Scalars bound per call] in capture/ir/graph.h, Note [A bounded cache] in
 replay/key_cache.h)."""
 import logging
 import random

@@ -4,7 +4,7 @@ PyTorch's cudagraph trees around the engine (torch.compile tests at the end).
 
 Every test needs a CUDA device and a build with the CUDA backend; elsewhere the module is skipped
 with the reason. tools/gpu_check.sh runs it on a GPU machine. The host-side parts are tested
-without a GPU in cuda/cuda_plan_test.cc and test_cuda_host.py.
+without a GPU in capture/cuda/cuda_plan_test.cc and test_cuda_host.py.
 """
 import re
 import threading

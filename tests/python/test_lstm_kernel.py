@@ -1,5 +1,5 @@
 """LSTMs on the CPU tape through oneDNN on weights reordered once, checked per node at capture
-(Note [Checked LSTMs] in tape/lstm_steps.h): replays bitwise equal to eager, and what the capture
+(Note [Checked LSTMs] in capture/tape/lstm_steps.h): replays bitwise equal to eager, and what the capture
 recorded per node agrees with a measurement the test makes itself.
 
 Whether the kernel is exact and faster depends on the CPU, so no test requires it to be taken:
@@ -158,7 +158,7 @@ def test_switched_off(monkeypatch):
 def test_a_frozen_lstm_called_with_grad_mode_on_is_eagers():
     """Eager's oneDNN LSTM runs its training primitive whenever grad mode is on, even with nothing
     requiring grad, and its bits differ from the inference primitive's (Note [The caller's grad
-    mode] in ir/caller_grad.h): a frozen model called without no_grad replays those bits, and the
+    mode] in capture/ir/caller_grad.h): a frozen model called without no_grad replays those bits, and the
     same capture called under no_grad replays the other's."""
     torch.manual_seed(0)
     model = nn.LSTM(8, 12, num_layers=2).eval().requires_grad_(False)

@@ -250,7 +250,7 @@ def test_profiler_shows_replay_ranges():
     assert names.count("torchreplay::replay") == 4
 
 
-TYPED_CASES = [   # one op per typed-step signature (Note [Typed steps] in tape/typed_call.h)
+TYPED_CASES = [   # one op per typed-step signature (Note [Typed steps] in capture/tape/typed_call.h)
     ("TO", lambda x, y, z: torch.sin(x)),
     ("TTO", lambda x, y, z: x * y),
     ("TSO", lambda x, y, z: torch.nn.functional.leaky_relu(x, 0.1)),

@@ -1,0 +1,438 @@
+// Matrix products through the small GEMM where it computes eager's bits (Note [Checked GEMMs] in
+// gemm_steps.h): the check the recording run makes per node, the out= ops, and the tape's step.
+#include "capture/tape/gemm_steps.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/library.h>
+
+#include <ATen/MemoryOverlap.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <functional>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "capture/tape/kernel_check.h"
+#include "capture/tape/small_gemm.h"
+
+namespace torchreplay::capture {
+namespace {
+
+constexpr char kAddmmOut[] = "torchreplay::addmm.out";
+constexpr char kMmOut[] = "torchreplay::mm.out";
+// How the kernel reads mat2: where it lies, a [K, N] copy, a copy in panels of kPanel columns.
+constexpr char kInPlace[] = "small_gemm";
+constexpr char kPacked[] = "small_gemm_packed";
+constexpr char kPanels[] = "small_gemm_panels";
+// and, suffixed to the name, whether the bias is added after the sum (Params::bias_last)
+constexpr char kBiasLast[] = "_bias_last";
+constexpr int64_t kPanel = 64;
+constexpr int64_t kPanelsFrom = 128 << 10;  // bytes of weight from which panels are tried
+constexpr int kRepacksToEager = 3;
+
+enum class Read : uint8_t { kInPlace, kPacked, kPanels, kUnknown };
+
+// The read of mat2 a kernel's name says ("small_gemm_panels_bias_last": kPanels).
+Read ReadOf(c10::string_view kernel) {
+  std::string s(kernel);
+  if (absl::EndsWith(s, kBiasLast)) s.resize(s.size() - sizeof(kBiasLast) + 1);
+  return s == kInPlace ? Read::kInPlace : s == kPacked ? Read::kPacked : s == kPanels ? Read::kPanels : Read::kUnknown;
+}
+bool BiasLast(c10::string_view kernel) { return absl::EndsWith(std::string(kernel), kBiasLast); }
+bool KnownKernel(c10::string_view kernel) { return ReadOf(kernel) != Read::kUnknown; }
+
+// A product as the step runs it: out = bias + mat1 mat2 (from +0 without a bias) by one kernel.
+class GemmCall {
+ public:
+  explicit GemmCall(c10::string_view kernel) : read_(ReadOf(kernel)), bias_last_(BiasLast(kernel)) {}
+
+  // The direct ops' checks of their arguments (the tape's step gets the ones its check took, in
+  // the geometry its key guards); `name`: the op, for errors.
+  static void CheckArgs(const at::Tensor& mat1, const at::Tensor& mat2, const at::Tensor& bias, const at::Tensor& out,
+                        const char* name) {
+    TORCH_CHECK(small_gemm::Available(), name, ": this CPU has no AVX2 and FMA");
+    TORCH_CHECK(mat1.dim() == 2 && mat2.dim() == 2 && out.dim() == 2, name, ": 2-d matrices, not ", mat1.dim(),
+                "-d x ", mat2.dim(), "-d into ", out.dim(), "-d");
+    const int64_t m = mat1.size(0), k = mat1.size(1), n = mat2.size(1);
+    TORCH_CHECK(mat1.scalar_type() == c10::kFloat && mat2.scalar_type() == c10::kFloat &&
+                    out.scalar_type() == c10::kFloat && mat1.device().is_cpu() && mat2.device().is_cpu() &&
+                    out.device().is_cpu(),
+                name, ": float32 CPU tensors, not ", mat1.scalar_type(), " x ", mat2.scalar_type(), " into ",
+                out.scalar_type());
+    TORCH_CHECK(mat2.size(0) == k && out.size(0) == m && out.size(1) == n && (n <= 1 || out.stride(1) == 1), name,
+                ": [M, K] x [K, N] into [M, N] with contiguous rows, not ", mat1.sizes(), " x ", mat2.sizes(),
+                " into ", out.sizes());
+    TORCH_CHECK(at::has_internal_overlap(out) != at::MemOverlap::Yes, name,
+                ": out has elements that share memory");
+    at::assert_no_overlap(out, mat1);
+    at::assert_no_overlap(out, mat2);
+    TORCH_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == n && bias.scalar_type() == c10::kFloat &&
+                                    bias.device().is_cpu()),
+                name, ": the bias is float32 [", n, "]");
+    if (bias.defined()) at::assert_no_overlap(out, bias);
+  }
+
+  // out = bias + mat1 mat2, on arguments CheckArgs would pass.
+  void Run(const at::Tensor& mat1, const at::Tensor& mat2, const std::optional<at::Tensor>& bias_or_none,
+           const at::Tensor& out) const {
+    const at::Tensor bias = bias_or_none.has_value() ? *bias_or_none : at::Tensor();
+    const int64_t m = mat1.size(0), k = mat1.size(1), n = mat2.size(1);
+    if (read_ != Read::kInPlace && Pack(mat2)) {  // a weight written every call: eager's op from now on
+      at::AutoDispatchBelowADInplaceOrView below_autograd;  // (the step's own kernel, as the others)
+      at::Tensor y = out;
+      if (bias.defined()) {
+        at::addmm_out(y, bias, mat1, mat2);
+      } else {
+        at::mm_out(y, mat1, mat2);
+      }
+      return;
+    }
+    small_gemm::Params p;
+    const at::Tensor x = k > 1 && mat1.stride(1) != 1 ? mat1.contiguous() : mat1;
+    at::Tensor b;
+    if (bias.defined()) {
+      b = bias.contiguous();
+      p.bias = b.const_data_ptr<float>();
+      p.bias_last = bias_last_;
+    }
+    at::Tensor w;
+    if (read_ == Read::kInPlace) {
+      w = (n <= 1 || mat2.stride(1) == 1) && (k <= 1 || mat2.stride(0) >= n) ? mat2 : mat2.contiguous();
+      p.w_row = k > 1 ? w.stride(0) : n;
+    } else {
+      w = packed_;
+      p.panel = read_ == Read::kPanels ? kPanel : 0;
+    }
+    p.w = w.const_data_ptr<float>();
+    p.x = x.const_data_ptr<float>(), p.x_row = m > 1 ? x.stride(0) : k;
+    p.y = out.data_ptr<float>(), p.y_row = m > 1 ? out.stride(0) : n;
+    p.m = m, p.k = k, p.n = n;
+    if (m == 0 || n == 0) return;
+    if (k == 0) {
+      out.copy_(bias.defined() ? b.expand({m, n}) : at::zeros({m, n}, out.options()));
+      return;
+    }
+    small_gemm::Run(p);
+  }
+
+ private:
+  // The copy of mat2 the kernel reads, made again when mat2 changed (WeightWatch: by its bytes).
+  // Returns true where mat2 changed on kRepacksToEager calls in a row (a weight an optimizer
+  // writes every step: repacking each call costs more than the check measured, which saw it
+  // fixed): then, and from then on, the caller runs eager's op, which gives the same bits.
+  bool Pack(const at::Tensor& mat2) const {
+    if (to_eager_) return true;
+    if (!watch_.Changed(mat2)) {
+      repacks_in_a_row_ = 0;
+      return false;
+    }
+    if (packed_.defined() && ++repacks_in_a_row_ >= kRepacksToEager) {
+      to_eager_ = true;
+      packed_ = at::Tensor(), watch_ = WeightWatch();  // (neither read again)
+      return true;
+    }
+    const at::Tensor kn = mat2.contiguous();
+    if (read_ == Read::kPanels) {  // [ceil(N / panel), K, panel], the last panel zero-padded
+      const int64_t k = kn.size(0), n = kn.size(1), padded = (n + kPanel - 1) / kPanel * kPanel;
+      packed_ = at::constant_pad_nd(kn, {0, padded - n}).view({k, padded / kPanel, kPanel}).permute({1, 0, 2})
+                    .contiguous();
+    } else {
+      packed_ = kn.data_ptr() == mat2.data_ptr() ? kn.clone() : kn;
+    }
+    return false;
+  }
+
+  Read read_;
+  bool bias_last_;
+  // the packed kernels' copy of mat2, and what it was made from (a tape runs on one thread)
+  mutable at::Tensor packed_;
+  mutable WeightWatch watch_;
+  mutable int repacks_in_a_row_ = 0;
+  mutable bool to_eager_ = false;
+};
+
+bool IsOne(const c10::IValue& v) {
+  return (v.isInt() && v.toInt() == 1) || (v.isDouble() && v.toDouble() == 1.0) ||
+         (v.isScalar() && v.toScalar().isIntegral(false) && v.toScalar().toLong() == 1);
+}
+
+// Whether value `v`, read by node `node`, is (through t, transpose or permute) a graph input baked
+// into the capture that no op writes, or a constant: fixed under the key, so packable once.
+bool FixedWeight(const Graph& g, int node, ValueId v, const Recording& rec) {
+  for (int depth = 0; depth < 4; ++depth) {
+    int producer = node - 1;
+    while (producer >= 0 && std::find(g.nodes()[producer].outputs.begin(), g.nodes()[producer].outputs.end(), v) ==
+                                g.nodes()[producer].outputs.end()) {
+      --producer;
+    }
+    if (producer < 0) {
+      const auto in = std::find(g.inputs().begin(), g.inputs().end(), v);
+      if (in == g.inputs().end()) return false;
+      const int i = static_cast<int>(in - g.inputs().begin());
+      return rec.baked(g, i) && !(i < static_cast<int>(g.written_inputs().size()) && g.written_inputs()[i]);
+    }
+    const Node& p = g.nodes()[producer];
+    if (p.kind != NodeKind::kOp || p.args.empty()) return false;
+    const std::string name = p.op->schema().name();
+    if (name != "aten::t" && name != "aten::transpose" && name != "aten::permute") return false;
+    if (p.args[0].kind == Arg::Kind::kConstant) return true;
+    if (p.args[0].kind != Arg::Kind::kValue) return false;
+    v = p.args[0].value;
+    node = producer;
+  }
+  return false;
+}
+
+// Empty when `call` computes eager's bits, into a buffer of the recorded geometry left as it was,
+// on: the recorded mat1; two seeded mat1s; seeded mat1, mat2 and bias together; and, for addmm,
+// NaNs in mat1 and in the bias at once (which NaN a sum keeps is the order of its last add).
+// Else why not.
+std::string CheckCall(const Node& n, bool addmm, const GemmCall& call, const std::vector<c10::IValue>& args,
+                      const at::Tensor& result, const ValueRecord& r) {
+  const char* inputs[] = {"the recorded input", "an input with signed zeros and subnormals",
+                          "an input with infinities and NaNs", "a seeded input, weight and bias",
+                          "NaNs in the input and the bias"};
+  const int x_at = addmm ? 1 : 0, w_at = addmm ? 2 : 1;
+  for (int k = 0; k < (addmm ? 5 : 4); ++k) {
+    torch::jit::Stack stack = args;
+    at::Tensor eager = result;
+    if (k > 0) {
+      stack[x_at] = Synthetic(args[x_at].toTensor(), k == 2 || k == 4);
+      if (k == 3) {
+        stack[w_at] = Synthetic(args[w_at].toTensor(), false);
+        if (addmm) stack[0] = Synthetic(args[0].toTensor(), false);
+      }
+      if (k == 4) stack[0] = Synthetic(args[0].toTensor(), true);
+      torch::jit::Stack run = stack;
+      n.op->callBoxed(&run);
+      eager = run[0].toTensor();
+    }
+    GemmCall fresh = call;  // a packed kernel packs this round's mat2
+    const std::string why = CompareRun(
+        [&](const at::Tensor& buffer) {
+          fresh.Run(stack[x_at].toTensor(), stack[w_at].toTensor(), addmm ? stack[0].toTensor() : at::Tensor(),
+                    buffer);
+        },
+        eager, r, inputs[k]);
+    if (!why.empty()) return why;
+  }
+  return "";
+}
+
+// Why this product is not one the small GEMM can take, or empty.
+std::string Unfit(bool addmm, const std::vector<c10::IValue>& v, const at::Tensor& result) {
+  const at::Tensor& mat1 = v[addmm ? 1 : 0].toTensor();
+  const at::Tensor& mat2 = v[addmm ? 2 : 1].toTensor();
+  for (const at::Tensor& t : {mat1, mat2, result}) {
+    if (t.scalar_type() != c10::kFloat) return absl::StrCat("dtype ", c10::toString(t.scalar_type()), " (float32 only)");
+    if (t.layout() != c10::kStrided || t.is_conj() || t.is_neg() || !t.device().is_cpu() || t.dim() != 2) {
+      return "a matrix that is not plain dense CPU memory";
+    }
+  }
+  if (mat1.numel() == 0 || result.numel() == 0) return "an empty product";
+  // (eager's product over one k is the plain multiply, whose -0.0 a sum from +0 turns into +0)
+  if (mat1.size(1) < 2) return "K = 1";
+  // (a product of one row or one column is MKL's GEMV, whose order followed the operands'
+  // alignment: exact on the check's buffers, other bits on the tape's)
+  if (result.size(0) < 2 || result.size(1) < 2) return "one row or one column (MKL's GEMV)";
+  if (result.stride(1) != 1) return "a result whose rows are not contiguous";
+  if (addmm) {
+    if (!v[0].isTensor()) return "a bias that is not a tensor";
+    const at::Tensor& bias = v[0].toTensor();
+    if (bias.scalar_type() != c10::kFloat || bias.dim() != 1 || bias.size(0) != result.size(1)) {
+      return "a bias that is not float32 [N]";
+    }
+    if (!IsOne(v[3]) || !IsOne(v[4])) return "beta or alpha other than 1";
+  }
+  return "";
+}
+
+}  // namespace
+
+bool IsGemm(const Node& n) {
+  // TORCHREPLAY_CHECKED_GEMM=0: eager's op everywhere (read at each capture, for comparisons)
+  const char* env = std::getenv("TORCHREPLAY_CHECKED_GEMM");
+  if (env != nullptr && std::string(env) == "0") return false;
+  if (n.kind != NodeKind::kOp || n.outputs.size() != 1 || !n.op->schema().overload_name().empty()) return false;
+  const std::string& name = n.op->schema().name();
+  return (name == "aten::addmm" && n.args.size() == 5) || (name == "aten::mm" && n.args.size() == 2);
+}
+
+// Over 80 lines: the check of Note [Checked GEMMs] in the order it reads, as CheckConvolution's.
+bool CheckGemm(const Graph& g, int node, const std::vector<c10::IValue>& env, Recording* rec) {
+  const Node& n = g.nodes()[node];
+  const ValueId out = n.outputs[0];
+  const ValueRecord& r = rec->values[out];
+  // what an arena buffer can be: a fresh CPU tensor at storage offset 0 (others say nothing)
+  if (!r.is_tensor || r.root != out || !r.device.is_cpu() || r.storage_offset != 0 || !r.strided ||
+      !env[out].isTensor() || !env[out].toTensor().defined()) {
+    return false;
+  }
+  const bool addmm = n.op->schema().name() == "aten::addmm";
+  const char* out_name = addmm ? kAddmmOut : kMmOut;
+  auto refuse = [&](const std::string& why) {  // the note of the node's eager out= step
+    rec->out_notes[node] = absl::StrCat(out_name, " refused: ", why);
+    return false;
+  };
+  try {
+    c10::impl::ExcludeDispatchKeyGuard no_python(  // as Note [Checked convolutions]'s probe
+        c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+    if (!small_gemm::Available()) return refuse("this CPU has no AVX2 and FMA");
+    std::vector<c10::IValue> args;
+    for (size_t a = 0; a < n.args.size(); ++a) args.push_back(MaterializeArg(n.args[a], n.arg_types[a], env));
+    for (int a : addmm ? std::vector<int>{0, 1, 2} : std::vector<int>{0, 1}) {
+      if (!args[a].isTensor() || !args[a].toTensor().defined()) return refuse("an argument that is not a tensor");
+    }
+    const at::Tensor& result = env[out].toTensor();
+    if (std::string why = Unfit(addmm, args, result); !why.empty()) return refuse(why);
+    const at::Tensor& mat2 = args[addmm ? 2 : 1].toTensor();
+    const int64_t k = mat2.size(0), cols = mat2.size(1);
+    std::vector<std::string> kernels, not_tried;
+    if (mat2.stride(1) == 1) kernels.push_back(kInPlace);
+    const Arg& w = n.args[addmm ? 2 : 1];
+    const bool fixed = w.kind == Arg::Kind::kConstant || (w.kind == Arg::Kind::kValue && FixedWeight(g, node, w.value, *rec));
+    if (!fixed) {
+      not_tried.push_back(absl::StrCat(kPacked, ": mat2 is computed or bound per call"));
+    } else {
+      kernels.push_back(kPacked);
+      if (k * cols * 4 >= kPanelsFrom) kernels.push_back(kPanels);
+    }
+    if (kernels.empty()) return refuse(absl::StrJoin(not_tried, "; "));
+    if (addmm) {  // the bias first or last: MKL's sgemm adds C after the sum, measured per node
+      for (size_t i = 0, end = kernels.size(); i < end; ++i) kernels.push_back(kernels[i] + kBiasLast);
+    }
+    struct Tried {
+      GemmCall call;
+      std::string kernel, why;  // why: empty if exact
+      double us = 0;
+    };
+    std::vector<Tried> tried;
+    for (const std::string& kernel : kernels) {
+      tried.push_back({GemmCall(kernel), kernel});
+      tried.back().why = CheckCall(n, addmm, tried.back().call, args, result, r);
+    }
+    // Time what passed against eager's out= op (what the tape would call), round by round.
+    at::Tensor eager_buffer = FixedBuffer(r), buffer = FixedBuffer(r);
+    const at::Tensor& mat1 = args[addmm ? 1 : 0].toTensor();
+    const at::Tensor bias = addmm ? args[0].toTensor() : at::Tensor();
+    std::vector<std::function<void()>> runs = {[&] {
+      if (addmm) {
+        at::addmm_out(eager_buffer, bias, mat1, mat2);
+      } else {
+        at::mm_out(eager_buffer, mat1, mat2);
+      }
+    }};
+    std::vector<size_t> timed;
+    for (size_t t = 0; t < tried.size(); ++t) {
+      if (!tried[t].why.empty()) continue;
+      timed.push_back(t);
+      runs.push_back([&, t] { tried[t].call.Run(mat1, mat2, bias, buffer); });
+    }
+    const std::vector<double> us = MinMicros(runs);
+    int best = -1;
+    for (size_t j = 0; j < timed.size(); ++j) {
+      Tried& t = tried[timed[j]];
+      t.us = us[j + 1];
+      if (t.us >= us[0]) {
+        t.why = absl::StrCat("exact, but not faster than eager's op (", Us(t.us), ")");
+      } else if (best < 0 || t.us < tried[best].us) {
+        best = static_cast<int>(timed[j]);
+      }
+    }
+    std::vector<std::string> notes;
+    for (size_t t = 0; t < tried.size(); ++t) {
+      if (static_cast<int>(t) == best) continue;
+      notes.push_back(tried[t].why.empty() ? absl::StrCat(tried[t].kernel, ": exact, ", Us(tried[t].us), ", slower")
+                                           : absl::StrCat(tried[t].kernel, ": ", tried[t].why));
+    }
+    notes.insert(notes.end(), not_tried.begin(), not_tried.end());
+    const std::string eager = absl::StrCat("eager's op ", Us(us[0]));
+    if (best < 0) return refuse(absl::StrCat(eager, "; ", absl::StrJoin(notes, "; ")));
+    auto op = FindOperator(out_name);
+    if (!op.ok()) return refuse(std::string(op.status().message()));
+    rec->out_variants[node] = OutVariant{*op, c10::IValue(tried[best].kernel)};
+    rec->out_notes[node] = absl::StrCat(tried[best].kernel, " ", Us(tried[best].us), ", bitwise on ", addmm ? 5 : 4, " inputs; ", eager,
+                                        notes.empty() ? "" : "; ", absl::StrJoin(notes, "; "));
+    return true;
+  } catch (const c10::Error& e) {
+    return refuse(absl::StrCat("the check raised: ", e.what_without_backtrace()));
+  }
+}
+
+namespace {
+
+void CheckKernel(c10::string_view kernel) {
+  TORCH_CHECK(KnownKernel(kernel), kAddmmOut, ": no kernel '", kernel, "' (", kInPlace, ", ", kPacked, ", ", kPanels,
+              ", each with or without the suffix ", kBiasLast, ")");
+}
+
+// The out= ops, boxed: the kernel named by `kernel`, packing mat2 on each call (the tape's step
+// packs it once).
+at::Tensor& AddmmOut(const at::Tensor& self, const at::Tensor& mat1, const at::Tensor& mat2, const c10::Scalar& beta,
+                     const c10::Scalar& alpha, c10::string_view kernel, at::Tensor& out) {
+  CheckKernel(kernel);
+  TORCH_CHECK(!beta.isComplex() && !alpha.isComplex() && beta.toDouble() == 1 && alpha.toDouble() == 1, kAddmmOut,
+              ": beta and alpha are 1");
+  GemmCall::CheckArgs(mat1, mat2, self, out, kAddmmOut);
+  GemmCall(kernel).Run(mat1, mat2, self, out);
+  return out;
+}
+
+at::Tensor& MmOut(const at::Tensor& self, const at::Tensor& mat2, c10::string_view kernel, at::Tensor& out) {
+  CheckKernel(kernel);
+  TORCH_CHECK(!BiasLast(kernel), kMmOut, ": no bias to add last ('", kernel, "')");
+  GemmCall::CheckArgs(self, mat2, at::Tensor(), out, kMmOut);
+  GemmCall(kernel).Run(self, mat2, std::nullopt, out);
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(torchreplay, m) {
+  m.def("addmm.out(Tensor self, Tensor mat1, Tensor mat2, Scalar beta, Scalar alpha, str kernel, *, "
+        "Tensor(a!) out) -> Tensor(a!)");
+  m.def("mm.out(Tensor self, Tensor mat2, str kernel, *, Tensor(a!) out) -> Tensor(a!)");
+}
+
+TORCH_LIBRARY_IMPL(torchreplay, CPU, m) {
+  m.impl("addmm.out", &AddmmOut);
+  m.impl("mm.out", &MmOut);
+}
+
+std::unique_ptr<TypedCall> MakeGemmStep(const Slots& args, const std::vector<int>& slot_of) {
+  const bool addmm = args.size() == 7;
+  if ((args.size() != 7 && args.size() != 4) || slot_of.size() != args.size()) return nullptr;
+  const size_t kernel_at = args.size() - 2;
+  for (size_t k = addmm ? 3 : 2; k < args.size(); ++k) {
+    if (slot_of[k] >= 0) return nullptr;
+  }
+  if (!args[kernel_at].isString() || !args.back().isTensor() || !KnownKernel(args[kernel_at].toStringRef())) {
+    return nullptr;
+  }
+  if (addmm && (!IsOne(args[3]) || !IsOne(args[4]))) return nullptr;
+  const std::string kernel = args[kernel_at].toStringRef();
+  auto tensor = [&](size_t k) -> std::optional<TensorArg> {
+    if (slot_of[k] >= 0) return TensorArg{at::Tensor(), slot_of[k]};
+    if (args[k].isTensor() && args[k].toTensor().defined()) return TensorArg{args[k].toTensor(), -1};
+    return std::nullopt;
+  };
+  const size_t x_at = addmm ? 1 : 0, w_at = addmm ? 2 : 1;
+  std::optional<TensorArg> mat1 = tensor(x_at), mat2 = tensor(w_at), bias;
+  if (addmm) bias = tensor(0);
+  if (!mat1.has_value() || !mat2.has_value() || (addmm && !bias.has_value())) return nullptr;
+  if (ReadOf(kernel) != Read::kInPlace && mat2->slot >= 0) return nullptr;  // a packed copy is of a fixed mat2
+  return std::make_unique<CheckedStep<GemmCall>>(GemmCall(kernel), *std::move(mat1), *std::move(mat2), std::move(bias),
+                                    args.back().toTensor());
+}
+
+std::string GemmStepKind(const Slots& args) {
+  const bool named = args.size() >= 2 && args[args.size() - 2].isString();
+  return absl::StrCat("checked gemm (", named ? args[args.size() - 2].toStringRef() : "?", ")");
+}
+
+}  // namespace torchreplay::capture

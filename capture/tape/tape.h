@@ -1,0 +1,51 @@
+// tape/: the CPU backend, a tape of kernel calls captured per guard key and replayed step by step
+// into arena buffers.
+//
+//   kernel_tape.h         the backend's entry points: CaptureKernelTape, and CheckTapeNode, the
+//                         check the recording run makes for the tape (RunAndRecord's `check`);
+//                         emitter.cc captures (plan to steps), kernel_tape.cc replays, sharing
+//                         the private kernel_tape_internal.h (Step, KernelTape)
+//   tape_plan.h           everything decided per node and value at capture, printable
+//   step_kinds.h          the families a node's step can be, one table: a Match the plan calls,
+//                         a Make the emitter calls (Note [Step kinds]); copy_steps.cc: copies
+//   typed_call.h          steps called unboxed (Note [Typed steps]), and copies
+//   prepared_pointwise.h  pointwise steps, sums and means on a TensorIterator built once
+//   fused_elementwise.h   runs of elementwise nodes as one step (Note [Fused elementwise steps]);
+//                         the step itself in fused_step.cc
+//   fused_kernels.h       the fused step's program and kernel (fused_kernels_impl.h, compiled per
+//                         instruction set in fused_kernels_avx2.cc and fused_kernels_avx512.cc)
+//   conv_steps.h          checked convolutions (Note [Checked convolutions])
+//   gemm_steps.h          checked matrix products (Note [Checked GEMMs])
+//   lstm_steps.h          checked LSTMs (Note [Checked LSTMs]); kernel_check.h: what the checks
+//                         of all three share
+//   depthwise_kernel.h    the direct depthwise convolution (depthwise_kernel_avx2.cc, its
+//                         channels-last walk in depthwise_pixels_impl.h, also compiled in
+//                         depthwise_pixels_avx512.cc; the op in depthwise_op.cc);
+//                         check_frozen.cc: torchreplay::check_frozen
+//   cpu_features.h        whether the CPU runs the kernels compiled for AVX2 and FMA, and which
+//                         copy ATen's CPU capability picks
+//   small_gemm.h          products of few rows (Note [Small GEMMs]; small_gemm_impl.h, compiled in
+//                         small_gemm_avx2.cc and small_gemm_avx512.cc; the ops small_gemm,
+//                         small_gemm_scaled and conv_gemm in small_gemm_op.cc)
+//   post_op.h             the activation these kernels apply before storing, by name;
+//                         simd_ops.h: the vector operations their intrinsics copies share
+//   recurrent.h           a GRU layer in one call (Note [GRU steps]; recurrent_avx2.cc; the op
+//                         gru_sequence in recurrent_op.cc)
+//   collective_steps.h    torch.distributed's collectives as steps (Note [Collective steps])
+//
+// Namespaces torchreplay::capture (and ::fused, ::depthwise, ::small_gemm, ::recurrent), kept from when ir/,
+// tape/ and cuda/ were one capture/ package. Depends on ir/, memory_pool/ (the arena), ATen and Abseil; never on
+// cuda/.
+#pragma once
+
+#include "capture/tape/collective_steps.h"
+#include "capture/tape/conv_steps.h"
+#include "capture/tape/fused_elementwise.h"
+#include "capture/tape/gemm_steps.h"
+#include "capture/tape/fused_kernels.h"
+#include "capture/tape/kernel_tape.h"
+#include "capture/tape/lstm_steps.h"
+#include "capture/tape/prepared_pointwise.h"
+#include "capture/tape/step_kinds.h"
+#include "capture/tape/tape_plan.h"
+#include "capture/tape/typed_call.h"
