@@ -20,7 +20,6 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
-#include <string>
 
 #include "capture/ir/caller_grad.h"
 
@@ -45,24 +44,6 @@ constexpr char kInput[] = "input";
 constexpr char kData[] = "data";
 
 }  // namespace
-
-TORCH_LIBRARY_FRAGMENT(torchreplay, m) {
-  // The schemas are aten's (native_functions.yaml), renamed.
-  m.def("eager_lstm.input(Tensor input, Tensor[] hx, Tensor[] params, bool has_biases, int num_layers, "
-        "float dropout, bool train, bool bidirectional, bool batch_first) -> (Tensor, Tensor, Tensor)");
-  m.def("eager_lstm.data(Tensor data, Tensor batch_sizes, Tensor[] hx, Tensor[] params, bool has_biases, "
-        "int num_layers, float dropout, bool train, bool bidirectional) -> (Tensor, Tensor, Tensor)");
-  for (const char* name : {"eager_gru", "eager_rnn_tanh", "eager_rnn_relu"}) {
-    const std::string input = std::string(name) +
-                              ".input(Tensor input, Tensor hx, Tensor[] params, bool has_biases, int num_layers, "
-                              "float dropout, bool train, bool bidirectional, bool batch_first) -> (Tensor, Tensor)";
-    const std::string data = std::string(name) +
-                             ".data(Tensor data, Tensor batch_sizes, Tensor hx, Tensor[] params, bool has_biases, "
-                             "int num_layers, float dropout, bool train, bool bidirectional) -> (Tensor, Tensor)";
-    m.def(torch::schema(input.c_str()));
-    m.def(torch::schema(data.c_str()));
-  }
-}
 
 // The CPU and CUDA kernels run the aten op; sizes under a trace come from the fake kernels of
 // python/torchreplay/rnn.py (symbolic sizes included).

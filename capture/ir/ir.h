@@ -1,4 +1,5 @@
-// ir/: the graph IR and what runs it, the layer both capture backends (tape/, cuda/) build on.
+// capture/ir/: the graph IR and what runs it, the layer both capture backends (capture/tape,
+// capture/cuda) build on.
 //
 //   graph.h           the IR (inputs, nodes, outputs over SSA values) and its validating builder
 //   interpreter.h     runs a Graph op by op through the dispatcher: the eager reference, warm-ups
@@ -12,11 +13,12 @@
 //                     (Note [Recurrent modules whole]); registrations only, no header
 //   caller_grad.h     the caller's grad mode while a graph runs with grad off (Note [The
 //                     caller's grad mode]), which those ops run in
-//   testing.h         what the C++ tests share to build graphs (//ir:testing, testonly)
+//   testing.h         what the C++ tests share to build graphs (//capture/ir:testing, testonly)
 //
-// Namespace torchreplay::capture, kept from when ir/, tape/ and cuda/ were one capture/ package.
-// Depends on ATen, Abseil and memory_pool/ only; never on tape/ or cuda/: what a backend adds to
-// the recording run it hands in (RunAndRecord's `check`).
+// Namespace torchreplay::capture. The schemas of its ops are declared in capture/kernels/ops.cc
+// with every other torchreplay:: op. Depends on ATen, Abseil, memory_pool and those declarations
+// only; never on capture/tape or capture/cuda: what a backend adds to the recording run it hands
+// in (RunAndRecord's `check`).
 #pragma once
 
 #include "capture/ir/caller_grad.h"

@@ -156,11 +156,13 @@ bool BuiltWithCuda() {
 #endif
 }
 
-TORCH_LIBRARY(torchreplay, m) {
-  m.def("scope_enter(str[] labels, str[] stream_names) -> ()", &ScopeEnter);
-  m.def("scope_exit() -> ()", &ScopeExit);
-  m.def("record() -> Tensor", &Record);
-  m.def("wait(Tensor[] records) -> ()", &Wait);
+// One kernel for every dispatch key: the ops take no tensor that names a device (declared in
+// capture/kernels/ops.cc).
+TORCH_LIBRARY_IMPL(torchreplay, CatchAll, m) {
+  m.impl("scope_enter", &ScopeEnter);
+  m.impl("scope_exit", &ScopeExit);
+  m.impl("record", &Record);
+  m.impl("wait", &Wait);
 }
 
 }  // namespace torchreplay::capture

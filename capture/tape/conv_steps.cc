@@ -17,8 +17,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "capture/tape/cpu_features.h"
-#include "capture/tape/depthwise_kernel.h"
+#include "capture/kernels/cpu_features.h"
+#include "capture/kernels/depthwise_kernel.h"
 #include "capture/tape/kernel_check.h"
 
 namespace torchreplay::capture {
@@ -388,11 +388,6 @@ at::Tensor& ConvolutionOut(const at::Tensor& input, const at::Tensor& weight, co
 }
 
 }  // namespace
-
-TORCH_LIBRARY_FRAGMENT(torchreplay, m) {
-  m.def("convolution.out(Tensor input, Tensor weight, Tensor? bias, int[] stride, int[] padding, int[] dilation, "
-        "bool transposed, int[] output_padding, int groups, str kernel, *, Tensor(a!) out) -> Tensor(a!)");
-}
 
 TORCH_LIBRARY_IMPL(torchreplay, CPU, m) { m.impl("convolution.out", &ConvolutionOut); }
 

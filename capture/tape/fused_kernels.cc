@@ -2,7 +2,7 @@
 // capability (fused_kernels_impl.h), as ATen's DispatchStub picks its own kernels.
 #include "capture/tape/fused_kernels.h"
 
-#include "capture/tape/cpu_features.h"
+#include "capture/kernels/cpu_features.h"
 
 namespace torchreplay::capture::fused {
 namespace avx2 {

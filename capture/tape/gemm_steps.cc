@@ -18,7 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "capture/tape/kernel_check.h"
-#include "capture/tape/small_gemm.h"
+#include "capture/kernels/small_gemm.h"
 
 namespace torchreplay::capture {
 namespace {
@@ -392,12 +392,6 @@ at::Tensor& MmOut(const at::Tensor& self, const at::Tensor& mat2, c10::string_vi
 }
 
 }  // namespace
-
-TORCH_LIBRARY_FRAGMENT(torchreplay, m) {
-  m.def("addmm.out(Tensor self, Tensor mat1, Tensor mat2, Scalar beta, Scalar alpha, str kernel, *, "
-        "Tensor(a!) out) -> Tensor(a!)");
-  m.def("mm.out(Tensor self, Tensor mat2, str kernel, *, Tensor(a!) out) -> Tensor(a!)");
-}
 
 TORCH_LIBRARY_IMPL(torchreplay, CPU, m) {
   m.impl("addmm.out", &AddmmOut);

@@ -1,5 +1,5 @@
 // capture/tape/gemm_steps.h: matrix products on the CPU tape through the small GEMM (Note [Small GEMMs] in
-// small_gemm.h) where it computes eager's bits, chosen per node at capture by measurement (Note
+// capture/kernels/small_gemm.h) where it computes eager's bits, chosen per node at capture by measurement (Note
 // [Checked GEMMs]).
 //
 // Note [Checked GEMMs]

@@ -255,12 +255,6 @@ void CheckLstm(const Graph& g, int node, const std::vector<c10::IValue>& env, Re
   }
 }
 
-TORCH_LIBRARY_FRAGMENT(torchreplay, m) {
-  m.def("lstm.out(Tensor input, Tensor[] hx, Tensor[] params, bool has_biases, int num_layers, float dropout, "
-        "bool train, bool bidirectional, bool batch_first, str kernel, *, Tensor(a!) output, Tensor(b!) hy, "
-        "Tensor(c!) cy) -> (Tensor(a!), Tensor(b!), Tensor(c!))");
-}
-
 TORCH_LIBRARY_IMPL(torchreplay, CPU, m) { m.impl("lstm.out", &LstmOut); }
 
 std::unique_ptr<TypedCall> MakeLstmStep(const Slots& args, const std::vector<int>& slot_of,

@@ -408,14 +408,6 @@ class LayerNormStep final : public TypedCall {
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(torchreplay, m) {
-  m.def("_scaled_dot_product_flash_attention_for_cpu.out(Tensor query, Tensor key, Tensor value, "
-        "float dropout_p=0., bool is_causal=False, *, Tensor? attn_mask=None, float? scale=None, "
-        "Tensor(a!) output, Tensor(b!) logsumexp) -> (Tensor(a!), Tensor(b!))");
-  m.def("native_layer_norm.out(Tensor input, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, *, "
-        "Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2) -> (Tensor(a!), Tensor(b!), Tensor(c!))");
-}
-
 TORCH_LIBRARY_IMPL(torchreplay, CPU, m) {
   m.impl("_scaled_dot_product_flash_attention_for_cpu.out", &FlashAttentionOut);
   m.impl("native_layer_norm.out", &LayerNormOut);

@@ -1,4 +1,4 @@
-// tape/: the CPU backend, a tape of kernel calls captured per guard key and replayed step by step
+// capture/tape/: the CPU backend, a tape of kernel calls captured per guard key and replayed step by step
 // into arena buffers.
 //
 //   kernel_tape.h         the backend's entry points: CaptureKernelTape, and CheckTapeNode, the
@@ -18,24 +18,12 @@
 //   gemm_steps.h          checked matrix products (Note [Checked GEMMs])
 //   lstm_steps.h          checked LSTMs (Note [Checked LSTMs]); kernel_check.h: what the checks
 //                         of all three share
-//   depthwise_kernel.h    the direct depthwise convolution (depthwise_kernel_avx2.cc, its
-//                         channels-last walk in depthwise_pixels_impl.h, also compiled in
-//                         depthwise_pixels_avx512.cc; the op in depthwise_op.cc);
-//                         check_frozen.cc: torchreplay::check_frozen
-//   cpu_features.h        whether the CPU runs the kernels compiled for AVX2 and FMA, and which
-//                         copy ATen's CPU capability picks
-//   small_gemm.h          products of few rows (Note [Small GEMMs]; small_gemm_impl.h, compiled in
-//                         small_gemm_avx2.cc and small_gemm_avx512.cc; the ops small_gemm,
-//                         small_gemm_scaled and conv_gemm in small_gemm_op.cc)
-//   post_op.h             the activation these kernels apply before storing, by name;
-//                         simd_ops.h: the vector operations their intrinsics copies share
-//   recurrent.h           a GRU layer in one call (Note [GRU steps]; recurrent_avx2.cc; the op
-//                         gru_sequence in recurrent_op.cc)
+//   check_frozen.cc       torchreplay::check_frozen, the frozen-weight check of numerics "close"
 //   collective_steps.h    torch.distributed's collectives as steps (Note [Collective steps])
 //
-// Namespaces torchreplay::capture (and ::fused, ::depthwise, ::small_gemm, ::recurrent), kept from when ir/,
-// tape/ and cuda/ were one capture/ package. Depends on ir/, memory_pool/ (the arena), ATen and Abseil; never on
-// cuda/.
+// The hand-written kernels its steps call (the small GEMM, the depthwise convolution, the GRU
+// layer) are capture/kernels/. Namespace torchreplay::capture (and ::fused). Depends on
+// capture/ir, capture/kernels, memory_pool (the arena), ATen and Abseil; never on capture/cuda.
 #pragma once
 
 #include "capture/tape/collective_steps.h"

@@ -19,10 +19,10 @@ eager's instead of equal:
 - 1x1 convolutions (stride 1, no padding, one group) on a channels-last input as the GEMM they
   are, addmm over the pixels (MKL), without oneDNN's per-call cost; depthwise convolutions
   through torchreplay's direct kernel (torchreplay::depthwise_conv2d, Note [Depthwise
-  convolutions] in capture/tape/depthwise_kernel.h) with relu, hardswish or hardsigmoid fused;
+  convolutions] in capture/kernels/depthwise_kernel.h) with relu, hardswish or hardsigmoid fused;
 - products by a weight known at capture (linear layers at batch 1, a recurrent cell's
   projections, the 1x1 convolutions above) through torchreplay's small GEMM
-  (torchreplay::small_gemm, Note [Small GEMMs] in capture/tape/small_gemm.h) on the weight stored [K, N]
+  (torchreplay::small_gemm, Note [Small GEMMs] in capture/kernels/small_gemm.h) on the weight stored [K, N]
   once, or packed in panels of 64 columns if it is large, a relu, hardswish or hardsigmoid after
   it fused (after a 1x1 convolution's views of it too), where that is faster than the addmm
   (timed at capture); else linear layers of at most 16 rows with a large
@@ -33,7 +33,7 @@ eager's instead of equal:
 - a per-channel scale of such an image (squeeze-and-excitation's) read only by a 1x1 convolution
   through the small GEMM, folded into that product (torchreplay::small_gemm_scaled, the same
   rounded products without the elementwise step);
-- a GRU layer as one call, torchreplay::gru_sequence (Note [GRU steps] in capture/tape/recurrent.h: the
+- a GRU layer as one call, torchreplay::gru_sequence (Note [GRU steps] in capture/kernels/recurrent.h: the
   input projections one small GEMM, then each step's hidden product and gates in the same call);
   LSTM and RNN through export's decomposition (products and pointwise ops, which the tape fuses)
   instead of the whole op.
@@ -88,7 +88,7 @@ _UNARY = {
 }
 # views that need their input's strides to be viewable
 _STRIDE_SENSITIVE = {aten.view.default, aten._unsafe_view.default, aten.as_strided.default}
-# The activations torchreplay's kernels apply before storing (post_op, capture/tape/post_op.h).
+# The activations torchreplay's kernels apply before storing (post_op, capture/kernels/post_op.h).
 _POST_OPS = {aten.relu.default: "relu", aten.hardswish.default: "hardswish",
              aten.hardsigmoid.default: "hardsigmoid"}
 
@@ -248,7 +248,7 @@ class _Rewriter:
     def _depthwise(self, conv: torch.fx.Node, x: torch.fx.Node, w: torch.Tensor, b: Optional[torch.Tensor],
                    stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int]) -> Optional[torch.fx.Node]:
         """A depthwise convolution through torchreplay's direct kernel (Note [Depthwise
-        convolutions] in capture/tape/depthwise_kernel.h), an activation of _POST_OPS after it fused;
+        convolutions] in capture/kernels/depthwise_kernel.h), an activation of _POST_OPS after it fused;
         returns the node fused into it."""
         post = _post_of(conv)
         c, kh, kw = w.shape[0], w.shape[2], w.shape[3]
@@ -548,7 +548,7 @@ class _Rewriter:
     # -- recurrent layers ---------------------------------------------------------------------
     def rewrite_grus(self) -> None:
         """A GRU the export kept whole for it (rnn.fused_gru) as torchreplay::gru_sequence, one
-        call a layer (Note [GRU steps] in capture/tape/recurrent.h), on its weights transposed once; h_n
+        call a layer (Note [GRU steps] in capture/kernels/recurrent.h), on its weights transposed once; h_n
         the layers' last states stacked. A GRU whose weights are not known at capture stays
         eager's op."""
         for node in list(self.graph.nodes):

@@ -83,7 +83,7 @@ def _register_fakes() -> None:
         torch.library.register_fake(f"torchreplay::{name}.input")(rnn_input)
         torch.library.register_fake(f"torchreplay::{name}.data")(rnn_data)
 
-    def gru_sequence(input, hx, w_ih_kn, b_ih, w_hh_kn, b_hh, batch_first):  # capture/tape/recurrent_op.cc
+    def gru_sequence(input, hx, w_ih_kn, b_ih, w_hh_kn, b_hh, batch_first):  # capture/kernels/recurrent_op.cc
         return _fake_output(input, hx, False, batch_first), hx.new_empty(hx.shape)
 
     torch.library.register_fake("torchreplay::gru_sequence")(gru_sequence)
@@ -113,7 +113,7 @@ def _decomposes(op: Any, args: tuple, close: bool = False) -> bool:
 
 def fused_gru(op: Any, args: tuple) -> bool:
     """Whether numerics "close" runs this recurrent call as torchreplay::gru_sequence, one call a
-    layer (Note [GRU steps] in capture/tape/recurrent.h): a float32 CPU GRU over a 3-d input, one
+    layer (Note [GRU steps] in capture/kernels/recurrent.h): a float32 CPU GRU over a 3-d input, one
     direction, no dropout drawn, outside autocast, on a CPU with AVX2 and FMA."""
     if op is not aten.gru.input or len(args) != 9:
         return False

@@ -1,5 +1,5 @@
 """Numerics "close" on GRUs: each layer one call of torchreplay::gru_sequence (Note [GRU steps] in
-capture/tape/recurrent.h), within the stated tolerance of eager's nn.GRU, with eager's strides, replayed;
+capture/kernels/recurrent.h), within the stated tolerance of eager's nn.GRU, with eager's strides, replayed;
 the op itself against eager's GRU; what is not fused stays decomposed and close."""
 import pytest
 import torch

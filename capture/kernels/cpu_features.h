@@ -1,4 +1,4 @@
-// capture/tape/cpu_features.h: what the CPU runs, for the kernels compiled for one instruction set
+// capture/kernels/cpu_features.h: what the CPU runs, for the kernels compiled for one instruction set
 // (the depthwise convolution, the small GEMM, the fused elementwise kernel), which are called only
 // where it has it.
 #pragma once

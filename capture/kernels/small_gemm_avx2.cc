@@ -1,6 +1,6 @@
 // The small GEMM (Note [Small GEMMs] in small_gemm.h) compiled with AVX2 and FMA: 8 floats a
 // vector, 16 registers. Called only where small_gemm::Available().
-#include "capture/tape/small_gemm.h"
+#include "capture/kernels/small_gemm.h"
 
 #include <ATen/Parallel.h>
 
@@ -13,7 +13,7 @@
 namespace torchreplay::capture::small_gemm::avx2 {
 namespace {
 
-#include "capture/tape/simd_ops.h"
+#include "capture/kernels/simd_ops.h"
 
 constexpr int kMaxRows = 4;
 // At most 12 sums in registers, and 8 chains for a single row, enough to keep both FMA pipes busy
@@ -29,7 +29,7 @@ inline V AddBias(V bias, V sum) {
   return _mm256_blendv_ps(_mm256_add_ps(bias, sum), _mm256_add_ps(bias, bias), nan);
 }
 
-#include "capture/tape/small_gemm_impl.h"
+#include "capture/kernels/small_gemm_impl.h"
 
 }  // namespace
 

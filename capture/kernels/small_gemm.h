@@ -1,8 +1,8 @@
-// capture/tape/small_gemm.h: y = bias + x w for float32 matrices of few rows (a GEMV, a recurrent cell's
+// capture/kernels/small_gemm.h: y = bias + x w for float32 matrices of few rows (a GEMV, a recurrent cell's
 // projections, a batch-1 MLP), compiled for AVX2 and for AVX-512 (small_gemm_impl.h), for numerics
 // "close" (Note [Close numerics] in python/torchreplay/close_numerics.py; the op is
 // torchreplay::small_gemm, small_gemm_op.cc) and, where it gives eager's bits, the bitwise tape
-// (Note [Checked GEMMs] in gemm_steps.h).
+// (Note [Checked GEMMs] in capture/tape/gemm_steps.h).
 //
 // Note [Small GEMMs]
 // A library GEMM spends more on its set-up than on the arithmetic of a few rows: MKL takes about
@@ -21,7 +21,7 @@
 
 #include <cstdint>
 
-#include "capture/tape/post_op.h"
+#include "capture/kernels/post_op.h"
 
 namespace torchreplay::capture::small_gemm {
 

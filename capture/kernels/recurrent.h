@@ -1,4 +1,4 @@
-// capture/tape/recurrent.h: a GRU layer's steps in one call, for numerics "close" (Note [Close numerics]
+// capture/kernels/recurrent.h: a GRU layer's steps in one call, for numerics "close" (Note [Close numerics]
 // in python/torchreplay/close_numerics.py; the op is torchreplay::gru_sequence, recurrent_op.cc),
 // compiled with AVX2 and FMA (recurrent_avx2.cc).
 //

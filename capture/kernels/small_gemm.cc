@@ -1,10 +1,10 @@
 // The small GEMM's entry points (small_gemm.h): the copy compiled for ATen's CPU capability, as
-// the fused kernel picks its own (fused_kernels.cc).
-#include "capture/tape/small_gemm.h"
+// the fused kernel picks its own (capture/tape/fused_kernels.cc).
+#include "capture/kernels/small_gemm.h"
 
 #include <c10/util/Exception.h>
 
-#include "capture/tape/cpu_features.h"
+#include "capture/kernels/cpu_features.h"
 
 namespace torchreplay::capture::small_gemm {
 namespace avx2 {

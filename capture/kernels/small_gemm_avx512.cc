@@ -1,6 +1,6 @@
 // The small GEMM (Note [Small GEMMs] in small_gemm.h) compiled with AVX-512: 16 floats a vector,
 // 32 registers, so tiles of up to 8 rows. Called where ATen runs its AVX512 kernels.
-#include "capture/tape/small_gemm.h"
+#include "capture/kernels/small_gemm.h"
 
 #include <ATen/Parallel.h>
 
@@ -13,7 +13,7 @@
 namespace torchreplay::capture::small_gemm::avx512 {
 namespace {
 
-#include "capture/tape/simd_ops.h"
+#include "capture/kernels/simd_ops.h"
 
 constexpr int kMaxRows = 8;
 // The sums, the weight vectors and one broadcast in the 32 registers (at most 31), at most 24 sums,
@@ -27,7 +27,7 @@ inline V AddBias(V bias, V sum) {
   return _mm512_mask_blend_ps(nan, _mm512_add_ps(bias, sum), _mm512_add_ps(bias, bias));
 }
 
-#include "capture/tape/small_gemm_impl.h"
+#include "capture/kernels/small_gemm_impl.h"
 
 }  // namespace
 

@@ -1,7 +1,7 @@
 // The ops of the small GEMM (Note [Small GEMMs] in small_gemm.h), for graphs rewritten under
 // numerics "close" (Note [Close numerics] in python/torchreplay/close_numerics.py); each
 // functional op allocates its result, its out= overload writes a planned buffer.
-// - torchreplay::small_gemm: post_op(bias + input @ weight_kn) (capture/tape/post_op.h: "none", "relu",
+// - torchreplay::small_gemm: post_op(bias + input @ weight_kn) (capture/kernels/post_op.h: "none", "relu",
 //   "hardswish", "hardsigmoid"); the weight [K, N], or packed in panels of columns (small_gemm.h's
 //   Params::panel) as [panels, K, panel]. Its
 //   signature is one the tape calls unboxed (Note [Typed steps]): a product without bias gets a
@@ -29,8 +29,8 @@
 #include <algorithm>
 #include <vector>
 
-#include "capture/tape/cpu_features.h"
-#include "capture/tape/small_gemm.h"
+#include "capture/kernels/cpu_features.h"
+#include "capture/kernels/small_gemm.h"
 
 namespace torchreplay::capture {
 namespace {
@@ -309,21 +309,6 @@ at::Tensor ConvGemm(const at::Tensor& input, const at::Tensor& weight_rows, cons
 namespace small_gemm {
 bool Available() { return HasAvx2AndFma(); }
 }  // namespace small_gemm
-
-TORCH_LIBRARY_FRAGMENT(torchreplay, m) {
-  m.def("small_gemm(Tensor input, Tensor weight_kn, Tensor bias, str post_op) -> Tensor");
-  m.def("small_gemm.out(Tensor input, Tensor weight_kn, Tensor bias, str post_op, *, Tensor(a!) out) -> Tensor(a!)");
-  m.def("small_gemm_scaled(Tensor input, Tensor scale, Tensor weight_kn, Tensor bias, str post_op) -> Tensor");
-  m.def("small_gemm_scaled.out(Tensor input, Tensor scale, Tensor weight_kn, Tensor bias, str post_op, *, "
-        "Tensor(a!) out) -> Tensor(a!)");
-}
-
-TORCH_LIBRARY_FRAGMENT(torchreplay, m) {
-  m.def("conv_gemm(Tensor input, Tensor weight_rows, Tensor bias, int[] kernel_size, int[] stride, int[] padding, "
-        "int[] dilation, str post_op, bool channels_last=False) -> Tensor");
-  m.def("conv_gemm.out(Tensor input, Tensor weight_rows, Tensor bias, int[] kernel_size, int[] stride, "
-        "int[] padding, int[] dilation, str post_op, bool channels_last=False, *, Tensor(a!) out) -> Tensor(a!)");
-}
 
 TORCH_LIBRARY_IMPL(torchreplay, CPU, m) {
   m.impl("small_gemm", &SmallGemm);

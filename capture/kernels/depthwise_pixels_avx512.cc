@@ -7,7 +7,7 @@
 #include <cmath>
 #include <type_traits>
 
-#include "capture/tape/depthwise_kernel.h"
+#include "capture/kernels/depthwise_kernel.h"
 
 #if defined(__AVX512F__) && defined(__FMA__)
 #include <immintrin.h>
@@ -15,13 +15,13 @@
 namespace torchreplay::capture::depthwise::avx512 {
 namespace {
 
-#include "capture/tape/simd_ops.h"
+#include "capture/kernels/simd_ops.h"
 
 // GCC 12 warns that _mm512_max_ps's and _mm512_min_ps's own placeholder operand
 // (_mm512_undefined_ps) may be used uninitialized once they are inlined here: not so.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include "capture/tape/depthwise_pixels_impl.h"
+#include "capture/kernels/depthwise_pixels_impl.h"
 #pragma GCC diagnostic pop
 
 }  // namespace

@@ -1,4 +1,4 @@
-// capture/tape/post_op.h: the pointwise op a kernel of numerics "close" applies to each result before
+// capture/kernels/post_op.h: the pointwise op a kernel of numerics "close" applies to each result before
 // storing it (the small GEMM and conv_gemm, small_gemm.h; the depthwise convolution,
 // depthwise_kernel.h), by the name its op's schema takes (`str post_op`). Each instruction set's
 // vector form is simd_ops.h's PostOf, with eager's arithmetic: relu keeps NaN, hardswish is

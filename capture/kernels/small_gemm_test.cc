@@ -2,7 +2,7 @@
 // (Note [Small GEMMs]), bit for bit, over shapes that cut every tile, tail and row block, each read
 // of the weight (in place, in panels, by row pointers) and of x (in place, by column pointers),
 // each start of the sums, each post-op, and one and two threads.
-#include "capture/tape/small_gemm.h"
+#include "capture/kernels/small_gemm.h"
 
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "capture/tape/cpu_features.h"
+#include "capture/kernels/cpu_features.h"
 
 namespace torchreplay::capture::small_gemm {
 namespace {

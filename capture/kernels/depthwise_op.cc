@@ -5,7 +5,7 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include "capture/tape/depthwise_kernel.h"
+#include "capture/kernels/depthwise_kernel.h"
 
 namespace torchreplay::capture {
 namespace {
@@ -61,13 +61,6 @@ at::Tensor Depthwise(const at::Tensor& input, const at::Tensor& weight, const at
 }
 
 }  // namespace
-
-TORCH_LIBRARY_FRAGMENT(torchreplay, m) {
-  m.def("depthwise_conv2d(Tensor input, Tensor weight, Tensor weight_hwc, Tensor? bias, int[] stride, "
-        "int[] padding, int[] dilation, str post_op) -> Tensor");
-  m.def("depthwise_conv2d.out(Tensor input, Tensor weight, Tensor weight_hwc, Tensor? bias, int[] stride, "
-        "int[] padding, int[] dilation, str post_op, *, Tensor(a!) out) -> Tensor(a!)");
-}
 
 TORCH_LIBRARY_IMPL(torchreplay, CPU, m) {
   m.impl("depthwise_conv2d", &Depthwise);

@@ -8,8 +8,8 @@
 #include <tuple>
 #include <vector>
 
-#include "capture/tape/recurrent.h"
-#include "capture/tape/small_gemm.h"
+#include "capture/kernels/recurrent.h"
+#include "capture/kernels/small_gemm.h"
 
 namespace torchreplay::capture {
 namespace {
@@ -102,13 +102,6 @@ std::tuple<at::Tensor&, at::Tensor&> GruSequenceOut(const at::Tensor& input, con
 }
 
 }  // namespace
-
-TORCH_LIBRARY_FRAGMENT(torchreplay, m) {
-  m.def("gru_sequence(Tensor input, Tensor hx, Tensor w_ih_kn, Tensor? b_ih, Tensor w_hh_kn, Tensor? b_hh, "
-        "bool batch_first) -> (Tensor, Tensor)");
-  m.def("gru_sequence.out(Tensor input, Tensor hx, Tensor w_ih_kn, Tensor? b_ih, Tensor w_hh_kn, Tensor? b_hh, "
-        "bool batch_first, *, Tensor(a!) out, Tensor(b!) h_n) -> (Tensor(a!), Tensor(b!))");
-}
 
 TORCH_LIBRARY_IMPL(torchreplay, CPU, m) {
   m.impl("gru_sequence", &GruSequence);

@@ -1,13 +1,13 @@
 // A GRU layer's steps in one call (Note [GRU steps] in recurrent.h), with AVX2 and FMA through
 // ATen's Vectorized<float> (flags in capture/tape/BUILD).
-#include "capture/tape/recurrent.h"
+#include "capture/kernels/recurrent.h"
 
 #include <ATen/cpu/vec/vec.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
 
-#include "capture/tape/small_gemm.h"
+#include "capture/kernels/small_gemm.h"
 
 namespace torchreplay::capture::recurrent {
 

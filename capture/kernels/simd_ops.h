@@ -1,9 +1,9 @@
-// capture/tape/simd_ops.h: the vector operations shared by the kernels written with intrinsics (the
+// capture/kernels/simd_ops.h: the vector operations shared by the kernels written with intrinsics (the
 // small GEMM, small_gemm_impl.h; the depthwise convolution's channels-last walk,
 // depthwise_pixels_impl.h), for the instruction set the including file is compiled for: AVX-512
 // where __AVX512F__ is defined, else AVX2 and FMA. `V` is a vector of kLanes floats; a Mask
 // selects lanes.
-// Included inside each copy's namespace, after <immintrin.h> and capture/tape/post_op.h: no include
+// Included inside each copy's namespace, after <immintrin.h> and capture/kernels/post_op.h: no include
 // guard, no namespace.
 #if defined(__AVX512F__)
 using V = __m512;
@@ -55,7 +55,7 @@ inline V Fma(V a, V b, V acc) {
   return acc;
 }
 
-// The post-op (capture/tape/post_op.h) on a vector, operand for operand as eager's: relu max(0, v) keeps
+// The post-op (capture/kernels/post_op.h) on a vector, operand for operand as eager's: relu max(0, v) keeps
 // NaN (and -0) as torch.relu; hardswish v * min(max(v + 3, 0), 6) / 6, NaN kept (v times 0);
 // hardsigmoid min(6, max(0, v + 3)) / 6, NaN kept (the second operand of each).
 inline V PostOf(V v, PostOp post) {

@@ -2,7 +2,7 @@
 // compiled with AVX2 and FMA; called only where depthwise::Available(). Its channels-last walk
 // (depthwise_pixels_impl.h) is also compiled for AVX-512 (depthwise_pixels_avx512.cc), run where
 // ATen runs its AVX512 kernels.
-#include "capture/tape/depthwise_kernel.h"
+#include "capture/kernels/depthwise_kernel.h"
 
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
@@ -13,7 +13,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "capture/tape/cpu_features.h"
+#include "capture/kernels/cpu_features.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -25,8 +25,8 @@ void RunPixels(const Params& p);  // depthwise_pixels_avx512.cc
 namespace {
 
 // The channels-last walk (depthwise_pixels_impl.h) with AVX2's 8 lanes.
-#include "capture/tape/simd_ops.h"
-#include "capture/tape/depthwise_pixels_impl.h"
+#include "capture/kernels/simd_ops.h"
+#include "capture/kernels/depthwise_pixels_impl.h"
 
 // Channels-first: one (n, c) plane, vectorized along the output row, 8 outputs at a time, read
 // from a copy of the plane whose rows have zeros on both sides (so that every load is a plain
