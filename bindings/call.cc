@@ -17,7 +17,7 @@
 #include "bindings/convert.h"
 #include "guards/guard_key.h"
 #include "capture/ir/caller_grad.h"
-#include "replay/trace_checks.h"
+#include "replay/call_checks.h"
 
 namespace torchreplay {
 namespace {

@@ -22,7 +22,7 @@
 
 #include "absl/container/inlined_vector.h"
 #include "replay/engine.h"
-#include "replay/trace_checks.h"
+#include "replay/call_checks.h"
 
 namespace torchreplay {
 namespace py = pybind11;

@@ -496,6 +496,7 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::RunOnce(std::vector<c10::IValue
 }
 
 absl::StatusOr<std::vector<c10::IValue>> Engine::RunKeyed(std::vector<c10::IValue> inputs) {
+  // Note [What a call checks] (replay/call_checks.h): the key, then what its capture assumed.
   ThreadState& ts = StateForThisThread();
   Entry* e = ts.keys.Last(inputs);  // the common case: the previous call's key
   if (e == nullptr) {
@@ -503,113 +504,123 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::RunKeyed(std::vector<c10::IValu
     if (!found.ok()) return found.status();
     e = *found;
   }
-  if (!e->fallback_reason.empty()) {
-    RECORD_FUNCTION("torchreplay::eager_fallback", std::vector<c10::IValue>());
-    ++eager_fallbacks_;
-    return RunEager(inputs);
-  }
-  if (const guards::Ambient now = guards::Ambient::Now(e->cuda, reads_precision_); now != e->ambient) {
-    // Note [Ambient state]
-    const std::string diff = guards::Ambient::Diff(e->ambient, now);
-    if (!now.SameAutocast(e->ambient)) {
-      RECORD_FUNCTION("torchreplay::eager_fallback", std::vector<c10::IValue>());
-      if (!ambient_logged_.exchange(true)) {
-        std::string reason = absl::StrCat(diff, " since this key was first seen; calls under another autocast "
-                                          "state than their key's capture run eagerly");
-        Log(LogLevel::kWarning, reason);
-        absl::MutexLock lock(&mu_);
-        AppendBounded(&fallback_reasons_, std::move(reason));
-      }
-      ++eager_fallbacks_;
-      return RunEager(inputs);
-    }
-    e->ambient = now;  // another setting eager's kernels read: capture this key again
-    e->reason = diff;
-    // Settings that change faster than a key can be captured (a thread count set per call) leave
-    // it never replaying: said once, in the log and the stats.
-    e->unsettled = e->graph != nullptr ? 0 : e->unsettled + 1;
-    if (e->unsettled == KeyCache::kChurn && !unsettled_logged_.exchange(true)) {
-      std::string reason = absl::StrCat("the settings eager's kernels read changed before each of the last ",
-                                        KeyCache::kChurn, " calls could be captured (latest: ", diff,
-                                        "), so they ran eagerly; a key replays only while they hold (Note [Ambient "
-                                        "state])");
-      Log(LogLevel::kWarning, reason);
-      absl::MutexLock lock(&mu_);
-      AppendBounded(&fallback_reasons_, std::move(reason));
-    }
-    if (e->graph != nullptr) --ts.captured;
-    e->graph.reset();
-    e->recording.reset();
-    e->eager_runs = 0;
-  }
-  if (e->graph != nullptr) {
-    // Never replay with a stale address: recapture this key around the new ones. A static input
-    // that keeps moving (a buffer reassigned in forward: self.avg = self.avg * 0.9 + ..; the new
-    // KV cache of each generate) is rebound per call from its second move on, instead of
-    // recaptured every call. All that moved count at once: one capture for a whole new cache.
-    std::vector<std::string> moved;
-    bool rebound = false;
-    for (const auto& [i, ptr] : e->static_ptrs) {
-      if (inputs[i].toTensor().const_data_ptr() == ptr) continue;
-      const bool rebind = ++e->moves[i] >= 2;
-      e->baked[i] = !rebind;
-      rebound = rebound || rebind;
-      moved.push_back(absl::StrCat(i, " (", graph_->values()[graph_->inputs()[i]].name, ")"));
-    }
-    if (!moved.empty()) {
-      e->reason = absl::StrCat(moved.size() == 1 ? "static input " : "static inputs ", absl::StrJoin(moved, ", "),
-                               " moved", rebound ? "; rebound per call from now on" : "");
-      e->graph.reset();
-      e->eager_runs = 0;
-      --ts.captured;
-    }
-  }
+  if (!e->fallback_reason.empty() || !CheckAmbient(ts, *e)) return RunEagerFallback(inputs);
+  if (e->graph != nullptr) CheckStaticAddresses(ts, *e, inputs);
   if (e->graph == nullptr) {
-    // Note [Static inputs handed out of a pool]
-    // A static input (a parameter's .grad, which Dynamo marks static) may be an output some
-    // engine handed out of its pool: the gradients a training graph's backward or a traced
-    // backward gave. Baked into a capture, it would be held alive by it, copied out of that pool
-    // at the pool's next replay (moving the baked tensor's memory), and the next output handed
-    // out at the same address would pass the address check while the replay read and wrote the
-    // moved tensor. Such an input is rebound per call instead, before anything is recorded.
-    for (int i : graph_->static_inputs()) {
-      if (e->baked[i] && InAPool(inputs[i])) {
-        e->baked[i] = false;
-        e->recording.reset();
-        e->eager_runs = 0;
-        e->reason = absl::StrCat("static input ", i, " (", graph_->values()[graph_->inputs()[i]].name,
-                                 ") is an output handed out of a pool; it is rebound per call");
-      }
-    }
-    if (e->eager_runs < options_.warmup_iters || !e->recording.has_value()) {
-      // WARM-UP: run eagerly, recording what capture needs.
-      RECORD_FUNCTION("torchreplay::warmup", std::vector<c10::IValue>());
-      ++warmups_;
-      e->recording.emplace();
-      e->recording->baked_inputs = e->baked;
-      absl::StatusOr<std::vector<c10::IValue>> out =
-          capture::RunAndRecord(interpreter_, inputs, &*e->recording, capture::CheckTapeNode);
-      if (!out.ok()) {
-        e->recording.reset();
-        return capture::WithContext(out.status(), absl::StrCat("graph '", options_.name, "': "));
-      }
-      ++e->eager_runs;
-      if (options_.warmup_iters > 0) return out;
-      // CAPTURE with warmup_iters 0: from this call's own recording, right after it; the call's
-      // outputs are the warm-up run's, and the next call replays.
-      if (auto s = Capture(ts, *e, inputs); !s.ok()) Fallback(*e, std::string(s.message()));
-      return out;
-    }
+    UnbakePooledStatics(*e, inputs);
+    if (e->eager_runs < options_.warmup_iters || !e->recording.has_value()) return WarmUp(ts, *e, inputs);
     // CAPTURE from the last warm-up's recording; this call replays what was captured.
     if (auto s = Capture(ts, *e, inputs); !s.ok()) {
       Fallback(*e, std::string(s.message()));
-      RECORD_FUNCTION("torchreplay::eager_fallback", std::vector<c10::IValue>());
-      ++eager_fallbacks_;
-      return RunEager(inputs);
+      return RunEagerFallback(inputs);
     }
   }
   // REPLAY
   return Replay(ts, *e, inputs);
+}
+
+absl::StatusOr<std::vector<c10::IValue>> Engine::RunEagerFallback(const std::vector<c10::IValue>& inputs) {
+  RECORD_FUNCTION("torchreplay::eager_fallback", std::vector<c10::IValue>());
+  ++eager_fallbacks_;
+  return RunEager(inputs);
+}
+
+bool Engine::CheckAmbient(ThreadState& ts, Entry& e) {
+  const guards::Ambient now = guards::Ambient::Now(e.cuda, reads_precision_);
+  if (now == e.ambient) return true;
+  // Note [Ambient state]
+  const std::string diff = guards::Ambient::Diff(e.ambient, now);
+  if (!now.SameAutocast(e.ambient)) {
+    if (!ambient_logged_.exchange(true)) {
+      std::string reason = absl::StrCat(diff, " since this key was first seen; calls under another autocast "
+                                        "state than their key's capture run eagerly");
+      Log(LogLevel::kWarning, reason);
+      absl::MutexLock lock(&mu_);
+      AppendBounded(&fallback_reasons_, std::move(reason));
+    }
+    return false;
+  }
+  e.ambient = now;  // another setting eager's kernels read: capture this key again
+  e.reason = diff;
+  // Settings that change faster than a key can be captured (a thread count set per call) leave
+  // it never replaying: said once, in the log and the stats.
+  e.unsettled = e.graph != nullptr ? 0 : e.unsettled + 1;
+  if (e.unsettled == KeyCache::kChurn && !unsettled_logged_.exchange(true)) {
+    std::string reason = absl::StrCat("the settings eager's kernels read changed before each of the last ",
+                                      KeyCache::kChurn, " calls could be captured (latest: ", diff,
+                                      "), so they ran eagerly; a key replays only while they hold (Note [Ambient "
+                                      "state])");
+    Log(LogLevel::kWarning, reason);
+    absl::MutexLock lock(&mu_);
+    AppendBounded(&fallback_reasons_, std::move(reason));
+  }
+  if (e.graph != nullptr) --ts.captured;
+  e.graph.reset();
+  e.recording.reset();
+  e.eager_runs = 0;
+  return true;
+}
+
+void Engine::CheckStaticAddresses(ThreadState& ts, Entry& e, const std::vector<c10::IValue>& inputs) {
+  // Never replay with a stale address: recapture this key around the new ones. A static input
+  // that keeps moving (a buffer reassigned in forward: self.avg = self.avg * 0.9 + ..; the new
+  // KV cache of each generate) is rebound per call from its second move on, instead of
+  // recaptured every call. All that moved count at once: one capture for a whole new cache.
+  std::vector<std::string> moved;
+  bool rebound = false;
+  for (const auto& [i, ptr] : e.static_ptrs) {
+    if (inputs[i].toTensor().const_data_ptr() == ptr) continue;
+    const bool rebind = ++e.moves[i] >= 2;
+    e.baked[i] = !rebind;
+    rebound = rebound || rebind;
+    moved.push_back(absl::StrCat(i, " (", graph_->values()[graph_->inputs()[i]].name, ")"));
+  }
+  if (moved.empty()) return;
+  e.reason = absl::StrCat(moved.size() == 1 ? "static input " : "static inputs ", absl::StrJoin(moved, ", "),
+                          " moved", rebound ? "; rebound per call from now on" : "");
+  e.graph.reset();
+  e.eager_runs = 0;
+  --ts.captured;
+}
+
+void Engine::UnbakePooledStatics(Entry& e, const std::vector<c10::IValue>& inputs) {
+  // Note [Static inputs handed out of a pool]
+  // A static input (a parameter's .grad, which Dynamo marks static) may be an output some
+  // engine handed out of its pool: the gradients a training graph's backward or a traced
+  // backward gave. Baked into a capture, it would be held alive by it, copied out of that pool
+  // at the pool's next replay (moving the baked tensor's memory), and the next output handed
+  // out at the same address would pass the address check while the replay read and wrote the
+  // moved tensor. Such an input is rebound per call instead, before anything is recorded.
+  for (int i : graph_->static_inputs()) {
+    if (e.baked[i] && InAPool(inputs[i])) {
+      e.baked[i] = false;
+      e.recording.reset();
+      e.eager_runs = 0;
+      e.reason = absl::StrCat("static input ", i, " (", graph_->values()[graph_->inputs()[i]].name,
+                              ") is an output handed out of a pool; it is rebound per call");
+    }
+  }
+}
+
+absl::StatusOr<std::vector<c10::IValue>> Engine::WarmUp(ThreadState& ts, Entry& e,
+                                                        const std::vector<c10::IValue>& inputs) {
+  // WARM-UP: run eagerly, recording what capture needs.
+  RECORD_FUNCTION("torchreplay::warmup", std::vector<c10::IValue>());
+  ++warmups_;
+  e.recording.emplace();
+  e.recording->baked_inputs = e.baked;
+  absl::StatusOr<std::vector<c10::IValue>> out =
+      capture::RunAndRecord(interpreter_, inputs, &*e.recording, capture::CheckTapeNode);
+  if (!out.ok()) {
+    e.recording.reset();
+    return capture::WithContext(out.status(), absl::StrCat("graph '", options_.name, "': "));
+  }
+  ++e.eager_runs;
+  if (options_.warmup_iters > 0) return out;
+  // CAPTURE with warmup_iters 0: from this call's own recording, right after it; the call's
+  // outputs are the warm-up run's, and the next call replays.
+  if (auto s = Capture(ts, e, inputs); !s.ok()) Fallback(e, std::string(s.message()));
+  return out;
 }
 
 }  // namespace torchreplay::replay

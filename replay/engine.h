@@ -108,8 +108,21 @@ class Engine {
   // A call whose batch size n is not a capture size: padded to `size`, replayed, cut back.
   absl::StatusOr<std::vector<c10::IValue>> RunPadded(std::vector<c10::IValue> inputs, int64_t n,
                                                      int64_t size);
-  // Run after the mode and capture-size decisions: one key, warm-up / capture / replay.
+  // Run after the mode and capture-size decisions: one key, its checks (Note [What a call
+  // checks] in call_checks.h), then warm-up / capture / replay.
   absl::StatusOr<std::vector<c10::IValue>> RunKeyed(std::vector<c10::IValue> inputs);
+  // An eager run counted as a fallback (a key refused, another autocast state).
+  absl::StatusOr<std::vector<c10::IValue>> RunEagerFallback(const std::vector<c10::IValue>& inputs);
+  // The settings eager's kernels read against the key's (Note [Ambient state]): true if the call
+  // may go on (the key's capture dropped when another setting changed), false if it runs eagerly.
+  bool CheckAmbient(ThreadState& ts, Entry& e);
+  // A captured key whose static inputs moved: its capture dropped, the inputs rebound per call
+  // from their second move.
+  void CheckStaticAddresses(ThreadState& ts, Entry& e, const std::vector<c10::IValue>& inputs);
+  // Note [Static inputs handed out of a pool]: such inputs are rebound, not baked.
+  void UnbakePooledStatics(Entry& e, const std::vector<c10::IValue>& inputs);
+  // A warm-up run, recording what capture needs (and, with warmup_iters 0, the capture itself).
+  absl::StatusOr<std::vector<c10::IValue>> WarmUp(ThreadState& ts, Entry& e, const std::vector<c10::IValue>& inputs);
   // The entry of the inputs' key: held, or new (checked, admitted under capture_limit or not).
   absl::StatusOr<Entry*> Lookup(ThreadState& ts, const std::vector<c10::IValue>& inputs);
   // Arity, kinds, dtypes, devices and ranks, checked when a call's key is new: InvalidArgument

@@ -35,7 +35,7 @@
 
 #include "absl/status/statusor.h"
 #include "capture/ir/graph.h"
-#include "replay/trace_checks.h"
+#include "replay/call_checks.h"
 
 namespace torchreplay::format {
 

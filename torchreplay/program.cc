@@ -1,5 +1,5 @@
 // A loaded program (see torchreplay.h): the saved graph on an engine, its bound tensors, and the
-// checks of what its trace assumed (replay/trace_checks.h), as torchreplay.capture's Call makes
+// checks of what its trace assumed (replay/call_checks.h), as torchreplay.capture's Call makes
 // them in Python.
 #include "torchreplay/torchreplay.h"
 
@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "replay/engine.h"
-#include "replay/trace_checks.h"
+#include "replay/call_checks.h"
 #include "torchreplay/format.h"
 
 namespace torchreplay {

@@ -1,5 +1,5 @@
-// What a captured trace assumed, checked per call (see trace_checks.h).
-#include "replay/trace_checks.h"
+// What a captured trace assumed, checked per call (Note [What a call checks] in call_checks.h).
+#include "replay/call_checks.h"
 
 #include <cmath>
 #include <cstdlib>
