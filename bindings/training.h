@@ -22,7 +22,7 @@ namespace py = pybind11;
 // For a training graph, AOTAutograd's runtime wrapper is a Python autograd.Function: each call
 // runs Python around the forward engine (save_for_backward, mark_non_differentiable) and each
 // backward Python around the backward engine (the tangents' prologue, the gradients' epilogue).
-// When the wrapper has nothing else to do (backend.py `_training_call`: plain tensor inputs and
+// When the wrapper has nothing else to do (call_paths.py `training_call`: plain tensor inputs and
 // outputs, no input mutations, no aliased outputs, no saved symints, no RNG or effect tokens, no
 // subclasses; anything else keeps the wrapper, the reason in `call_paths`), torch.compile hands
 // Dynamo a TrainingCall instead, which does the same in C++:

@@ -7,7 +7,7 @@
 // is on, even where nothing requires grad (a frozen model called without torch.no_grad()), and
 // its bits differ from the inference primitive's. So the bindings keep the caller's mode here
 // while they turn it off (CallerGradScope), and the recurrent ops (capture/ir/eager_rnn.cc) and their
-// checked kernel (Note [Checked LSTMs] in capture/tape/lstm_steps.h) run with it. Outside a scope (a
+// checked kernel (Note [Checked LSTMs] in capture/tape/checked/lstm_steps.h) run with it. Outside a scope (a
 // graph run by the C++ API directly) the caller's mode is the current one.
 #pragma once
 

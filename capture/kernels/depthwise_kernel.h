@@ -1,7 +1,7 @@
 // capture/kernels/depthwise_kernel.h: a direct depthwise convolution (one filter per channel), float32,
 // compiled with ATen's AVX2 flags (depthwise_kernel_avx2.cc; its channels-last walk also with
 // AVX-512, depthwise_pixels_avx512.cc), for the checked convolutions of the
-// CPU tape (Note [Checked convolutions] in capture/tape/conv_steps.h) and numerics "close".
+// CPU tape (Note [Checked convolutions] in capture/tape/checked/conv_steps.h) and numerics "close".
 //
 // Note [Depthwise convolutions]
 // Each output element is one chain of fused multiply-adds over the filter's taps, in the order

@@ -1,5 +1,5 @@
 // The small GEMM's entry points (small_gemm.h): the copy compiled for ATen's CPU capability, as
-// the fused kernel picks its own (capture/tape/fused_kernels.cc).
+// the fused kernel picks its own (capture/tape/fused/fused_kernels.cc).
 #include "capture/kernels/small_gemm.h"
 
 #include <c10/util/Exception.h>

@@ -2,7 +2,7 @@
 // projections, a batch-1 MLP), compiled for AVX2 and for AVX-512 (small_gemm_impl.h), for numerics
 // "close" (Note [Close numerics] in python/torchreplay/close_numerics.py; the op is
 // torchreplay::small_gemm, small_gemm_op.cc) and, where it gives eager's bits, the bitwise tape
-// (Note [Checked GEMMs] in capture/tape/gemm_steps.h).
+// (Note [Checked GEMMs] in capture/tape/checked/gemm_steps.h).
 //
 // Note [Small GEMMs]
 // A library GEMM spends more on its set-up than on the arithmetic of a few rows: MKL takes about

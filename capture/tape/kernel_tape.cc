@@ -10,10 +10,10 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
-#include "capture/tape/conv_steps.h"
-#include "capture/tape/gemm_steps.h"
+#include "capture/tape/checked/conv_steps.h"
+#include "capture/tape/checked/gemm_steps.h"
 #include "capture/tape/kernel_tape_internal.h"
-#include "capture/tape/lstm_steps.h"
+#include "capture/tape/checked/lstm_steps.h"
 
 namespace torchreplay::capture {
 namespace tape_internal {

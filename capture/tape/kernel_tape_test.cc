@@ -1,7 +1,7 @@
 // The CPU kernel tape against the interpreter (the eager reference), in C++ alone: captured on one
 // input set, replayed on others at new addresses; a larger key growing the shared arena; prepared
 // pointwise steps actually taken (and the same results without them); the printed plan.
-#include "capture/tape/fused_elementwise.h"
+#include "capture/tape/fused/fused_elementwise.h"
 #include "capture/tape/kernel_tape.h"
 
 #include <ATen/ops/arange.h>

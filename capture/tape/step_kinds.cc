@@ -1,9 +1,9 @@
 // The table of step families (Note [Step kinds] in step_kinds.h).
 #include "capture/tape/step_kinds.h"
 
-#include "capture/tape/conv_steps.h"
-#include "capture/tape/gemm_steps.h"
-#include "capture/tape/lstm_steps.h"
+#include "capture/tape/checked/conv_steps.h"
+#include "capture/tape/checked/gemm_steps.h"
+#include "capture/tape/checked/lstm_steps.h"
 #include "capture/tape/prepared_pointwise.h"
 
 namespace torchreplay::capture {

@@ -10,7 +10,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "capture/tape/fused_elementwise.h"
+#include "capture/tape/fused/fused_elementwise.h"
 
 namespace torchreplay::capture {
 namespace {

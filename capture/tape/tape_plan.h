@@ -31,7 +31,7 @@
 #include "capture/ir/recording.h"
 #include "memory_pool/arena.h"
 #include "capture/tape/collective_steps.h"
-#include "capture/tape/fused_kernels.h"
+#include "capture/tape/fused/fused_kernels.h"
 #include "capture/tape/step_kinds.h"
 
 namespace torchreplay::capture {

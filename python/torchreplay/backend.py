@@ -1,23 +1,23 @@
 """The torch.compile backend: AOTAutograd -> passes -> lowering -> a C++ Engine per graph, and
-the call path each graph gets (the direct Call, the TrainingCall, or AOTAutograd's wrapper). The
-guards of training graphs and traced backwards are in training_guards.py."""
+which call path each graph gets (the direct Call or the TrainingCall, built in call_paths.py, or
+AOTAutograd's wrapper). The guards of training graphs and traced backwards are in
+training_guards.py."""
 from __future__ import annotations
 
 import functools
 import itertools
 import logging
 import operator
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set
 
 import torch
 import torch.fx
 from torch._dynamo.backends.common import aot_autograd
-from torch._functorch._aot_autograd.schemas import OutputType, PlainTensorMeta
 from torch._functorch.aot_autograd import make_boxed_func
 from torch._subclasses.fake_tensor import unset_fake_temporarily
-from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from . import _C, rnn
+from . import rnn
+from .call_paths import direct_call, training_call
 from .capture_sizes import batch_fields
 from .config import MODES, CompilerConfig
 from .engines import dump_graph, new_engine
@@ -80,12 +80,6 @@ def _written_inputs(gm: torch.fx.GraphModule) -> Set[int]:
     return written
 
 
-_PLAIN_OUTPUTS = (OutputType.non_alias, OutputType.unsafe_view_alias, OutputType.custom_function_view)
-# Ops whose result shares its input's memory but is no view of it in eager (._base is None): the
-# Call would regenerate them as views, so their graphs keep AOTAutograd's wrapper.
-_NOT_VIEWS = (torch.ops.aten.detach.default, torch.ops.aten.alias.default)
-
-
 def _input_names(gm: torch.fx.GraphModule) -> List[str]:
     """What each of a Dynamo graph's arguments is in the user's code (its source), for errors."""
     names = []
@@ -94,128 +88,6 @@ def _input_names(gm: torch.fx.GraphModule) -> List[str]:
             source = getattr(n.meta.get("grapharg"), "source", None)
             names.append(source.name if source is not None else str(n.target))
     return names
-
-
-def _direct_call(aot_fn: Callable, engine: Any, ctx: Any, num_graph_inputs: int, producers: List[Any],
-                 example_inputs: Sequence[Any], lifted: Sequence[torch.Tensor] = (),
-                 traced: Optional["_TracedBackward"] = None, frozen: Sequence[Any] = ()) -> Union[Any, str]:
-    """The engine as a C++ callable for Dynamo (Note [The call path] in bindings/call.h), or
-    why not: AOTAutograd's runtime wrapper has work a Call does not do. `lifted`: the tensors
-    AOTAutograd puts ahead of the arguments, bound in the Call; `traced`: the checks of a traced
-    backward, made per call (Note [Traced backward]); `frozen`: (argument, name) of the module
-    parameters that did not require grad when it was compiled with grad mode on (Note [Leaves'
-    requires_grad])."""
-    meta = ctx.fw_metadata if ctx is not None else None
-    if meta is None:
-        return "no AOTAutograd metadata"
-    n_bound = len(lifted)
-    if num_graph_inputs != n_bound + len(example_inputs) or len(meta.input_info) != num_graph_inputs:
-        return "AOTAutograd changed the inputs (duplicated or merged)"
-    if any(isinstance(x, (list, tuple, dict)) or is_traceable_wrapper_subclass(x) for x in example_inputs):
-        return "nested or tensor-subclass inputs"
-    if meta.num_mutated_inp_runtime_indices:
-        return "input mutations applied outside the graph"
-    if meta.tokens or torch._functorch.config.functionalize_rng_ops:
-        return "effect tokens or functionalized RNG"
-    if meta.grad_enabled_mutation is not None:
-        return "a grad-mode change to restore"
-    # Outputs that alias an input or another output: the Call regenerates them as AOT's wrapper
-    # does, as autograd views of their base (the engine's are plain aliases).
-    aliases = []
-    for i, o in enumerate(meta.output_info):
-        if o.output_type in _PLAIN_OUTPUTS:
-            continue
-        if o.output_type in (OutputType.is_input, OutputType.alias_of_input) and o.base_idx < n_bound:
-            return "outputs that alias a lifted tensor"
-        if producers[i] is torch.ops.aten.detach.default and o.output_type == OutputType.alias_of_input:
-            aliases.append(_C.Alias(i, _C.AliasKind.DETACH_OF_INPUT, o.base_idx - n_bound))  # `return loss.detach()`
-            continue
-        if producers[i] in _NOT_VIEWS:
-            return "outputs that alias an input without being views of it (alias, or detach of a view)"
-        if o.output_type == OutputType.is_input:
-            aliases.append(_C.Alias(i, _C.AliasKind.INPUT, o.base_idx - n_bound))
-        elif o.output_type == OutputType.alias_of_input:
-            aliases.append(_C.Alias(i, _C.AliasKind.VIEW_OF_INPUT, o.base_idx - n_bound))
-        elif o.output_type == OutputType.alias_of_intermediate_base_is_user_output:
-            aliases.append(_C.Alias(i, _C.AliasKind.VIEW_OF_OUTPUT, o.base_idx))
-        else:  # alias_of_intermediate(_save_as_output): the base is an extra output at the end
-            aliases.append(_C.Alias(i, _C.AliasKind.VIEW_OF_OUTPUT, meta.num_outputs + o.base_idx))
-    written = list(meta.mutated_graph_handled_indices_seen_by_autograd)
-    mutated = [i - n_bound for i in written if i >= n_bound]
-    # Outputs with dynamic dims get them in `_dynamo_weak_dynamic_indices`, as the wrapper does.
-    dynamic_dims = [(i, o.dynamic_dims) for i, o in enumerate(meta.output_info) if o.dynamic_dims]
-    return _C.Call(engine, bound=list(lifted), mutated=mutated, mutated_bound=[i for i in written if i < n_bound],
-                   num_outputs=meta.num_outputs,
-                   aot=_C.AotEpilogue(aliases=aliases, dynamic_dims=dynamic_dims,
-                                      fallback=traced.wrap(aot_fn) if traced else aot_fn,
-                                      grad_leaves=traced.leaves if traced else [],
-                                      hazard_check=traced.check if traced else None,
-                                      leaves_fixed=bool(traced and traced.traces_backward),
-                                      frozen=[i for i, _ in frozen], frozen_names=[n for _, n in frozen]))
-
-
-def _training_call(fw_engine: Any, ctx: Any, num_graph_inputs: int, producers: List[Any], fw_returns: int,
-                   bw_engine: Any, bw_returns: int, example_inputs: Sequence[Any],
-                   names: Sequence[str] = ()) -> Union[Any, str]:
-    """The forward and backward engines joined by a C++ autograd node (Note [Training calls] in
-    bindings/training.h), or why not: AOTAutograd's autograd.Function has work it does not do."""
-    meta = ctx.fw_metadata if ctx is not None else None
-    if meta is None:
-        return "no AOTAutograd metadata"
-    if num_graph_inputs != len(example_inputs) or bw_returns != len(example_inputs):
-        return "AOTAutograd changed the inputs (duplicated, merged or lifted)"
-    if not all(isinstance(x, torch.Tensor) and not is_traceable_wrapper_subclass(x) for x in example_inputs):
-        return "inputs other than plain tensors (sizes, numbers, subclasses)"
-    if meta.num_mutated_inp_runtime_indices or meta.indices_of_inputs_that_requires_grad_with_mutations_in_bw:
-        return "input mutations"
-    if meta.tokens or meta.num_backward_tokens or meta.is_rng_op_functionalized or \
-            torch._functorch.config.functionalize_rng_ops:
-        return "effect tokens or functionalized RNG"
-    if meta.grad_enabled_mutation is not None:
-        return "a grad-mode change to restore"
-    if meta.num_intermediate_bases or meta.num_outputs_aliased or meta.num_unsafe_view_outputs:
-        return "outputs that alias inputs, other outputs or intermediates"
-    if meta.num_symints_saved_for_bw or meta.num_opaque_objects_saved_for_bw or meta.dynamic_saved_tensors_idxs:
-        return "sizes or objects saved for the backward"
-    if meta.num_forward_returns != meta.num_outputs:
-        return "forward returns other than outputs and saved tensors"
-    outs = meta.output_info
-    if any(o.output_type != OutputType.non_alias or not issubclass(o.raw_type, torch.Tensor) or o.dynamic_dims
-           for o in outs):
-        return "outputs that are no plain tensors"
-    if len(set(producers)) != len(producers) or any(p is None for p in producers):
-        return "an output returned twice, or an input returned"
-    returns = range(fw_returns)
-    vc, no_vc = returns[meta.tensors_saved_for_backwards_with_vc_check_slice], \
-        returns[meta.tensors_saved_for_backwards_no_vc_check_slice]
-    begin = meta.num_outputs
-    vc_end = vc.stop if len(vc) else begin
-    end = no_vc.stop if len(no_vc) else vc_end
-    if (len(vc) and vc.start != begin) or (len(no_vc) and no_vc.start != vc_end) or end != fw_returns:
-        return "the forward's returns are not (outputs, saved tensors)"
-    if len(meta.subclass_tangent_meta) != sum(o.requires_grad for o in outs):
-        return "tangents other than the outputs' gradients"
-    sizes, strides = [], []
-    for m in meta.subclass_tangent_meta:  # per output that requires grad: the layout traced
-        fmt = m.memory_format if isinstance(m, PlainTensorMeta) else None
-        if fmt is None:
-            return "tangents of subclasses"
-        if fmt.memory_format is not None:
-            if fmt.memory_format != torch.contiguous_format:
-                return "tangents expected in a memory format other than contiguous"
-            sizes.append([]), strides.append([])
-        elif all(isinstance(v, int) for v in list(fmt.size) + list(fmt.stride)):
-            sizes.append(list(fmt.size)), strides.append(list(fmt.stride))
-        else:
-            return "tangents of symbolic sizes"
-    spec = _C.TrainingSpec(num_inputs=len(example_inputs),
-                           mutated=list(meta.mutated_graph_handled_indices_seen_by_autograd),
-                           output_requires_grad=[o.requires_grad for o in outs],
-                           saved_begin=begin, saved_vc_end=vc_end, saved_end=end, tangent_sizes=sizes,
-                           tangent_strides=strides,
-                           compiled_requires_grad=[bool(x.requires_grad) for x in example_inputs],
-                           input_names=list(names))
-    return _C.TrainingCall(fw_engine, bw_engine, spec)
 
 
 class Backend:
@@ -328,12 +200,12 @@ class Backend:
             call = "autocast is on" if autocast else \
                 "the backend keeps AOTAutograd's wrapper" if not self.direct_training else \
                 "a traced backward in a graph with outputs requiring grad" if traced and traced.traces_backward else \
-                _training_call(*built["forward"], *built["backward"], example_inputs, _input_names(gm))
+                training_call(*built["forward"], *built["backward"], example_inputs, _input_names(gm))
         elif "inference" in built:
             name = f"g{graph_id}.inference"
             frozen = [(i, what) for i, what, p in _module_parameters(gm) if i >= 0 and not p.requires_grad] \
                 if torch.is_grad_enabled() and not (traced and traced.traces_backward) else []
-            call = "autocast is on" if autocast else _direct_call(aot_fn, *built["inference"], example_inputs,
+            call = "autocast is on" if autocast else direct_call(aot_fn, *built["inference"], example_inputs,
                                                                    _lifted(gm), traced, frozen)
         else:
             return traced.wrap(aot_fn) if traced else aot_fn  # a graph that runs eagerly

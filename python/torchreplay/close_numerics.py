@@ -684,7 +684,7 @@ def _channels_last(node: torch.fx.Node) -> bool:
 
 def _within_reach(padding: Sequence[int], kernel: Sequence[int], dilation: Sequence[int]) -> bool:
     """Whether no dim's padding exceeds the kernel's reach, (size - 1) * dilation: beyond it
-    oneDNN's convolution crashed (capture/tape/conv_steps.cc's PaddingBeyondReach), through its packed
+    oneDNN's convolution crashed (capture/tape/checked/conv_steps.cc's PaddingBeyondReach), through its packed
     call and through eager's op on a channels-last input, which therefore never gets one."""
     return all(p <= (k - 1) * d for p, k, d in zip(padding, kernel, dilation))
 

@@ -1,5 +1,5 @@
 """Convolutions on the CPU tape through faster calls, checked per node at capture (Note [Checked
-convolutions] in capture/tape/conv_steps.h): replays bitwise equal to eager on convolutions of every
+convolutions] in capture/tape/checked/conv_steps.h): replays bitwise equal to eager on convolutions of every
 kind, and the kernel each node took is the one its recorded measurement supports.
 
 Which shapes a kernel is exact for depends on the CPU, so no test names one: each case checks that

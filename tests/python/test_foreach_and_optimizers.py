@@ -233,7 +233,7 @@ def test_foreach_in_place_only_where_it_gives_the_same_bits():
 
 
 # Foreach ops as the per-tensor ops of their slow path, ordered by tensor and fused (Note [Foreach
-# ops as per-tensor ops] in passes.py, Note [In-place instructions] in capture/tape/fused_elementwise.cc).
+# ops as per-tensor ops] in passes.py, Note [In-place instructions] in capture/tape/fused/fused_elementwise.cc).
 FUSED_OPT_CASES = [
     pytest.param(torch.optim.Adam, dict(lr=0.01), id="adam"),
     pytest.param(torch.optim.AdamW, dict(lr=0.01, weight_decay=0.05), id="adamw"),

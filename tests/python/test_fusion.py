@@ -1,4 +1,4 @@
-"""Fused elementwise steps (Note [Fused elementwise steps] in capture/tape/fused_elementwise.h): every
+"""Fused elementwise steps (Note [Fused elementwise steps] in capture/tape/fused/fused_elementwise.h): every
 fused op against eager, bit for bit, at every length around the vector blocks, in every layout
 the fused kernel takes (contiguous, broadcast, rows, strided, transposed), on one and two threads,
 with NaNs, infinities, signed zeros and subnormals; and each case checks that it was fused and
@@ -381,7 +381,7 @@ def test_ops_that_are_not_fused_keep_their_own_steps_and_stay_exact():
 
 
 # In-place ops, addcmul, addcdiv and pow of a scalar base (Note [In-place instructions] in
-# capture/tape/fused_elementwise.cc): what an optimizer's update is made of once its foreach ops are
+# capture/tape/fused/fused_elementwise.cc): what an optimizer's update is made of once its foreach ops are
 # per-tensor ops (Note [Foreach ops as per-tensor ops] in foreach_passes.py).
 aten = torch.ops.aten
 

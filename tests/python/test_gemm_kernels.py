@@ -1,5 +1,5 @@
 """Matrix products on the CPU tape through the small GEMM, checked per node at capture (Note
-[Checked GEMMs] in capture/tape/gemm_steps.h): replays bitwise equal to eager, and the kernel each node
+[Checked GEMMs] in capture/tape/checked/gemm_steps.h): replays bitwise equal to eager, and the kernel each node
 took is the one its recorded measurement supports.
 
 Which shapes the small GEMM is exact for depends on the CPU's BLAS, so no test names one: each

@@ -1,5 +1,5 @@
 """LSTMs on the CPU tape through oneDNN on weights reordered once, checked per node at capture
-(Note [Checked LSTMs] in capture/tape/lstm_steps.h): replays bitwise equal to eager, and what the capture
+(Note [Checked LSTMs] in capture/tape/checked/lstm_steps.h): replays bitwise equal to eager, and what the capture
 recorded per node agrees with a measurement the test makes itself.
 
 Whether the kernel is exact and faster depends on the CPU, so no test requires it to be taken:

@@ -3,7 +3,7 @@
 // Over 600 lines, not split further: the describer (OpInfo, Describer) and the grouping
 // (PlanFusion) share this file's anonymous helpers (the op table, layouts, accesses); a cut
 // between them would make those helpers a header of their own for two users.
-#include "capture/tape/fused_elementwise.h"
+#include "capture/tape/fused/fused_elementwise.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/TensorIterator.h>

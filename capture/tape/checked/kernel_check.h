@@ -1,4 +1,4 @@
-// capture/tape/kernel_check.h: what the recording run's checks of faster kernels share (Note [Checked
+// capture/tape/checked/kernel_check.h: what the recording run's checks of faster kernels share (Note [Checked
 // convolutions] in conv_steps.h, Note [Checked GEMMs] in gemm_steps.h): inputs made from a private
 // seed, a candidate's run compared bit for bit, buffers of a recorded geometry, the timing of
 // candidates; and what the chosen kernels' steps share: the watch of a weight they keep a copy of,

@@ -1,4 +1,4 @@
-// capture/tape/conv_steps.h: convolutions on the CPU tape through faster calls that compute eager's
+// capture/tape/checked/conv_steps.h: convolutions on the CPU tape through faster calls that compute eager's
 // bits, chosen per node at capture by measurement (Note [Checked convolutions]).
 //
 // Note [Checked convolutions]

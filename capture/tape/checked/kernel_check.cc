@@ -1,5 +1,5 @@
-// The recording run's shared check helpers (capture/tape/kernel_check.h).
-#include "capture/tape/kernel_check.h"
+// The recording run's shared check helpers (capture/tape/checked/kernel_check.h).
+#include "capture/tape/checked/kernel_check.h"
 
 #include <ATen/ATen.h>
 

@@ -1,6 +1,6 @@
 // Convolutions through faster calls that compute eager's bits (Note [Checked convolutions] in
 // conv_steps.h): the check the recording run makes per node, the out= op, and the tape's step.
-#include "capture/tape/conv_steps.h"
+#include "capture/tape/checked/conv_steps.h"
 
 #include <ATen/ATen.h>
 #include <ATen/native/ConvUtils.h>
@@ -19,7 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "capture/kernels/cpu_features.h"
 #include "capture/kernels/depthwise_kernel.h"
-#include "capture/tape/kernel_check.h"
+#include "capture/tape/checked/kernel_check.h"
 
 namespace torchreplay::capture {
 namespace {

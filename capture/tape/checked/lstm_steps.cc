@@ -1,6 +1,6 @@
 // LSTMs through oneDNN on weights reordered once (Note [Checked LSTMs] in lstm_steps.h): the
 // check the recording run makes per node, the out= op, and the tape's step.
-#include "capture/tape/lstm_steps.h"
+#include "capture/tape/checked/lstm_steps.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -19,7 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "capture/ir/caller_grad.h"
 #include "capture/ir/interpreter.h"
-#include "capture/tape/kernel_check.h"
+#include "capture/tape/checked/kernel_check.h"
 
 namespace torchreplay::capture {
 namespace {

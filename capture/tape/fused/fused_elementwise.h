@@ -1,4 +1,4 @@
-// capture/tape/fused_elementwise.h: runs of elementwise nodes as one kernel tape step, computed as
+// capture/tape/fused/fused_elementwise.h: runs of elementwise nodes as one kernel tape step, computed as
 // eager computes them.
 //
 // Note [Fused elementwise steps]
@@ -73,7 +73,7 @@
 
 #include "capture/ir/graph.h"
 #include "capture/ir/recording.h"
-#include "capture/tape/fused_kernels.h"
+#include "capture/tape/fused/fused_kernels.h"
 #include "capture/tape/tape_plan.h"
 #include "capture/tape/typed_call.h"
 

@@ -1,3 +1,3 @@
 // The fused elementwise kernel for ATen's AVX2 capability (flags in capture/tape/BUILD).
 #define TORCHREPLAY_FUSED_ISA avx2
-#include "capture/tape/fused_kernels_impl.h"
+#include "capture/tape/fused/fused_kernels_impl.h"

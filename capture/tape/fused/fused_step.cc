@@ -6,7 +6,7 @@
 #include <limits>
 #include <string>
 
-#include "capture/tape/fused_elementwise.h"
+#include "capture/tape/fused/fused_elementwise.h"
 
 namespace torchreplay::capture {
 namespace {

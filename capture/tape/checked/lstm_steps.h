@@ -1,4 +1,4 @@
-// capture/tape/lstm_steps.h: LSTMs on the CPU tape through oneDNN on weights reordered once, taken per
+// capture/tape/checked/lstm_steps.h: LSTMs on the CPU tape through oneDNN on weights reordered once, taken per
 // node at capture where they compute eager's bits (Note [Checked LSTMs]).
 //
 // Note [Checked LSTMs]

@@ -1,4 +1,4 @@
-// capture/tape/gemm_steps.h: matrix products on the CPU tape through the small GEMM (Note [Small GEMMs] in
+// capture/tape/checked/gemm_steps.h: matrix products on the CPU tape through the small GEMM (Note [Small GEMMs] in
 // capture/kernels/small_gemm.h) where it computes eager's bits, chosen per node at capture by measurement (Note
 // [Checked GEMMs]).
 //

@@ -1,6 +1,6 @@
 // The fused kernel's entry points (fused_kernels.h): each runs the copy compiled for ATen's CPU
 // capability (fused_kernels_impl.h), as ATen's DispatchStub picks its own kernels.
-#include "capture/tape/fused_kernels.h"
+#include "capture/tape/fused/fused_kernels.h"
 
 #include "capture/kernels/cpu_features.h"
 

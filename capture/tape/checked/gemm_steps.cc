@@ -1,6 +1,6 @@
 // Matrix products through the small GEMM where it computes eager's bits (Note [Checked GEMMs] in
 // gemm_steps.h): the check the recording run makes per node, the out= ops, and the tape's step.
-#include "capture/tape/gemm_steps.h"
+#include "capture/tape/checked/gemm_steps.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/LegacyTypeDispatch.h>
@@ -17,7 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "capture/tape/kernel_check.h"
+#include "capture/tape/checked/kernel_check.h"
 #include "capture/kernels/small_gemm.h"
 
 namespace torchreplay::capture {

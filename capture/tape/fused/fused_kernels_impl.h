@@ -9,7 +9,7 @@
 // One file on purpose (over 600 lines): it is compiled once per instruction set with that set's
 // flags, and every op's functors, loops and the runner must be in the same translation unit so
 // that each copy inlines them with its own vector width.
-#include "capture/tape/fused_kernels.h"
+#include "capture/tape/fused/fused_kernels.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>

@@ -1,4 +1,4 @@
-// capture/tape/fused_kernels.h: the program a fused elementwise step runs (fused_elementwise.h), as
+// capture/tape/fused/fused_kernels.h: the program a fused elementwise step runs (fused_elementwise.h), as
 // plain data, and the kernel that runs it. The kernel is compiled apart, once per instruction set
 // ATen builds its kernels for (fused_kernels_impl.h, in fused_kernels_avx2.cc and _avx512.cc, with
 // ATen's flags for each and floating-point contraction off), so that this header needs nothing of
