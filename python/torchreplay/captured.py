@@ -10,7 +10,7 @@ outputs; a model with DTensors, which export cannot trace, goes through AOTAutog
 instead); the same passes, lowering and engine as the torch.compile path then run it. Parameters
 and buffers are bound once as static inputs; the writes the model makes to buffers and inputs
 are put back into the graph as in-place updates, so they land in the real tensors. What is
-checked per call and what is not: docs/design.md, "torchreplay.capture". Saving a capture as a
+checked per call and what is not: Note [What a call checks] in replay/call_checks.h. Saving a capture as a
 .trp file: saved.py.
 """
 from __future__ import annotations
