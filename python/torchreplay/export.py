@@ -229,7 +229,7 @@ def _trace_exported(traced: "_Flat", leaves: Tuple[Any, ...], dynamic: bool,
 # when there is one), saying what to do, and quoting export's error (should the overlap not be
 # its cause). Inputs that overlap where the trace does not fail (arguments read, not written)
 # trace as any others; later calls that overlap a written argument are refused per call
-# (replay/trace_checks.h).
+# (replay/call_checks.h).
 def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether a and b may share an element: one storage and intersecting byte ranges."""
     if a.layout != torch.strided or b.layout != torch.strided or a.device != b.device or \
