@@ -1,7 +1,8 @@
 // The engine: the whole warm-up -> capture -> replay life of a compiled graph, its three states
 // marked where they happen (WARM-UP, CAPTURE, REPLAY), plus the eager fallback.
-// Over 500 lines: that life is one class whose states share its key cache and per-thread state;
-// keys, buckets, hand-out and the trace's checks live in files of their own.
+// Over 600 lines: that life is one class whose states and per-call checks share its key cache
+// and its per-thread state (ThreadState, private to this file); keys, buckets, hand-out and the
+// checks of what a trace assumed live in files of their own (Note [What a call checks]).
 #include "replay/engine.h"
 
 #include <ATen/record_function.h>
