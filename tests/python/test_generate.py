@@ -74,15 +74,21 @@ def test_prompts_of_any_length_share_one_capture_under_a_fixed_cache_length():
     assert sum(s["captures"] for s in engines) <= 3 and sum(s["replays"] for s in engines) >= 20 * 6, engines
 
 
-def test_more_new_tokens_than_the_fixed_cache_length_holds():
+@pytest.mark.parametrize("threads", [1, 3])
+def test_more_new_tokens_than_the_fixed_cache_length_holds(threads):
     """max_new_tokens beyond max_cache_len: transformers sizes the cache for the prompt and the new
     tokens (the larger of the two lengths), a shape the step captures and replays."""
-    model = _model("llama")
-    ids = torch.randint(3, 512, (1, 8), generator=torch.Generator().manual_seed(6))
-    before = torchreplay.stats()
-    kw = dict(max_new_tokens=24, min_new_tokens=24, max_cache_len=16)
-    got = _generate(model, ids, compile_config=_compile_config(), **kw)
-    _assert_same(got, _generate(model, ids, **kw), "past the cache length")
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        model = _model("llama")
+        ids = torch.randint(3, 512, (1, 8), generator=torch.Generator().manual_seed(6))
+        before = torchreplay.stats()
+        kw = dict(max_new_tokens=24, min_new_tokens=24, max_cache_len=16)
+        got = _generate(model, ids, compile_config=_compile_config(), **kw)
+        _assert_same(got, _generate(model, ids, **kw), "past the cache length")
+    finally:
+        torch.set_num_threads(saved)
     assert got.sequences.shape == (1, 32)
     engines = _engines(before)
     assert sum(s["captures"] for s in engines) == 1 and sum(s["replays"] for s in engines) >= 20, engines
