@@ -23,7 +23,8 @@ bazel_rc=${PIPESTATUS[0]}
 pytest_rc=$?
 # The differential slice (every step kind, long rows, the fuzzer, the op database slice) again at
 # two thread counts besides the machine's default: eager's kernels split, block and choose by the
-# thread count (Note [Ambient state]). About 9 minutes each on 2 cores.
+# thread count (Note [Ambient state]). About 5 minutes each on 2 cores (the op database slice
+# through its capture entry alone there: tests/python/test_opdb.py).
 threads_slice=(tests/python/test_conditions.py tests/python/test_fuzz.py tests/python/test_replay.py
                tests/python/test_fusion.py tests/python/test_differential.py tests/python/test_conv_kernels.py
                tests/python/test_gemm_kernels.py tests/python/test_lstm_kernel.py

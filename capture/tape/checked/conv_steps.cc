@@ -240,134 +240,98 @@ bool IsConvolution(const Node& n) {
          n.op->schema().overload_name().empty() && n.outputs.size() == 1 && n.args.size() == 9;
 }
 
-// Over 80 lines: the check of Note [Checked convolutions] in the order it reads, each candidate
-// measured on the same inputs and compared with the same result; split, each piece would need all
-// of them.
+namespace {
+
+// Why the checked kernels do not cover convolution `a` with result `result`; empty when they do.
+std::string Unfit(const ConvArgs& a, const at::Tensor& result) {
+  const c10::ScalarType dtype = a.input.scalar_type();
+  if (a.transposed) return "a transposed convolution";
+  if ((dtype != c10::kFloat && dtype != c10::kDouble) || a.weight.scalar_type() != dtype ||
+      (a.bias.has_value() && a.bias->scalar_type() != dtype) || result.scalar_type() != dtype) {
+    return absl::StrCat("dtype ", c10::toString(dtype), " (float32 and float64 are checked)");
+  }
+  if (a.input.dim() != 3 && a.input.dim() != 4) return absl::StrCat(a.input.dim() - 2, "-d");
+  if (a.input.layout() != c10::kStrided || a.weight.layout() != c10::kStrided || a.input.is_conj() ||
+      a.input.is_neg() || a.weight.is_neg() || a.input.numel() == 0 || result.numel() == 0) {
+    return "an input that is not plain dense memory, or empty";
+  }
+  return "";
+}
+
+// The kernels worth trying on convolution `a` (eager's backend `backend`, its weight fixed under
+// the key or not), in Note [Checked convolutions]'s order; those not tried in `not_tried`, with why.
+std::vector<std::string> CandidateKernels(const ConvArgs& a, at::native::ConvBackend backend, bool weight_fixed,
+                                          std::vector<std::string>* not_tried) {
+  const c10::ScalarType dtype = a.input.scalar_type();
+  std::vector<std::string> kernels;
+  if (backend == at::native::ConvBackend::Slow2d) {
+    kernels.push_back(kSlowConv2d);
+  } else {
+    not_tried->push_back(absl::StrCat(kSlowConv2d, ": eager's backend is ", BackendName(backend)));
+  }
+  if (dtype != c10::kFloat) {
+    not_tried->push_back(absl::StrCat(kOnednn, ": float32 only"));
+  } else if (Pointwise() == nullptr) {
+    not_tried->push_back(absl::StrCat(kOnednn, ": mkldnn::_convolution_pointwise has no CPU kernel here"));
+  } else if (!weight_fixed) {
+    not_tried->push_back(absl::StrCat(kOnednn, ": the weight is computed or bound per call"));
+  } else if (PaddingBeyondReach(a)) {
+    not_tried->push_back(absl::StrCat(kOnednn, ": padding beyond the kernel's reach (oneDNN's convolution crashed "
+                                               "on such a geometry)"));
+  } else {
+    kernels.push_back(kOnednn);
+  }
+  const bool one_filter_per_channel = a.groups > 1 && a.weight.size(0) == a.groups && a.weight.size(1) == 1 &&
+                                      a.input.size(1) == a.groups;
+  if (one_filter_per_channel && dtype != c10::kFloat) {
+    not_tried->push_back(absl::StrCat(kDepthwise, ": float32 only"));
+  } else if (one_filter_per_channel && !depthwise::Available()) {
+    not_tried->push_back(absl::StrCat(kDepthwise, ": this CPU has no AVX2 and FMA"));
+  } else if (one_filter_per_channel) {
+    kernels.push_back(kDepthwise);
+    if (a.bias.has_value()) kernels.push_back(kDepthwiseBiasLast);
+  }
+  return kernels;
+}
+
+}  // namespace
+
+// Note [The shape of a check], its third step Note [Checked convolutions]'s.
 void CheckConvolution(const Graph& g, int node, const std::vector<c10::IValue>& env, Recording* rec) {
   const Node& n = g.nodes()[node];
-  const ValueId out = n.outputs[0];
-  const ValueRecord& r = rec->values[out];
-  // what an arena buffer can be: a fresh CPU tensor at storage offset 0 (others say nothing)
-  if (!r.is_tensor || r.root != out || !r.device.is_cpu() || r.storage_offset != 0 || !r.strided ||
-      !env[out].isTensor() || !env[out].toTensor().defined()) {
-    return;
-  }
-  auto refuse = [&](const std::string& why) { rec->out_refusals[node] = absl::StrCat(kOutName, " refused: ", why); };
-  try {
-    // The probe is not the model's computation: Python dispatch modes neither see it nor turn its
-    // errors into Python's (as for Note [Checked out= kernels]).
-    c10::impl::ExcludeDispatchKeyGuard no_python(
-        c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+  const std::vector<const ValueRecord*> results = PlannedResults(n, env, *rec);
+  if (results.empty()) return;
+  Decision decision(rec, node, kOutName, /*refusal_in_notes=*/false);
+  decision.Probe([&] {
     const ConvArgs a = ArgsOf(n, env);
-    const at::Tensor& result = env[out].toTensor();
-    const c10::ScalarType dtype = a.input.scalar_type();
-    if (a.transposed) return refuse("a transposed convolution");
-    if ((dtype != c10::kFloat && dtype != c10::kDouble) || a.weight.scalar_type() != dtype ||
-        (a.bias.has_value() && a.bias->scalar_type() != dtype) || result.scalar_type() != dtype) {
-      return refuse(absl::StrCat("dtype ", c10::toString(dtype), " (float32 and float64 are checked)"));
-    }
-    if (a.input.dim() != 3 && a.input.dim() != 4) return refuse(absl::StrCat(a.input.dim() - 2, "-d"));
-    if (a.input.layout() != c10::kStrided || a.weight.layout() != c10::kStrided || a.input.is_conj() ||
-        a.input.is_neg() || a.weight.is_neg() || a.input.numel() == 0 || result.numel() == 0) {
-      return refuse("an input that is not plain dense memory, or empty");
-    }
+    const at::Tensor& result = env[n.outputs[0]].toTensor();
+    if (std::string why = Unfit(a, result); !why.empty()) return decision.Refuse(why);
     const at::native::ConvBackend backend = at::native::select_conv_backend(
         a.input, a.weight, a.bias, c10::fromIntArrayRefSlow(a.stride), c10::fromIntArrayRefSlow(a.padding),
         c10::fromIntArrayRefSlow(a.dilation), a.transposed, c10::fromIntArrayRefSlow(a.output_padding),
         c10::SymInt(a.groups), std::nullopt);
-    const std::string backend_name = BackendName(backend);
-    const bool one_d = a.input.dim() == 3;
-    // Is the weight fixed under the key (a baked input or a constant), so that it can be packed once?
-    bool weight_fixed = n.args[1].kind == Arg::Kind::kConstant;
-    if (n.args[1].kind == Arg::Kind::kValue) {
-      const auto in = std::find(g.inputs().begin(), g.inputs().end(), n.args[1].value);
-      weight_fixed = in != g.inputs().end() && rec->baked(g, static_cast<int>(in - g.inputs().begin()));
-    }
-
-    struct Tried {
-      std::string kernel;
-      std::string why;  // empty: exact
-      double us = 0;
-    };
-    std::vector<Tried> tried;
     std::vector<std::string> not_tried;
-    if (backend == at::native::ConvBackend::Slow2d) {
-      tried.push_back({kSlowConv2d});
-    } else {
-      not_tried.push_back(absl::StrCat(kSlowConv2d, ": eager's backend is ", backend_name));
+    const std::vector<std::string> kernels =
+        CandidateKernels(a, backend, FixedUnderKey(g, node, n.args[1], *rec), &not_tried);
+    const at::Tensor buffer = FixedBuffer(*results[0]);
+    std::vector<std::shared_ptr<ConvCall>> calls;
+    std::vector<Candidate> candidates;
+    for (const std::string& kernel : kernels) {
+      auto call = std::make_shared<ConvCall>(kernel, a.input.dim() == 3, a.stride, a.padding, a.dilation, a.groups);
+      candidates.push_back({kernel, CheckCall(n, *call, a, result, *results[0], env),
+                            [&, call] { call->Run(a.input, a.weight, a.bias, buffer); },
+                            /*may_tie=*/kernel == kSlowConv2d});  // eager's kernel with less around it
     }
-    if (dtype != c10::kFloat) {
-      not_tried.push_back(absl::StrCat(kOnednn, ": float32 only"));
-    } else if (Pointwise() == nullptr) {
-      not_tried.push_back(absl::StrCat(kOnednn, ": mkldnn::_convolution_pointwise has no CPU kernel here"));
-    } else if (!weight_fixed) {
-      not_tried.push_back(absl::StrCat(kOnednn, ": the weight is computed or bound per call"));
-    } else if (PaddingBeyondReach(a)) {
-      not_tried.push_back(absl::StrCat(kOnednn, ": padding beyond the kernel's reach (oneDNN's convolution crashed "
-                                                "on such a geometry)"));
-    } else {
-      tried.push_back({kOnednn});
-    }
-    const bool one_filter_per_channel = a.groups > 1 && a.weight.size(0) == a.groups && a.weight.size(1) == 1 &&
-                                        a.input.size(1) == a.groups;
-    if (one_filter_per_channel && dtype != c10::kFloat) {
-      not_tried.push_back(absl::StrCat(kDepthwise, ": float32 only"));
-    } else if (one_filter_per_channel && !depthwise::Available()) {
-      not_tried.push_back(absl::StrCat(kDepthwise, ": this CPU has no AVX2 and FMA"));
-    } else if (one_filter_per_channel) {
-      tried.push_back({kDepthwise});
-      if (a.bias.has_value()) tried.push_back({kDepthwiseBiasLast});
-    }
-    std::vector<std::unique_ptr<ConvCall>> calls;
-    for (Tried& t : tried) {
-      calls.push_back(std::make_unique<ConvCall>(t.kernel, one_d, a.stride, a.padding, a.dilation, a.groups));
-      t.why = CheckCall(n, *calls.back(), a, result, r, env);
-    }
-    // Time what passed, and eager's op as the tape would call it, round by round.
     torch::jit::Stack args;
     for (size_t i = 0; i < n.args.size(); ++i) args.push_back(MaterializeArg(n.args[i], n.arg_types[i], env));
-    std::vector<std::function<void()>> runs = {[&] {
-      torch::jit::Stack stack = args;
-      n.op->callBoxed(&stack);
-    }};
-    std::vector<size_t> timed;  // indices into tried
-    at::Tensor buffer = FixedBuffer(r);
-    for (size_t k = 0; k < tried.size(); ++k) {
-      if (!tried[k].why.empty()) continue;
-      timed.push_back(k);
-      runs.push_back([&, k] { calls[k]->Run(a.input, a.weight, a.bias, buffer); });
-    }
-    const std::vector<double> us = MinMicros(runs);
-    const double eager_us = us[0];
-    int best = -1;
-    for (size_t j = 0; j < timed.size(); ++j) {
-      const size_t k = timed[j];
-      tried[k].us = us[j + 1];
-      if (tried[k].kernel != kSlowConv2d && tried[k].us >= eager_us) {
-        tried[k].why = absl::StrCat("exact, but not faster than eager's op (", Us(tried[k].us), ")");
-        continue;
-      }
-      if (best < 0 || tried[k].us < tried[best].us) best = static_cast<int>(k);
-    }
-    std::vector<std::string> notes;
-    for (size_t k = 0; k < tried.size(); ++k) {
-      if (static_cast<int>(k) == best) continue;
-      notes.push_back(tried[k].why.empty() ? absl::StrCat(tried[k].kernel, ": exact, ", Us(tried[k].us), ", slower")
-                                           : absl::StrCat(tried[k].kernel, ": ", tried[k].why));
-    }
-    notes.insert(notes.end(), not_tried.begin(), not_tried.end());
-    const std::string eager = absl::StrCat("eager's op (backend ", backend_name, ") ", Us(eager_us));
-    if (best < 0) {
-      return refuse(absl::StrCat(eager, "; ", absl::StrJoin(notes, "; ")));
-    }
-    auto op = FindOperator(kOutName);
-    if (!op.ok()) return refuse(std::string(op.status().message()));
-    rec->out_variants[node] = OutVariant{*op, c10::IValue(tried[best].kernel)};
-    rec->out_notes[node] = absl::StrCat(tried[best].kernel, " ", Us(tried[best].us), ", bitwise on ", a.bias ? 4 : 3,
-                                        " inputs; ", eager, notes.empty() ? "" : "; ", absl::StrJoin(notes, "; "));
-  } catch (const c10::Error& e) {
-    refuse(absl::StrCat("the check raised: ", e.what_without_backtrace()));
-  }
+    return decision.KeepFastest(
+        absl::StrCat("eager's op (backend ", BackendName(backend), ")"),
+        [&] {
+          torch::jit::Stack stack = args;
+          n.op->callBoxed(&stack);
+        },
+        std::move(candidates), not_tried, a.bias ? 4 : 3);
+  });
 }
 
 namespace {

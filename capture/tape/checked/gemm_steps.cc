@@ -161,33 +161,6 @@ bool IsOne(const c10::IValue& v) {
          (v.isScalar() && v.toScalar().isIntegral(false) && v.toScalar().toLong() == 1);
 }
 
-// Whether value `v`, read by node `node`, is (through t, transpose or permute) a graph input baked
-// into the capture that no op writes, or a constant: fixed under the key, so packable once.
-bool FixedWeight(const Graph& g, int node, ValueId v, const Recording& rec) {
-  for (int depth = 0; depth < 4; ++depth) {
-    int producer = node - 1;
-    while (producer >= 0 && std::find(g.nodes()[producer].outputs.begin(), g.nodes()[producer].outputs.end(), v) ==
-                                g.nodes()[producer].outputs.end()) {
-      --producer;
-    }
-    if (producer < 0) {
-      const auto in = std::find(g.inputs().begin(), g.inputs().end(), v);
-      if (in == g.inputs().end()) return false;
-      const int i = static_cast<int>(in - g.inputs().begin());
-      return rec.baked(g, i) && !(i < static_cast<int>(g.written_inputs().size()) && g.written_inputs()[i]);
-    }
-    const Node& p = g.nodes()[producer];
-    if (p.kind != NodeKind::kOp || p.args.empty()) return false;
-    const std::string name = p.op->schema().name();
-    if (name != "aten::t" && name != "aten::transpose" && name != "aten::permute") return false;
-    if (p.args[0].kind == Arg::Kind::kConstant) return true;
-    if (p.args[0].kind != Arg::Kind::kValue) return false;
-    v = p.args[0].value;
-    node = producer;
-  }
-  return false;
-}
-
 // Empty when `call` computes eager's bits, into a buffer of the recorded geometry left as it was,
 // on: the recorded mat1; two seeded mat1s; seeded mat1, mat2 and bias together; and, for addmm,
 // NaNs in mat1 and in the bias at once (which NaN a sum keeps is the order of its last add).
@@ -263,105 +236,56 @@ bool IsGemm(const Node& n) {
   return (name == "aten::addmm" && n.args.size() == 5) || (name == "aten::mm" && n.args.size() == 2);
 }
 
-// Over 80 lines: the check of Note [Checked GEMMs] in the order it reads, as CheckConvolution's.
+// Note [The shape of a check], its third step Note [Checked GEMMs]'s.
 bool CheckGemm(const Graph& g, int node, const std::vector<c10::IValue>& env, Recording* rec) {
   const Node& n = g.nodes()[node];
-  const ValueId out = n.outputs[0];
-  const ValueRecord& r = rec->values[out];
-  // what an arena buffer can be: a fresh CPU tensor at storage offset 0 (others say nothing)
-  if (!r.is_tensor || r.root != out || !r.device.is_cpu() || r.storage_offset != 0 || !r.strided ||
-      !env[out].isTensor() || !env[out].toTensor().defined()) {
-    return false;
-  }
+  const std::vector<const ValueRecord*> results = PlannedResults(n, env, *rec);
+  if (results.empty()) return false;
   const bool addmm = n.op->schema().name() == "aten::addmm";
-  const char* out_name = addmm ? kAddmmOut : kMmOut;
-  auto refuse = [&](const std::string& why) {  // the note of the node's eager out= step
-    rec->out_notes[node] = absl::StrCat(out_name, " refused: ", why);
-    return false;
-  };
-  try {
-    c10::impl::ExcludeDispatchKeyGuard no_python(  // as Note [Checked convolutions]'s probe
-        c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
-    if (!small_gemm::Available()) return refuse("this CPU has no AVX2 and FMA");
+  // a refusal is the note of the node's eager out= step
+  Decision decision(rec, node, addmm ? kAddmmOut : kMmOut, /*refusal_in_notes=*/true);
+  return decision.Probe([&] {
+    if (!small_gemm::Available()) return decision.Refuse("this CPU has no AVX2 and FMA");
     std::vector<c10::IValue> args;
     for (size_t a = 0; a < n.args.size(); ++a) args.push_back(MaterializeArg(n.args[a], n.arg_types[a], env));
     for (int a : addmm ? std::vector<int>{0, 1, 2} : std::vector<int>{0, 1}) {
-      if (!args[a].isTensor() || !args[a].toTensor().defined()) return refuse("an argument that is not a tensor");
+      if (!args[a].isTensor() || !args[a].toTensor().defined()) return decision.Refuse("an argument that is not a tensor");
     }
-    const at::Tensor& result = env[out].toTensor();
-    if (std::string why = Unfit(addmm, args, result); !why.empty()) return refuse(why);
+    const at::Tensor& result = env[n.outputs[0]].toTensor();
+    if (std::string why = Unfit(addmm, args, result); !why.empty()) return decision.Refuse(why);
+    const at::Tensor& mat1 = args[addmm ? 1 : 0].toTensor();
     const at::Tensor& mat2 = args[addmm ? 2 : 1].toTensor();
-    const int64_t k = mat2.size(0), cols = mat2.size(1);
+    const at::Tensor bias = addmm ? args[0].toTensor() : at::Tensor();
     std::vector<std::string> kernels, not_tried;
     if (mat2.stride(1) == 1) kernels.push_back(kInPlace);
-    const Arg& w = n.args[addmm ? 2 : 1];
-    const bool fixed = w.kind == Arg::Kind::kConstant || (w.kind == Arg::Kind::kValue && FixedWeight(g, node, w.value, *rec));
-    if (!fixed) {
+    if (!FixedUnderKey(g, node, n.args[addmm ? 2 : 1], *rec)) {
       not_tried.push_back(absl::StrCat(kPacked, ": mat2 is computed or bound per call"));
     } else {
       kernels.push_back(kPacked);
-      if (k * cols * 4 >= kPanelsFrom) kernels.push_back(kPanels);
+      if (mat2.size(0) * mat2.size(1) * 4 >= kPanelsFrom) kernels.push_back(kPanels);
     }
-    if (kernels.empty()) return refuse(absl::StrJoin(not_tried, "; "));
+    if (kernels.empty()) return decision.Refuse(absl::StrJoin(not_tried, "; "));
     if (addmm) {  // the bias first or last: MKL's sgemm adds C after the sum, measured per node
       for (size_t i = 0, end = kernels.size(); i < end; ++i) kernels.push_back(kernels[i] + kBiasLast);
     }
-    struct Tried {
-      GemmCall call;
-      std::string kernel, why;  // why: empty if exact
-      double us = 0;
-    };
-    std::vector<Tried> tried;
+    at::Tensor eager_buffer = FixedBuffer(*results[0]), buffer = FixedBuffer(*results[0]);
+    std::vector<Candidate> candidates;
     for (const std::string& kernel : kernels) {
-      tried.push_back({GemmCall(kernel), kernel});
-      tried.back().why = CheckCall(n, addmm, tried.back().call, args, result, r);
+      auto call = std::make_shared<GemmCall>(kernel);
+      candidates.push_back({kernel, CheckCall(n, addmm, *call, args, result, *results[0]),
+                            [&, call] { call->Run(mat1, mat2, bias, buffer); }});
     }
-    // Time what passed against eager's out= op (what the tape would call), round by round.
-    at::Tensor eager_buffer = FixedBuffer(r), buffer = FixedBuffer(r);
-    const at::Tensor& mat1 = args[addmm ? 1 : 0].toTensor();
-    const at::Tensor bias = addmm ? args[0].toTensor() : at::Tensor();
-    std::vector<std::function<void()>> runs = {[&] {
-      if (addmm) {
-        at::addmm_out(eager_buffer, bias, mat1, mat2);
-      } else {
-        at::mm_out(eager_buffer, mat1, mat2);
-      }
-    }};
-    std::vector<size_t> timed;
-    for (size_t t = 0; t < tried.size(); ++t) {
-      if (!tried[t].why.empty()) continue;
-      timed.push_back(t);
-      runs.push_back([&, t] { tried[t].call.Run(mat1, mat2, bias, buffer); });
-    }
-    const std::vector<double> us = MinMicros(runs);
-    int best = -1;
-    for (size_t j = 0; j < timed.size(); ++j) {
-      Tried& t = tried[timed[j]];
-      t.us = us[j + 1];
-      if (t.us >= us[0]) {
-        t.why = absl::StrCat("exact, but not faster than eager's op (", Us(t.us), ")");
-      } else if (best < 0 || t.us < tried[best].us) {
-        best = static_cast<int>(timed[j]);
-      }
-    }
-    std::vector<std::string> notes;
-    for (size_t t = 0; t < tried.size(); ++t) {
-      if (static_cast<int>(t) == best) continue;
-      notes.push_back(tried[t].why.empty() ? absl::StrCat(tried[t].kernel, ": exact, ", Us(tried[t].us), ", slower")
-                                           : absl::StrCat(tried[t].kernel, ": ", tried[t].why));
-    }
-    notes.insert(notes.end(), not_tried.begin(), not_tried.end());
-    const std::string eager = absl::StrCat("eager's op ", Us(us[0]));
-    if (best < 0) return refuse(absl::StrCat(eager, "; ", absl::StrJoin(notes, "; ")));
-    auto op = FindOperator(out_name);
-    if (!op.ok()) return refuse(std::string(op.status().message()));
-    rec->out_variants[node] = OutVariant{*op, c10::IValue(tried[best].kernel)};
-    rec->out_notes[node] = absl::StrCat(tried[best].kernel, " ", Us(tried[best].us), ", bitwise on ", addmm ? 5 : 4, " inputs; ", eager,
-                                        notes.empty() ? "" : "; ", absl::StrJoin(notes, "; "));
-    return true;
-  } catch (const c10::Error& e) {
-    return refuse(absl::StrCat("the check raised: ", e.what_without_backtrace()));
-  }
+    return decision.KeepFastest(
+        "eager's op",
+        [&] {  // eager's out= op, what the tape would call
+          if (addmm) {
+            at::addmm_out(eager_buffer, bias, mat1, mat2);
+          } else {
+            at::mm_out(eager_buffer, mat1, mat2);
+          }
+        },
+        std::move(candidates), not_tried, addmm ? 5 : 4);
+  });
 }
 
 namespace {

@@ -10,8 +10,11 @@
 #include <limits>
 #include <random>
 
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace torchreplay::capture {
 namespace {
@@ -29,6 +32,106 @@ bool SameBits(const at::Tensor& a, const at::Tensor& b) {
 }
 
 }  // namespace
+
+std::vector<const ValueRecord*> PlannedResults(const Node& n, const std::vector<c10::IValue>& env,
+                                               const Recording& rec) {
+  std::vector<const ValueRecord*> records;
+  for (ValueId o : n.outputs) {
+    const ValueRecord& r = rec.values[o];
+    if (!r.is_tensor || r.root != o || !r.device.is_cpu() || r.storage_offset != 0 || !r.strided ||
+        !env[o].isTensor() || !env[o].toTensor().defined()) {
+      return {};
+    }
+    records.push_back(&r);
+  }
+  return records;
+}
+
+bool FixedUnderKey(const Graph& g, int node, const Arg& a, const Recording& rec) {
+  if (a.kind == Arg::Kind::kConstant) return true;
+  if (a.kind != Arg::Kind::kValue) return false;
+  ValueId v = a.value;
+  for (int depth = 0; depth < 4; ++depth) {
+    int producer = node - 1;
+    while (producer >= 0 && std::find(g.nodes()[producer].outputs.begin(), g.nodes()[producer].outputs.end(), v) ==
+                                g.nodes()[producer].outputs.end()) {
+      --producer;
+    }
+    if (producer < 0) {
+      const auto in = std::find(g.inputs().begin(), g.inputs().end(), v);
+      if (in == g.inputs().end()) return false;
+      const int i = static_cast<int>(in - g.inputs().begin());
+      return rec.baked(g, i) && !(i < static_cast<int>(g.written_inputs().size()) && g.written_inputs()[i]);
+    }
+    const Node& p = g.nodes()[producer];
+    if (p.kind != NodeKind::kOp || p.args.empty()) return false;
+    const std::string name = p.op->schema().name();
+    if (name != "aten::t" && name != "aten::transpose" && name != "aten::permute") return false;
+    if (p.args[0].kind == Arg::Kind::kConstant) return true;
+    if (p.args[0].kind != Arg::Kind::kValue) return false;
+    v = p.args[0].value;
+    node = producer;
+  }
+  return false;
+}
+
+Decision::Decision(Recording* rec, int node, const char* out_name, bool refusal_in_notes)
+    : rec_(rec), node_(node), out_name_(out_name), refusal_in_notes_(refusal_in_notes) {}
+
+bool Decision::Refuse(const std::string& why) {
+  (refusal_in_notes_ ? rec_->out_notes : rec_->out_refusals)[node_] = absl::StrCat(out_name_, " refused: ", why);
+  return false;
+}
+
+bool Decision::Probe(const std::function<bool()>& check) {
+  try {
+    c10::impl::ExcludeDispatchKeyGuard no_python(
+        c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+    return check();
+  } catch (const c10::Error& e) {
+    return Refuse(absl::StrCat("the check raised: ", e.what_without_backtrace()));
+  }
+}
+
+bool Decision::KeepFastest(const std::string& eager_label, const std::function<void()>& eager,
+                           std::vector<Candidate> candidates, const std::vector<std::string>& not_tried,
+                           int bitwise_on) {
+  std::vector<std::function<void()>> runs = {eager};
+  std::vector<size_t> timed;  // indices into candidates
+  for (size_t k = 0; k < candidates.size(); ++k) {
+    if (!candidates[k].why.empty()) continue;
+    timed.push_back(k);
+    runs.push_back(candidates[k].run);
+  }
+  const std::vector<double> us = MinMicros(runs);
+  int best = -1;
+  for (size_t j = 0; j < timed.size(); ++j) {
+    Candidate& c = candidates[timed[j]];
+    c.us = us[j + 1];
+    if (!c.may_tie && c.us >= us[0]) {
+      c.why = absl::StrCat("exact, but not faster than eager's op (", Us(c.us), ")");
+    } else if (best < 0 || c.us < candidates[best].us) {
+      best = static_cast<int>(timed[j]);
+    }
+  }
+  std::vector<std::string> notes;
+  for (size_t k = 0; k < candidates.size(); ++k) {
+    if (static_cast<int>(k) == best) continue;
+    const Candidate& c = candidates[k];
+    notes.push_back(c.why.empty() ? absl::StrCat(c.kernel, ": exact, ", Us(c.us), ", slower")
+                                  : absl::StrCat(c.kernel, ": ", c.why));
+  }
+  notes.insert(notes.end(), not_tried.begin(), not_tried.end());
+  const std::string eager_note = absl::StrCat(eager_label, " ", Us(us[0]));
+  if (best < 0) return Refuse(absl::StrCat(eager_note, "; ", absl::StrJoin(notes, "; ")));
+  auto op = FindOperator(out_name_);
+  if (!op.ok()) return Refuse(std::string(op.status().message()));
+  rec_->out_variants[node_] = OutVariant{*op, c10::IValue(candidates[best].kernel)};
+  rec_->out_notes[node_] = absl::StrCat(candidates[best].kernel, " ", Us(candidates[best].us), ", bitwise on ",
+                                        bitwise_on, " inputs; ", eager_note, notes.empty() ? "" : "; ",
+                                        absl::StrJoin(notes, "; "));
+  return true;
+}
 
 at::Tensor Synthetic(const at::Tensor& like, bool nonfinite) {
   at::Tensor t = at::empty_strided(like.sizes(), like.strides(), like.options());

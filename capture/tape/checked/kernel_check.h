@@ -1,8 +1,9 @@
-// capture/tape/checked/kernel_check.h: what the recording run's checks of faster kernels share (Note [Checked
-// convolutions] in conv_steps.h, Note [Checked GEMMs] in gemm_steps.h): inputs made from a private
-// seed, a candidate's run compared bit for bit, buffers of a recorded geometry, the timing of
-// candidates; and what the chosen kernels' steps share: the watch of a weight they keep a copy of,
-// the step class.
+// capture/tape/checked/kernel_check.h: what the recording run's checks of faster kernels share
+// (Note [The shape of a check] below; the kinds: Note [Checked convolutions] in conv_steps.h,
+// Note [Checked GEMMs] in gemm_steps.h, Note [Checked LSTMs] in lstm_steps.h): the check's
+// skeleton (Decision), inputs made from a private seed, a candidate's run compared bit for bit,
+// buffers of a recorded geometry, the timing of candidates; and what the chosen kernels' steps
+// share: the watch of a weight they keep a copy of, the step class.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -13,10 +14,72 @@
 #include <utility>
 #include <vector>
 
+#include "capture/ir/graph.h"
 #include "capture/ir/recording.h"
 #include "capture/tape/typed_call.h"
 
 namespace torchreplay::capture {
+
+// Note [The shape of a check]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Every check of a node that has faster kernels than eager's op (CheckConvolution, CheckGemm,
+// CheckLstm: a checked kind is a row of the step-kind table, its check called by CheckTapeNode)
+// takes the same steps, the kind's own parts in between:
+//  1. PlannedResults: the node's results can be planned buffers; else the check says nothing.
+//  2. Decision::Probe: the rest runs outside Python's dispatch modes (the probe is not the model's
+//     computation: the modes neither see it nor turn its errors into Python's, as for Note
+//     [Checked out= kernels]); an error it raises is the node's refusal, not the capture's.
+//  3. The kind refuses what its kernels do not cover (Decision::Refuse), lists its candidate
+//     kernels (FixedUnderKey says which may pack a weight once) and those it did not try with why,
+//     and checks each candidate bit for bit on its inputs (CompareRun, Synthetic).
+//  4. Decision::KeepFastest: eager's op and the exact candidates timed round by round; the
+//     fastest that beats eager's op is the node's out= variant, every candidate named in its note
+//     (the plan dump, step.profile()).
+
+// One candidate kernel of a checked node.
+struct Candidate {
+  std::string kernel;         // its name: the out= op's extra argument
+  std::string why;            // empty: exact on every input the check tried; else why not
+  std::function<void()> run;  // the kernel on the recorded inputs into a buffer of the result's geometry
+  bool may_tie = false;       // kept even when not faster than eager's op (eager's own kernel, out=)
+  double us = 0;              // measured by KeepFastest
+};
+
+// The records of node `n`'s results if each can be a planned buffer (a fresh CPU tensor at
+// storage offset 0, present in `env`); else empty, and the check says nothing of the node.
+std::vector<const ValueRecord*> PlannedResults(const Node& n, const std::vector<c10::IValue>& env,
+                                               const Recording& rec);
+
+// Whether argument `a` of node `node` is fixed under the key, so that a kernel may pack it once: a
+// constant, or (through t, transpose or permute) a graph input baked into the capture that no op
+// writes.
+bool FixedUnderKey(const Graph& g, int node, const Arg& a, const Recording& rec);
+
+// What a check records of node `node` under its out= op `out_name` (steps 2 to 4 of Note [The
+// shape of a check]). Borrows `rec`, which must outlive it.
+class Decision {
+ public:
+  // `refusal_in_notes`: a refusal goes to out_notes and the node's eager out= overload is still
+  // checked (GEMMs); else to out_refusals and the node runs functionally.
+  Decision(Recording* rec, int node, const char* out_name, bool refusal_in_notes);
+  // Runs `check` (which returns whether a kernel was kept) as the probe; returns its result, or
+  // false after refusing with "the check raised: ..." when it raised.
+  bool Probe(const std::function<bool()>& check);
+  // Records "<out_name> refused: <why>". Returns false.
+  bool Refuse(const std::string& why);
+  // Step 4: times `eager` (eager's op as the tape would call it, `eager_label` its name in the
+  // note) and the exact `candidates`; keeps the fastest faster than eager's op (or tying it, where
+  // Candidate::may_tie), recorded with a note naming each candidate and `not_tried`; else refuses.
+  // `bitwise_on`: how many inputs the kind's check compared on. Returns whether one was kept.
+  bool KeepFastest(const std::string& eager_label, const std::function<void()>& eager,
+                   std::vector<Candidate> candidates, const std::vector<std::string>& not_tried, int bitwise_on);
+
+ private:
+  Recording* rec_;
+  int node_;
+  const char* out_name_;
+  bool refusal_in_notes_;
+};
 
 // An input of `like`'s geometry (sizes and strides) made from a private seed: normal values
 // scaled by powers of two from 2^-20 to 2^20, signed zeros and subnormals; with `nonfinite`,

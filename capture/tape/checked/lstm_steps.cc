@@ -165,94 +165,92 @@ bool IsCheckedLstm(const Node& n) {
          n.op->schema().overload_name() == "input" && n.outputs.size() == 3 && n.args.size() == 9;
 }
 
-// Over 80 lines: the check of Note [Checked LSTMs] in the order it reads (as CheckConvolution).
+namespace {
+
+// Why the checked kernel does not cover this LSTM (its boxed arguments `args`, its results
+// `results`); empty when it does.
+std::string Unfit(const torch::jit::Stack& args, const std::vector<at::Tensor>& results) {
+  const at::Tensor input = args[0].toTensor();
+  const std::vector<at::Tensor> hx = args[1].toTensorVector(), params = args[2].toTensorVector();
+  const bool has_biases = args[3].toBool(), train = args[6].toBool(), bidirectional = args[7].toBool();
+  if (Reorder() == nullptr) return "mkldnn::_reorder_mkldnn_rnn_layer_weight has no CPU kernel here";
+  bool float32 = input.scalar_type() == c10::kFloat;
+  for (const auto& list : {hx, params, results}) {
+    for (const at::Tensor& t : list) float32 = float32 && t.scalar_type() == c10::kFloat && t.layout() == c10::kStrided;
+  }
+  if (!float32) return "not all float32 dense tensors (float32 is checked)";
+  if (static_cast<int64_t>(params.size()) != (has_biases ? 4 : 2) * args[4].toInt() * (bidirectional ? 2 : 1) ||
+      hx.size() != 2) {
+    return "projections (proj_size)";
+  }
+  if (train && args[5].toDouble() != 0) return "dropout drawn (train with dropout)";
+  if (input.dim() != 3 || input.numel() == 0 || hx[0].dim() != 3) return "an empty or unbatched input";
+  return "";
+}
+
+// Empty when `call` computes eager's bits (node `n`'s, on its boxed arguments `args`, its results
+// `results` of the geometries `records`) on the recorded input and states and on two synthetic
+// ones; else why not.
+std::string CheckCall(const Node& n, const LstmCall& call, const torch::jit::Stack& args,
+                      const std::vector<at::Tensor>& results, const std::vector<const ValueRecord*>& records) {
+  const std::vector<at::Tensor> hx = args[1].toTensorVector(), params = args[2].toTensorVector();
+  const char* names[] = {"the recorded input and states", "an input and states with signed zeros and subnormals",
+                         "an input and states with infinities and NaNs"};
+  for (int k = 0; k < 3; ++k) {
+    at::Tensor x = args[0].toTensor(), h = hx[0], c = hx[1];
+    std::vector<at::Tensor> eager = results;
+    if (k > 0) {
+      x = Synthetic(x, k == 2), h = Synthetic(hx[0], k == 2), c = Synthetic(hx[1], k == 2);
+      torch::jit::Stack stack = args;
+      stack[0] = x;
+      stack[1] = c10::List<at::Tensor>({h, c});
+      n.op->callBoxed(&stack);
+      eager = {stack[0].toTensor(), stack[1].toTensor(), stack[2].toTensor()};
+    }
+    const std::string why = CompareRuns(
+        [&](const std::vector<at::Tensor>& b) { call.Run(x, h, c, params, b[0], b[1], b[2]); }, eager, records,
+        names[k]);
+    if (!why.empty()) return why;
+  }
+  return "";
+}
+
+}  // namespace
+
+// Note [The shape of a check], its third step Note [Checked LSTMs]'s.
 void CheckLstm(const Graph& g, int node, const std::vector<c10::IValue>& env, Recording* rec) {
   const Node& n = g.nodes()[node];
-  std::vector<const ValueRecord*> records;
-  std::vector<at::Tensor> results;
-  for (ValueId o : n.outputs) {  // what arena buffers can be: fresh CPU tensors at storage offset 0
-    const ValueRecord& r = rec->values[o];
-    if (!r.is_tensor || r.root != o || !r.device.is_cpu() || r.storage_offset != 0 || !r.strided ||
-        !env[o].isTensor() || !env[o].toTensor().defined()) {
-      return;
-    }
-    records.push_back(&r);
-    results.push_back(env[o].toTensor());
-  }
-  auto refuse = [&](const std::string& why) { rec->out_refusals[node] = absl::StrCat(kOutName, " refused: ", why); };
-  try {
-    // The probe is not the model's computation (as for Note [Checked out= kernels]).
-    c10::impl::ExcludeDispatchKeyGuard no_python(
-        c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+  const std::vector<const ValueRecord*> records = PlannedResults(n, env, *rec);
+  if (records.empty()) return;
+  Decision decision(rec, node, kOutName, /*refusal_in_notes=*/false);
+  decision.Probe([&] {
     const auto& schema = n.op->schema().arguments();
     torch::jit::Stack args;
     for (size_t a = 0; a < n.args.size(); ++a) args.push_back(MaterializeArg(n.args[a], schema[a].type(), env));
-    const at::Tensor input = args[0].toTensor();
-    const std::vector<at::Tensor> hx = args[1].toTensorVector(), params = args[2].toTensorVector();
-    const bool has_biases = args[3].toBool(), train = args[6].toBool(), bidirectional = args[7].toBool();
-    const int64_t num_layers = args[4].toInt();
-    if (Reorder() == nullptr) return refuse("mkldnn::_reorder_mkldnn_rnn_layer_weight has no CPU kernel here");
-    bool float32 = input.scalar_type() == c10::kFloat;
-    for (const auto& list : {hx, params, results}) {
-      for (const at::Tensor& t : list) float32 = float32 && t.scalar_type() == c10::kFloat && t.layout() == c10::kStrided;
-    }
-    if (!float32) return refuse("not all float32 dense tensors (float32 is checked)");
-    if (static_cast<int64_t>(params.size()) != (has_biases ? 4 : 2) * num_layers * (bidirectional ? 2 : 1) ||
-        hx.size() != 2) {
-      return refuse("projections (proj_size)");
-    }
-    if (train && args[5].toDouble() != 0) return refuse("dropout drawn (train with dropout)");
-    if (input.dim() != 3 || input.numel() == 0 || hx[0].dim() != 3) return refuse("an empty or unbatched input");
+    std::vector<at::Tensor> results;
+    for (ValueId o : n.outputs) results.push_back(env[o].toTensor());
+    if (std::string why = Unfit(args, results); !why.empty()) return decision.Refuse(why);
     // Are the weights fixed under the key (baked inputs or constants), so that they can be packed once?
     bool fixed = n.args[2].kind == Arg::Kind::kList;
-    for (const Arg& w : n.args[2].elems) {
-      if (w.kind == Arg::Kind::kValue) {
-        const auto in = std::find(g.inputs().begin(), g.inputs().end(), w.value);
-        fixed = fixed && in != g.inputs().end() && rec->baked(g, static_cast<int>(in - g.inputs().begin()));
-      } else {
-        fixed = fixed && w.kind == Arg::Kind::kConstant;
-      }
+    for (const Arg& w : n.args[2].elems) fixed = fixed && FixedUnderKey(g, node, w, *rec);
+    if (!fixed) return decision.Refuse(absl::StrCat(kOnednn, ": the weights are computed or bound per call"));
+    const auto call = std::make_shared<LstmCall>(args[4].toInt(), args[3].toBool(), args[5].toDouble(),
+                                                 args[6].toBool(), args[7].toBool(), args[8].toBool());
+    if (std::string why = CheckCall(n, *call, args, results, records); !why.empty()) {
+      return decision.Refuse(absl::StrCat(kOnednn, ": ", why));
     }
-    if (!fixed) return refuse(absl::StrCat(kOnednn, ": the weights are computed or bound per call"));
-
-    LstmCall call(num_layers, has_biases, args[5].toDouble(), train, bidirectional, args[8].toBool());
-    const char* names[] = {"the recorded input and states", "an input and states with signed zeros and subnormals",
-                           "an input and states with infinities and NaNs"};
-    for (int k = 0; k < 3; ++k) {
-      at::Tensor x = input, h = hx[0], c = hx[1];
-      std::vector<at::Tensor> eager = results;
-      if (k > 0) {
-        x = Synthetic(input, k == 2), h = Synthetic(hx[0], k == 2), c = Synthetic(hx[1], k == 2);
-        torch::jit::Stack stack = args;
-        stack[0] = x;
-        stack[1] = c10::List<at::Tensor>({h, c});
-        n.op->callBoxed(&stack);
-        eager = {stack[0].toTensor(), stack[1].toTensor(), stack[2].toTensor()};
-      }
-      const std::string why = CompareRuns(
-          [&](const std::vector<at::Tensor>& b) { call.Run(x, h, c, params, b[0], b[1], b[2]); }, eager, records,
-          names[k]);
-      if (!why.empty()) return refuse(absl::StrCat(kOnednn, ": ", why));
-    }
+    const at::Tensor input = args[0].toTensor();
+    const std::vector<at::Tensor> hx = args[1].toTensorVector(), params = args[2].toTensorVector();
     std::vector<at::Tensor> buffers;
     for (const ValueRecord* r : records) buffers.push_back(FixedBuffer(*r));
-    const std::vector<double> us = MinMicros({[&] {
-                                                torch::jit::Stack stack = args;
-                                                n.op->callBoxed(&stack);
-                                              },
-                                              [&] { call.Run(input, hx[0], hx[1], params, buffers[0], buffers[1],
-                                                             buffers[2]); }});
-    const std::string eager = absl::StrCat("eager's op ", Us(us[0]));
-    if (us[1] >= us[0]) {
-      return refuse(absl::StrCat(kOnednn, ": exact, but not faster than eager's op (", Us(us[1]), "); ", eager));
-    }
-    auto op = FindOperator(kOutName);
-    if (!op.ok()) return refuse(std::string(op.status().message()));
-    rec->out_variants[node] = OutVariant{*op, c10::IValue(std::string(kOnednn))};
-    rec->out_notes[node] = absl::StrCat(kOnednn, " ", Us(us[1]), ", bitwise on 3 inputs; ", eager);
-  } catch (const c10::Error& e) {
-    refuse(absl::StrCat("the check raised: ", e.what_without_backtrace()));
-  }
+    return decision.KeepFastest(
+        "eager's op",
+        [&] {
+          torch::jit::Stack stack = args;
+          n.op->callBoxed(&stack);
+        },
+        {{kOnednn, "", [&] { call->Run(input, hx[0], hx[1], params, buffers[0], buffers[1], buffers[2]); }}}, {}, 3);
+  });
 }
 
 TORCH_LIBRARY_IMPL(torchreplay, CPU, m) { m.impl("lstm.out", &LstmOut); }
