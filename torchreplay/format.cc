@@ -1,5 +1,5 @@
 // The .trp writer and reader (Note [The .trp format] in format.h).
-// Over 600 lines, not split: each field's write (Serialize) and read (GraphReader, ValueReader)
+// Over 600 lines, not split: each field's write (Serialize, WriteGraph) and read (GraphReader, ValueReader)
 // stay in one file so that a change to one is seen next to the other; the reader is the cut if
 // the format grows.
 #include "torchreplay/format.h"
@@ -510,6 +510,87 @@ class GraphReader {
   std::vector<capture::ValueId> ids_;
 };
 
+// The graph section (Note [The .trp format]): inputs, nodes, outputs, static inputs; the tensors
+// its constants hold go into `tensors`.
+Writer WriteGraph(const capture::Graph& g, TensorTable& tensors) {
+  Writer graph;
+  graph.Put<uint32_t>(static_cast<uint32_t>(g.values().size()));
+  graph.Put<uint32_t>(static_cast<uint32_t>(g.inputs().size()));
+  for (capture::ValueId id : g.inputs()) {
+    const capture::ValueInfo& v = g.values()[id];
+    graph.Put<int32_t>(id);
+    graph.Str(v.name);
+    graph.Put<uint8_t>(static_cast<uint8_t>(v.type));
+    graph.Put<uint8_t>(v.spec.has_value());
+    if (v.spec.has_value()) {
+      if (!Storable(v.spec->dtype)) throw Unsupported{absl::StrCat("an input of dtype ", c10::toString(v.spec->dtype))};
+      graph.Put<int8_t>(static_cast<int8_t>(v.spec->dtype));
+      graph.Put<int8_t>(static_cast<int8_t>(v.spec->device));
+      graph.Put<int64_t>(v.spec->dim);
+    }
+  }
+  graph.Put<uint32_t>(static_cast<uint32_t>(g.nodes().size()));
+  for (const capture::Node& n : g.nodes()) {
+    graph.Put<uint8_t>(static_cast<uint8_t>(n.kind));
+    graph.Str(n.name);
+    graph.Put<uint32_t>(static_cast<uint32_t>(n.outputs.size()));
+    for (capture::ValueId o : n.outputs) graph.Put<int32_t>(o);
+    switch (n.kind) {
+      case capture::NodeKind::kOp: {
+        graph.Str(capture::OperatorName(*n.op));
+        const auto& formals = n.op->schema().arguments();
+        graph.Put<uint32_t>(static_cast<uint32_t>(n.args.size()));
+        for (size_t i = 0; i < n.args.size(); ++i) {
+          graph.Str(formals[i].name());
+          PutArg(graph, tensors, n.args[i]);
+        }
+        break;
+      }
+      case capture::NodeKind::kGetItem:
+        graph.Put<int32_t>(n.args[0].value);
+        graph.Put<int64_t>(n.index);
+        break;
+      case capture::NodeKind::kSymArith:
+        graph.Put<uint8_t>(static_cast<uint8_t>(n.sym_op));
+        graph.Put<uint32_t>(static_cast<uint32_t>(n.args.size()));
+        for (const capture::Arg& a : n.args) PutArg(graph, tensors, a);
+        break;
+    }
+  }
+  graph.Put<uint32_t>(static_cast<uint32_t>(g.outputs().size()));
+  for (const capture::Arg& a : g.outputs()) PutArg(graph, tensors, a);
+  graph.Put<uint32_t>(static_cast<uint32_t>(g.static_inputs().size()));
+  for (int s : g.static_inputs()) graph.Put<int32_t>(s);
+  return graph;
+}
+
+// The payload of a .trp file after its header (magic, version, length, checksum), each checked.
+absl::StatusOr<std::string_view> Payload(std::string_view bytes) {
+  Reader header(bytes);
+  if (bytes.size() < kHeaderBytes || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
+    return absl::FailedPreconditionError("not a torchreplay program (.trp) file: its first bytes are not TORCHRPL");
+  }
+  header.Bytes(sizeof(kMagic), "magic");
+  const uint32_t version = header.Get<uint32_t>("format version");
+  if (version != kFormatVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the file is in .trp format version ", version, "; this torchreplay reads version ", kFormatVersion,
+        " (save the model again with this torchreplay)"));
+  }
+  header.Get<uint32_t>("reserved");
+  const uint64_t length = header.Get<uint64_t>("payload length");
+  const uint64_t checksum = header.Get<uint64_t>("checksum");
+  if (length != bytes.size() - kHeaderBytes) {
+    return absl::DataLossError(absl::StrCat("the file is truncated or has trailing bytes: its header says ", length,
+                                            " bytes follow, ", bytes.size() - kHeaderBytes, " do"));
+  }
+  const std::string_view payload = bytes.substr(kHeaderBytes);
+  if (Checksum(payload) != checksum) {
+    return absl::DataLossError("the file is corrupted: its checksum does not match its contents");
+  }
+  return payload;
+}
+
 }  // namespace
 
 uint64_t Checksum(std::string_view payload) {
@@ -521,60 +602,13 @@ uint64_t Checksum(std::string_view payload) {
   return h;
 }
 
-// Over 80 lines: the file's sections written in the order Note [The .trp format] lists them.
+// The file's sections in the order Note [The .trp format] lists them.
 absl::StatusOr<std::string> Serialize(const SavedProgram& p) {
   try {
     const capture::Graph& g = *p.graph;
     Writer w;
     TensorTable tensors;
-    Writer graph;  // written after the tensor table it refers to
-    graph.Put<uint32_t>(static_cast<uint32_t>(g.values().size()));
-    graph.Put<uint32_t>(static_cast<uint32_t>(g.inputs().size()));
-    for (capture::ValueId id : g.inputs()) {
-      const capture::ValueInfo& v = g.values()[id];
-      graph.Put<int32_t>(id);
-      graph.Str(v.name);
-      graph.Put<uint8_t>(static_cast<uint8_t>(v.type));
-      graph.Put<uint8_t>(v.spec.has_value());
-      if (v.spec.has_value()) {
-        if (!Storable(v.spec->dtype)) throw Unsupported{absl::StrCat("an input of dtype ", c10::toString(v.spec->dtype))};
-        graph.Put<int8_t>(static_cast<int8_t>(v.spec->dtype));
-        graph.Put<int8_t>(static_cast<int8_t>(v.spec->device));
-        graph.Put<int64_t>(v.spec->dim);
-      }
-    }
-    graph.Put<uint32_t>(static_cast<uint32_t>(g.nodes().size()));
-    for (const capture::Node& n : g.nodes()) {
-      graph.Put<uint8_t>(static_cast<uint8_t>(n.kind));
-      graph.Str(n.name);
-      graph.Put<uint32_t>(static_cast<uint32_t>(n.outputs.size()));
-      for (capture::ValueId o : n.outputs) graph.Put<int32_t>(o);
-      switch (n.kind) {
-        case capture::NodeKind::kOp: {
-          graph.Str(capture::OperatorName(*n.op));
-          const auto& formals = n.op->schema().arguments();
-          graph.Put<uint32_t>(static_cast<uint32_t>(n.args.size()));
-          for (size_t i = 0; i < n.args.size(); ++i) {
-            graph.Str(formals[i].name());
-            PutArg(graph, tensors, n.args[i]);
-          }
-          break;
-        }
-        case capture::NodeKind::kGetItem:
-          graph.Put<int32_t>(n.args[0].value);
-          graph.Put<int64_t>(n.index);
-          break;
-        case capture::NodeKind::kSymArith:
-          graph.Put<uint8_t>(static_cast<uint8_t>(n.sym_op));
-          graph.Put<uint32_t>(static_cast<uint32_t>(n.args.size()));
-          for (const capture::Arg& a : n.args) PutArg(graph, tensors, a);
-          break;
-      }
-    }
-    graph.Put<uint32_t>(static_cast<uint32_t>(g.outputs().size()));
-    for (const capture::Arg& a : g.outputs()) PutArg(graph, tensors, a);
-    graph.Put<uint32_t>(static_cast<uint32_t>(g.static_inputs().size()));
-    for (int s : g.static_inputs()) graph.Put<int32_t>(s);
+    Writer graph = WriteGraph(g, tensors);  // written after the tensor table it refers to
 
     std::vector<uint32_t> bound;
     for (const BoundTensor& b : p.bound) bound.push_back(tensors.Add(b.tensor));
@@ -616,32 +650,12 @@ absl::StatusOr<std::string> Serialize(const SavedProgram& p) {
   }
 }
 
-// Over 80 lines: the sections read back in the order Serialize writes them, each checked.
+// The sections read back in the order Serialize writes them, each checked.
 absl::StatusOr<SavedProgram> Deserialize(std::string_view bytes) {
   try {
-    Reader header(bytes);
-    if (bytes.size() < kHeaderBytes || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
-      return absl::FailedPreconditionError("not a torchreplay program (.trp) file: its first bytes are not TORCHRPL");
-    }
-    header.Bytes(sizeof(kMagic), "magic");
-    const uint32_t version = header.Get<uint32_t>("format version");
-    if (version != kFormatVersion) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the file is in .trp format version ", version, "; this torchreplay reads version ", kFormatVersion,
-          " (save the model again with this torchreplay)"));
-    }
-    header.Get<uint32_t>("reserved");
-    const uint64_t length = header.Get<uint64_t>("payload length");
-    const uint64_t checksum = header.Get<uint64_t>("checksum");
-    if (length != bytes.size() - kHeaderBytes) {
-      return absl::DataLossError(absl::StrCat("the file is truncated or has trailing bytes: its header says ", length,
-                                              " bytes follow, ", bytes.size() - kHeaderBytes, " do"));
-    }
-    std::string_view payload = bytes.substr(kHeaderBytes);
-    if (Checksum(payload) != checksum) {
-      return absl::DataLossError("the file is corrupted: its checksum does not match its contents");
-    }
-    Reader r(payload);
+    const absl::StatusOr<std::string_view> payload = Payload(bytes);
+    if (!payload.ok()) return payload.status();
+    Reader r(*payload);
     const std::string torch = r.Str("torch version");
     if (torch != TORCH_VERSION) {
       return absl::FailedPreconditionError(absl::StrCat(

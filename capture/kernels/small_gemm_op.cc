@@ -125,6 +125,118 @@ int64_t OutSize(const Window& w, int d, int64_t in) {
   return room < 0 ? 0 : room / w.stride[d] + 1;
 }
 
+// One image's sizes: channels, height and width in and out, the GEMM's K and C_out, and the
+// input's strides along C, H and W (H's 0 for a 1-d input).
+struct Geometry {
+  int64_t c, h, w, oh, ow, k, cout;
+  int64_t xs[3];
+};
+
+// Image `x`'s zero-padded copy for ConvImage, split into `phases` phases along the row: phase q
+// holds padded columns q, q + phases, ...; planes of `plane` floats, rows of `wq`. In a
+// thread_local buffer of the calling thread, valid until its next call.
+float* PaddedPhases(const float* x, const Window& win, const Geometry& geo, int64_t phases, int64_t wq,
+                    int64_t plane) {
+  const int64_t c = geo.c, h = geo.h, w = geo.w;
+  const int64_t* xs = geo.xs;
+  const int64_t hp = h + 2 * win.padding[0], wp = w + 2 * win.padding[1];
+  const int64_t pad_top = win.padding[0], pad_left = win.padding[1];
+  // Of phase q: its first input column z0 (every phases-th after it, `count` of them),
+  // at column `first`: input column z is padded column z + pad_left, column
+  // (z + pad_left) / phases of phase (z + pad_left) % phases.
+  struct Phase {
+    int64_t z0, first, count;
+  };
+  thread_local std::vector<Phase> phase_of;
+  phase_of.clear();
+  for (int64_t q = 0; q < phases; ++q) {
+    const int64_t z0 = ((q - pad_left) % phases + phases) % phases;
+    phase_of.push_back({z0, (z0 + pad_left) / phases, z0 < w ? (w - z0 + phases - 1) / phases : 0});
+  }
+  thread_local std::vector<float> padded;
+  padded.resize(static_cast<size_t>(phases * c * plane));
+  // (a thread_local named inside a task is that thread's own: the tasks get pointers)
+  float* const base = padded.data();
+  const Phase* const phase = phase_of.data();
+  const int64_t step = phases * xs[2];  // between one phase's input columns
+  // Padded row pr of plane ci, all its phases, per item; the rows over torch's threads.
+  at::parallel_for(0, c * hp, std::max<int64_t>(1, 16384 / wp), [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t ci = i / hp, pr = i - ci * hp, r = pr - pad_top;
+      for (int64_t q = 0; q < phases; ++q) {
+        float* to = base + (q * c + ci) * plane + pr * wq;
+        if (r < 0 || r >= h) {  // the padding rows above and below, zeros
+          std::fill(to, to + wq, 0.f);
+          continue;
+        }
+        const Phase& f = phase[q];
+        const float* from = x + ci * xs[0] + r * xs[1] + f.z0 * xs[2];
+        std::fill(to, to + f.first, 0.f);
+        if (step == 1) {
+          std::copy(from, from + f.count, to + f.first);
+        } else {
+          for (int64_t j = 0; j < f.count; ++j) to[f.first + j] = from[j * step];
+        }
+        std::fill(to + f.first + f.count, to + wq, 0.f);
+      }
+    }
+  });
+  return base;
+}
+
+// One image `x` into `y`: each output row as an indirect GEMM over a zero-padded copy of the
+// image (`p` the GEMM's parameters, `weight_kn` the weight's [K, C_out] transpose for NHWC). For
+// NCHW the copy is split into `stride` phases along the row, so that each tap's output pixels lie
+// side by side, a vector: tap (c, i, j) of output row r reads, of plane c, padded row
+// r * stride + i * dilation, phase (j * dilation) % stride, from column (j * dilation) / stride on.
+// For NHWC, where each pixel's tap is broadcast alone, one phase: the pixels `stride` apart.
+void ConvImage(const float* x, float* y, const Window& win, const Geometry& geo, bool nhwc,
+               const small_gemm::Params& p, const float* weight_kn) {
+  const int64_t c = geo.c, oh = geo.oh, ow = geo.ow, k = geo.k, cout = geo.cout;
+  const int64_t s = win.stride[1], phases = nhwc ? 1 : s;
+  const int64_t hp = geo.h + 2 * win.padding[0], wp = geo.w + 2 * win.padding[1];
+  const int64_t wq = (wp + phases - 1) / phases, plane = hp * wq;  // one phase's row and plane
+  float* const base = PaddedPhases(x, win, geo, phases, wq, plane);
+  // where each tap of output row 0 starts; output row r reads r * stride rows further
+  thread_local std::vector<int64_t> taps;
+  taps.clear();
+  for (int64_t ci = 0; ci < c; ++ci) {
+    for (int64_t a = 0; a < win.size[0]; ++a) {
+      for (int64_t j = 0; j < win.size[1]; ++j) {
+        const int64_t col = j * win.dilation[1];
+        taps.push_back(((col % phases) * c + ci) * plane + a * win.dilation[0] * wq + col / phases);
+      }
+    }
+  }
+  const int64_t* const tap = taps.data();
+  small_gemm::Params q = p;
+  if (nhwc) {  // output row r: [ow pixels, K taps] x [K, C_out], each tap's pixels s apart
+    q.x = nullptr, q.x_row = s, q.row_bias = nullptr, q.bias = p.row_bias;
+    q.w = weight_kn, q.m = ow, q.n = cout, q.y_row = cout;
+  } else {
+    q.n = ow;
+  }
+  // Output rows [r0, r1), each row's product through Run: inline inside a parallel region.
+  auto output_rows = [&](int64_t r0, int64_t r1) {
+    std::vector<const float*> rows(static_cast<size_t>(k));
+    small_gemm::Params t = q;
+    (nhwc ? t.x_cols : t.w_rows) = rows.data();
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* start = base + r * win.stride[0] * wq;
+      for (int64_t j = 0; j < k; ++j) rows[j] = start + tap[j];
+      t.y = y + r * (nhwc ? ow * cout : ow);
+      small_gemm::Run(t);
+    }
+  };
+  // Rows over torch's threads where there are enough of them (each task ~32k multiply-adds
+  // or more); else one at a time, each row's columns split inside Run (a 1-d convolution).
+  if (oh >= 2 * at::get_num_threads()) {
+    at::parallel_for(0, oh, std::max<int64_t>(1, 32768 / std::max<int64_t>(ow * cout * k, 1)), output_rows);
+  } else {
+    output_rows(0, oh);
+  }
+}
+
 at::Tensor& ConvGemmOut(const at::Tensor& input, const at::Tensor& weight_rows, const at::Tensor& bias,
                         at::IntArrayRef kernel_size, at::IntArrayRef stride, at::IntArrayRef padding,
                         at::IntArrayRef dilation, c10::string_view post_op, bool channels_last,
@@ -179,6 +291,7 @@ at::Tensor& ConvGemmOut(const at::Tensor& input, const at::Tensor& weight_rows, 
       for (int64_t t = 0; t < k; ++t) weight_kn[t * cout + co] = wr[co * k + t];
     }
   }
+  const Geometry geo{c, h, w, oh, ow, k, cout, {xs[0], xs[1], xs[2]}};
   const bool one_by_one = !nhwc && win.size[0] == 1 && win.size[1] == 1 && win.stride[0] == 1 && win.stride[1] == 1 &&
                           win.padding[0] == 0 && win.padding[1] == 0 && xs[2] == 1 && (dims == 1 || xs[1] == w) &&
                           (c == 1 || xs[0] == h * w);
@@ -189,94 +302,7 @@ at::Tensor& ConvGemmOut(const at::Tensor& input, const at::Tensor& weight_rows, 
       p.w = x, p.n = oh * ow, p.y = y;
       small_gemm::Run(p);
     } else {
-      // Each output row as an indirect GEMM over a zero-padded copy of the image. For NCHW the
-      // copy is split into `stride` phases along the row (phase q holds padded columns q,
-      // q + stride, ...), so that each tap's output pixels lie side by side, a vector: tap
-      // (c, i, j) of output row r reads, of plane c, padded row r * stride + i * dilation, phase
-      // (j * dilation) % stride, from column (j * dilation) / stride on. For NHWC, where each
-      // pixel's tap is broadcast alone, one phase: the pixels `stride` apart.
-      const int64_t s = win.stride[1], phases = nhwc ? 1 : s;
-      const int64_t hp = h + 2 * win.padding[0], wp = w + 2 * win.padding[1];
-      const int64_t wq = (wp + phases - 1) / phases, plane = hp * wq;  // one phase's row and plane
-      const int64_t pad_top = win.padding[0], pad_left = win.padding[1];
-      // Of phase q: its first input column z0 (every phases-th after it, `count` of them),
-      // at column `first`: input column z is padded column z + pad_left, column
-      // (z + pad_left) / phases of phase (z + pad_left) % phases.
-      struct Phase {
-        int64_t z0, first, count;
-      };
-      thread_local std::vector<Phase> phase_of;
-      phase_of.clear();
-      for (int64_t q = 0; q < phases; ++q) {
-        const int64_t z0 = ((q - pad_left) % phases + phases) % phases;
-        phase_of.push_back({z0, (z0 + pad_left) / phases, z0 < w ? (w - z0 + phases - 1) / phases : 0});
-      }
-      thread_local std::vector<float> padded;
-      padded.resize(static_cast<size_t>(phases * c * plane));
-      // (a thread_local named inside a task is that thread's own: the tasks get pointers)
-      float* const base = padded.data();
-      const Phase* const phase = phase_of.data();
-      const int64_t step = phases * xs[2];  // between one phase's input columns
-      // Padded row pr of plane ci, all its phases, per item; the rows over torch's threads.
-      at::parallel_for(0, c * hp, std::max<int64_t>(1, 16384 / wp), [&](int64_t i0, int64_t i1) {
-        for (int64_t i = i0; i < i1; ++i) {
-          const int64_t ci = i / hp, pr = i - ci * hp, r = pr - pad_top;
-          for (int64_t q = 0; q < phases; ++q) {
-            float* to = base + (q * c + ci) * plane + pr * wq;
-            if (r < 0 || r >= h) {  // the padding rows above and below, zeros
-              std::fill(to, to + wq, 0.f);
-              continue;
-            }
-            const Phase& f = phase[q];
-            const float* from = x + ci * xs[0] + r * xs[1] + f.z0 * xs[2];
-            std::fill(to, to + f.first, 0.f);
-            if (step == 1) {
-              std::copy(from, from + f.count, to + f.first);
-            } else {
-              for (int64_t j = 0; j < f.count; ++j) to[f.first + j] = from[j * step];
-            }
-            std::fill(to + f.first + f.count, to + wq, 0.f);
-          }
-        }
-      });
-      // where each tap of output row 0 starts; output row r reads r * stride rows further
-      thread_local std::vector<int64_t> taps;
-      taps.clear();
-      for (int64_t ci = 0; ci < c; ++ci) {
-        for (int64_t a = 0; a < win.size[0]; ++a) {
-          for (int64_t j = 0; j < win.size[1]; ++j) {
-            const int64_t col = j * win.dilation[1];
-            taps.push_back(((col % phases) * c + ci) * plane + a * win.dilation[0] * wq + col / phases);
-          }
-        }
-      }
-      const int64_t* const tap = taps.data();
-      small_gemm::Params q = p;
-      if (nhwc) {  // output row r: [ow pixels, K taps] x [K, C_out], each tap's pixels s apart
-        q.x = nullptr, q.x_row = s, q.row_bias = nullptr, q.bias = p.row_bias;
-        q.w = weight_kn.data(), q.m = ow, q.n = cout, q.y_row = cout;
-      } else {
-        q.n = ow;
-      }
-      // Output rows [r0, r1), each row's product through Run: inline inside a parallel region.
-      auto output_rows = [&](int64_t r0, int64_t r1) {
-        std::vector<const float*> rows(static_cast<size_t>(k));
-        small_gemm::Params t = q;
-        (nhwc ? t.x_cols : t.w_rows) = rows.data();
-        for (int64_t r = r0; r < r1; ++r) {
-          const float* start = base + r * win.stride[0] * wq;
-          for (int64_t j = 0; j < k; ++j) rows[j] = start + tap[j];
-          t.y = y + r * (nhwc ? ow * cout : ow);
-          small_gemm::Run(t);
-        }
-      };
-      // Rows over torch's threads where there are enough of them (each task ~32k multiply-adds
-      // or more); else one at a time, each row's columns split inside Run (a 1-d convolution).
-      if (oh >= 2 * at::get_num_threads()) {
-        at::parallel_for(0, oh, std::max<int64_t>(1, 32768 / std::max<int64_t>(ow * cout * k, 1)), output_rows);
-      } else {
-        output_rows(0, oh);
-      }
+      ConvImage(x, y, win, geo, nhwc, p, weight_kn.data());
     }
   }
   return out;

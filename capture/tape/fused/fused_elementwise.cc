@@ -180,10 +180,10 @@ class Describer {
   Describer(const Graph& g, const Recording& rec, const TapePlan& plan) : g_(g), rec_(rec), plan_(plan) {}
 
   // The instruction computing node `i` (an out= node), with the graph values of its operands
-  // (-1 for constants); nullopt if the fused kernel does not compute it as eager does. Over 80
-  // lines: every condition under which an op's kernel gives eager's bits, in one reading order
-  // (the op, its arguments as ReadForm reads them, dtypes, layouts, the vector path); each is one
-  // early return.
+  // (-1 for constants); nullopt if the fused kernel does not compute it as eager does. Every
+  // condition under which an op's kernel gives eager's bits, in one reading order (the op, its
+  // arguments as ReadForm reads them, dtypes as ReadDtypes reads them, layouts, the vector path);
+  // each is one early return.
   std::optional<Instr> Describe(int i, std::vector<ValueId>* values) const {
     const Node& n = g_.nodes()[i];
     const TapePlan::NodePlan& np = plan_.nodes[i];
@@ -211,7 +211,6 @@ class Describer {
     FormArgs form;
     if (!ReadForm(n, np, *info, name, extra, out_dtype, &in, &form)) return std::nullopt;
     const std::vector<int>& inputs = form.inputs;  // stack positions of the tensor inputs
-    const std::optional<c10::Scalar>& value = form.value;
     const bool general_alpha = form.general_alpha;
 
     // The operands, with the dtype each has when the step runs (wrapped numbers are cast once
@@ -234,45 +233,7 @@ class Describer {
       if (precast && o.wrapped && !c10::isComplexType(o.dtype) && o.dtype != c10::kBool) o.dtype = out_dtype;
     }
 
-    // Dtypes: no operand is cast by the op's TensorIterator. Selects move any element of at
-    // most 8 bytes as it is; arithmetic is in float or double (or int64 where ATen's integer
-    // arithmetic is exact).
-    const bool select = info->form == Form::kWhere || info->form == Form::kMaskedFill;
-    const int mask = info->form == Form::kWhere ? 0 : info->form == Form::kMaskedFill ? 1 : -1;
-    const c10::ScalarType compute = info->form == Form::kWhere ? ops[1].dtype : ops[0].dtype;
-    const bool floating = compute == c10::kFloat || compute == c10::kDouble;
-    if (select ? c10::isComplexType(compute) || c10::elementSize(compute) > 8
-               : !floating && !(info->ints && compute == c10::kLong)) {
-      return std::nullopt;
-    }
-    for (size_t k = 0; k < ops.size(); ++k) {
-      if (ops[k].dtype != (static_cast<int>(k) == mask ? c10::kBool : compute)) return std::nullopt;
-    }
-    if (out_dtype != (info->form == Form::kCompare ? c10::kBool : compute)) return std::nullopt;
-    in.dtype = compute;
-    in.num_inputs = static_cast<int>(inputs.size());
-    in.vec_block = info->exact ? VecBlock(compute, info->avx512) : 0;
-    if (floating && (in.op == Op::kAdd || in.op == Op::kMul || in.op == Op::kDiv)) {
-      in.nan_check = Instr::NanCheck::kNanPair;
-    } else if (floating && info->sleef) {
-      // Sleef's NaNs; addcmul and addcdiv: with three inputs two NaNs can meet in one element
-      in.nan_check = Instr::NanCheck::kAnyNan;
-    }
-    if (value.has_value()) {  // addcmul_cpu_kernel: value.to<scalar_t>(), which raises where it overflows
-      try {
-        in.p0 = compute == c10::kFloat ? static_cast<double>(value->to<float>()) : value->to<double>();
-      } catch (const c10::Error&) {
-        return std::nullopt;
-      }
-    }
-    if (general_alpha && compute == c10::kFloat) {
-      // ufunc add: alpha.to<float>(), which raises where it overflows
-      if (std::abs(in.p0) > static_cast<double>(std::numeric_limits<float>::max())) return std::nullopt;
-    }
-    if (in.op == Op::kPowScalarBase) {
-      if (!floating) return std::nullopt;
-      in.p0 = compute == c10::kFloat ? static_cast<double>(static_cast<float>(in.p0)) : in.p0;
-    }
+    if (!ReadDtypes(*info, ops, out_dtype, form, &in)) return std::nullopt;
 
     // The geometry the op's TensorIterator gives (built on meta tensors of the recorded shapes).
     Operand out;
@@ -295,8 +256,8 @@ class Describer {
  private:
   // What an op's form reads from node `n`'s arguments (constants and values known at capture):
   // the stack positions of its tensor inputs, the instruction's op and parameters. False where
-  // the fused kernel does not compute it as eager does. Over 80 lines: one case per Form, each
-  // reading its arguments as that form's ATen kernel does.
+  // the fused kernel does not compute it as eager does: one case per Form, each reading its
+  // arguments as that form's ATen kernel does.
   struct FormArgs {
     std::vector<int> inputs;           // stack positions of the tensor inputs
     std::optional<c10::Scalar> value;  // addcmul's, addcdiv's value, cast once the dtype is known
@@ -322,107 +283,164 @@ class Describer {
     auto is_none = [&](int a) {
       return a < num_args && n.args[a].kind == Arg::Kind::kConstant && n.args[a].constant.isNone();
     };
-
     switch (info.form) {
       case Form::kUnary:
         form->inputs = {0};
-        break;
-      case Form::kUnaryScalar: {
+        return true;
+      case Form::kUnaryScalar:
         form->inputs = {0};
-        std::optional<c10::Scalar> s = scalar(1);
-        if (!s.has_value() || s->isComplex()) return false;
-        const double v = s->toDouble();
-        if (name == "aten::pow.Tensor_Scalar_out") {  // Pow.cpp, PowKernel.cpp
-          if (v == 2.0) in->op = Op::kSquare;
-          else if (v == 3.0) in->op = Op::kCube;
-          else if (v == -2.0) in->op = Op::kInverseSquare;
-          else if (v == 0.5 && fused::MklAvailable()) in->op = Op::kSqrt;
-          else if (v == -0.5) in->op = Op::kRsqrt;
-          else if (v == -1.0) in->op = Op::kReciprocal;
-          else return false;
-        } else {
-          if (std::isnan(v)) return false;  // clamp_min/clamp_max fill with a NaN bound
-          in->p0 = v;
-        }
-        break;
-      }
-      case Form::kClamp: {
+        return ReadUnaryScalar(name, scalar(1), in);
+      case Form::kClamp:
         form->inputs = {0};
-        std::optional<c10::Scalar> lo = scalar(1), hi = scalar(2);
-        if ((!lo.has_value() && !is_none(1)) || (!hi.has_value() && !is_none(2))) return false;
-        if ((lo.has_value() && (lo->isComplex() || std::isnan(lo->toDouble()))) ||
-            (hi.has_value() && (hi->isComplex() || std::isnan(hi->toDouble())))) {
-          return false;
-        }
-        if (lo.has_value() && hi.has_value()) {
-          in->p0 = lo->toDouble(), in->p1 = hi->toDouble();
-        } else if (lo.has_value()) {
-          in->op = Op::kClampMin, in->p0 = lo->toDouble();
-        } else if (hi.has_value()) {
-          in->op = Op::kClampMax, in->p0 = hi->toDouble();
-        } else {
-          return false;
-        }
-        break;
-      }
+        if ((!scalar(1).has_value() && !is_none(1)) || (!scalar(2).has_value() && !is_none(2))) return false;
+        return ReadClamp(scalar(1), scalar(2), in);
       case Form::kBinary:
       case Form::kCompare:
         form->inputs = {0, 1};
-        break;
-      case Form::kAlpha: {
+        return true;
+      case Form::kAlpha:
         form->inputs = {0, 1};
-        std::optional<c10::Scalar> alpha = scalar(2);
-        if (!alpha.has_value() || alpha->isComplex()) return false;
-        const bool sub = name == "aten::sub.out";  // BinaryOps.cpp: add_stub with -alpha
-        if (alpha->isIntegral(false)) {
-          const int64_t a = alpha->toLong();
-          in->i0 = sub ? static_cast<int64_t>(0ULL - static_cast<uint64_t>(a)) : a;
-          in->p0 = sub ? -static_cast<double>(a) : static_cast<double>(a);
-        } else {
-          in->p0 = sub ? -alpha->toDouble() : alpha->toDouble();
-          if (out_dtype == c10::kLong) return false;
-        }
-        // self + alpha * other: with alpha = +-1 every rounding of it is the sum's. Other alphas
-        // are one fma (the Add instruction) on every path of eager's loops but one: `other`
-        // broadcast along the rows (a scalar within each row, Loops.h's S = 2), where the
-        // compiler hoisted alpha * other out of the loop in parts of the row's tail (two
-        // roundings, element by element as it vectorized them). Checked on the geometry below.
-        form->general_alpha = out_dtype != c10::kLong && in->p0 != 1.0 && in->p0 != -1.0;
-        if (form->general_alpha && !std::isfinite(in->p0)) return false;
-        break;
-      }
+        return ReadAlpha(name, scalar(2), out_dtype, in, form);
       case Form::kWhere:
         form->inputs = {0, 1, 2};
-        break;
+        return true;
       case Form::kPointwise:
         form->inputs = {0, 1, 2};
         form->value = scalar(3);
-        if (!form->value.has_value() || form->value->isComplex()) return false;
-        break;
+        return form->value.has_value() && !form->value->isComplex();
       case Form::kScalarBase: {
         form->inputs = {1};
         std::optional<c10::Scalar> base = scalar(0);
         // Pow.cpp: a base of 1 fills the result with ones instead
         if (!base.has_value() || base->isComplex() || base->isBoolean() || base->toDouble() == 1.0) return false;
         in->p0 = base->toDouble();  // cast to the exponent's dtype below, as the wrapped number is
-        break;
+        return true;
       }
-      case Form::kMaskedFill: {
+      case Form::kMaskedFill:
         form->inputs = {0, 1};
-        std::optional<c10::Scalar> value = scalar(2);
-        if (!value.has_value() || c10::isComplexType(out_dtype) || c10::elementSize(out_dtype) > 8) return false;
-        try {  // masked_fill_kernel: value.to<scalar_t>(), which raises where it overflows
-          AT_DISPATCH_ALL_TYPES_AND3(c10::kHalf, c10::kBFloat16, c10::kBool, out_dtype, "torchreplay_masked_fill", [&] {
-            const scalar_t v = value->to<scalar_t>();
-            std::memcpy(&in->i0, &v, sizeof(v));
-          });
-        } catch (const c10::Error&) {
-          return false;
-        }
-        break;
+        return ReadMaskedFill(scalar(2), out_dtype, in);
+    }
+    return false;
+  }
+
+  // The instruction's dtype, vector path, NaN check and parameters from its operands' dtypes
+  // (`ops`), its result's and what ReadForm read. False where the fused kernel does not compute
+  // it as eager does.
+  static bool ReadDtypes(const OpInfo& info, const std::vector<Operand>& ops, c10::ScalarType out_dtype,
+                         const FormArgs& form, Instr* in) {
+    // Dtypes: no operand is cast by the op's TensorIterator. Selects move any element of at
+    // most 8 bytes as it is; arithmetic is in float or double (or int64 where ATen's integer
+    // arithmetic is exact).
+    const bool select = info.form == Form::kWhere || info.form == Form::kMaskedFill;
+    const int mask = info.form == Form::kWhere ? 0 : info.form == Form::kMaskedFill ? 1 : -1;
+    const c10::ScalarType compute = info.form == Form::kWhere ? ops[1].dtype : ops[0].dtype;
+    const bool floating = compute == c10::kFloat || compute == c10::kDouble;
+    if (select ? c10::isComplexType(compute) || c10::elementSize(compute) > 8
+               : !floating && !(info.ints && compute == c10::kLong)) {
+      return false;
+    }
+    for (size_t k = 0; k < ops.size(); ++k) {
+      if (ops[k].dtype != (static_cast<int>(k) == mask ? c10::kBool : compute)) return false;
+    }
+    if (out_dtype != (info.form == Form::kCompare ? c10::kBool : compute)) return false;
+    in->dtype = compute;
+    in->num_inputs = static_cast<int>(ops.size());
+    in->vec_block = info.exact ? VecBlock(compute, info.avx512) : 0;
+    if (floating && (in->op == Op::kAdd || in->op == Op::kMul || in->op == Op::kDiv)) {
+      in->nan_check = Instr::NanCheck::kNanPair;
+    } else if (floating && info.sleef) {
+      // Sleef's NaNs; addcmul and addcdiv: with three inputs two NaNs can meet in one element
+      in->nan_check = Instr::NanCheck::kAnyNan;
+    }
+    if (form.value.has_value()) {  // addcmul_cpu_kernel: value.to<scalar_t>(), which raises where it overflows
+      try {
+        in->p0 = compute == c10::kFloat ? static_cast<double>(form.value->to<float>()) : form.value->to<double>();
+      } catch (const c10::Error&) {
+        return false;
       }
     }
+    if (form.general_alpha && compute == c10::kFloat) {
+      // ufunc add: alpha.to<float>(), which raises where it overflows
+      if (std::abs(in->p0) > static_cast<double>(std::numeric_limits<float>::max())) return false;
+    }
+    if (in->op == Op::kPowScalarBase) {
+      if (!floating) return false;
+      in->p0 = compute == c10::kFloat ? static_cast<double>(static_cast<float>(in->p0)) : in->p0;
+    }
+    return true;
+  }
 
+  // Form::kUnaryScalar's scalar `s` (pow's exponent: the op it is eager's kernel for).
+  static bool ReadUnaryScalar(const std::string& name, const std::optional<c10::Scalar>& s, Instr* in) {
+    if (!s.has_value() || s->isComplex()) return false;
+    const double v = s->toDouble();
+    if (name == "aten::pow.Tensor_Scalar_out") {  // Pow.cpp, PowKernel.cpp
+      if (v == 2.0) in->op = Op::kSquare;
+      else if (v == 3.0) in->op = Op::kCube;
+      else if (v == -2.0) in->op = Op::kInverseSquare;
+      else if (v == 0.5 && fused::MklAvailable()) in->op = Op::kSqrt;
+      else if (v == -0.5) in->op = Op::kRsqrt;
+      else if (v == -1.0) in->op = Op::kReciprocal;
+      else return false;
+    } else {
+      if (std::isnan(v)) return false;  // clamp_min/clamp_max fill with a NaN bound
+      in->p0 = v;
+    }
+    return true;
+  }
+
+  // Form::kClamp's bounds (either may be none).
+  static bool ReadClamp(const std::optional<c10::Scalar>& lo, const std::optional<c10::Scalar>& hi, Instr* in) {
+    if ((lo.has_value() && (lo->isComplex() || std::isnan(lo->toDouble()))) ||
+        (hi.has_value() && (hi->isComplex() || std::isnan(hi->toDouble())))) {
+      return false;
+    }
+    if (lo.has_value() && hi.has_value()) {
+      in->p0 = lo->toDouble(), in->p1 = hi->toDouble();
+    } else if (lo.has_value()) {
+      in->op = Op::kClampMin, in->p0 = lo->toDouble();
+    } else if (hi.has_value()) {
+      in->op = Op::kClampMax, in->p0 = hi->toDouble();
+    } else {
+      return false;
+    }
+    return true;
+  }
+
+  // Form::kAlpha's alpha (add's, sub's).
+  static bool ReadAlpha(const std::string& name, const std::optional<c10::Scalar>& alpha, c10::ScalarType out_dtype,
+                        Instr* in, FormArgs* form) {
+    if (!alpha.has_value() || alpha->isComplex()) return false;
+    const bool sub = name == "aten::sub.out";  // BinaryOps.cpp: add_stub with -alpha
+    if (alpha->isIntegral(false)) {
+      const int64_t a = alpha->toLong();
+      in->i0 = sub ? static_cast<int64_t>(0ULL - static_cast<uint64_t>(a)) : a;
+      in->p0 = sub ? -static_cast<double>(a) : static_cast<double>(a);
+    } else {
+      in->p0 = sub ? -alpha->toDouble() : alpha->toDouble();
+      if (out_dtype == c10::kLong) return false;
+    }
+    // self + alpha * other: with alpha = +-1 every rounding of it is the sum's. Other alphas
+    // are one fma (the Add instruction) on every path of eager's loops but one: `other`
+    // broadcast along the rows (a scalar within each row, Loops.h's S = 2), where the
+    // compiler hoisted alpha * other out of the loop in parts of the row's tail (two
+    // roundings, element by element as it vectorized them). Checked on the geometry below.
+    form->general_alpha = out_dtype != c10::kLong && in->p0 != 1.0 && in->p0 != -1.0;
+    return !(form->general_alpha && !std::isfinite(in->p0));
+  }
+
+  // Form::kMaskedFill's value, as masked_fill_kernel casts it: value.to<scalar_t>(), which raises
+  // where it overflows.
+  static bool ReadMaskedFill(const std::optional<c10::Scalar>& value, c10::ScalarType out_dtype, Instr* in) {
+    if (!value.has_value() || c10::isComplexType(out_dtype) || c10::elementSize(out_dtype) > 8) return false;
+    try {
+      AT_DISPATCH_ALL_TYPES_AND3(c10::kHalf, c10::kBFloat16, c10::kBool, out_dtype, "torchreplay_masked_fill", [&] {
+        const scalar_t v = value->to<scalar_t>();
+        std::memcpy(&in->i0, &v, sizeof(v));
+      });
+    } catch (const c10::Error&) {
+      return false;
+    }
     return true;
   }
 
@@ -567,151 +585,67 @@ bool FusionAvailable() {
   return available;
 }
 
-// Over 80 lines: one walk over the nodes with the open group's state (accesses, fresh and saved
-// roots) in local lambdas (keep_in_chunks, close) that read and reset it together.
-std::vector<TapePlan::FusedGroup> PlanFusion(const Graph& g, const Recording& rec, const TapePlan& plan) {
-  std::vector<TapePlan::FusedGroup> groups;
-  if (!FusionAvailable()) return groups;
-  Describer describer(g, rec, plan);
-  TapePlan::FusedGroup group;
-  // One operand of an instruction as memory: the storage it views (its root value), its byte
-  // offset there, and where the iteration's k-th element (first dim fastest) lies from there, as
-  // (size, stride) runs with size-1 dims dropped and runs walked as one merged: two accesses with
-  // equal mappings touch the same bytes for each element index, whatever dims their iterators
-  // were left with.
-  struct Access {
-    ValueId root = -1;
-    int64_t offset = 0;
-    absl::InlinedVector<std::pair<int64_t, int64_t>, fused::kMaxDims> map;
-    bool write = false;
-    bool SameMapping(const Access& o) const { return offset == o.offset && map == o.map; }
-  };
-  // Every access of the open segment. A segment runs every instruction on a piece before the next
-  // piece, so memory some instruction of it writes must be accessed by all of them in the mapping
-  // it is written in: a transposed read of an intermediate, a view of it, or an in-place write of
-  // what an instruction read otherwise would see elements another piece has not written yet, or
-  // already overwrote. Such an instruction starts a new segment.
-  std::vector<Access> accesses;
-  // Of the open group: the roots its out= instructions wrote (planned buffers, fresh). Of the open
-  // segment: the roots it wrote, by out= or after saving what was there (Note [In-place
-  // instructions]): an in-place write of another root saves it first.
-  absl::flat_hash_map<ValueId, bool> fresh;
-  absl::flat_hash_set<ValueId> segment_wrote;
-  // Per instruction of the open group: each operand's value (-1 for a constant or a number).
-  std::vector<std::array<ValueId, fused::kMaxOperands>> operand_values;
-  // Per root: the last node reading it or a view of it (nodes().size() for a graph output).
-  std::vector<int> root_last_use(g.last_use().size(), -1);
-  for (ValueId v = 0; v < static_cast<ValueId>(root_last_use.size()); ++v) {
-    const ValueId r = rec.values[v].root_or(v);
-    root_last_use[r] = std::max(root_last_use[r], g.last_use()[v]);
+namespace {
+
+// One operand of an instruction as memory: the storage it views (its root value), its byte
+// offset there, and where the iteration's k-th element (first dim fastest) lies from there, as
+// (size, stride) runs with size-1 dims dropped and runs walked as one merged: two accesses with
+// equal mappings touch the same bytes for each element index, whatever dims their iterators
+// were left with.
+struct Access {
+  ValueId root = -1;
+  int64_t offset = 0;
+  absl::InlinedVector<std::pair<int64_t, int64_t>, fused::kMaxDims> map;
+  bool write = false;
+  bool SameMapping(const Access& o) const { return offset == o.offset && map == o.map; }
+};
+
+// PlanFusion's walk over the nodes: the open group and its state, closed into `groups_` where a
+// node that runs per call does not join it.
+class FusionWalk {
+ public:
+  FusionWalk(const Graph& g, const Recording& rec, const TapePlan& plan)
+      : g_(g), rec_(rec), plan_(plan), describer_(g, rec, plan), root_last_use_(g.last_use().size(), -1) {
+    for (ValueId v = 0; v < static_cast<ValueId>(root_last_use_.size()); ++v) {
+      const ValueId r = rec.values[v].root_or(v);
+      root_last_use_[r] = std::max(root_last_use_[r], g.last_use()[v]);
+    }
   }
-  // Note [Intermediates kept in chunks]: the group's roots that qualify get a chunk buffer each.
-  auto keep_in_chunks = [&] {
-    struct Use {
-      int segment = -1;
-      bool qualifies = true;
-    };
-    absl::flat_hash_map<ValueId, Use> uses;
-    for (int s = 0; s < static_cast<int>(group.segments.size()); ++s) {
-      const fused::Segment& seg = group.segments[s];
-      for (int j = seg.first; j < seg.first + seg.count; ++j) {
-        const fused::Instr& in = group.instrs[j];
-        for (int k = 0; k <= in.num_inputs; ++k) {
-          const ValueId v = operand_values[j][k];
-          if (v < 0 || !rec.values[v].is_tensor) continue;
-          const ValueId r = rec.values[v].root_or(v);
-          auto [it, first] = uses.try_emplace(r);
-          Use& u = it->second;
-          // Written first, by an out= instruction (fresh memory), accessed as itself (no view)
-          // with unit inner stride, in one segment only, and read by nothing after the group.
-          const bool out_write = k == 0 && fresh.contains(r) && in.snapshot < 0;
-          const int64_t size = static_cast<int64_t>(c10::elementSize(rec.values[v].dtype));
-          u.qualifies = u.qualifies && (first ? out_write : k > 0) && v == r && (u.segment < 0 || u.segment == s) &&
-                        (in.strides[k][0] == size || in.shape[0] == 1) && root_last_use[r] <= group.nodes.back();
-          u.segment = s;
-        }
+
+  std::vector<TapePlan::FusedGroup> Run() {
+    for (int i = 0; i < static_cast<int>(g_.nodes().size()); ++i) {
+      std::vector<ValueId> values;
+      std::optional<Instr> in = describer_.Describe(i, &values);
+      std::vector<Access> mine;
+      if (in.has_value()) mine = AccessesOf(*in, values);
+      // A write through a view whose elements share memory (unfold's or as_strided's overlapping
+      // windows, which eager's kernel writes in its own element order): neither the piece-by-piece
+      // walk nor the copies saved per element would give eager's result. The node keeps its step.
+      if (!in.has_value() ||
+          MayOverlapItself({mine[0].map.begin(), mine[0].map.end()},
+                           static_cast<int64_t>(c10::elementSize(rec_.values[values[0]].dtype)))) {
+        if (RunsPerCall(g_, plan_, i)) Close();
+        continue;
       }
+      Add(i, *in, values, mine);
     }
-    // Chunk buffers by liveness: a value takes a free one at the instruction that writes it (never
-    // one an input of that instruction holds) and frees it after the last instruction reading it,
-    // so a chain of any length cycles through two or three buffers that stay in the L1 cache.
-    absl::flat_hash_map<ValueId, int> last_read;
-    for (int j = 0; j < static_cast<int>(group.instrs.size()); ++j) {
-      for (int k = 0; k <= group.instrs[j].num_inputs; ++k) {
-        const ValueId v = operand_values[j][k];
-        if (v >= 0 && uses.contains(v) && uses[v].qualifies) last_read[v] = j;
-      }
-    }
-    absl::flat_hash_map<ValueId, int> temp;
-    std::vector<int> free_temps;
-    int made = 0;
-    for (int j = 0; j < static_cast<int>(group.instrs.size()); ++j) {
-      fused::Instr& in = group.instrs[j];
-      const ValueId out = operand_values[j][0];
-      if (out >= 0 && last_read.contains(out) && !temp.contains(out)) {
-        if (!free_temps.empty()) {
-          temp.emplace(out, free_temps.back());
-          free_temps.pop_back();
-        } else if (made < fused::kMaxTemps) {
-          temp.emplace(out, made++);
-        }
-      }
-      for (int k = 0; k <= in.num_inputs; ++k) {
-        if (auto it = temp.find(operand_values[j][k]); it != temp.end()) in.temp[k] = static_cast<int8_t>(it->second);
-      }
-      for (int k = 0; k <= in.num_inputs; ++k) {
-        const ValueId v = operand_values[j][k];
-        if (auto it = temp.find(v); it != temp.end() && last_read[v] == j) {
-          free_temps.push_back(it->second);
-          temp.erase(it);
-        }
-      }
-    }
-  };
-  auto close = [&] {
-    // The saved copies of a segment that may fall back (a NanCheck) side by side from the start of
-    // the scratch buffer; a segment that never falls back saves nothing.
-    for (const fused::Segment& seg : group.segments) {
-      bool falls_back = false;
-      for (int j = seg.first; j < seg.first + seg.count; ++j) {
-        falls_back = falls_back || group.instrs[j].nan_check != Instr::NanCheck::kNone;
-      }
-      int64_t end = 0;
-      for (int j = seg.first; j < seg.first + seg.count; ++j) {
-        Instr& in = group.instrs[j];
-        if (in.snapshot < 0) continue;
-        in.snapshot = falls_back ? end : -1;
-        if (falls_back) end += (in.numel * static_cast<int64_t>(c10::elementSize(in.dtype)) + 63) / 64 * 64;
-      }
-      group.scratch_bytes = std::max(group.scratch_bytes, end);
-    }
-    if (!group.nodes.empty()) {
-      keep_in_chunks();
-      groups.push_back(std::move(group));
-    }
-    group = TapePlan::FusedGroup();
-    operand_values.clear();
-    accesses.clear();
-    fresh.clear();
-    segment_wrote.clear();
-  };
-  for (int i = 0; i < static_cast<int>(g.nodes().size()); ++i) {
-    std::vector<ValueId> values;
-    std::optional<Instr> in = describer.Describe(i, &values);
-    if (!in.has_value()) {
-      if (RunsPerCall(g, plan, i)) close();
-      continue;
-    }
-    const bool in_place = plan.nodes[i].decision == TapePlan::Decision::kFunctional;
+    Close();
+    return std::move(groups_);
+  }
+
+ private:
+  // The accesses of instruction `in`'s tensor operands (`values`: each operand's value, -1 for a
+  // constant or a number), its output's first.
+  std::vector<Access> AccessesOf(const Instr& in, const std::vector<ValueId>& values) const {
     std::vector<Access> mine;
-    for (int k = 0; k <= in->num_inputs; ++k) {
+    for (int k = 0; k <= in.num_inputs; ++k) {
       const ValueId v = values[k];
-      if (v < 0 || !rec.values[v].is_tensor) continue;  // a constant or a number: read only
+      if (v < 0 || !rec_.values[v].is_tensor) continue;  // a constant or a number: read only
       Access a;
-      a.root = rec.values[v].root_or(v);
-      a.offset = rec.values[v].storage_offset * static_cast<int64_t>(c10::elementSize(rec.values[v].dtype));
-      for (int d = 0; d < in->ndim; ++d) {
-        const int64_t size = in->shape[d], stride = in->strides[k][d];
+      a.root = rec_.values[v].root_or(v);
+      a.offset = rec_.values[v].storage_offset * static_cast<int64_t>(c10::elementSize(rec_.values[v].dtype));
+      for (int d = 0; d < in.ndim; ++d) {
+        const int64_t size = in.shape[d], stride = in.strides[k][d];
         if (size == 1) continue;
         if (!a.map.empty() && a.map.back().first * a.map.back().second == stride) {
           a.map.back().first *= size;
@@ -722,41 +656,173 @@ std::vector<TapePlan::FusedGroup> PlanFusion(const Graph& g, const Recording& re
       a.write = k == 0;
       mine.push_back(a);
     }
-    // A write through a view whose elements share memory (unfold's or as_strided's overlapping
-    // windows, which eager's kernel writes in its own element order): neither the piece-by-piece
-    // walk nor the copies saved per element would give eager's result. The node keeps its step.
-    if (MayOverlapItself({mine[0].map.begin(), mine[0].map.end()},
-                         static_cast<int64_t>(c10::elementSize(rec.values[values[0]].dtype)))) {
-      if (RunsPerCall(g, plan, i)) close();
-      continue;
-    }
-    bool same_segment = !group.instrs.empty() && SameShape(group.instrs.back(), *in) &&
-                        group.segments.back().count < fused::kMaxSegment;
+    return mine;
+  }
+
+  // Node `i` joins the open group, in the open segment or a new one.
+  void Add(int i, Instr in, const std::vector<ValueId>& values, const std::vector<Access>& mine) {
+    const bool in_place = plan_.nodes[i].decision == TapePlan::Decision::kFunctional;
+    bool same_segment = !group_.instrs.empty() && SameShape(group_.instrs.back(), in) &&
+                        group_.segments.back().count < fused::kMaxSegment;
     for (const Access& a : mine) {
-      for (const Access& e : accesses) {
+      for (const Access& e : accesses_) {
         if (e.root == a.root && (e.write || a.write) && !e.SameMapping(a)) same_segment = false;
       }
     }
     if (!same_segment) {
-      group.segments.push_back(fused::Segment{static_cast<int>(group.instrs.size()), 0});
-      accesses.clear();
-      segment_wrote.clear();
+      group_.segments.push_back(fused::Segment{static_cast<int>(group_.instrs.size()), 0});
+      accesses_.clear();
+      segment_wrote_.clear();
     }
     // Every access of a root written in a segment has one mapping, so the saved copy covers it.
-    // (Marked here; close() lays the copies out.)
-    const bool first_write = segment_wrote.insert(mine[0].root).second;
-    if (in_place && first_write) in->snapshot = 0;
-    if (!in_place) fresh[mine[0].root] = true;
-    group.nodes.push_back(i);
-    group.instrs.push_back(*in);
-    operand_values.emplace_back();
-    operand_values.back().fill(-1);
-    for (int k = 0; k <= in->num_inputs && k < static_cast<int>(values.size()); ++k) operand_values.back()[k] = values[k];
-    ++group.segments.back().count;
-    accesses.insert(accesses.end(), mine.begin(), mine.end());
+    // (Marked here; LayOutSnapshots lays the copies out.)
+    const bool first_write = segment_wrote_.insert(mine[0].root).second;
+    if (in_place && first_write) in.snapshot = 0;
+    if (!in_place) fresh_.insert(mine[0].root);
+    group_.nodes.push_back(i);
+    group_.instrs.push_back(in);
+    operand_values_.emplace_back();
+    operand_values_.back().fill(-1);
+    for (int k = 0; k <= in.num_inputs && k < static_cast<int>(values.size()); ++k) {
+      operand_values_.back()[k] = values[k];
+    }
+    ++group_.segments.back().count;
+    accesses_.insert(accesses_.end(), mine.begin(), mine.end());
   }
-  close();
-  return groups;
+
+  void Close() {
+    LayOutSnapshots();
+    if (!group_.nodes.empty()) {
+      AssignChunkBuffers(RootsKeptInChunks());
+      groups_.push_back(std::move(group_));
+    }
+    group_ = TapePlan::FusedGroup();
+    operand_values_.clear();
+    accesses_.clear();
+    fresh_.clear();
+    segment_wrote_.clear();
+  }
+
+  // The saved copies of a segment that may fall back (a NanCheck) side by side from the start of
+  // the scratch buffer; a segment that never falls back saves nothing.
+  void LayOutSnapshots() {
+    for (const fused::Segment& seg : group_.segments) {
+      bool falls_back = false;
+      for (int j = seg.first; j < seg.first + seg.count; ++j) {
+        falls_back = falls_back || group_.instrs[j].nan_check != Instr::NanCheck::kNone;
+      }
+      int64_t end = 0;
+      for (int j = seg.first; j < seg.first + seg.count; ++j) {
+        Instr& in = group_.instrs[j];
+        if (in.snapshot < 0) continue;
+        in.snapshot = falls_back ? end : -1;
+        if (falls_back) end += (in.numel * static_cast<int64_t>(c10::elementSize(in.dtype)) + 63) / 64 * 64;
+      }
+      group_.scratch_bytes = std::max(group_.scratch_bytes, end);
+    }
+  }
+
+  // Note [Intermediates kept in chunks]: the open group's roots that qualify: written first, by
+  // an out= instruction (fresh memory), accessed as themselves (no view) with unit inner stride,
+  // in one segment only, and read by nothing after the group.
+  absl::flat_hash_set<ValueId> RootsKeptInChunks() const {
+    struct Use {
+      int segment = -1;
+      bool qualifies = true;
+    };
+    absl::flat_hash_map<ValueId, Use> uses;
+    for (int s = 0; s < static_cast<int>(group_.segments.size()); ++s) {
+      const fused::Segment& seg = group_.segments[s];
+      for (int j = seg.first; j < seg.first + seg.count; ++j) {
+        const fused::Instr& in = group_.instrs[j];
+        for (int k = 0; k <= in.num_inputs; ++k) {
+          const ValueId v = operand_values_[j][k];
+          if (v < 0 || !rec_.values[v].is_tensor) continue;
+          const ValueId r = rec_.values[v].root_or(v);
+          auto [it, first] = uses.try_emplace(r);
+          Use& u = it->second;
+          const bool out_write = k == 0 && fresh_.contains(r) && in.snapshot < 0;
+          const int64_t size = static_cast<int64_t>(c10::elementSize(rec_.values[v].dtype));
+          u.qualifies = u.qualifies && (first ? out_write : k > 0) && v == r && (u.segment < 0 || u.segment == s) &&
+                        (in.strides[k][0] == size || in.shape[0] == 1) && root_last_use_[r] <= group_.nodes.back();
+          u.segment = s;
+        }
+      }
+    }
+    absl::flat_hash_set<ValueId> kept;
+    for (const auto& [root, use] : uses) {
+      if (use.qualifies) kept.insert(root);
+    }
+    return kept;
+  }
+
+  // Chunk buffers by liveness: a value of `kept` takes a free one at the instruction that writes
+  // it (never one an input of that instruction holds) and frees it after the last instruction
+  // reading it, so a chain of any length cycles through two or three buffers that stay in the L1
+  // cache.
+  void AssignChunkBuffers(const absl::flat_hash_set<ValueId>& kept) {
+    absl::flat_hash_map<ValueId, int> last_read;
+    for (int j = 0; j < static_cast<int>(group_.instrs.size()); ++j) {
+      for (int k = 0; k <= group_.instrs[j].num_inputs; ++k) {
+        const ValueId v = operand_values_[j][k];
+        if (v >= 0 && kept.contains(v)) last_read[v] = j;
+      }
+    }
+    absl::flat_hash_map<ValueId, int> temp;
+    std::vector<int> free_temps;
+    int made = 0;
+    for (int j = 0; j < static_cast<int>(group_.instrs.size()); ++j) {
+      fused::Instr& in = group_.instrs[j];
+      const ValueId out = operand_values_[j][0];
+      if (out >= 0 && last_read.contains(out) && !temp.contains(out)) {
+        if (!free_temps.empty()) {
+          temp.emplace(out, free_temps.back());
+          free_temps.pop_back();
+        } else if (made < fused::kMaxTemps) {
+          temp.emplace(out, made++);
+        }
+      }
+      for (int k = 0; k <= in.num_inputs; ++k) {
+        if (auto it = temp.find(operand_values_[j][k]); it != temp.end()) in.temp[k] = static_cast<int8_t>(it->second);
+      }
+      for (int k = 0; k <= in.num_inputs; ++k) {
+        const ValueId v = operand_values_[j][k];
+        if (auto it = temp.find(v); it != temp.end() && last_read[v] == j) {
+          free_temps.push_back(it->second);
+          temp.erase(it);
+        }
+      }
+    }
+  }
+
+  const Graph& g_;
+  const Recording& rec_;
+  const TapePlan& plan_;
+  Describer describer_;
+  std::vector<TapePlan::FusedGroup> groups_;
+  TapePlan::FusedGroup group_;  // the open group
+  // Every access of the open segment. A segment runs every instruction on a piece before the next
+  // piece, so memory some instruction of it writes must be accessed by all of them in the mapping
+  // it is written in: a transposed read of an intermediate, a view of it, or an in-place write of
+  // what an instruction read otherwise would see elements another piece has not written yet, or
+  // already overwrote. Such an instruction starts a new segment.
+  std::vector<Access> accesses_;
+  // Of the open group: the roots its out= instructions wrote (planned buffers, fresh). Of the open
+  // segment: the roots it wrote, by out= or after saving what was there (Note [In-place
+  // instructions]): an in-place write of another root saves it first.
+  absl::flat_hash_set<ValueId> fresh_;
+  absl::flat_hash_set<ValueId> segment_wrote_;
+  // Per instruction of the open group: each operand's value (-1 for a constant or a number).
+  std::vector<std::array<ValueId, fused::kMaxOperands>> operand_values_;
+  // Per root: the last node reading it or a view of it (nodes().size() for a graph output).
+  std::vector<int> root_last_use_;
+};
+
+}  // namespace
+
+std::vector<TapePlan::FusedGroup> PlanFusion(const Graph& g, const Recording& rec, const TapePlan& plan) {
+  if (!FusionAvailable()) return {};
+  return FusionWalk(g, rec, plan).Run();
 }
 
 }  // namespace torchreplay::capture
