@@ -322,8 +322,8 @@ absl::Status Engine::Capture(ThreadState& ts, Entry& e, const std::vector<c10::I
   }
   absl::StatusOr<std::unique_ptr<capture::CapturedGraph>> graph;
   try {  // an allocation that fails half-way (out of memory) fails the capture, not the call
-    graph = cuda ? capture::CaptureCudaGraph(graph_, *e.recording, inputs, &ts.cuda_pool, options)
-                 : capture::CaptureKernelTape(graph_, *e.recording, inputs, &ts.arena, options);
+    graph = cuda ? capture::cuda::CaptureCudaGraph(graph_, *e.recording, inputs, &ts.cuda_pool, options)
+                 : capture::tape::CaptureKernelTape(graph_, *e.recording, inputs, &ts.arena, options);
   } catch (const c10::Error& err) {
     graph = absl::InternalError(absl::StrCat("capture failed: ", err.what_without_backtrace()));
   }
@@ -611,7 +611,7 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::WarmUp(ThreadState& ts, Entry& 
   e.recording.emplace();
   e.recording->baked_inputs = e.baked;
   absl::StatusOr<std::vector<c10::IValue>> out =
-      capture::RunAndRecord(interpreter_, inputs, &*e.recording, capture::CheckTapeNode);
+      capture::RunAndRecord(interpreter_, inputs, &*e.recording, capture::tape::CheckTapeNode);
   if (!out.ok()) {
     e.recording.reset();
     return capture::WithContext(out.status(), absl::StrCat("graph '", options_.name, "': "));

@@ -41,7 +41,7 @@
 
 #endif
 
-namespace torchreplay::capture {
+namespace torchreplay::capture::cuda {
 
 absl::StatusOr<CudaCapturePlan> PlanCudaCapture(const Graph& g, const Recording& rec,
                                                 const std::vector<c10::IValue>& inputs) {
@@ -384,4 +384,4 @@ absl::StatusOr<std::unique_ptr<CapturedGraph>> CaptureCudaGraph(
 
 #endif  // TORCHREPLAY_WITH_CUDA
 
-}  // namespace torchreplay::capture
+}  // namespace torchreplay::capture::cuda

@@ -24,7 +24,7 @@
 #include "capture/ir/recording.h"
 #include "memory_pool/cuda_pool.h"
 
-namespace torchreplay::capture {
+namespace torchreplay::capture::cuda {
 
 // What capturing `graph` for the key of `inputs` would do, from the recording of its last warm-up
 // run; host-only. Errors (FailedPrecondition, naming the value or input): graphs no CUDA graph can
@@ -58,4 +58,4 @@ absl::StatusOr<std::unique_ptr<CapturedGraph>> CaptureCudaGraph(
     const std::vector<c10::IValue>& inputs, memory_pool::CudaPool* pool,
     const CaptureOptions& options);
 
-}  // namespace torchreplay::capture
+}  // namespace torchreplay::capture::cuda

@@ -16,7 +16,7 @@
 #include "capture/ir/testing.h"
 #include "memory_pool/cuda_pool.h"
 
-namespace torchreplay::capture {
+namespace torchreplay::capture::cuda {
 namespace {
 
 using ::testing::ElementsAre;
@@ -167,4 +167,4 @@ TEST(CudaPlan, ExpandedInputPlaceholder) {
 }
 
 }  // namespace
-}  // namespace torchreplay::capture
+}  // namespace torchreplay::capture::cuda

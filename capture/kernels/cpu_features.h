@@ -5,7 +5,7 @@
 
 #include <ATen/Version.h>
 
-namespace torchreplay::capture {
+namespace torchreplay::capture::kernels {
 
 // Whether this CPU has AVX2 and FMA.
 inline bool HasAvx2AndFma() {
@@ -25,4 +25,4 @@ inline bool AtenAvx512() {
   return avx512;
 }
 
-}  // namespace torchreplay::capture
+}  // namespace torchreplay::capture::kernels

@@ -21,7 +21,7 @@
 
 #include "capture/kernels/post_op.h"
 
-namespace torchreplay::capture::depthwise {
+namespace torchreplay::capture::kernels::depthwise {
 
 struct Params {
   const float* x = nullptr;        // input, [N, C, H, W] by the strides below
@@ -42,4 +42,4 @@ bool Available();
 // y = depthwise convolution of x (Note [Depthwise convolutions]), over torch's intra-op threads.
 void Run(const Params& p);
 
-}  // namespace torchreplay::capture::depthwise
+}  // namespace torchreplay::capture::kernels::depthwise

@@ -18,7 +18,7 @@
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
-namespace torchreplay::capture::depthwise {
+namespace torchreplay::capture::kernels::depthwise {
 namespace avx512 {
 void RunPixels(const Params& p);  // depthwise_pixels_avx512.cc
 }  // namespace avx512
@@ -183,12 +183,12 @@ void Run(const Params& p) {
                    });
 }
 
-}  // namespace torchreplay::capture::depthwise
+}  // namespace torchreplay::capture::kernels::depthwise
 
 #else  // no AVX2: Available() is false, and nothing calls Run
 
-namespace torchreplay::capture::depthwise {
+namespace torchreplay::capture::kernels::depthwise {
 void Run(const Params&) { TORCH_CHECK(false, "torchreplay: the depthwise kernel needs AVX2 and FMA"); }
-}  // namespace torchreplay::capture::depthwise
+}  // namespace torchreplay::capture::kernels::depthwise
 
 #endif

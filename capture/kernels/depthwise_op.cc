@@ -5,9 +5,10 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include "capture/kernels/cpu_features.h"
 #include "capture/kernels/depthwise_kernel.h"
 
-namespace torchreplay::capture {
+namespace torchreplay::capture::kernels {
 namespace {
 
 // input [N, C, H, W]; weight [C, 1, KH, KW] and the same as weight_hwc [KH, KW, C], contiguous.
@@ -62,9 +63,13 @@ at::Tensor Depthwise(const at::Tensor& input, const at::Tensor& weight, const at
 
 }  // namespace
 
+namespace depthwise {
+bool Available() { return HasAvx2AndFma(); }
+}  // namespace depthwise
+
 TORCH_LIBRARY_IMPL(torchreplay, CPU, m) {
   m.impl("depthwise_conv2d", &Depthwise);
   m.impl("depthwise_conv2d.out", &DepthwiseOut);
 }
 
-}  // namespace torchreplay::capture
+}  // namespace torchreplay::capture::kernels

@@ -12,7 +12,7 @@
 #if defined(__AVX512F__) && defined(__FMA__)
 #include <immintrin.h>
 
-namespace torchreplay::capture::depthwise::avx512 {
+namespace torchreplay::capture::kernels::depthwise::avx512 {
 namespace {
 
 #include "capture/kernels/simd_ops.h"
@@ -28,6 +28,6 @@ namespace {
 
 void RunPixels(const Params& p) { Pixels(p); }
 
-}  // namespace torchreplay::capture::depthwise::avx512
+}  // namespace torchreplay::capture::kernels::depthwise::avx512
 
 #endif

@@ -11,7 +11,7 @@
 
 #include <cstdint>
 
-namespace torchreplay::capture {
+namespace torchreplay::capture::kernels {
 
 enum class PostOp : uint8_t { kNone, kRelu, kHardswish, kHardsigmoid };
 
@@ -25,4 +25,4 @@ inline PostOp PostOpOf(c10::string_view name, const char* op) {
   TORCH_CHECK(false, op, ": post_op is \"none\", \"relu\", \"hardswish\" or \"hardsigmoid\", not \"", name, "\"");
 }
 
-}  // namespace torchreplay::capture
+}  // namespace torchreplay::capture::kernels

@@ -19,7 +19,7 @@
 
 #include <cstdint>
 
-namespace torchreplay::capture::recurrent {
+namespace torchreplay::capture::kernels::recurrent {
 
 struct GruParams {
   const float* gi = nullptr;    // [T, B, 3H]: each step's input projection (+ b_ih), gates r, z, n
@@ -35,4 +35,4 @@ struct GruParams {
 // (AVX2 and FMA), as the small GEMM it calls.
 void GruSteps(const GruParams& p);
 
-}  // namespace torchreplay::capture::recurrent
+}  // namespace torchreplay::capture::kernels::recurrent

@@ -9,7 +9,7 @@
 
 #include "capture/kernels/small_gemm.h"
 
-namespace torchreplay::capture::recurrent {
+namespace torchreplay::capture::kernels::recurrent {
 
 #if defined(__AVX2__) && defined(__FMA__)
 
@@ -79,4 +79,4 @@ void GruSteps(const GruParams&) { TORCH_CHECK(false, "torchreplay: the GRU steps
 
 #endif
 
-}  // namespace torchreplay::capture::recurrent
+}  // namespace torchreplay::capture::kernels::recurrent

@@ -11,7 +11,7 @@
 #include "capture/kernels/recurrent.h"
 #include "capture/kernels/small_gemm.h"
 
-namespace torchreplay::capture {
+namespace torchreplay::capture::kernels {
 namespace {
 
 constexpr const char* kName = "torchreplay::gru_sequence";
@@ -108,4 +108,4 @@ TORCH_LIBRARY_IMPL(torchreplay, CPU, m) {
   m.impl("gru_sequence.out", &GruSequenceOut);
 }
 
-}  // namespace torchreplay::capture
+}  // namespace torchreplay::capture::kernels

@@ -6,7 +6,7 @@
 
 #include "capture/kernels/cpu_features.h"
 
-namespace torchreplay::capture::small_gemm {
+namespace torchreplay::capture::kernels::small_gemm {
 namespace avx2 {
 void Run(const Params& p);  // small_gemm_avx2.cc
 }  // namespace avx2
@@ -27,4 +27,4 @@ void RunWith(Isa isa, const Params& p) {
 #endif
 }
 
-}  // namespace torchreplay::capture::small_gemm
+}  // namespace torchreplay::capture::kernels::small_gemm

@@ -23,7 +23,7 @@
 
 #include "capture/kernels/post_op.h"
 
-namespace torchreplay::capture::small_gemm {
+namespace torchreplay::capture::kernels::small_gemm {
 
 
 
@@ -68,4 +68,4 @@ void Run(const Params& p);
 enum class Isa : uint8_t { kAvx2, kAvx512 };
 void RunWith(Isa isa, const Params& p);
 
-}  // namespace torchreplay::capture::small_gemm
+}  // namespace torchreplay::capture::kernels::small_gemm

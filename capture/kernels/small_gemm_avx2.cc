@@ -10,7 +10,7 @@
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
-namespace torchreplay::capture::small_gemm::avx2 {
+namespace torchreplay::capture::kernels::small_gemm::avx2 {
 namespace {
 
 #include "capture/kernels/simd_ops.h"
@@ -35,6 +35,6 @@ inline V AddBias(V bias, V sum) {
 
 void Run(const Params& p) { Gemm(p); }
 
-}  // namespace torchreplay::capture::small_gemm::avx2
+}  // namespace torchreplay::capture::kernels::small_gemm::avx2
 
 #endif

@@ -10,7 +10,7 @@
 #if defined(__AVX512F__) && defined(__FMA__)
 #include <immintrin.h>
 
-namespace torchreplay::capture::small_gemm::avx512 {
+namespace torchreplay::capture::kernels::small_gemm::avx512 {
 namespace {
 
 #include "capture/kernels/simd_ops.h"
@@ -33,6 +33,6 @@ inline V AddBias(V bias, V sum) {
 
 void Run(const Params& p) { Gemm(p); }
 
-}  // namespace torchreplay::capture::small_gemm::avx512
+}  // namespace torchreplay::capture::kernels::small_gemm::avx512
 
 #endif

@@ -32,7 +32,7 @@
 #include "capture/kernels/cpu_features.h"
 #include "capture/kernels/small_gemm.h"
 
-namespace torchreplay::capture {
+namespace torchreplay::capture::kernels {
 namespace {
 
 constexpr const char* kName = "torchreplay::small_gemm";
@@ -345,4 +345,4 @@ TORCH_LIBRARY_IMPL(torchreplay, CPU, m) {
   m.impl("conv_gemm.out", &ConvGemmOut);
 }
 
-}  // namespace torchreplay::capture
+}  // namespace torchreplay::capture::kernels

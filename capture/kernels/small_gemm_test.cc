@@ -17,7 +17,7 @@
 
 #include "capture/kernels/cpu_features.h"
 
-namespace torchreplay::capture::small_gemm {
+namespace torchreplay::capture::kernels::small_gemm {
 namespace {
 
 enum class Start { kZero, kBias, kBiasLast, kRowBias };
@@ -206,4 +206,4 @@ TEST(SmallGemm, BadSizesRaise) {
 }
 
 }  // namespace
-}  // namespace torchreplay::capture::small_gemm
+}  // namespace torchreplay::capture::kernels::small_gemm

@@ -12,7 +12,7 @@
 #include "absl/hash/hash.h"
 #include "absl/strings/string_view.h"
 
-namespace torchreplay::capture {
+namespace torchreplay::capture::tape {
 namespace {
 
 // Bumped whenever a parameter folded by a "close" capture is reached through .data (its getter or
@@ -89,4 +89,4 @@ TORCH_LIBRARY_IMPL(torchreplay, CompositeExplicitAutograd, m) {
   m.impl("check_frozen", torch::CppFunction::makeFromBoxedFunction<&CheckFrozen>());
 }
 
-}  // namespace torchreplay::capture
+}  // namespace torchreplay::capture::tape

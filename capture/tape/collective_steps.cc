@@ -6,7 +6,7 @@
 
 #include <utility>
 
-namespace torchreplay::capture {
+namespace torchreplay::capture::tape {
 
 struct PendingWork {
   c10::intrusive_ptr<c10d::Work> work;
@@ -161,4 +161,4 @@ std::unique_ptr<TypedCall> MakeWaitStep(std::shared_ptr<PendingWork> pending) {
   return std::make_unique<WaitStep>(std::move(pending));
 }
 
-}  // namespace torchreplay::capture
+}  // namespace torchreplay::capture::tape

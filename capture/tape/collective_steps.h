@@ -32,7 +32,7 @@
 
 #include "capture/tape/typed_call.h"
 
-namespace torchreplay::capture {
+namespace torchreplay::capture::tape {
 
 enum class CollectiveKind : uint8_t { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kBroadcast };
 
@@ -54,4 +54,4 @@ std::unique_ptr<TypedCall> MakeCollectiveStep(CollectiveKind kind, const std::ve
                                               std::shared_ptr<PendingWork> pending);
 std::unique_ptr<TypedCall> MakeWaitStep(std::shared_ptr<PendingWork> pending);
 
-}  // namespace torchreplay::capture
+}  // namespace torchreplay::capture::tape

@@ -8,7 +8,7 @@
 
 #include "capture/tape/step_kinds.h"
 
-namespace torchreplay::capture {
+namespace torchreplay::capture::tape {
 namespace {
 
 // A tensor argument as a copy's input, when its dtype is `dtype` and it is no conjugate or
@@ -126,4 +126,4 @@ std::unique_ptr<TypedCall> MakeIndexCopy(const EmitContext& ctx, const Node& n) 
   return MakeIndexCopyOne(*std::move(dst), dim, ctx.TensorArgOf(n.args[2].value), *std::move(src));
 }
 
-}  // namespace torchreplay::capture
+}  // namespace torchreplay::capture::tape

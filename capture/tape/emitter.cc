@@ -25,12 +25,12 @@
 #include "capture/tape/tape_plan.h"
 #include "capture/tape/typed_call.h"
 
-namespace torchreplay::capture {
+namespace torchreplay::capture::tape {
 namespace {
 
-using tape_internal::KernelTape;
-using tape_internal::Patch;
-using tape_internal::Step;
+using internal::KernelTape;
+using internal::Patch;
+using internal::Step;
 
 // A planned buffer: a tensor of the recorded geometry on a storage of its own over its bytes of
 // the arena (Note [One storage per buffer]).
@@ -401,7 +401,7 @@ class Emitter final : public EmitContext {
       }
       program.instrs.push_back(in);
     }
-    return MakeFusedStep(std::move(program), std::move(operands), std::move(exact), arena_storage_);
+    return fused::MakeFusedStep(std::move(program), std::move(operands), std::move(exact), arena_storage_);
   }
 
   // Note [Step kinds]: the step of the family the plan chose.
@@ -583,4 +583,4 @@ absl::StatusOr<std::unique_ptr<CapturedGraph>> CaptureKernelTape(
   return std::unique_ptr<CapturedGraph>(std::move(tape));
 }
 
-}  // namespace torchreplay::capture
+}  // namespace torchreplay::capture::tape

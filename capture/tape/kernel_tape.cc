@@ -15,8 +15,8 @@
 #include "capture/tape/kernel_tape_internal.h"
 #include "capture/tape/checked/lstm_steps.h"
 
-namespace torchreplay::capture {
-namespace tape_internal {
+namespace torchreplay::capture::tape {
+namespace internal {
 namespace {
 
 template <class T>
@@ -183,18 +183,18 @@ absl::StatusOr<std::string> KernelTape::Dump(const std::string& path_stem) const
   return path;
 }
 
-}  // namespace tape_internal
+}  // namespace internal
 
 bool CheckTapeNode(const Graph& g, int node, const std::vector<c10::IValue>& env, Recording* rec) {
-  if (IsConvolution(g.nodes()[node])) {
-    CheckConvolution(g, node, env, rec);
+  if (checked::IsConvolution(g.nodes()[node])) {
+    checked::CheckConvolution(g, node, env, rec);
     return true;
   }
-  if (IsCheckedLstm(g.nodes()[node])) {
-    CheckLstm(g, node, env, rec);
+  if (checked::IsCheckedLstm(g.nodes()[node])) {
+    checked::CheckLstm(g, node, env, rec);
     return true;
   }
-  return IsGemm(g.nodes()[node]) && CheckGemm(g, node, env, rec);
+  return checked::IsGemm(g.nodes()[node]) && checked::CheckGemm(g, node, env, rec);
 }
 
-}  // namespace torchreplay::capture
+}  // namespace torchreplay::capture::tape

@@ -18,7 +18,7 @@
 #include "capture/ir/recording.h"
 #include "memory_pool/arena.h"
 
-namespace torchreplay::capture {
+namespace torchreplay::capture::tape {
 
 // Captures the tape of `graph` for the guard key of `inputs`, the inputs of the recorded warm-up
 // run (static ones are baked in). Its out= buffers are views of `arena`, grown if this key needs
@@ -34,4 +34,4 @@ absl::StatusOr<std::unique_ptr<CapturedGraph>> CaptureKernelTape(
 // other node (which then gets Note [Checked out= kernels]'s check). Every recording the tape may capture from is made with it.
 bool CheckTapeNode(const Graph& g, int node, const std::vector<c10::IValue>& env, Recording* rec);
 
-}  // namespace torchreplay::capture
+}  // namespace torchreplay::capture::tape

@@ -21,7 +21,7 @@
 #include "capture/tape/collective_steps.h"
 #include "capture/tape/typed_call.h"
 
-namespace torchreplay::capture::tape_internal {
+namespace torchreplay::capture::tape::internal {
 
 struct Patch {
   int arg = 0;    // position in the stack
@@ -98,4 +98,4 @@ class KernelTape final : public CapturedGraph {
 // The number `v` (int, float or bool), converted to T the way a cast of its wrapped-number
 // tensor converts it.
 
-}  // namespace torchreplay::capture::tape_internal
+}  // namespace torchreplay::capture::tape::internal

@@ -27,7 +27,7 @@
 #include "capture/tape/step_kinds.h"
 #include "capture/tape/tape_plan.h"
 
-namespace torchreplay::capture {
+namespace torchreplay::capture::tape {
 namespace {
 
 using ::testing::HasSubstr;
@@ -126,7 +126,7 @@ TEST(KernelTapeTest, ReplaysOnNewInputsBitwiseAsTheInterpreter) {
 // iteration space, and acc.add_ in place into acc (Note [In-place instructions]) are one step
 // (where the CPU runs the fused kernel), bitwise as the interpreter.
 TEST(KernelTapeTest, ElementwiseRunsAreOneFusedStep) {
-  if (!FusionAvailable()) GTEST_SKIP() << "no AVX2: nothing is fused";
+  if (!fused::FusionAvailable()) GTEST_SKIP() << "no AVX2: nothing is fused";
   const auto g = Model();
   const at::Tensor w = at::randn({16, 8});
   memory_pool::Arena arena;
@@ -160,7 +160,7 @@ TEST(KernelTapeTest, ElementwiseRunsAreOneFusedStep) {
 // what it overwrote, then each node of the segment runs through its own kernel; the input and
 // the result end bitwise as the interpreter leaves them, NaN payloads included.
 TEST(KernelTapeTest, InPlaceGroupsPutBackWhatTheyOverwroteBeforeRunningAgain) {
-  if (!FusionAvailable()) GTEST_SKIP() << "no AVX2: nothing is fused";
+  if (!fused::FusionAvailable()) GTEST_SKIP() << "no AVX2: nothing is fused";
   GraphBuilder b;
   const ValueId x = b.AddInput("x", ValueType::kTensor);
   const ValueId y = b.AddInput("y", ValueType::kTensor);
@@ -492,4 +492,4 @@ TEST(KernelTapeTest, AKernelErrorKeepsItsTypeThroughReplayAndContext) {
 }
 
 }  // namespace
-}  // namespace torchreplay::capture
+}  // namespace torchreplay::capture::tape

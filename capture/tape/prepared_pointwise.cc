@@ -34,7 +34,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "capture/ir/graph.h"
 
-namespace torchreplay::capture {
+namespace torchreplay::capture::tape {
 
 #ifdef TORCHREPLAY_PREPARED_STEPS
 namespace {
@@ -540,4 +540,4 @@ std::unique_ptr<TypedCall> MakeFlashAttention(const Slots&, const std::vector<in
 std::unique_ptr<TypedCall> MakeLayerNorm(const Slots&, const std::vector<int>&) { return nullptr; }
 #endif  // TORCHREPLAY_PREPARED_STEPS
 
-}  // namespace torchreplay::capture
+}  // namespace torchreplay::capture::tape

@@ -18,7 +18,7 @@
 
 #include "capture/tape/typed_call.h"
 
-namespace torchreplay::capture {
+namespace torchreplay::capture::tape {
 
 // The prepared step of an out= pointwise op, wrapping its typed call `typed` (used whenever the
 // iterator cannot be prepared); returns `typed` itself for any other op, or where this build
@@ -39,4 +39,4 @@ std::unique_ptr<TypedCall> MakeFlashAttention(const Slots& args, const std::vect
 // nullptr where its arguments are not those of a typed step, or where this build has none.
 std::unique_ptr<TypedCall> MakeLayerNorm(const Slots& args, const std::vector<int>& slot_of);
 
-}  // namespace torchreplay::capture
+}  // namespace torchreplay::capture::tape

@@ -6,7 +6,7 @@
 #include "capture/tape/checked/lstm_steps.h"
 #include "capture/tape/prepared_pointwise.h"
 
-namespace torchreplay::capture {
+namespace torchreplay::capture::tape {
 namespace {
 
 bool MatchAttention(const Node&, const std::string& out_op, bool whole_args) {
@@ -27,21 +27,21 @@ bool MatchConvolution(const Node&, const std::string& out_op, bool whole_args) {
   return whole_args && out_op == "torchreplay::convolution.out";  // Note [Checked convolutions]
 }
 Made MakeConvolution(const EmitContext&, const OutCall& call, const CaptureOptions&) {
-  return {MakeConvolutionStep(call.args, call.slot_of), ConvolutionStepKind(call.args)};
+  return {checked::MakeConvolutionStep(call.args, call.slot_of), checked::ConvolutionStepKind(call.args)};
 }
 
 bool MatchGemm(const Node&, const std::string& out_op, bool whole_args) {
   return whole_args && (out_op == "torchreplay::addmm.out" || out_op == "torchreplay::mm.out");  // Note [Checked GEMMs]
 }
 Made MakeGemm(const EmitContext&, const OutCall& call, const CaptureOptions&) {
-  return {MakeGemmStep(call.args, call.slot_of), GemmStepKind(call.args)};
+  return {checked::MakeGemmStep(call.args, call.slot_of), checked::GemmStepKind(call.args)};
 }
 
 bool MatchLstm(const Node&, const std::string& out_op, bool) {
   return out_op == "torchreplay::lstm.out";  // Note [Checked LSTMs]: its states are list elements
 }
 Made MakeLstm(const EmitContext&, const OutCall& call, const CaptureOptions&) {
-  return {MakeLstmStep(call.args, call.slot_of, call.elem_slots), "checked lstm (onednn_prepacked)"};
+  return {checked::MakeLstmStep(call.args, call.slot_of, call.elem_slots), "checked lstm (onednn_prepacked)"};
 }
 
 bool MatchTypedOut(const Node&, const std::string&, bool whole_args) { return whole_args; }
@@ -104,4 +104,4 @@ Made MakeOutStep(StepKind kind, const EmitContext& ctx, const OutCall& call, con
   return Made{nullptr, "boxed out="};
 }
 
-}  // namespace torchreplay::capture
+}  // namespace torchreplay::capture::tape

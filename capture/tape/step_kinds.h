@@ -29,7 +29,7 @@
 #include "capture/ir/recording.h"
 #include "capture/tape/typed_call.h"
 
-namespace torchreplay::capture {
+namespace torchreplay::capture::tape {
 
 enum class StepKind : uint8_t {
   kNone,         // no family: a step of its Decision (scalar, getitem, functional, collective, ...)
@@ -98,4 +98,4 @@ Made MakeCopies(const EmitContext& ctx, const OutCall& call, const CaptureOption
 bool MatchIndexCopy(const Node& n);
 std::unique_ptr<TypedCall> MakeIndexCopy(const EmitContext& ctx, const Node& n);
 
-}  // namespace torchreplay::capture
+}  // namespace torchreplay::capture::tape

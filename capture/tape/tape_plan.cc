@@ -12,7 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "capture/tape/fused/fused_elementwise.h"
 
-namespace torchreplay::capture {
+namespace torchreplay::capture::tape {
 namespace {
 
 // An op whose result's bytes are unspecified (under torch.use_deterministic_algorithms with
@@ -373,7 +373,7 @@ class Planner {
   // never touches its buffer there; only the nodes' own calls, one after another, write and read
   // it, so it keeps the liveness it has without fusion and its memory is reused as theirs is.
   void Fuse() {
-    plan_.groups = PlanFusion(g_, rec_, plan_);
+    plan_.groups = fused::PlanFusion(g_, rec_, plan_);
     for (size_t k = 0; k < plan_.groups.size(); ++k) {
       const TapePlan::FusedGroup& group = plan_.groups[k];
       const int end = group.nodes.back();
@@ -462,4 +462,4 @@ std::string TapePlan::ToString(const Graph& g, const memory_pool::ArenaPlan* are
   return os.str();
 }
 
-}  // namespace torchreplay::capture
+}  // namespace torchreplay::capture::tape

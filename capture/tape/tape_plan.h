@@ -34,7 +34,7 @@
 #include "capture/tape/fused/fused_kernels.h"
 #include "capture/tape/step_kinds.h"
 
-namespace torchreplay::capture {
+namespace torchreplay::capture::tape {
 
 struct TapePlan {
   enum class Decision : uint8_t {
@@ -96,4 +96,4 @@ struct TapePlan {
 // cannot be replayed (CheckReplayable).
 absl::StatusOr<TapePlan> PlanTape(const Graph& graph, const Recording& recording, bool fuse);
 
-}  // namespace torchreplay::capture
+}  // namespace torchreplay::capture::tape

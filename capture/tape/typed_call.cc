@@ -7,7 +7,7 @@
 #include <string>
 #include <tuple>
 
-namespace torchreplay::capture {
+namespace torchreplay::capture::tape {
 namespace {
 
 constexpr int64_t kMaxRegionDims = 64;  // at::Tensor has at most 64 dims
@@ -420,4 +420,4 @@ std::unique_ptr<TypedCall> MakeCatCopies(std::vector<CatInput> inputs, int64_t d
   return std::make_unique<CatCopies>(std::move(inputs), dim, std::move(out), stack);
 }
 
-}  // namespace torchreplay::capture
+}  // namespace torchreplay::capture::tape

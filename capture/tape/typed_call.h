@@ -15,7 +15,7 @@
 #include <memory>
 #include <vector>
 
-namespace torchreplay::capture {
+namespace torchreplay::capture::tape {
 
 // A replay's per-call values (non-static inputs, scalar inputs bound per call, results of
 // functional steps), by slot.
@@ -77,4 +77,4 @@ std::unique_ptr<TypedCall> MakeIndexCopyOne(CatInput self, int64_t dim, TensorAr
 // and contiguous int64 indices, row indices[k] of weight is row k of out.
 std::unique_ptr<TypedCall> MakeEmbeddingRows(CatInput weight, TensorArg indices, at::Tensor out);
 
-}  // namespace torchreplay::capture
+}  // namespace torchreplay::capture::tape

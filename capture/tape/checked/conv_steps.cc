@@ -21,7 +21,7 @@
 #include "capture/kernels/depthwise_kernel.h"
 #include "capture/tape/checked/kernel_check.h"
 
-namespace torchreplay::capture {
+namespace torchreplay::capture::tape::checked {
 namespace {
 
 constexpr char kOutName[] = "torchreplay::convolution.out";
@@ -107,7 +107,7 @@ class ConvCall {
                 kOutName, ": ", kernel_, " is for float32 convolutions with one filter per channel");
     const at::Tensor w = w4.is_contiguous() ? w4 : w4.contiguous();
     at::Tensor b;
-    depthwise::Params p;
+    kernels::depthwise::Params p;
     if (bias.has_value() && bias->defined()) {
       b = bias->is_contiguous() ? *bias : bias->contiguous();
       p.bias = b.const_data_ptr<float>();
@@ -126,7 +126,7 @@ class ConvCall {
       p.w_hwc = w_hwc_.const_data_ptr<float>();
     }
     p.bias_first = kernel_ == kDepthwise;
-    depthwise::Run(p);
+    kernels::depthwise::Run(p);
   }
 
   void Pack(const at::Tensor& weight, at::IntArrayRef input_sizes) const {
@@ -285,7 +285,7 @@ std::vector<std::string> CandidateKernels(const ConvArgs& a, at::native::ConvBac
                                       a.input.size(1) == a.groups;
   if (one_filter_per_channel && dtype != c10::kFloat) {
     not_tried->push_back(absl::StrCat(kDepthwise, ": float32 only"));
-  } else if (one_filter_per_channel && !depthwise::Available()) {
+  } else if (one_filter_per_channel && !kernels::depthwise::Available()) {
     not_tried->push_back(absl::StrCat(kDepthwise, ": this CPU has no AVX2 and FMA"));
   } else if (one_filter_per_channel) {
     kernels.push_back(kDepthwise);
@@ -344,7 +344,7 @@ at::Tensor& ConvolutionOut(const at::Tensor& input, const at::Tensor& weight, co
   TORCH_CHECK(!transposed && KnownKernel(kernel) && (input.dim() == 3 || input.dim() == 4), kOutName,
               ": no kernel '", kernel, "' for this convolution");
   TORCH_CHECK(kernel != kOnednn || Pointwise() != nullptr, kOutName, ": no oneDNN convolution here");
-  TORCH_CHECK(kernel == kOnednn || kernel == kSlowConv2d || depthwise::Available(), kOutName,
+  TORCH_CHECK(kernel == kOnednn || kernel == kSlowConv2d || kernels::depthwise::Available(), kOutName,
               ": the depthwise kernel needs AVX2 and FMA");
   ConvCall(std::string(kernel), input.dim() == 3, stride.vec(), padding.vec(), dilation.vec(), groups)
       .Run(input, weight, bias, out);
@@ -366,7 +366,7 @@ std::unique_ptr<TypedCall> MakeConvolutionStep(const Slots& args, const std::vec
   }
   const std::string kernel = args[9].toStringRef();
   if (!KnownKernel(kernel) || (kernel == kOnednn && (Pointwise() == nullptr || slot_of[1] >= 0)) ||
-      ((kernel == kDepthwise || kernel == kDepthwiseBiasLast) && !depthwise::Available())) {
+      ((kernel == kDepthwise || kernel == kDepthwiseBiasLast) && !kernels::depthwise::Available())) {
     return nullptr;
   }
   const at::Tensor& out = args[10].toTensor();
@@ -392,8 +392,4 @@ const char* ConvolutionStepKind(const Slots& args) {
                                         : "checked conv (slow_conv2d)";
 }
 
-namespace depthwise {
-bool Available() { return HasAvx2AndFma(); }
-}  // namespace depthwise
-
-}  // namespace torchreplay::capture
+}  // namespace torchreplay::capture::tape::checked

@@ -42,7 +42,7 @@
 #include "capture/ir/recording.h"
 #include "capture/tape/typed_call.h"
 
-namespace torchreplay::capture {
+namespace torchreplay::capture::tape::checked {
 
 // Whether node n is an aten::convolution (the node the check is for).
 bool IsConvolution(const Node& n);
@@ -62,4 +62,4 @@ std::unique_ptr<TypedCall> MakeConvolutionStep(const Slots& args, const std::vec
 // What such a step is, for profiles: "checked conv (slow_conv2d)", "checked conv (onednn_prepacked)".
 const char* ConvolutionStepKind(const Slots& args);
 
-}  // namespace torchreplay::capture
+}  // namespace torchreplay::capture::tape::checked

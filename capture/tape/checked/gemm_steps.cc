@@ -20,7 +20,7 @@
 #include "capture/tape/checked/kernel_check.h"
 #include "capture/kernels/small_gemm.h"
 
-namespace torchreplay::capture {
+namespace torchreplay::capture::tape::checked {
 namespace {
 
 constexpr char kAddmmOut[] = "torchreplay::addmm.out";
@@ -55,7 +55,7 @@ class GemmCall {
   // the geometry its key guards); `name`: the op, for errors.
   static void CheckArgs(const at::Tensor& mat1, const at::Tensor& mat2, const at::Tensor& bias, const at::Tensor& out,
                         const char* name) {
-    TORCH_CHECK(small_gemm::Available(), name, ": this CPU has no AVX2 and FMA");
+    TORCH_CHECK(kernels::small_gemm::Available(), name, ": this CPU has no AVX2 and FMA");
     TORCH_CHECK(mat1.dim() == 2 && mat2.dim() == 2 && out.dim() == 2, name, ": 2-d matrices, not ", mat1.dim(),
                 "-d x ", mat2.dim(), "-d into ", out.dim(), "-d");
     const int64_t m = mat1.size(0), k = mat1.size(1), n = mat2.size(1);
@@ -92,7 +92,7 @@ class GemmCall {
       }
       return;
     }
-    small_gemm::Params p;
+    kernels::small_gemm::Params p;
     const at::Tensor x = k > 1 && mat1.stride(1) != 1 ? mat1.contiguous() : mat1;
     at::Tensor b;
     if (bias.defined()) {
@@ -117,7 +117,7 @@ class GemmCall {
       out.copy_(bias.defined() ? b.expand({m, n}) : at::zeros({m, n}, out.options()));
       return;
     }
-    small_gemm::Run(p);
+    kernels::small_gemm::Run(p);
   }
 
  private:
@@ -245,7 +245,7 @@ bool CheckGemm(const Graph& g, int node, const std::vector<c10::IValue>& env, Re
   // a refusal is the note of the node's eager out= step
   Decision decision(rec, node, addmm ? kAddmmOut : kMmOut, /*refusal_in_notes=*/true);
   return decision.Probe([&] {
-    if (!small_gemm::Available()) return decision.Refuse("this CPU has no AVX2 and FMA");
+    if (!kernels::small_gemm::Available()) return decision.Refuse("this CPU has no AVX2 and FMA");
     std::vector<c10::IValue> args;
     for (size_t a = 0; a < n.args.size(); ++a) args.push_back(MaterializeArg(n.args[a], n.arg_types[a], env));
     for (int a : addmm ? std::vector<int>{0, 1, 2} : std::vector<int>{0, 1}) {
@@ -353,4 +353,4 @@ std::string GemmStepKind(const Slots& args) {
   return absl::StrCat("checked gemm (", named ? args[args.size() - 2].toStringRef() : "?", ")");
 }
 
-}  // namespace torchreplay::capture
+}  // namespace torchreplay::capture::tape::checked

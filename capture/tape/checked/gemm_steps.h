@@ -46,7 +46,7 @@
 #include "capture/ir/recording.h"
 #include "capture/tape/typed_call.h"
 
-namespace torchreplay::capture {
+namespace torchreplay::capture::tape::checked {
 
 // Whether node n is an aten::addmm or aten::mm (the nodes the check is for).
 bool IsGemm(const Node& n);
@@ -67,4 +67,4 @@ std::unique_ptr<TypedCall> MakeGemmStep(const Slots& args, const std::vector<int
 // For profiles: "checked gemm (small_gemm_packed_bias_last)", ...
 std::string GemmStepKind(const Slots& args);
 
-}  // namespace torchreplay::capture
+}  // namespace torchreplay::capture::tape::checked

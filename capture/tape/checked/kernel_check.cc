@@ -16,7 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 
-namespace torchreplay::capture {
+namespace torchreplay::capture::tape::checked {
 namespace {
 
 // The same elements as integers of their width, so that equal() compares bits.
@@ -227,4 +227,4 @@ bool WeightWatch::Changed(const at::Tensor& w) {
   return true;
 }
 
-}  // namespace torchreplay::capture
+}  // namespace torchreplay::capture::tape::checked

@@ -18,7 +18,7 @@
 #include "capture/ir/recording.h"
 #include "capture/tape/typed_call.h"
 
-namespace torchreplay::capture {
+namespace torchreplay::capture::tape::checked {
 
 // Note [The shape of a check]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -146,4 +146,4 @@ class CheckedStep final : public TypedCall {
   at::Tensor out_;  // the planned buffer
 };
 
-}  // namespace torchreplay::capture
+}  // namespace torchreplay::capture::tape::checked

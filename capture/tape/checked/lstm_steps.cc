@@ -21,7 +21,7 @@
 #include "capture/ir/interpreter.h"
 #include "capture/tape/checked/kernel_check.h"
 
-namespace torchreplay::capture {
+namespace torchreplay::capture::tape::checked {
 namespace {
 
 constexpr char kOutName[] = "torchreplay::lstm.out";
@@ -285,4 +285,4 @@ std::unique_ptr<TypedCall> MakeLstmStep(const Slots& args, const std::vector<int
                                                             args[12].toTensor()});
 }
 
-}  // namespace torchreplay::capture
+}  // namespace torchreplay::capture::tape::checked

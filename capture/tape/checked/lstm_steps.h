@@ -32,7 +32,7 @@
 #include "capture/tape/step_kinds.h"
 #include "capture/tape/typed_call.h"
 
-namespace torchreplay::capture {
+namespace torchreplay::capture::tape::checked {
 
 // Whether node n is a torchreplay::eager_lstm.input (the node the check is for).
 bool IsCheckedLstm(const Node& n);
@@ -50,4 +50,4 @@ void CheckLstm(const Graph& g, int node, const std::vector<c10::IValue>& env, Re
 std::unique_ptr<TypedCall> MakeLstmStep(const Slots& args, const std::vector<int>& slot_of,
                                         const std::vector<ElemSlot>& elem_slots);
 
-}  // namespace torchreplay::capture
+}  // namespace torchreplay::capture::tape::checked

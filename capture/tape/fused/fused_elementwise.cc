@@ -22,7 +22,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
 
-namespace torchreplay::capture {
+namespace torchreplay::capture::tape::fused {
 namespace {
 
 using fused::Instr;
@@ -825,4 +825,4 @@ std::vector<TapePlan::FusedGroup> PlanFusion(const Graph& g, const Recording& re
   return FusionWalk(g, rec, plan).Run();
 }
 
-}  // namespace torchreplay::capture
+}  // namespace torchreplay::capture::tape::fused

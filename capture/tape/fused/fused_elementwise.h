@@ -77,7 +77,7 @@
 #include "capture/tape/tape_plan.h"
 #include "capture/tape/typed_call.h"
 
-namespace torchreplay::capture {
+namespace torchreplay::capture::tape::fused {
 
 // Whether this CPU runs the fused kernel (ATen's CPU capability is AVX2 or AVX512).
 bool FusionAvailable();
@@ -97,4 +97,4 @@ std::vector<TapePlan::FusedGroup> PlanFusion(const Graph& graph, const Recording
 std::unique_ptr<TypedCall> MakeFusedStep(fused::Program program, std::vector<TensorArg> operands,
                                          std::vector<std::unique_ptr<TypedCall>> exact, c10::Storage arena);
 
-}  // namespace torchreplay::capture
+}  // namespace torchreplay::capture::tape::fused

@@ -4,7 +4,7 @@
 
 #include "capture/kernels/cpu_features.h"
 
-namespace torchreplay::capture::fused {
+namespace torchreplay::capture::tape::fused {
 namespace avx2 {
 bool Prepare(Program* program);
 bool RunSegment(const Program& program, int segment, char* const* base, char* scratch);
@@ -18,13 +18,13 @@ void Restore(const Program& program, int segment, char* const* base, char* scrat
 bool MklAvailable();
 }  // namespace avx512
 
-bool Prepare(Program* program) { return AtenAvx512() ? avx512::Prepare(program) : avx2::Prepare(program); }
+bool Prepare(Program* program) { return kernels::AtenAvx512() ? avx512::Prepare(program) : avx2::Prepare(program); }
 bool RunSegment(const Program& program, int segment, char* const* base, char* scratch) {
-  return AtenAvx512() ? avx512::RunSegment(program, segment, base, scratch)
+  return kernels::AtenAvx512() ? avx512::RunSegment(program, segment, base, scratch)
                       : avx2::RunSegment(program, segment, base, scratch);
 }
 void Restore(const Program& program, int segment, char* const* base, char* scratch) {
-  AtenAvx512() ? avx512::Restore(program, segment, base, scratch) : avx2::Restore(program, segment, base, scratch);
+  kernels::AtenAvx512() ? avx512::Restore(program, segment, base, scratch) : avx2::Restore(program, segment, base, scratch);
 }
 bool MklAvailable() { return avx2::MklAvailable(); }
 
@@ -71,4 +71,4 @@ const char* OpName(Op op) {
   return "?";
 }
 
-}  // namespace torchreplay::capture::fused
+}  // namespace torchreplay::capture::tape::fused

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace torchreplay::capture::fused {
+namespace torchreplay::capture::tape::fused {
 
 constexpr int kMaxDims = 4;      // iteration dims after TensorIterator coalesced them
 constexpr int kMaxOperands = 4;  // the output, then up to three inputs
@@ -128,4 +128,4 @@ void Restore(const Program& program, int segment, char* const* base, char* scrat
 // not, ATen computes these ops otherwise, and they are not fused.
 bool MklAvailable();
 
-}  // namespace torchreplay::capture::fused
+}  // namespace torchreplay::capture::tape::fused

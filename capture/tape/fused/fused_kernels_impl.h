@@ -42,7 +42,7 @@ TORCHREPLAY_VML(Sqrt)
 #undef TORCHREPLAY_VML
 }
 
-namespace torchreplay::capture::fused::TORCHREPLAY_FUSED_ISA {
+namespace torchreplay::capture::tape::fused::TORCHREPLAY_FUSED_ISA {
 namespace {
 
 using at::vec::Vectorized;
@@ -820,4 +820,4 @@ bool MklAvailable() {
          vmdErf != nullptr && vmdSqrt != nullptr;
 }
 
-}  // namespace torchreplay::capture::fused::TORCHREPLAY_FUSED_ISA
+}  // namespace torchreplay::capture::tape::fused::TORCHREPLAY_FUSED_ISA

@@ -8,7 +8,7 @@
 
 #include "capture/tape/fused/fused_elementwise.h"
 
-namespace torchreplay::capture {
+namespace torchreplay::capture::tape::fused {
 namespace {
 
 // t.data_ptr() for the dense CPU tensors a fused step reads and writes, without its checks
@@ -146,4 +146,4 @@ std::unique_ptr<TypedCall> MakeFusedStep(fused::Program program, std::vector<Ten
   return std::make_unique<FusedStep>(std::move(program), std::move(operands), std::move(exact), std::move(arena));
 }
 
-}  // namespace torchreplay::capture
+}  // namespace torchreplay::capture::tape::fused
