@@ -1,6 +1,6 @@
 // torchreplay::depthwise_conv2d: the direct depthwise convolution (Note [Depthwise convolutions] in
 // depthwise_kernel.h) as an op, with an activation fused, for graphs rewritten under numerics
-// "close" (Note [Close numerics] in python/torchreplay/close_numerics.py). The functional op
+// "close" (Note [Close numerics] in python/torchreplay/close_numerics/__init__.py). The functional op
 // allocates its result in the input's memory format; its out= overload writes a planned buffer.
 #include <ATen/ATen.h>
 #include <torch/library.h>

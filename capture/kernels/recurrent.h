@@ -1,5 +1,5 @@
 // capture/kernels/recurrent.h: a GRU layer's steps in one call, for numerics "close" (Note [Close numerics]
-// in python/torchreplay/close_numerics.py; the op is torchreplay::gru_sequence, recurrent_op.cc),
+// in python/torchreplay/close_numerics/__init__.py; the op is torchreplay::gru_sequence, recurrent_op.cc),
 // compiled with AVX2 and FMA (recurrent_avx2.cc).
 //
 // Note [GRU steps]

@@ -1,6 +1,6 @@
 // capture/kernels/small_gemm.h: y = bias + x w for float32 matrices of few rows (a GEMV, a recurrent cell's
 // projections, a batch-1 MLP), compiled for AVX2 and for AVX-512 (small_gemm_impl.h), for numerics
-// "close" (Note [Close numerics] in python/torchreplay/close_numerics.py; the op is
+// "close" (Note [Close numerics] in python/torchreplay/close_numerics/__init__.py; the op is
 // torchreplay::small_gemm, small_gemm_op.cc) and, where it gives eager's bits, the bitwise tape
 // (Note [Checked GEMMs] in capture/tape/checked/gemm_steps.h).
 //

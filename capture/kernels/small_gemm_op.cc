@@ -1,5 +1,5 @@
 // The ops of the small GEMM (Note [Small GEMMs] in small_gemm.h), for graphs rewritten under
-// numerics "close" (Note [Close numerics] in python/torchreplay/close_numerics.py); each
+// numerics "close" (Note [Close numerics] in python/torchreplay/close_numerics/__init__.py); each
 // functional op allocates its result, its out= overload writes a planned buffer.
 // - torchreplay::small_gemm: post_op(bias + input @ weight_kn) (capture/kernels/post_op.h: "none", "relu",
 //   "hardswish", "hardsigmoid"); the weight [K, N], or packed in panels of columns (small_gemm.h's

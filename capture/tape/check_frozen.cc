@@ -1,6 +1,6 @@
 // torchreplay::check_frozen: the first step of a graph whose constants were computed from
 // parameters and buffers at capture (numerics "close": Note [Close numerics] in
-// python/torchreplay/close_numerics.py). It raises when one of them was written since, instead
+// python/torchreplay/close_numerics/__init__.py). It raises when one of them was written since, instead
 // of letting the replay compute with what it held before.
 #include <ATen/ATen.h>
 #include <torch/library.h>

@@ -118,10 +118,10 @@ def fused_gru(op: Any, args: tuple) -> bool:
     if op is not aten.gru.input or len(args) != 9:
         return False
     input, hx, dropout, train, bidirectional = args[0], args[1], args[5], args[6], args[7]
-    from .close_numerics import _small_gemm_available  # (the op runs where the small GEMM does)
+    from .close_numerics.kernels import small_gemm_available  # (the op runs where the small GEMM does)
     return input.dim() == 3 and input.dtype == torch.float32 and hx.dtype == torch.float32 and \
         input.device.type == "cpu" and not bidirectional and not (train and dropout > 0) and \
-        not torch._C._is_any_autocast_enabled() and _small_gemm_available()
+        not torch._C._is_any_autocast_enabled() and small_gemm_available()
 
 
 def export_decompositions(table: Dict[Any, Callable], close: bool = False) -> Dict[Any, Callable]:

@@ -1,5 +1,5 @@
 """config.reduce_overhead.numerics = "close" (Note [Close numerics] in
-python/torchreplay/close_numerics.py): the rewritten graph replays with results within the
+python/torchreplay/close_numerics/__init__.py): the rewritten graph replays with results within the
 stated tolerance of eager's on the zoo's CNNs and an LSTM; the default stays bitwise; a folded
 parameter written after the capture is a clear error; layouts stay eager's where they show."""
 import pytest
@@ -213,7 +213,7 @@ def test_small_gemm_bits_do_not_depend_on_tiling_or_threads():
         assert_bitwise(small_gemm(x[r:r + 1], w, b), y[r:r + 1])
     for c0, c1 in ((0, 8), (8, 203), (200, 203), (5, 29)):  # other column tilings, the scalar tail
         assert_bitwise(small_gemm(x, w[:, c0:c1].contiguous(), b[c0:c1].contiguous()), y[:, c0:c1].contiguous())
-    from torchreplay.close_numerics import _panels
+    from torchreplay.close_numerics.kernels import panels as _panels
     for panel in (8, 64, 96):  # the weight packed in panels of columns, the last one padded
         assert_bitwise(small_gemm(x, _panels(w, panel), b), y)
         assert_bitwise(small_gemm(x[:1], _panels(w, panel), b), y[:1])
@@ -279,7 +279,7 @@ def test_products_of_few_rows_take_the_small_gemm_where_it_timed_faster(monkeypa
     the tolerance, replayed; a weight written after the capture is a clear error."""
     from torchreplay import close_numerics
     small_gemm(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1))  # skips without AVX2
-    monkeypatch.setattr(close_numerics, "_least_times",
+    monkeypatch.setattr(close_numerics.kernels, "least_times",
                         lambda fns, rounds=7: [2.0, 1.0] if small_faster else [1.0, 2.0])
     torch.manual_seed(0)
     model = TwoLinears().eval()
@@ -386,7 +386,7 @@ def test_convolutions_take_conv_gemm_where_it_timed_fastest(monkeypatch):
     from torchreplay import close_numerics
     small_gemm(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1))  # skips without AVX2
     # the last way timed (conv_gemm, the small GEMM) the fastest
-    monkeypatch.setattr(close_numerics, "_least_times", lambda fns, rounds=7: list(range(len(fns), 0, -1)))
+    monkeypatch.setattr(close_numerics.kernels, "least_times", lambda fns, rounds=7: list(range(len(fns), 0, -1)))
     torch.manual_seed(0)
     model = ConvRelu().eval()
     make = lambda i: (torch.randn(2, 4, 7, 7, generator=torch.Generator().manual_seed(i)),)  # noqa: E731
@@ -469,7 +469,7 @@ def test_activations_after_small_gemms_are_fused(monkeypatch):
     left in the replay, the results within the tolerance with eager's strides, replayed."""
     from torchreplay import close_numerics
     small_gemm(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1))  # skips without AVX2
-    monkeypatch.setattr(close_numerics, "_least_times", lambda fns, rounds=7: list(range(len(fns), 0, -1)))
+    monkeypatch.setattr(close_numerics.kernels, "least_times", lambda fns, rounds=7: list(range(len(fns), 0, -1)))
     torch.manual_seed(0)
     model = Mobile().eval()
     make = lambda i: (torch.randn(1, 8, 5, 6, generator=torch.Generator().manual_seed(i)).contiguous(  # noqa: E731
@@ -507,7 +507,7 @@ def test_conv_gemm_gives_channels_last_where_a_depthwise_reads_it(monkeypatch, t
     called unboxed (Note [Typed steps])."""
     from torchreplay import close_numerics
     small_gemm(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1))  # skips without AVX2
-    monkeypatch.setattr(close_numerics, "_least_times", lambda fns, rounds=7: list(range(len(fns), 0, -1)))
+    monkeypatch.setattr(close_numerics.kernels, "least_times", lambda fns, rounds=7: list(range(len(fns), 0, -1)))
     torch.manual_seed(0)
     saved = torch.get_num_threads()
     try:
@@ -555,7 +555,7 @@ def test_padding_beyond_the_kernels_reach_never_reaches_onednn(monkeypatch, nume
     close rewrite gives eager's op a contiguous input after a oneDNN convolution (forced here);
     before, the capture crashed the process."""
     from torchreplay import close_numerics
-    monkeypatch.setattr(close_numerics, "_least_times",
+    monkeypatch.setattr(close_numerics.kernels, "least_times",
                         lambda fns, rounds=7: [2.0, 1.0, 3.0] if len(fns) == 3 else [1.0, 2.0])
     torch.manual_seed(0)
     model = PaddedBeyondReach().eval()
@@ -580,7 +580,7 @@ def test_a_channels_last_input_gives_eagers_channels_last_outputs(monkeypatch, w
     channels-last, conv_gemm's contiguous; forced here)."""
     from torchreplay import close_numerics
     order = [2.0, 1.0, 3.0] if way == "onednn" else [3.0, 2.0, 1.0]
-    monkeypatch.setattr(close_numerics, "_least_times", lambda fns, rounds=7: order if len(fns) == 3 else [2.0, 1.0])
+    monkeypatch.setattr(close_numerics.kernels, "least_times", lambda fns, rounds=7: order if len(fns) == 3 else [2.0, 1.0])
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(4, 6, 3, padding=1), nn.ReLU(), nn.Conv2d(6, 5, 3, padding=1)).eval()
     make = lambda i: (torch.randn(2, 4, 9, 9, generator=torch.Generator().manual_seed(i))  # noqa: E731
@@ -614,7 +614,7 @@ def squeeze_excite_ops(monkeypatch, last_fastest):
     the capture and its steps' ops."""
     from torchreplay import close_numerics
     small_gemm(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1))  # skips without AVX2
-    monkeypatch.setattr(close_numerics, "_least_times", lambda fns, rounds=7: [
+    monkeypatch.setattr(close_numerics.kernels, "least_times", lambda fns, rounds=7: [
         float(len(fns) - i) if last_fastest else float(i + 1) for i in range(len(fns))])
     torch.manual_seed(0)
     model = SqueezeExcite().eval()
@@ -631,7 +631,7 @@ def test_spatial_means_of_channels_last_results_take_the_small_gemm_where_it_tim
     GEMM of a row of 1 / (H * W) by its pixels where the capture's timing says so (forced here both
     ways); the mean of the input (contiguous) stays eager's; results within the tolerance."""
     from torchreplay import close_numerics
-    monkeypatch.setattr(close_numerics._Rewriter, "_mean_faster", lambda self, c, h, w: ours_faster)
+    monkeypatch.setattr(close_numerics.images, "_mean_faster", lambda r, c, h, w: ours_faster)
     # every other timing: the last way the fastest, so that the convolutions' rewrites give the
     # channels-last result the mean reads
     step, ops = squeeze_excite_ops(monkeypatch, last_fastest=True)

@@ -1,0 +1,101 @@
+"""What the rewrites of Note [Close numerics] share: the ops and post-ops they fuse, the timing
+they choose by, layout and reach tests, and whether torchreplay's kernels run on this CPU."""
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any, List, Optional, Sequence
+
+import torch
+import torch.fx
+
+aten = torch.ops.aten
+
+
+# aten op after a convolution -> oneDNN's post-op (attr, scalars from the op's args, algorithm)
+UNARY = {
+    aten.relu.default: lambda n: ("relu", [], ""),
+    aten.hardswish.default: lambda n: ("hardswish", [], ""),
+    aten.hardsigmoid.default: lambda n: ("hardsigmoid", [], ""),
+    aten.sigmoid.default: lambda n: ("sigmoid", [], ""),
+    aten.tanh.default: lambda n: ("tanh", [], ""),
+    aten.silu.default: lambda n: ("swish", [], ""),
+    aten.gelu.default: lambda n: ("gelu", [], n.kwargs.get("approximate", n.args[1] if len(n.args) > 1 else "none")),
+    aten.leaky_relu.default: lambda n: ("leaky_relu", [n.args[1] if len(n.args) > 1 else 0.01], ""),
+    aten.hardtanh.default: lambda n: ("hardtanh", [n.args[1] if len(n.args) > 1 else -1.0,
+                                                   n.args[2] if len(n.args) > 2 else 1.0], ""),
+}
+# views that need their input's strides to be viewable
+STRIDE_SENSITIVE = {aten.view.default, aten._unsafe_view.default, aten.as_strided.default}
+# The activations torchreplay's kernels apply before storing (post_op, capture/kernels/post_op.h).
+POST_OPS = {aten.relu.default: "relu", aten.hardswish.default: "hardswish",
+            aten.hardsigmoid.default: "hardsigmoid"}
+
+
+def post_of(node: torch.fx.Node) -> Optional[torch.fx.Node]:
+    """`node`'s one reader if that is an activation of POST_OPS on it (fused into the kernel
+    that computes `node`), else None."""
+    post = next(iter(node.users)) if len(node.users) == 1 else None
+    if post is None or post.op != "call_function" or post.target not in POST_OPS or post.args[0] is not node:
+        return None
+    return post
+
+
+def least_times(fns: Sequence[Any], rounds: int = 7) -> List[float]:
+    """The least time of each of `fns` in microseconds, over rounds that run every one once."""
+    best = [float("inf")] * len(fns)
+    for f in fns:
+        f()
+    for _ in range(rounds):
+        for k, f in enumerate(fns):
+            t0 = time.perf_counter()
+            f()
+            best[k] = min(best[k], (time.perf_counter() - t0) * 1e6)
+    return best
+
+
+def eager_channels_last(node: torch.fx.Node) -> bool:
+    """Whether eager's result of `node` (its traced value) is channels-last and not contiguous."""
+    val = node.meta.get("val")
+    return isinstance(val, torch.Tensor) and val.dim() == 4 and \
+        val.is_contiguous(memory_format=torch.channels_last) and not val.is_contiguous()
+
+
+def within_reach(padding: Sequence[int], kernel: Sequence[int], dilation: Sequence[int]) -> bool:
+    """Whether no dim's padding exceeds the kernel's reach, (size - 1) * dilation: beyond it
+    oneDNN's convolution crashed (capture/tape/checked/conv_steps.cc's PaddingBeyondReach), through its packed
+    call and through eager's op on a channels-last input, which therefore never gets one."""
+    return all(p <= (k - 1) * d for p, k, d in zip(padding, kernel, dilation))
+
+
+def panels(kn: torch.Tensor, panel: int) -> torch.Tensor:
+    """A [K, N] weight packed in panels of `panel` columns, [ceil(N / panel), K, panel], the last
+    one zero-padded (the small GEMM's Params::panel)."""
+    k, n = kn.shape
+    padded = kn.new_zeros(k, (n + panel - 1) // panel * panel)
+    padded[:, :n] = kn
+    return padded.view(k, -1, panel).permute(1, 0, 2).contiguous()
+
+
+@functools.lru_cache(maxsize=1)
+def small_gemm_available() -> bool:
+    """Whether torchreplay's small GEMM runs on this CPU (AVX2 and FMA): a real call, outside any
+    trace's modes (rnn.fused_gru asks while torch.export traces)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+    try:
+        with _disable_current_modes():
+            torch.ops.torchreplay.small_gemm(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1), "none")
+        return True
+    except RuntimeError:
+        return False
+
+
+@functools.lru_cache(maxsize=1)
+def depthwise_available() -> bool:
+    """Whether torchreplay's depthwise kernel runs on this CPU (AVX2 and FMA)."""
+    try:
+        x = torch.zeros(1, 1, 1, 1)
+        torch.ops.torchreplay.depthwise_conv2d(x, x, x.view(1, 1, 1), None, [1, 1], [0, 0], [1, 1], "none")
+        return True
+    except RuntimeError:
+        return False

@@ -1,0 +1,98 @@
+"""Note [Close numerics]'s products by a weight known at capture: linear layers and 1x1
+convolutions through the small GEMM or a transposed copy, whichever timed faster."""
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import torch
+import torch.fx
+
+from . import kernels
+from .kernels import POST_OPS, panels, post_of, small_gemm_available
+from .state import Rewrite
+
+aten = torch.ops.aten
+
+
+def rewrite_linears(r: Rewrite) -> None:
+    """A product by a weight known at capture (a linear layer at batch 1, a recurrent cell's
+    projections) through the small GEMM (_small_gemm) where that timed faster than the
+    addmm at capture (MKL's set-up exceeds the arithmetic of a few rows; the 1x1
+    convolutions' GEMMs were timed when made). Else a GEMV whose weight is 128 KB or more
+    reads it from a transposed copy stored contiguous once (MKL streams it: on the zoo's
+    classifier, 133 to 76 us a call, the weight not in cache); smaller weights stay in cache
+    either way."""
+    for node in list(r.graph.nodes):
+        if node.op != "call_function" or node.target not in (aten.addmm.default, aten.mm.default) or \
+                len(node.args) != (3 if node.target == aten.addmm.default else 2) or node.kwargs:
+            continue
+        x, mat2 = node.args[-2:]
+        val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+        if val is None or val.dim() != 2 or val.dtype != torch.float32 or val.device.type != "cpu" or \
+                not all(isinstance(s, int) for s in val.shape) or not isinstance(mat2, torch.fx.Node):
+            continue
+        transposed = mat2.target == aten.t.default or \
+            (mat2.target == aten.permute.default and list(mat2.args[1]) == [1, 0])
+        source = mat2.args[0] if transposed else mat2
+        w = r.tensor(source)
+        if w is None or w.dim() != 2 or w.dtype != torch.float32 or w.device.type != "cpu":
+            continue
+        kn = (w.t() if transposed else w).detach()
+        if small_gemm(r, node, x, source, kn, val.shape[0]):
+            continue
+        if not transposed or val.shape[0] > 16 or w.numel() * 4 < (128 << 10):
+            continue
+        r.freeze(source)
+        with r.graph.inserting_before(node):
+            wt = r.constant(kn.contiguous(), "weight_t")
+        node.replace_input_with(mat2, wt)
+        r.counts["linears_transposed_once"] += 1
+
+
+def small_gemm(r: Rewrite, node: torch.fx.Node, x: torch.fx.Node, source: torch.fx.Node, kn: torch.Tensor,
+                rows: int, through: Optional[torch.fx.Node] = None) -> bool:
+    """`node` (addmm or mm of `x` by the weight `kn`, [K, N], read from `source`) through the
+    small GEMM if its bias is a vector and that timed faster, on the weight as it is or, if it
+    is large, packed in panels of 64 columns (whichever timed fastest), an activation of
+    POST_OPS reading it (or `through`, the views of it a 1x1 convolution's result is) fused;
+    returns whether it was rewritten."""
+    bias = node.args[0] if node.target == aten.addmm.default else None
+    n = kn.shape[1]
+    if bias is not None:
+        b = r.tensor(bias)
+        bval = b if b is not None else bias.meta.get("val") if isinstance(bias, torch.fx.Node) else None
+        if not isinstance(bval, torch.Tensor) or tuple(bval.shape) != (n,) or bval.dtype != torch.float32:
+            return False
+    if rows * kn.shape[0] * n > (1 << 23) or not small_gemm_available():
+        return False  # (products this large are where MKL's kernels are at their best)
+    inp, vec, out = torch.randn(rows, kn.shape[0]), torch.randn(n), torch.empty(rows, n)
+    weights = {"dense": kn.contiguous()}
+    if kn.numel() * 4 >= (128 << 10):  # out of the core's caches: streamed, panel by panel
+        weights["panels"] = panels(kn, 64)
+    ways = {"addmm": (lambda: aten.addmm.out(vec, inp, kn, out=out)) if bias is not None else
+            (lambda: aten.mm.out(inp, kn, out=out))}
+    for name, w in weights.items():
+        ways[name] = functools.partial(torch.ops.torchreplay.small_gemm.out, inp, w, vec, "none", out=out)
+    with torch.no_grad():
+        t = dict(zip(ways, kernels.least_times(list(ways.values()), rounds=15)))
+    r.timings.append(((rows, kn.shape[0]), tuple(kn.shape), t))
+    way = min(t, key=t.get)
+    if way == "addmm":
+        return False
+    post = post_of(through if through is not None else node)
+    r.freeze(source)
+    with r.graph.inserting_before(node):
+        if bias is None:
+            bias = r.constant(torch.zeros(n), "bias")
+        out_node = r.graph.call_function(torch.ops.torchreplay.small_gemm.default, (
+            x, r.constant(weights[way], "weight_kn"), bias, POST_OPS[post.target] if post is not None else "none"))
+    out_node.meta["val"] = node.meta.get("val")
+    if post is not None:  # (elementwise: the same before the views `through` takes)
+        post.replace_all_uses_with(post.args[0])
+        r.graph.erase_node(post)
+        r.counts["post_ops_fused"] += 1
+    node.replace_all_uses_with(out_node)
+    r.graph.erase_node(node)
+    r.counts["linears_small_gemm"] += 1
+    return True

@@ -1,0 +1,72 @@
+"""The one state object of the close rewrite (Note [Close numerics] in __init__.py)."""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.fx
+
+
+class Rewrite:
+    """The state every rewrite of Note [Close numerics] reads and adds to: the graph, the bound
+    tensors' values and names, what was folded into constants (guarded by check_frozen), which
+    results may be channels-last, the counts and the timings."""
+
+    def __init__(self, gm: torch.fx.GraphModule, bound: Sequence[Any], names: Sequence[str]) -> None:
+        self.gm, self.graph = gm, gm.graph
+        placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
+        self.value: Dict[torch.fx.Node, torch.Tensor] = {
+            p: t for p, t in zip(placeholders, bound) if isinstance(t, torch.Tensor)}
+        self.names: Dict[torch.fx.Node, str] = dict(zip(placeholders, names))
+        self.frozen: Dict[torch.fx.Node, torch.Tensor] = {}  # placeholders folded into constants
+        self.counts: Dict[str, int] = {"batch_norms_folded": 0, "convolutions_onednn": 0, "convolutions_gemm": 0,
+                                       "convolutions_depthwise": 0, "convolutions_small_gemm": 0, "post_ops_fused": 0,
+                                       "layout_copies": 0, "linears_transposed_once": 0, "linears_small_gemm": 0,
+                                       "convolutions_eager": 0, "grus_fused": 0, "results_channels_last": 0,
+                                       "means_small_gemm": 0, "scales_folded": 0}
+        self.channels_last: set = set()  # results that may be channels-last where eager's are not
+        self.contiguous: set = set()  # results made contiguous where eager's may be channels-last
+        # (input sizes, weight sizes, {way: us}) of each timed convolution and product
+        self.timings: List[Tuple[Any, ...]] = []
+        self._names = 0
+
+    def tensor(self, node: Any) -> Optional[torch.Tensor]:
+        """The value of a placeholder bound to a parameter, buffer or constant, or of a get_attr."""
+        if not isinstance(node, torch.fx.Node):
+            return None
+        if node.op == "get_attr":
+            v = getattr(self.gm, node.target, None)
+            return v if isinstance(v, torch.Tensor) else None
+        return self.value.get(node)
+
+    def constant(self, t: torch.Tensor, hint: str) -> torch.fx.Node:
+        name = f"_close_{hint}_{self._names}"
+        self._names += 1
+        self.gm.register_buffer(name, t, persistent=False)
+        return self.graph.get_attr(name)
+
+    def freeze(self, *nodes: Any) -> None:
+        for n in nodes:
+            if isinstance(n, torch.fx.Node) and n.op == "placeholder" and n in self.value:
+                self.frozen[n] = self.value[n]
+
+    def guard(self) -> None:
+        """The first step checks that nothing folded into the graph's constants changed since."""
+        if not self.frozen:
+            return
+        nodes = list(self.frozen)
+        versions = [-1 if t.is_inference() else t._version for t in self.frozen.values()]
+        # Per-channel vectors (a batch norm's statistics and affine, biases) are also compared with
+        # their contents at capture on every call: a train-mode forward updates the statistics
+        # without their version counters; their size keeps the comparison a small part of a call.
+        # The others' contents are hashed now and compared after a folded parameter was reached
+        # through .data (Note [Writes a capture would not see] in patches.py).
+        small = [t.dim() <= 1 and t.is_contiguous() for t in self.frozen.values()]
+        hashes = [-1] + [0 if s else torch.ops.torchreplay.content_hash(t) for s, t in zip(small, self.frozen.values())]
+        first = next(n for n in self.graph.nodes if n.op != "placeholder")
+        with self.graph.inserting_before(first):
+            empty = self.constant(torch.empty(0), "copy") if not all(small) else None
+            copies = [self.constant(t.detach().clone(), "copy") if s else empty for s, t in zip(small, self.frozen.values())]
+            self.graph.call_function(torch.ops.torchreplay.check_frozen.default,
+                                     (nodes, versions, [self.names.get(n, n.name) for n in nodes], copies,
+                                      self.constant(torch.tensor(hashes, dtype=torch.int64), "hashes")))
