@@ -1,7 +1,7 @@
 // The engine: the whole warm-up -> capture -> replay life of a compiled graph, its three states
 // marked where they happen (WARM-UP, CAPTURE, REPLAY), plus the eager fallback.
-// Over 600 lines: that life is one class whose states and per-call checks share its key cache
-// and its per-thread state (ThreadState, private to this file); keys, buckets, hand-out and the
+// One class whose states and per-call checks share its key cache and its per-thread state
+// (ThreadState, private to this file); keys, buckets, hand-out, options and the log, and the
 // checks of what a trace assumed live in files of their own (Note [What a call checks]).
 #include "replay/engine.h"
 
@@ -10,8 +10,6 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
-#include <cstdlib>
-#include <iostream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -25,49 +23,10 @@
 
 namespace torchreplay::replay {
 
-// ---------------------------------------------------------------- options and logging
-
-namespace {
-const char* GetEnv(const char* name) { return std::getenv(name); }
-
-std::atomic<LogLevel> g_default_log_level{EngineOptions::FromEnvironment(&GetEnv).log_level};
-std::atomic<LogSink> g_log_sink{nullptr};
-}  // namespace
-
-void SetLogLevel(LogLevel level) { g_default_log_level = level; }
-LogLevel DefaultLogLevel() { return g_default_log_level; }
-void SetLogSink(LogSink sink) { g_log_sink = sink; }
-
-EngineOptions EngineOptions::FromEnvironment(const char* (*getenv)(const char* name)) {
-  auto on_unless_zero = [&](const char* name) {
-    const char* env = getenv(name);
-    return env == nullptr || std::string(env) != "0";
-  };
-  EngineOptions o;
-  o.prepared_steps = on_unless_zero("TORCHREPLAY_PREPARED_ITERATORS");
-  o.fuse_elementwise = on_unless_zero("TORCHREPLAY_FUSE");
-  if (const char* level = getenv("TORCHREPLAY_LOG_LEVEL"); level != nullptr) {
-    o.log_level = static_cast<LogLevel>(std::min(std::max(std::atoi(level), 0), 3));
-  }
-  return o;
-}
-
-EngineOptions EngineOptions::Defaults() {
-  static const EngineOptions from_environment = FromEnvironment(&GetEnv);
-  EngineOptions o = from_environment;
-  o.log_level = g_default_log_level;
-  return o;
-}
+// ---------------------------------------------------------------- logging
 
 void Engine::Log(LogLevel level, const std::string& message) const {
-  if (level < options_.log_level) return;
-  const std::string line = absl::StrCat("graph '", options_.name, "': ", message);
-  if (LogSink sink = g_log_sink.load(); sink != nullptr) {
-    sink(level, line);
-    return;
-  }
-  static const char* kTags = "DIWE";
-  std::cerr << "[torchreplay " << kTags[static_cast<int>(level)] << "] " << line << std::endl;
+  if (level >= options_.log_level) EmitLog(level, absl::StrCat("graph '", options_.name, "': ", message));
 }
 
 // ---------------------------------------------------------------- state

@@ -164,15 +164,4 @@ class Engine {
   std::string last_error_ ABSL_GUARDED_BY(mu_);
 };
 
-// The log level engines made from now on get (EngineOptions::Defaults), and the current one.
-void SetLogLevel(LogLevel level);
-LogLevel DefaultLogLevel();
-
-// Where engines' messages go (those at or above their options' log_level): "graph 'NAME': ...".
-// Without a sink (a C++ program), stderr as "[torchreplay W] graph ...". The Python module
-// installs one handing them to Python's "torchreplay" logger (Note [One log]). The sink is
-// called with no engine lock held, from the calling thread.
-using LogSink = void (*)(LogLevel level, const std::string& message);
-void SetLogSink(LogSink sink);
-
 }  // namespace torchreplay::replay

@@ -1,6 +1,6 @@
-// replay/options.h: an engine's settings (EngineOptions) and what it reports (EngineStats), apart
-// from the engine so that the public C++ API (torchreplay/torchreplay.h) can use them without the
-// engine's own dependencies.
+// replay/options.h: an engine's settings (EngineOptions), what it reports (EngineStats) and where
+// its log goes (SetLogLevel, SetLogSink), apart from the engine so that the public C++ API
+// (torchreplay/torchreplay.h) can use them without the engine's own dependencies.
 #pragma once
 
 #include <cstdint>
@@ -94,5 +94,20 @@ struct EngineStats {
   std::vector<std::string> fallback_reasons;
   static constexpr size_t kLogLength = 64;
 };
+
+// The log level engines made from now on get (EngineOptions::Defaults), and the current one.
+void SetLogLevel(LogLevel level);
+LogLevel DefaultLogLevel();
+
+// Where engines' messages go (those at or above their options' log_level): "graph 'NAME': ...".
+// Without a sink (a C++ program), stderr as "[torchreplay W] graph ...". The Python module
+// installs one handing them to Python's "torchreplay" logger (Note [One log]). The sink is
+// called with no engine lock held, from the calling thread.
+using LogSink = void (*)(LogLevel level, const std::string& message);
+void SetLogSink(LogSink sink);
+
+// Hands `line` to the sink, or writes it to stderr without one (what Engine::Log does with a
+// message at or above its engine's log_level).
+void EmitLog(LogLevel level, const std::string& line);
 
 }  // namespace torchreplay::replay

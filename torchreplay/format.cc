@@ -1,19 +1,17 @@
-// The .trp writer and reader (Note [The .trp format] in format.h).
-// Over 600 lines, not split: each field's write (Serialize, WriteGraph) and read (GraphReader, ValueReader)
-// stay in one file so that a change to one is seen next to the other; the reader is the cut if
-// the format grows.
+// The .trp writer and reader (Note [The .trp format] in format.h): each section's write
+// (Serialize, WriteGraph, PutValue, PutArg) and read (Deserialize, GraphReader, ValueReader) in
+// one file, so that a change to one is seen next to the other; the bytes of plain fields and the
+// tensor table, both ways, are format_io.h's.
 #include "torchreplay/format.h"
 
-#include <ATen/ops/empty.h>
-#include <c10/util/safe_numerics.h>
 #include <torch/headeronly/version.h>
 
 #include <cstring>
 #include <fstream>
-#include <map>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "torchreplay/format_io.h"
 
 namespace torchreplay::format {
 namespace {
@@ -22,19 +20,12 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the .trp format is lit
 
 constexpr char kMagic[8] = {'T', 'O', 'R', 'C', 'H', 'R', 'P', 'L'};
 constexpr int kMaxDepth = 16;    // nesting of lists in arguments and values
-constexpr int64_t kMaxRank = 64;
 
 enum class Tag : uint8_t {
   kNone, kBool, kInt, kDouble, kComplex, kString, kDevice, kWrappedNumber, kTensor,
   kIntList, kDoubleList, kBoolList, kTensorList,
 };
 enum class ArgKind : uint8_t { kConstant, kValue, kList };
-
-// Dtypes a file holds: every one of plain elements (not quantized, not undefined).
-bool Storable(c10::ScalarType t) {
-  return static_cast<int>(t) < static_cast<int>(c10::ScalarType::NumOptions) && t != c10::ScalarType::Undefined &&
-         !c10::isQIntType(t);
-}
 
 // Note [Ops a file may call]
 // A .trp's graph computes with ATen ops, each checking its own arguments; a handful do not check
@@ -58,87 +49,7 @@ std::string Refused(const std::string& op) {
   return "";
 }
 
-// Strings in a file are UTF-8 (names from Python): anything else is corruption (and would not
-// survive the trip into a Python error message).
-bool Utf8(std::string_view s) {
-  for (size_t i = 0; i < s.size();) {
-    const unsigned char c = s[i];
-    const int extra = c < 0x80 ? 0 : (c >> 5) == 0x6 ? 1 : (c >> 4) == 0xe ? 2 : (c >> 3) == 0x1e ? 3 : -1;
-    if (extra < 0 || s.size() - i <= static_cast<size_t>(extra)) return false;
-    for (int k = 1; k <= extra; ++k) {
-      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 0x2) return false;
-    }
-    i += 1 + extra;
-  }
-  return true;
-}
-
 // ------------------------------------------------------------------------------------ writing
-
-class Writer {
- public:
-  template <typename T>
-  void Put(T v) {
-    static_assert(std::is_trivially_copyable_v<T>);
-    out_.append(reinterpret_cast<const char*>(&v), sizeof(T));
-  }
-  void Str(std::string_view s) {
-    Put<uint32_t>(static_cast<uint32_t>(s.size()));
-    out_.append(s);
-  }
-  void Ints(c10::IntArrayRef v) {
-    Put<uint32_t>(static_cast<uint32_t>(v.size()));
-    for (int64_t x : v) Put<int64_t>(x);
-  }
-  std::string& bytes() { return out_; }
-
- private:
-  std::string out_;
-};
-
-// What cannot be written: InvalidArgument, thrown inside Serialize and turned into its status.
-struct Unsupported {
-  std::string what;
-};
-
-// Tensors and storages, each written once (storages shared between tensors stay shared).
-class TensorTable {
- public:
-  uint32_t Add(const at::Tensor& t) {
-    if (!t.defined() || t.layout() != at::kStrided || !t.device().is_cpu() || t.is_quantized() ||
-        t.is_neg() || t.is_conj()) {
-      throw Unsupported{"a tensor that is not a plain strided CPU tensor (save CPU programs)"};
-    }
-    if (!Storable(t.scalar_type())) throw Unsupported{absl::StrCat("a tensor of dtype ", c10::toString(t.scalar_type()))};
-    for (size_t i = 0; i < tensors_.size(); ++i) {
-      if (tensors_[i].is_same(t)) return static_cast<uint32_t>(i);
-    }
-    tensors_.push_back(t);
-    const c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
-    if (std::find(storages_.begin(), storages_.end(), s) == storages_.end()) storages_.push_back(s);
-    return static_cast<uint32_t>(tensors_.size() - 1);
-  }
-  void Write(Writer& w) const {
-    w.Put<uint32_t>(static_cast<uint32_t>(storages_.size()));
-    for (const c10::StorageImpl* s : storages_) {
-      w.Put<uint64_t>(s->nbytes());
-      w.bytes().append(static_cast<const char*>(s->data()), s->nbytes());
-    }
-    w.Put<uint32_t>(static_cast<uint32_t>(tensors_.size()));
-    for (const at::Tensor& t : tensors_) {
-      w.Put<int8_t>(static_cast<int8_t>(t.scalar_type()));
-      w.Ints(t.sizes());
-      w.Ints(t.strides());
-      w.Put<int64_t>(t.storage_offset());
-      const auto it = std::find(storages_.begin(), storages_.end(), t.storage().unsafeGetStorageImpl());
-      w.Put<uint32_t>(static_cast<uint32_t>(it - storages_.begin()));
-    }
-  }
-
- private:
-  std::vector<at::Tensor> tensors_;
-  std::vector<const c10::StorageImpl*> storages_;
-};
 
 void PutValue(Writer& w, TensorTable& tensors, const c10::IValue& v) {
   if (v.isNone()) {
@@ -212,110 +123,6 @@ void PutArg(Writer& w, TensorTable& tensors, const capture::Arg& a) {
 }
 
 // ------------------------------------------------------------------------------------ reading
-
-// What is wrong with the file: thrown inside Deserialize and turned into its status.
-struct Bad {
-  absl::StatusCode code;
-  std::string what;
-};
-
-[[noreturn]] void Truncated(const char* what) {
-  throw Bad{absl::StatusCode::kDataLoss, absl::StrCat("the file is truncated or corrupted (", what, ")")};
-}
-
-class Reader {
- public:
-  explicit Reader(std::string_view bytes) : bytes_(bytes) {}
-
-  template <typename T>
-  T Get(const char* what) {
-    if (bytes_.size() - pos_ < sizeof(T)) Truncated(what);
-    T v;
-    std::memcpy(&v, bytes_.data() + pos_, sizeof(T));
-    pos_ += sizeof(T);
-    return v;
-  }
-  // A count of items of at least `item_bytes` each: never more than the bytes left could hold.
-  uint32_t Count(const char* what, size_t item_bytes = 1) {
-    const uint32_t n = Get<uint32_t>(what);
-    if (static_cast<uint64_t>(n) * item_bytes > bytes_.size() - pos_) Truncated(what);
-    return n;
-  }
-  std::string_view Bytes(uint64_t n, const char* what) {
-    if (n > bytes_.size() - pos_) Truncated(what);
-    std::string_view out = bytes_.substr(pos_, n);
-    pos_ += n;
-    return out;
-  }
-  std::string Str(const char* what) {
-    std::string_view s = Bytes(Count(what), what);
-    if (!Utf8(s)) Truncated(what);
-    return std::string(s);
-  }
-  std::vector<int64_t> Ints(const char* what) {
-    std::vector<int64_t> v(Count(what, sizeof(int64_t)));
-    for (int64_t& x : v) x = Get<int64_t>(what);
-    return v;
-  }
-  bool done() const { return pos_ == bytes_.size(); }
-
- private:
-  std::string_view bytes_;
-  size_t pos_ = 0;
-};
-
-[[noreturn]] void Corrupt(const std::string& what) {
-  throw Bad{absl::StatusCode::kDataLoss, absl::StrCat("the file is corrupted: ", what)};
-}
-
-c10::ScalarType ReadDtype(Reader& r) {
-  const int8_t d = r.Get<int8_t>("dtype");
-  if (d < 0 || !Storable(static_cast<c10::ScalarType>(d))) Corrupt(absl::StrCat("unknown dtype ", static_cast<int>(d)));
-  return static_cast<c10::ScalarType>(d);
-}
-
-std::vector<at::Tensor> ReadTensors(Reader& r) {
-  std::vector<c10::Storage> storages(r.Count("storages", sizeof(uint64_t)));
-  for (c10::Storage& s : storages) {
-    const uint64_t n = r.Get<uint64_t>("storage size");
-    std::string_view data = r.Bytes(n, "storage bytes");
-    at::Tensor bytes = at::empty({static_cast<int64_t>(n)}, at::TensorOptions().dtype(at::kByte));
-    if (n > 0) std::memcpy(bytes.data_ptr(), data.data(), n);
-    s = bytes.storage();
-  }
-  std::vector<at::Tensor> tensors(r.Count("tensors", 16));
-  for (at::Tensor& t : tensors) {
-    const c10::ScalarType dtype = ReadDtype(r);
-    const std::vector<int64_t> sizes = r.Ints("sizes"), strides = r.Ints("strides");
-    const int64_t offset = r.Get<int64_t>("storage offset");
-    const uint32_t storage = r.Get<uint32_t>("storage index");
-    if (sizes.size() != strides.size() || static_cast<int64_t>(sizes.size()) > kMaxRank) {
-      Corrupt("a tensor's sizes and strides disagree");
-    }
-    if (storage >= storages.size()) Corrupt("a tensor's storage index is out of range");
-    // The last element it reaches, with every product checked: it must lie within its storage.
-    uint64_t reach = 0, numel = 1;
-    bool overflow = offset < 0;
-    for (size_t d = 0; d < sizes.size(); ++d) {
-      if (sizes[d] < 0 || strides[d] < 0) Corrupt("a tensor has a negative size or stride");
-      uint64_t step = 0;
-      overflow |= c10::mul_overflows(static_cast<uint64_t>(sizes[d]), numel, &numel);
-      if (sizes[d] > 0) {
-        overflow |= c10::mul_overflows(static_cast<uint64_t>(sizes[d] - 1), static_cast<uint64_t>(strides[d]), &step);
-        overflow |= c10::add_overflows(reach, step, &reach);
-      }
-    }
-    uint64_t bytes = 0;
-    const uint64_t item = c10::elementSize(dtype);
-    overflow |= c10::add_overflows(reach, static_cast<uint64_t>(offset) + 1, &reach) ||
-                c10::mul_overflows(reach, item, &bytes);
-    if (overflow || (numel > 0 && bytes > storages[storage].nbytes())) {
-      Corrupt("a tensor reaches beyond its storage");
-    }
-    t = at::empty({0}, at::TensorOptions().dtype(dtype)).set_(storages[storage], offset, sizes, strides);
-  }
-  return tensors;
-}
 
 class ValueReader {
  public:

@@ -4,7 +4,7 @@
 // Note [Fused elementwise steps]
 // A run of consecutive out= pointwise nodes and in-place pointwise nodes (`x.mul_(0.9)`, computed
 // as their out= overload writing into their self: Note [In-place instructions] in
-// fused_elementwise.cc; nodes that run nothing per call, such as views of planned buffers, may sit
+// describer.cc; nodes that run nothing per call, such as views of planned buffers, may sit
 // between them) becomes one step: a small program of instructions, one per node, run by one
 // kernel (fused_kernels.h) with no dispatch, no TensorIterator and no per-op call in between. Consecutive instructions over the same iteration space form a segment,
 // walked piece by piece (at most 2048 elements of a row), every instruction on a piece before the
