@@ -1,13 +1,14 @@
-// The .trp writer and reader (Note [The .trp format] in format.h): each section's write
-// (Serialize, WriteGraph, PutValue, PutArg) and read (Deserialize, GraphReader, ValueReader) in
-// one file, so that a change to one is seen next to the other; the bytes of plain fields and the
-// tensor table, both ways, are format_io.h's.
+// The .trp writer and reader (Note [The .trp format] in format.h): each section described once and
+// walked both ways (Note [One description per section]); the bytes of plain fields, the tensor
+// table and the two directions are format_io.h's.
 #include "torchreplay/format.h"
 
 #include <torch/headeronly/version.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -49,244 +50,389 @@ std::string Refused(const std::string& op) {
   return "";
 }
 
-// ------------------------------------------------------------------------------------ writing
+// ------------------------------------------------------------------------------------ the sections
 
-void PutValue(Writer& w, TensorTable& tensors, const c10::IValue& v) {
-  if (v.isNone()) {
-    w.Put(Tag::kNone);
-  } else if (v.isBool()) {
-    w.Put(Tag::kBool);
-    w.Put<uint8_t>(v.toBool());
-  } else if (v.isInt()) {
-    w.Put(Tag::kInt);
-    w.Put<int64_t>(v.toInt());
-  } else if (v.isDouble()) {
-    w.Put(Tag::kDouble);
-    w.Put<double>(v.toDouble());
-  } else if (v.isComplexDouble()) {
-    w.Put(Tag::kComplex);
-    const c10::complex<double> c = v.toComplexDouble();
-    w.Put<double>(c.real());
-    w.Put<double>(c.imag());
-  } else if (v.isString()) {
-    w.Put(Tag::kString);
-    w.Str(v.toStringRef());
-  } else if (v.isDevice()) {
-    w.Put(Tag::kDevice);
-    w.Put<int8_t>(static_cast<int8_t>(v.toDevice().type()));
-    w.Put<int8_t>(v.toDevice().index());
-  } else if (v.isTensor() && v.toTensor().unsafeGetTensorImpl()->is_wrapped_number()) {
-    w.Put(Tag::kWrappedNumber);  // the number, wrapped again by the builder as eager wraps it
-    PutValue(w, tensors, c10::IValue(v.toTensor().item()));
-  } else if (v.isTensor()) {
-    w.Put(Tag::kTensor);
-    w.Put<uint32_t>(tensors.Add(v.toTensor()));
-  } else if (v.isIntList()) {
-    w.Put(Tag::kIntList);
-    w.Ints(v.toIntVector());
-  } else if (v.isDoubleList()) {
-    w.Put(Tag::kDoubleList);
-    const auto l = v.toDoubleVector();
-    w.Put<uint32_t>(static_cast<uint32_t>(l.size()));
-    for (double d : l) w.Put<double>(d);
-  } else if (v.isBoolList()) {
-    w.Put(Tag::kBoolList);
-    const auto l = v.toBoolList();
-    w.Put<uint32_t>(static_cast<uint32_t>(l.size()));
-    for (bool b : l) w.Put<uint8_t>(b);
-  } else if (v.isTensorList()) {
-    w.Put(Tag::kTensorList);
-    const auto l = v.toTensorVector();
-    w.Put<uint32_t>(static_cast<uint32_t>(l.size()));
-    for (const at::Tensor& t : l) w.Put<uint32_t>(tensors.Add(t));
-  } else {
-    throw Unsupported{absl::StrCat("a constant of kind ", v.tagKind())};
-  }
+// Note [One description per section]
+// Each section of the payload is described once, by a function template over the direction: Out
+// appends the fields of a program being saved, In reads them back, each checked as it comes
+// (Reader's bounds, then the description's own Check calls, which Out skips). The writer and the
+// reader walk the same description, so they cannot drift apart. What only one side does is
+// outside the descriptions: turning a graph into records (RecordOf) and records back into a graph
+// through GraphBuilder (GraphBuild), with the refusals of Note [Ops a file may call]. Out and In
+// are in format_io.h.
+
+// A value's tag (Note [The .trp format]); Unsupported for a kind a file cannot hold.
+Tag TagOf(const c10::IValue& v) {
+  if (v.isNone()) return Tag::kNone;
+  if (v.isBool()) return Tag::kBool;
+  if (v.isInt()) return Tag::kInt;
+  if (v.isDouble()) return Tag::kDouble;
+  if (v.isComplexDouble()) return Tag::kComplex;
+  if (v.isString()) return Tag::kString;
+  if (v.isDevice()) return Tag::kDevice;
+  if (v.isTensor()) return v.toTensor().unsafeGetTensorImpl()->is_wrapped_number() ? Tag::kWrappedNumber : Tag::kTensor;
+  if (v.isIntList()) return Tag::kIntList;
+  if (v.isDoubleList()) return Tag::kDoubleList;
+  if (v.isBoolList()) return Tag::kBoolList;
+  if (v.isTensorList()) return Tag::kTensorList;
+  throw Unsupported{absl::StrCat("a constant of kind ", v.tagKind())};
 }
 
-void PutArg(Writer& w, TensorTable& tensors, const capture::Arg& a) {
-  switch (a.kind) {
-    case capture::Arg::Kind::kConstant:
-      w.Put(ArgKind::kConstant);
-      PutValue(w, tensors, a.constant);
-      break;
-    case capture::Arg::Kind::kValue:
-      w.Put(ArgKind::kValue);
-      w.Put<int32_t>(a.value);
-      break;
-    case capture::Arg::Kind::kList:
-      w.Put(ArgKind::kList);
-      w.Put<uint32_t>(static_cast<uint32_t>(a.elems.size()));
-      for (const capture::Arg& e : a.elems) PutArg(w, tensors, e);
-      break;
-  }
-}
-
-// ------------------------------------------------------------------------------------ reading
-
-class ValueReader {
- public:
-  ValueReader(Reader& r, const std::vector<at::Tensor>& tensors) : r_(r), tensors_(tensors) {}
-
-  c10::IValue Value(int depth = 0) {
-    if (depth > kMaxDepth) Corrupt("values nested too deep");
-    switch (static_cast<Tag>(r_.Get<uint8_t>("value tag"))) {
-      case Tag::kNone: return c10::IValue();
-      case Tag::kBool: return c10::IValue(r_.Get<uint8_t>("bool") != 0);
-      case Tag::kInt: return c10::IValue(r_.Get<int64_t>("int"));
-      case Tag::kDouble: return c10::IValue(r_.Get<double>("float"));
-      case Tag::kComplex: {
-        const double re = r_.Get<double>("complex"), im = r_.Get<double>("complex");
-        return c10::IValue(c10::complex<double>(re, im));
-      }
-      case Tag::kString: return c10::IValue(r_.Str("string"));
-      case Tag::kDevice: {
-        const auto type = static_cast<c10::DeviceType>(r_.Get<int8_t>("device"));
-        const int8_t index = r_.Get<int8_t>("device index");
-        if ((type != c10::DeviceType::CPU && type != c10::DeviceType::CUDA && type != c10::DeviceType::Meta) ||
-            index < -1) {
-          Corrupt("unknown device");
-        }
-        return c10::IValue(c10::Device(type, index));
-      }
-      case Tag::kWrappedNumber: {
-        c10::IValue v = Value(depth + 1);
-        if (!(v.isInt() || v.isDouble() || v.isBool() || v.isComplexDouble())) Corrupt("a wrapped number that is none");
-        return v;  // the builder wraps it where a Tensor goes
-      }
-      case Tag::kTensor: return c10::IValue(Tensor());
-      case Tag::kIntList: return c10::IValue(r_.Ints("int list"));
-      case Tag::kDoubleList: {
-        std::vector<double> l(r_.Count("float list", sizeof(double)));
-        for (double& d : l) d = r_.Get<double>("float list");
-        return c10::IValue(l);
-      }
-      case Tag::kBoolList: {
-        c10::List<bool> l;
-        for (uint32_t n = r_.Count("bool list"); n > 0; --n) l.push_back(r_.Get<uint8_t>("bool list") != 0);
-        return c10::IValue(l);
-      }
-      case Tag::kTensorList: {
-        std::vector<at::Tensor> l(r_.Count("tensor list", sizeof(uint32_t)));
-        for (at::Tensor& t : l) t = Tensor();
-        return c10::IValue(l);
-      }
+// A value: its tag, then its fields. `v` is the value written (Out) or read (In).
+template <class IO>
+void ValueFields(IO& io, c10::IValue& v, int depth = 0) {
+  io.Check(depth <= kMaxDepth, "values nested too deep");
+  uint8_t tag = IO::kWriting ? static_cast<uint8_t>(TagOf(v)) : 0;
+  io.template Num<uint8_t>(tag, "value tag");
+  switch (static_cast<Tag>(tag)) {
+    case Tag::kNone:
+      v = c10::IValue();
+      return;
+    case Tag::kBool: {
+      uint8_t b = IO::kWriting && v.toBool();
+      io.template Num<uint8_t>(b, "bool");
+      v = c10::IValue(b != 0);
+      return;
     }
-    Corrupt("unknown value tag");
+    case Tag::kInt: {
+      int64_t x = IO::kWriting ? v.toInt() : 0;
+      io.template Num<int64_t>(x, "int");
+      v = c10::IValue(x);
+      return;
+    }
+    case Tag::kDouble: {
+      double x = IO::kWriting ? v.toDouble() : 0;
+      io.template Num<double>(x, "float");
+      v = c10::IValue(x);
+      return;
+    }
+    case Tag::kComplex: {
+      const c10::complex<double> c = IO::kWriting ? v.toComplexDouble() : c10::complex<double>();
+      double re = c.real(), im = c.imag();
+      io.template Num<double>(re, "complex");
+      io.template Num<double>(im, "complex");
+      v = c10::IValue(c10::complex<double>(re, im));
+      return;
+    }
+    case Tag::kString: {
+      std::string s = IO::kWriting ? v.toStringRef() : "";
+      io.Str(s, "string");
+      v = c10::IValue(std::move(s));
+      return;
+    }
+    case Tag::kDevice: {
+      const c10::Device d = IO::kWriting ? v.toDevice() : c10::Device(c10::kCPU);
+      int8_t type = static_cast<int8_t>(d.type()), index = d.index();
+      io.template Num<int8_t>(type, "device");
+      io.template Num<int8_t>(index, "device index");
+      const auto t = static_cast<c10::DeviceType>(type);
+      io.Check((t == c10::DeviceType::CPU || t == c10::DeviceType::CUDA || t == c10::DeviceType::Meta) && index >= -1,
+               "unknown device");
+      v = c10::IValue(c10::Device(t, index));
+      return;
+    }
+    case Tag::kWrappedNumber: {  // the number, wrapped again by the builder where a Tensor goes
+      c10::IValue number = IO::kWriting ? c10::IValue(v.toTensor().item()) : c10::IValue();
+      ValueFields(io, number, depth + 1);
+      io.Check(number.isInt() || number.isDouble() || number.isBool() || number.isComplexDouble(),
+               "a wrapped number that is none");
+      v = number;
+      return;
+    }
+    case Tag::kTensor: {
+      at::Tensor t = IO::kWriting ? v.toTensor() : at::Tensor();
+      io.Tensor(t);
+      v = c10::IValue(t);
+      return;
+    }
+    case Tag::kIntList: {
+      std::vector<int64_t> l = IO::kWriting ? v.toIntVector() : std::vector<int64_t>();
+      io.Count(l, "int list", sizeof(int64_t));
+      for (int64_t& x : l) io.template Num<int64_t>(x, "int list");
+      v = c10::IValue(l);
+      return;
+    }
+    case Tag::kDoubleList: {
+      std::vector<double> l = IO::kWriting ? v.toDoubleVector() : std::vector<double>();
+      io.Count(l, "float list", sizeof(double));
+      for (double& x : l) io.template Num<double>(x, "float list");
+      v = c10::IValue(l);
+      return;
+    }
+    case Tag::kBoolList: {
+      std::vector<uint8_t> l;
+      if (IO::kWriting) {
+        for (bool b : v.toBoolList()) l.push_back(b);
+      }
+      io.Count(l, "bool list");
+      c10::List<bool> out;
+      for (uint8_t& b : l) {
+        io.template Num<uint8_t>(b, "bool list");
+        out.push_back(b != 0);
+      }
+      v = c10::IValue(out);
+      return;
+    }
+    case Tag::kTensorList: {
+      std::vector<at::Tensor> l = IO::kWriting ? v.toTensorVector() : std::vector<at::Tensor>();
+      io.Count(l, "tensor list", sizeof(uint32_t));
+      for (at::Tensor& t : l) io.Tensor(t);
+      v = c10::IValue(l);
+      return;
+    }
   }
+  io.Check(false, "unknown value tag");
+}
 
-  at::Tensor Tensor() {
-    const uint32_t i = r_.Get<uint32_t>("tensor index");
-    if (i >= tensors_.size()) Corrupt("a tensor index is out of range");
-    return tensors_[i];
+// An argument: its kind, then a constant, a value id (the file's), or the elements of a list.
+template <class IO>
+void ArgFields(IO& io, capture::Arg& a, int depth = 0) {
+  io.Check(depth <= kMaxDepth, "arguments nested too deep");
+  uint8_t kind = static_cast<uint8_t>(a.kind);
+  io.template Num<uint8_t>(kind, "argument kind");
+  switch (static_cast<ArgKind>(kind)) {
+    case ArgKind::kConstant:
+      a.kind = capture::Arg::Kind::kConstant;
+      ValueFields(io, a.constant);
+      return;
+    case ArgKind::kValue:
+      a.kind = capture::Arg::Kind::kValue;
+      io.template Num<int32_t>(a.value, "value id");
+      return;
+    case ArgKind::kList:
+      a.kind = capture::Arg::Kind::kList;
+      io.Count(a.elems, "list argument");
+      for (capture::Arg& e : a.elems) ArgFields(io, e, depth + 1);
+      return;
   }
+  io.Check(false, "unknown argument kind");
+}
 
- private:
-  Reader& r_;
-  const std::vector<at::Tensor>& tensors_;
+// The graph section's records, with the file's value ids.
+struct InputRecord {
+  int32_t id = 0;
+  std::string name;
+  uint8_t type = 0;
+  std::optional<capture::TensorSpec> spec;
+};
+struct NodeRecord {
+  uint8_t kind = 0;
+  std::string name;
+  std::vector<int32_t> outputs;
+  std::string op;                                           // kOp
+  std::vector<std::pair<std::string, capture::Arg>> args;   // kOp: by schema name; kSymArith: unnamed
+  int32_t list = 0;                                         // kGetItem
+  int64_t index = 0;
+  uint8_t sym_op = 0;                                       // kSymArith
+};
+struct GraphRecord {
+  uint32_t num_values = 0;
+  std::vector<InputRecord> inputs;
+  std::vector<NodeRecord> nodes;
+  std::vector<capture::Arg> outputs;
+  std::vector<int32_t> static_inputs;
 };
 
-// The graph, rebuilt through GraphBuilder: value ids in the file are mapped to the builder's.
-class GraphReader {
- public:
-  GraphReader(Reader& r, ValueReader& values) : r_(r), values_(values) {}
+template <class IO>
+void InputFields(IO& io, InputRecord& in) {
+  io.template Num<int32_t>(in.id, "input id");
+  io.Str(in.name, "input name");
+  io.template Num<uint8_t>(in.type, "input type");
+  io.Check(in.type <= static_cast<uint8_t>(capture::ValueType::kNone), "unknown input type");
+  uint8_t has_spec = in.spec.has_value();
+  io.template Num<uint8_t>(has_spec, "input spec");
+  if (has_spec == 0) return;
+  if (!in.spec.has_value()) in.spec.emplace();
+  io.Dtype(in.spec->dtype, "an input");
+  int8_t device = static_cast<int8_t>(in.spec->device);
+  io.template Num<int8_t>(device, "input device");
+  in.spec->device = static_cast<c10::DeviceType>(device);
+  io.template Num<int64_t>(in.spec->dim, "input rank");
+  io.Check((in.spec->device == c10::DeviceType::CPU || in.spec->device == c10::DeviceType::CUDA) &&
+               in.spec->dim >= 0 && in.spec->dim <= kMaxRank,
+           "an input's device or rank");
+}
 
-  std::shared_ptr<const capture::Graph> Read() {
-    const uint32_t num_values = r_.Count("values");
-    ids_.assign(num_values, -1);
-    for (uint32_t n = r_.Count("inputs"); n > 0; --n) {
-      const int32_t id = r_.Get<int32_t>("input id");
-      std::string name = r_.Str("input name");
-      const uint8_t type = r_.Get<uint8_t>("input type");
-      if (type > static_cast<uint8_t>(capture::ValueType::kNone)) Corrupt("unknown input type");
-      std::optional<capture::TensorSpec> spec;
-      if (r_.Get<uint8_t>("input spec") != 0) {
-        spec = capture::TensorSpec{ReadDtype(r_), static_cast<c10::DeviceType>(r_.Get<int8_t>("input device")),
-                                   r_.Get<int64_t>("input rank")};
-        if ((spec->device != c10::DeviceType::CPU && spec->device != c10::DeviceType::CUDA) || spec->dim < 0 ||
-            spec->dim > kMaxRank) {
-          Corrupt("an input's device or rank");
-        }
+template <class IO>
+void NodeFields(IO& io, NodeRecord& n) {
+  io.template Num<uint8_t>(n.kind, "node kind");
+  io.Str(n.name, "node name");
+  io.Count(n.outputs, "node outputs", sizeof(int32_t));
+  for (int32_t& o : n.outputs) io.template Num<int32_t>(o, "node output");
+  switch (static_cast<capture::NodeKind>(n.kind)) {
+    case capture::NodeKind::kOp:
+      io.Str(n.op, "op");
+      io.Count(n.args, "op arguments");
+      for (auto& [key, arg] : n.args) {
+        io.Str(key, "argument name");
+        ArgFields(io, arg);
       }
-      Define(id, b_.AddInput(std::move(name), static_cast<capture::ValueType>(type), spec));
+      return;
+    case capture::NodeKind::kGetItem:
+      io.template Num<int32_t>(n.list, "getitem list");
+      io.template Num<int64_t>(n.index, "getitem index");
+      return;
+    case capture::NodeKind::kSymArith:
+      io.template Num<uint8_t>(n.sym_op, "arithmetic op");
+      io.Check(n.sym_op <= static_cast<uint8_t>(capture::SymOp::kSqrt), "unknown arithmetic op");
+      io.Count(n.args, "operands");
+      for (auto& [unnamed, arg] : n.args) ArgFields(io, arg);
+      return;
+  }
+  io.Check(false, "unknown node kind");
+}
+
+template <class IO>
+void GraphFields(IO& io, GraphRecord& g) {
+  io.Bound(g.num_values, "values");
+  io.Count(g.inputs, "inputs");
+  for (InputRecord& in : g.inputs) InputFields(io, in);
+  io.Count(g.nodes, "nodes");
+  for (NodeRecord& n : g.nodes) NodeFields(io, n);
+  io.Count(g.outputs, "outputs");
+  for (capture::Arg& a : g.outputs) ArgFields(io, a);
+  io.Count(g.static_inputs, "static inputs", sizeof(int32_t));
+  for (int32_t& s : g.static_inputs) io.template Num<int32_t>(s, "static input");
+}
+
+// The sections after the graph: the bound tensors, then what the trace assumed of the arguments.
+template <class IO>
+void ArgumentFields(IO& io, SavedProgram& p) {
+  io.Count(p.bound, "bound tensors", 12);
+  for (BoundTensor& b : p.bound) {
+    io.Tensor(b.tensor);
+    io.Str(b.kind, "bound kind");
+    io.Str(b.name, "bound name");
+  }
+  const size_t inputs = p.graph->inputs().size();
+  io.Check(p.bound.size() <= inputs, "more bound tensors than graph inputs");
+  const int64_t last_arg = static_cast<int64_t>(inputs - std::min(p.bound.size(), inputs)) - 1;
+  const char* out_of_range = "an argument index is out of range";
+  io.Count(p.fixed, "fixed numbers", 5);
+  for (auto& [arg, value] : p.fixed) {
+    io.template Num<int32_t>(arg, "fixed argument", 0, last_arg, out_of_range);
+    ValueFields(io, value);
+    io.Check(value.isInt() || value.isDouble() || value.isBool(), "a fixed argument that is no number");
+  }
+  io.Count(p.sizes, "size checks", 7 * sizeof(int64_t));
+  for (replay::SizeCheck& c : p.sizes) {
+    io.template Num<int64_t>(c.arg, "size check", 0, last_arg, out_of_range);
+    io.template Num<int64_t>(c.dim, "size check", 0, kMaxRank - 1, "a size check's dim is out of range");
+    io.template Num<int64_t>(c.lo, "size check");
+    io.template Num<int64_t>(c.hi, "size check");
+    io.template Num<int64_t>(c.group, "size check", -1, kMaxRank * 1024, "a size check's group is out of range");
+    io.template Num<int64_t>(c.coef, "size check");
+    io.template Num<int64_t>(c.offset, "size check");
+    if (!IO::kWriting) {
+      const auto& spec = p.graph->values()[p.graph->inputs()[p.bound.size() + c.arg]].spec;
+      io.Check(!spec.has_value() || c.dim < spec->dim, "a size check's dim is beyond its argument's rank");
     }
-    for (uint32_t n = r_.Count("nodes"); n > 0; --n) Node();
-    std::vector<capture::Arg> outputs(r_.Count("outputs"));
-    for (capture::Arg& a : outputs) a = Arg();
-    Check(b_.SetOutputs(std::move(outputs)));
-    std::vector<int> statics(r_.Count("static inputs", sizeof(int32_t)));
-    for (int& s : statics) s = r_.Get<int32_t>("static input");
-    Check(b_.SetStaticInputs(std::move(statics)));
+  }
+  io.Count(p.written, "written arguments", sizeof(int32_t));
+  for (int& i : p.written) io.template Num<int32_t>(i, "written argument", 0, last_arg, out_of_range);
+  io.template Num<int32_t>(p.num_outputs, "outputs", -1, static_cast<int64_t>(p.graph->outputs().size()),
+                           "the number of outputs is out of range");
+}
+
+// The writer's side: a graph as the graph section's records.
+GraphRecord RecordOf(const capture::Graph& g) {
+  GraphRecord rec;
+  rec.num_values = static_cast<uint32_t>(g.values().size());
+  for (capture::ValueId id : g.inputs()) {
+    const capture::ValueInfo& v = g.values()[id];
+    rec.inputs.push_back({id, v.name, static_cast<uint8_t>(v.type), v.spec});
+  }
+  for (const capture::Node& n : g.nodes()) {
+    NodeRecord r;
+    r.kind = static_cast<uint8_t>(n.kind);
+    r.name = n.name;
+    r.outputs.assign(n.outputs.begin(), n.outputs.end());
+    switch (n.kind) {
+      case capture::NodeKind::kOp: {
+        r.op = capture::OperatorName(*n.op);
+        const auto& formals = n.op->schema().arguments();
+        for (size_t i = 0; i < n.args.size(); ++i) r.args.emplace_back(formals[i].name(), n.args[i]);
+        break;
+      }
+      case capture::NodeKind::kGetItem:
+        r.list = n.args[0].value;
+        r.index = n.index;
+        break;
+      case capture::NodeKind::kSymArith:
+        r.sym_op = static_cast<uint8_t>(n.sym_op);
+        for (const capture::Arg& a : n.args) r.args.emplace_back("", a);
+        break;
+    }
+    rec.nodes.push_back(std::move(r));
+  }
+  rec.outputs = g.outputs();
+  rec.static_inputs.assign(g.static_inputs().begin(), g.static_inputs().end());
+  return rec;
+}
+
+// The reader's side: the graph rebuilt from its records through GraphBuilder, the file's value
+// ids mapped to the builder's, every op resolved and checked in this LibTorch.
+class GraphBuild {
+ public:
+  std::shared_ptr<const capture::Graph> Build(GraphRecord& g) {
+    ids_.assign(g.num_values, -1);
+    for (InputRecord& in : g.inputs) {
+      Define(in.id, b_.AddInput(std::move(in.name), static_cast<capture::ValueType>(in.type), in.spec));
+    }
+    for (NodeRecord& n : g.nodes) Node(n);
+    for (capture::Arg& a : g.outputs) Resolve(a);
+    Check(b_.SetOutputs(std::move(g.outputs)));
+    Check(b_.SetStaticInputs(std::vector<int>(g.static_inputs.begin(), g.static_inputs.end())));
     return Check(b_.Build());
   }
 
  private:
-  void Node() {
-    const uint8_t kind = r_.Get<uint8_t>("node kind");
-    std::string name = r_.Str("node name");
-    std::vector<int32_t> outs(r_.Count("node outputs", sizeof(int32_t)));
-    for (int32_t& o : outs) o = r_.Get<int32_t>("node output");
+  void Node(NodeRecord& n) {
     std::vector<capture::ValueId> made;
-    switch (static_cast<capture::NodeKind>(kind)) {
+    switch (static_cast<capture::NodeKind>(n.kind)) {
       case capture::NodeKind::kOp: {
-        const std::string op = r_.Str("op");
-        if (const std::string why = Refused(op); !why.empty()) {
+        if (const std::string why = Refused(n.op); !why.empty()) {
           throw Bad{absl::StatusCode::kFailedPrecondition,
-                    absl::StrCat("node '", name, "' calls ", op, ", which a loaded program may not: ", why,
+                    absl::StrCat("node '", n.name, "' calls ", n.op, ", which a loaded program may not: ", why,
                                  " (Note [Ops a file may call] in torchreplay/format.cc)")};
         }
-        std::vector<std::pair<std::string, capture::Arg>> kwargs(r_.Count("op arguments"));
-        for (auto& [key, arg] : kwargs) {
-          key = r_.Str("argument name");
-          arg = Arg();
-          if (op.rfind("aten::_index_put_impl_", 0) == 0 && key == "unsafe" && arg.kind == capture::Arg::Kind::kConstant &&
-              arg.constant.isBool() && arg.constant.toBool()) {
+        for (auto& [key, arg] : n.args) {
+          if (n.op.rfind("aten::_index_put_impl_", 0) == 0 && key == "unsafe" &&
+              arg.kind == capture::Arg::Kind::kConstant && arg.constant.isBool() && arg.constant.toBool()) {
             throw Bad{absl::StatusCode::kFailedPrecondition,
-                      absl::StrCat("node '", name, "' calls ", op, " with unsafe=True (no bounds checks), which a "
+                      absl::StrCat("node '", n.name, "' calls ", n.op, " with unsafe=True (no bounds checks), which a "
                                    "loaded program may not (Note [Ops a file may call] in torchreplay/format.cc)")};
           }
+          Resolve(arg);
         }
-        made = Check(b_.AddOp(op, {}, std::move(kwargs), name));
+        made = Check(b_.AddOp(n.op, {}, std::move(n.args), n.name));
         break;
       }
-      case capture::NodeKind::kGetItem: {
-        const capture::ValueId list = Id(r_.Get<int32_t>("getitem list"));
-        made = {Check(b_.AddGetItem(list, r_.Get<int64_t>("getitem index"), name))};
+      case capture::NodeKind::kGetItem:
+        made = {Check(b_.AddGetItem(Id(n.list), n.index, n.name))};
         break;
-      }
       case capture::NodeKind::kSymArith: {
-        const uint8_t op = r_.Get<uint8_t>("arithmetic op");
-        if (op > static_cast<uint8_t>(capture::SymOp::kSqrt)) Corrupt("unknown arithmetic op");
-        std::vector<capture::Arg> operands(r_.Count("operands"));
-        for (capture::Arg& a : operands) a = Arg();
-        made = {Check(b_.AddSymArith(static_cast<capture::SymOp>(op), std::move(operands), name))};
+        std::vector<capture::Arg> operands;
+        for (auto& [unnamed, arg] : n.args) {
+          Resolve(arg);
+          operands.push_back(std::move(arg));
+        }
+        made = {Check(b_.AddSymArith(static_cast<capture::SymOp>(n.sym_op), std::move(operands), n.name))};
         break;
       }
-      default:
-        Corrupt("unknown node kind");
     }
-    if (made.size() != outs.size()) {
+    if (made.size() != n.outputs.size()) {
       throw Bad{absl::StatusCode::kFailedPrecondition,
-                absl::StrCat("node '", name, "' has ", made.size(), " outputs in this LibTorch, ", outs.size(),
+                absl::StrCat("node '", n.name, "' has ", made.size(), " outputs in this LibTorch, ", n.outputs.size(),
                              " in the file (the op's schema changed)")};
     }
-    for (size_t i = 0; i < outs.size(); ++i) Define(outs[i], made[i]);
+    for (size_t i = 0; i < made.size(); ++i) Define(n.outputs[i], made[i]);
   }
 
-  capture::Arg Arg(int depth = 0) {
-    if (depth > kMaxDepth) Corrupt("arguments nested too deep");
-    switch (static_cast<ArgKind>(r_.Get<uint8_t>("argument kind"))) {
-      case ArgKind::kConstant: return capture::Arg::Const(values_.Value());
-      case ArgKind::kValue: return capture::Arg::Ref(Id(r_.Get<int32_t>("value id")));
-      case ArgKind::kList: {
-        std::vector<capture::Arg> elems(r_.Count("list argument"));
-        for (capture::Arg& e : elems) e = Arg(depth + 1);
-        return capture::Arg::List(std::move(elems));
-      }
-    }
-    Corrupt("unknown argument kind");
+  void Resolve(capture::Arg& a) {
+    if (a.kind == capture::Arg::Kind::kValue) a.value = Id(a.value);
+    for (capture::Arg& e : a.elems) Resolve(e);
   }
-
   void Define(int32_t file_id, capture::ValueId id) {
     if (file_id < 0 || static_cast<size_t>(file_id) >= ids_.size() || ids_[file_id] >= 0) {
       Corrupt("a value id is out of range or defined twice");
@@ -311,65 +457,9 @@ class GraphReader {
     }
   }
 
-  Reader& r_;
-  ValueReader& values_;
   capture::GraphBuilder b_;
   std::vector<capture::ValueId> ids_;
 };
-
-// The graph section (Note [The .trp format]): inputs, nodes, outputs, static inputs; the tensors
-// its constants hold go into `tensors`.
-Writer WriteGraph(const capture::Graph& g, TensorTable& tensors) {
-  Writer graph;
-  graph.Put<uint32_t>(static_cast<uint32_t>(g.values().size()));
-  graph.Put<uint32_t>(static_cast<uint32_t>(g.inputs().size()));
-  for (capture::ValueId id : g.inputs()) {
-    const capture::ValueInfo& v = g.values()[id];
-    graph.Put<int32_t>(id);
-    graph.Str(v.name);
-    graph.Put<uint8_t>(static_cast<uint8_t>(v.type));
-    graph.Put<uint8_t>(v.spec.has_value());
-    if (v.spec.has_value()) {
-      if (!Storable(v.spec->dtype)) throw Unsupported{absl::StrCat("an input of dtype ", c10::toString(v.spec->dtype))};
-      graph.Put<int8_t>(static_cast<int8_t>(v.spec->dtype));
-      graph.Put<int8_t>(static_cast<int8_t>(v.spec->device));
-      graph.Put<int64_t>(v.spec->dim);
-    }
-  }
-  graph.Put<uint32_t>(static_cast<uint32_t>(g.nodes().size()));
-  for (const capture::Node& n : g.nodes()) {
-    graph.Put<uint8_t>(static_cast<uint8_t>(n.kind));
-    graph.Str(n.name);
-    graph.Put<uint32_t>(static_cast<uint32_t>(n.outputs.size()));
-    for (capture::ValueId o : n.outputs) graph.Put<int32_t>(o);
-    switch (n.kind) {
-      case capture::NodeKind::kOp: {
-        graph.Str(capture::OperatorName(*n.op));
-        const auto& formals = n.op->schema().arguments();
-        graph.Put<uint32_t>(static_cast<uint32_t>(n.args.size()));
-        for (size_t i = 0; i < n.args.size(); ++i) {
-          graph.Str(formals[i].name());
-          PutArg(graph, tensors, n.args[i]);
-        }
-        break;
-      }
-      case capture::NodeKind::kGetItem:
-        graph.Put<int32_t>(n.args[0].value);
-        graph.Put<int64_t>(n.index);
-        break;
-      case capture::NodeKind::kSymArith:
-        graph.Put<uint8_t>(static_cast<uint8_t>(n.sym_op));
-        graph.Put<uint32_t>(static_cast<uint32_t>(n.args.size()));
-        for (const capture::Arg& a : n.args) PutArg(graph, tensors, a);
-        break;
-    }
-  }
-  graph.Put<uint32_t>(static_cast<uint32_t>(g.outputs().size()));
-  for (const capture::Arg& a : g.outputs()) PutArg(graph, tensors, a);
-  graph.Put<uint32_t>(static_cast<uint32_t>(g.static_inputs().size()));
-  for (int s : g.static_inputs()) graph.Put<int32_t>(s);
-  return graph;
-}
 
 // The payload of a .trp file after its header (magic, version, length, checksum), each checked.
 absl::StatusOr<std::string_view> Payload(std::string_view bytes) {
@@ -410,38 +500,25 @@ uint64_t Checksum(std::string_view payload) {
 }
 
 // The file's sections in the order Note [The .trp format] lists them.
-absl::StatusOr<std::string> Serialize(const SavedProgram& p) {
+absl::StatusOr<std::string> Serialize(const SavedProgram& program) {
   try {
-    const capture::Graph& g = *p.graph;
-    Writer w;
+    SavedProgram p = program;  // (the descriptions take fields by reference; Out only reads them)
     TensorTable tensors;
-    Writer graph = WriteGraph(g, tensors);  // written after the tensor table it refers to
+    for (const BoundTensor& b : p.bound) tensors.Add(b.tensor);
+    Writer graph;  // written after the tensor table its constants enter
+    Out graph_out(graph, tensors);
+    GraphRecord g = RecordOf(*p.graph);
+    GraphFields(graph_out, g);
 
-    std::vector<uint32_t> bound;
-    for (const BoundTensor& b : p.bound) bound.push_back(tensors.Add(b.tensor));
-
-    w.Str(TORCH_VERSION);
-    w.Str(p.name);
+    Writer w;
+    Out out(w, tensors);
+    std::string torch = TORCH_VERSION;
+    out.Str(torch, "torch version");
+    out.Str(p.name, "name");
     tensors.Write(w);
+    out.Seal(tensors.size());
     w.bytes() += graph.bytes();
-    w.Put<uint32_t>(static_cast<uint32_t>(p.bound.size()));
-    for (size_t i = 0; i < p.bound.size(); ++i) {
-      w.Put<uint32_t>(bound[i]);
-      w.Str(p.bound[i].kind);
-      w.Str(p.bound[i].name);
-    }
-    w.Put<uint32_t>(static_cast<uint32_t>(p.fixed.size()));
-    for (const auto& [arg, value] : p.fixed) {
-      w.Put<int32_t>(arg);
-      PutValue(w, tensors, value);  // numbers only (no tensor enters the table this late)
-    }
-    w.Put<uint32_t>(static_cast<uint32_t>(p.sizes.size()));
-    for (const replay::SizeCheck& c : p.sizes) {
-      for (int64_t v : {int64_t{c.arg}, int64_t{c.dim}, c.lo, c.hi, int64_t{c.group}, c.coef, c.offset}) w.Put<int64_t>(v);
-    }
-    w.Put<uint32_t>(static_cast<uint32_t>(p.written.size()));
-    for (int i : p.written) w.Put<int32_t>(i);
-    w.Put<int32_t>(p.num_outputs);
+    ArgumentFields(out, p);
 
     Writer file;
     file.bytes().append(kMagic, sizeof(kMagic));
@@ -457,7 +534,7 @@ absl::StatusOr<std::string> Serialize(const SavedProgram& p) {
   }
 }
 
-// The sections read back in the order Serialize writes them, each checked.
+// The sections read back through the same descriptions, each field checked.
 absl::StatusOr<SavedProgram> Deserialize(std::string_view bytes) {
   try {
     const absl::StatusOr<std::string_view> payload = Payload(bytes);
@@ -472,48 +549,11 @@ absl::StatusOr<SavedProgram> Deserialize(std::string_view bytes) {
     SavedProgram p;
     p.name = r.Str("name");
     const std::vector<at::Tensor> tensors = ReadTensors(r);
-    ValueReader values(r, tensors);
-    p.graph = GraphReader(r, values).Read();
-    p.bound.resize(r.Count("bound tensors", 12));
-    for (BoundTensor& b : p.bound) {
-      b.tensor = values.Tensor();
-      b.kind = r.Str("bound kind");
-      b.name = r.Str("bound name");
-    }
-    const size_t args = p.graph->inputs().size() - std::min(p.bound.size(), p.graph->inputs().size());
-    if (p.bound.size() > p.graph->inputs().size()) Corrupt("more bound tensors than graph inputs");
-    auto arg_index = [&](int64_t i) {
-      if (i < 0 || static_cast<size_t>(i) >= args) Corrupt("an argument index is out of range");
-      return static_cast<int>(i);
-    };
-    p.fixed.resize(r.Count("fixed numbers", 5));
-    for (auto& [arg, value] : p.fixed) {
-      arg = arg_index(r.Get<int32_t>("fixed argument"));
-      value = values.Value();
-      if (!(value.isInt() || value.isDouble() || value.isBool())) Corrupt("a fixed argument that is no number");
-    }
-    p.sizes.resize(r.Count("size checks", 7 * sizeof(int64_t)));
-    for (replay::SizeCheck& c : p.sizes) {
-      c.arg = arg_index(r.Get<int64_t>("size check"));
-      const int64_t dim = r.Get<int64_t>("size check");
-      if (dim < 0 || dim >= kMaxRank) Corrupt("a size check's dim is out of range");
-      c.dim = static_cast<int>(dim);
-      c.lo = r.Get<int64_t>("size check");
-      c.hi = r.Get<int64_t>("size check");
-      const int64_t group = r.Get<int64_t>("size check");
-      if (group < -1 || group > kMaxRank * 1024) Corrupt("a size check's group is out of range");
-      c.group = static_cast<int>(group);
-      c.coef = r.Get<int64_t>("size check");
-      c.offset = r.Get<int64_t>("size check");
-      const auto& spec = p.graph->values()[p.graph->inputs()[p.bound.size() + c.arg]].spec;
-      if (spec.has_value() && c.dim >= spec->dim) Corrupt("a size check's dim is beyond its argument's rank");
-    }
-    p.written.resize(r.Count("written arguments", sizeof(int32_t)));
-    for (int& i : p.written) i = arg_index(r.Get<int32_t>("written argument"));
-    p.num_outputs = r.Get<int32_t>("outputs");
-    if (p.num_outputs < -1 || p.num_outputs > static_cast<int>(p.graph->outputs().size())) {
-      Corrupt("the number of outputs is out of range");
-    }
+    In in(r, tensors);
+    GraphRecord g;
+    GraphFields(in, g);
+    p.graph = GraphBuild().Build(g);
+    ArgumentFields(in, p);
     if (!r.done()) Corrupt("bytes after the last section");
     return p;
   } catch (const Bad& b) {

@@ -1,10 +1,12 @@
 // torchreplay/format_io.h: the bytes of a .trp file (Note [The .trp format] in format.h): the
-// writer and reader of its plain fields, each read checked against the bytes left, and its tensor
-// table (tensors and the storages they share) both ways. Private to format.cc.
+// writer and reader of its plain fields, each read checked against the bytes left, its tensor
+// table (tensors and the storages they share) both ways, and the two directions a section's
+// description is walked in (Out, In). Private to format.cc.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <climits>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 
 namespace torchreplay::format {
 
@@ -60,6 +63,7 @@ class TensorTable {
   uint32_t Add(const at::Tensor& t);
   // The table: its storages' bytes, then each tensor's dtype, geometry and storage.
   void Write(Writer& w) const;
+  uint32_t size() const { return static_cast<uint32_t>(tensors_.size()); }
 
  private:
   std::vector<at::Tensor> tensors_;
@@ -124,5 +128,85 @@ c10::ScalarType ReadDtype(Reader& r);
 
 // The tensor table TensorTable::Write wrote: every tensor checked to lie within its storage.
 std::vector<at::Tensor> ReadTensors(Reader& r);
+
+// ---------------------------------------------------------------------------------- directions
+
+// The two directions a section's description (Note [One description per section] in format.cc)
+// is walked in: Out writes each field, In reads it, checks it (Check, the bounded Num) and
+// stores it. Their methods take the same arguments, so one description serves both.
+class Out {
+ public:
+  static constexpr bool kWriting = true;
+  Out(Writer& w, TensorTable& tensors) : w_(w), tensors_(tensors) {}
+  template <class Wire, class T>
+  void Num(T& v, const char*) {
+    w_.Put<Wire>(static_cast<Wire>(v));
+  }
+  template <class Wire, class T>
+  void Num(T& v, const char*, int64_t, int64_t, const char*) {
+    w_.Put<Wire>(static_cast<Wire>(v));
+  }
+  void Str(std::string& s, const char*) { w_.Str(s); }
+  template <class V>
+  void Count(V& v, const char*, size_t = 1) {
+    w_.Put<uint32_t>(static_cast<uint32_t>(v.size()));
+  }
+  void Bound(uint32_t& n, const char*) { w_.Put<uint32_t>(n); }
+  void Dtype(c10::ScalarType& d, const char* what) {
+    if (!Storable(d)) throw Unsupported{absl::StrCat(what, " of dtype ", c10::toString(d))};
+    w_.Put<int8_t>(static_cast<int8_t>(d));
+  }
+  // Its index in the tensor table; after Seal, only a tensor already there (the table is written).
+  void Tensor(at::Tensor& t) {
+    const uint32_t i = tensors_.Add(t);
+    if (i >= sealed_at_) throw Unsupported{"a tensor outside the program's tensor table"};
+    w_.Put<uint32_t>(i);
+  }
+  void Seal(uint32_t table_size) { sealed_at_ = table_size; }
+  void Check(bool, const char*) {}
+
+ private:
+  Writer& w_;
+  TensorTable& tensors_;
+  uint32_t sealed_at_ = UINT32_MAX;
+};
+
+class In {
+ public:
+  static constexpr bool kWriting = false;
+  In(Reader& r, const std::vector<at::Tensor>& tensors) : r_(r), tensors_(tensors) {}
+  template <class Wire, class T>
+  void Num(T& v, const char* what) {
+    v = static_cast<T>(r_.Get<Wire>(what));
+  }
+  // Checked in the file's width, before it narrows to the field's: within [lo, hi], else `bad`.
+  template <class Wire, class T>
+  void Num(T& v, const char* what, int64_t lo, int64_t hi, const char* bad) {
+    const Wire w = r_.Get<Wire>(what);
+    Check(static_cast<int64_t>(w) >= lo && static_cast<int64_t>(w) <= hi, bad);
+    v = static_cast<T>(w);
+  }
+  void Str(std::string& s, const char* what) { s = r_.Str(what); }
+  // A count of items of at least `item_bytes` each, never more than the bytes left could hold.
+  template <class V>
+  void Count(V& v, const char* what, size_t item_bytes = 1) {
+    v.resize(r_.Count(what, item_bytes));
+  }
+  // A number of things the file describes, never more than its bytes left.
+  void Bound(uint32_t& n, const char* what) { n = r_.Count(what); }
+  void Dtype(c10::ScalarType& d, const char*) { d = ReadDtype(r_); }
+  void Tensor(at::Tensor& t) {
+    const uint32_t i = r_.Get<uint32_t>("tensor index");
+    Check(i < tensors_.size(), "a tensor index is out of range");
+    t = tensors_[i];
+  }
+  void Check(bool ok, const char* what) {
+    if (!ok) Corrupt(what);
+  }
+
+ private:
+  Reader& r_;
+  const std::vector<at::Tensor>& tensors_;
+};
 
 }  // namespace torchreplay::format
