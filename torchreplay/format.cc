@@ -78,6 +78,14 @@ Tag TagOf(const c10::IValue& v) {
   throw Unsupported{absl::StrCat("a constant of kind ", v.tagKind())};
 }
 
+// A list of numbers: its count, then each.
+template <class T, class IO>
+std::vector<T> NumberList(IO& io, std::vector<T> l, const char* what) {
+  io.Count(l, what, sizeof(T));
+  for (T& x : l) io.template Num<T>(x, what);
+  return l;
+}
+
 // A value: its tag, then its fields. `v` is the value written (Out) or read (In).
 template <class IO>
 void ValueFields(IO& io, c10::IValue& v, int depth = 0) {
@@ -145,20 +153,12 @@ void ValueFields(IO& io, c10::IValue& v, int depth = 0) {
       v = c10::IValue(t);
       return;
     }
-    case Tag::kIntList: {
-      std::vector<int64_t> l = IO::kWriting ? v.toIntVector() : std::vector<int64_t>();
-      io.Count(l, "int list", sizeof(int64_t));
-      for (int64_t& x : l) io.template Num<int64_t>(x, "int list");
-      v = c10::IValue(l);
+    case Tag::kIntList:
+      v = c10::IValue(NumberList<int64_t>(io, IO::kWriting ? v.toIntVector() : std::vector<int64_t>(), "int list"));
       return;
-    }
-    case Tag::kDoubleList: {
-      std::vector<double> l = IO::kWriting ? v.toDoubleVector() : std::vector<double>();
-      io.Count(l, "float list", sizeof(double));
-      for (double& x : l) io.template Num<double>(x, "float list");
-      v = c10::IValue(l);
+    case Tag::kDoubleList:
+      v = c10::IValue(NumberList<double>(io, IO::kWriting ? v.toDoubleVector() : std::vector<double>(), "float list"));
       return;
-    }
     case Tag::kBoolList: {
       std::vector<uint8_t> l;
       if (IO::kWriting) {

@@ -299,10 +299,8 @@ std::vector<std::string> CandidateKernels(const ConvArgs& a, at::native::ConvBac
 // Note [The shape of a check], its third step Note [Checked convolutions]'s.
 void CheckConvolution(const Graph& g, int node, const std::vector<c10::IValue>& env, Recording* rec) {
   const Node& n = g.nodes()[node];
-  const std::vector<const ValueRecord*> results = PlannedResults(n, env, *rec);
-  if (results.empty()) return;
-  Decision decision(rec, node, kOutName, /*refusal_in_notes=*/false);
-  decision.Probe([&] {
+  CheckNode(g, node, env, rec, kOutName, /*refusal_in_notes=*/false,
+                   [&](const std::vector<const ValueRecord*>& results, Decision& decision) {
     const ConvArgs a = ArgsOf(n, env);
     const at::Tensor& result = env[n.outputs[0]].toTensor();
     if (std::string why = Unfit(a, result); !why.empty()) return decision.Refuse(why);

@@ -239,12 +239,10 @@ bool IsGemm(const Node& n) {
 // Note [The shape of a check], its third step Note [Checked GEMMs]'s.
 bool CheckGemm(const Graph& g, int node, const std::vector<c10::IValue>& env, Recording* rec) {
   const Node& n = g.nodes()[node];
-  const std::vector<const ValueRecord*> results = PlannedResults(n, env, *rec);
-  if (results.empty()) return false;
   const bool addmm = n.op->schema().name() == "aten::addmm";
   // a refusal is the note of the node's eager out= step
-  Decision decision(rec, node, addmm ? kAddmmOut : kMmOut, /*refusal_in_notes=*/true);
-  return decision.Probe([&] {
+  return CheckNode(g, node, env, rec, addmm ? kAddmmOut : kMmOut, /*refusal_in_notes=*/true,
+                   [&](const std::vector<const ValueRecord*>& results, Decision& decision) {
     if (!kernels::small_gemm::Available()) return decision.Refuse("this CPU has no AVX2 and FMA");
     std::vector<c10::IValue> args;
     for (size_t a = 0; a < n.args.size(); ++a) args.push_back(MaterializeArg(n.args[a], n.arg_types[a], env));

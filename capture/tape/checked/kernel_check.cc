@@ -75,6 +75,15 @@ bool FixedUnderKey(const Graph& g, int node, const Arg& a, const Recording& rec)
   return false;
 }
 
+bool CheckNode(const Graph& g, int node, const std::vector<c10::IValue>& env, Recording* rec,
+               const char* out_name, bool refusal_in_notes,
+               const std::function<bool(const std::vector<const ValueRecord*>& results, Decision& decision)>& check) {
+  const std::vector<const ValueRecord*> results = PlannedResults(g.nodes()[node], env, *rec);
+  if (results.empty()) return false;
+  Decision decision(rec, node, out_name, refusal_in_notes);
+  return decision.Probe([&] { return check(results, decision); });
+}
+
 Decision::Decision(Recording* rec, int node, const char* out_name, bool refusal_in_notes)
     : rec_(rec), node_(node), out_name_(out_name), refusal_in_notes_(refusal_in_notes) {}
 

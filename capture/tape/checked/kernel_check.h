@@ -57,6 +57,16 @@ bool FixedUnderKey(const Graph& g, int node, const Arg& a, const Recording& rec)
 
 // What a check records of node `node` under its out= op `out_name` (steps 2 to 4 of Note [The
 // shape of a check]). Borrows `rec`, which must outlive it.
+class Decision;
+
+// Steps 1 and 2 of Note [The shape of a check] around the kind's `check` (steps 3 and 4, given
+// the results' records and the node's Decision under `out_name`, as Decision's constructor takes
+// it): false when the results cannot be planned buffers (nothing recorded), else what `check`
+// returned (whether a kernel was kept).
+bool CheckNode(const Graph& g, int node, const std::vector<c10::IValue>& env, Recording* rec,
+               const char* out_name, bool refusal_in_notes,
+               const std::function<bool(const std::vector<const ValueRecord*>& results, Decision& decision)>& check);
+
 class Decision {
  public:
   // `refusal_in_notes`: a refusal goes to out_notes and the node's eager out= overload is still

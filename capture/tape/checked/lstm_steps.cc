@@ -220,10 +220,8 @@ std::string CheckCall(const Node& n, const LstmCall& call, const torch::jit::Sta
 // Note [The shape of a check], its third step Note [Checked LSTMs]'s.
 void CheckLstm(const Graph& g, int node, const std::vector<c10::IValue>& env, Recording* rec) {
   const Node& n = g.nodes()[node];
-  const std::vector<const ValueRecord*> records = PlannedResults(n, env, *rec);
-  if (records.empty()) return;
-  Decision decision(rec, node, kOutName, /*refusal_in_notes=*/false);
-  decision.Probe([&] {
+  CheckNode(g, node, env, rec, kOutName, /*refusal_in_notes=*/false,
+                   [&](const std::vector<const ValueRecord*>& records, Decision& decision) {
     const auto& schema = n.op->schema().arguments();
     torch::jit::Stack args;
     for (size_t a = 0; a < n.args.size(); ++a) args.push_back(MaterializeArg(n.args[a], schema[a].type(), env));
