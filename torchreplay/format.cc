@@ -86,7 +86,8 @@ std::vector<T> NumberList(IO& io, std::vector<T> l, const char* what) {
   return l;
 }
 
-// A value: its tag, then its fields. `v` is the value written (Out) or read (In).
+// A value: its tag, then its fields. `v` is the value written (Out) or read (In). Over 80 lines:
+// one case per tag, each that tag's fields in the file's order.
 template <class IO>
 void ValueFields(IO& io, c10::IValue& v, int depth = 0) {
   io.Check(depth <= kMaxDepth, "values nested too deep");

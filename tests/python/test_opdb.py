@@ -3,8 +3,6 @@ command with a summary table: .venv/bin/python tests/python/opdb_sweep.py). Each
 sample inputs through torch.compile (reduce-overhead) and torchreplay.capture, warm-up, capture and
 replays on fresh inputs, and compares outputs and written arguments with eager bit for bit
 (opdb_sweep.py says how). No case may be wrong or an error; one that replays nothing must say why."""
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -22,10 +20,6 @@ REGRESSIONS = ["nn.functional.binary_cross_entropy", "linalg.qr", "qr", "arange"
                "scatter_reduce", "nn.functional.embedding", "cumsum", "sort"]
 SPREAD = 29   # every SPREAD-th op of the database besides
 DTYPES = ["float32", "bfloat16", "int64"]
-# Both entry points at the machine's thread count; at the other counts (tools/test.sh's thread
-# slices, which test what the thread count changes: eager's kernels, hence the tape's) the capture
-# entry alone, whose tape the compile entry replays the same way.
-ENTRIES = ("capture",) if os.environ.get("TORCHREPLAY_TEST_THREADS") else opdb_sweep.ENTRIES
 
 
 def _slice():
@@ -53,7 +47,7 @@ def _quiet():
 def test_op_database_slice(op):
     cases = []
     for dtype in DTYPES:
-        for case, calls in opdb_sweep.cases_for(op, dtype, 2, ENTRIES):
+        for case, calls in opdb_sweep.cases_for(op, dtype, 2, opdb_sweep.ENTRIES):
             opdb_sweep.run_case(case, calls)
             cases.append(case)
     bad = [f"{c.name}: {c.outcome} {c.detail}" for c in cases if c.outcome in ("wrong", "error")]
@@ -67,7 +61,7 @@ def test_the_slice_replays_most_cases_bitwise():
     assert len(OPS) >= 40
     done = []
     for op in OPS[:12]:
-        for case, calls in opdb_sweep.cases_for(op, "float32", 1, ENTRIES):
+        for case, calls in opdb_sweep.cases_for(op, "float32", 1, opdb_sweep.ENTRIES):
             done.append(opdb_sweep.run_case(case, calls).outcome)
     assert done.count("bitwise") >= 0.6 * len(done), done
 

@@ -1,7 +1,7 @@
 // capture/tape/checked/kernel_check.h: what the recording run's checks of faster kernels share
 // (Note [The shape of a check] below; the kinds: Note [Checked convolutions] in conv_steps.h,
 // Note [Checked GEMMs] in gemm_steps.h, Note [Checked LSTMs] in lstm_steps.h): the check's
-// skeleton (Decision), inputs made from a private seed, a candidate's run compared bit for bit,
+// skeleton (CheckNode, Decision), inputs made from a private seed, a candidate's run compared bit for bit,
 // buffers of a recorded geometry, the timing of candidates; and what the chosen kernels' steps
 // share: the watch of a weight they keep a copy of, the step class.
 #pragma once
@@ -24,7 +24,8 @@ namespace torchreplay::capture::tape::checked {
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Every check of a node that has faster kernels than eager's op (CheckConvolution, CheckGemm,
 // CheckLstm: a checked kind is a row of the step-kind table, its check called by CheckTapeNode)
-// takes the same steps, the kind's own parts in between:
+// takes the same steps, the kind's own parts in between (CheckNode runs 1 and 2 around the
+// kind's 3 and 4):
 //  1. PlannedResults: the node's results can be planned buffers; else the check says nothing.
 //  2. Decision::Probe: the rest runs outside Python's dispatch modes (the probe is not the model's
 //     computation: the modes neither see it nor turn its errors into Python's, as for Note
