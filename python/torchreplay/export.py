@@ -194,7 +194,9 @@ def _trace_exported(traced: "_Flat", leaves: Tuple[Any, ...], dynamic: bool,
     user_specs = []
     for spec in ep.graph_signature.input_specs:
         if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
-            bound.append(state[spec.target])
+            # a tensor subclass's parameter (torchao's quantized weights) is exported as its inner
+            # tensors, parametrizations the module's own names do not hold: export's state has them
+            bound.append(state[spec.target] if spec.target in state else ep.state_dict[spec.target])
             bound_names.append(_bound_name(spec.kind.name.lower(), spec.target))
         elif spec.kind == InputKind.CONSTANT_TENSOR:
             bound.append(ep.constants[spec.target])
