@@ -15,6 +15,7 @@ import torch.fx
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.utils import _pytree as pytree
 
 from . import rnn
 from .call_paths import direct_call, training_call
@@ -205,8 +206,10 @@ class Backend:
             name = f"g{graph_id}.inference"
             frozen = [(i, what) for i, what, p in _module_parameters(gm) if i >= 0 and not p.requires_grad] \
                 if torch.is_grad_enabled() and not (traced and traced.traces_backward) else []
-            call = "autocast is on" if autocast else direct_call(aot_fn, *built["inference"], example_inputs,
-                                                                   _lifted(gm), traced, frozen)
+            returned = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+            call = "autocast is on" if autocast else direct_call(
+                aot_fn, *built["inference"], example_inputs, _lifted(gm), traced, frozen,
+                [n.meta.get("example_value") for n in pytree.tree_leaves(returned) if isinstance(n, torch.fx.Node)])
         else:
             return traced.wrap(aot_fn) if traced else aot_fn  # a graph that runs eagerly
         if isinstance(call, str):

@@ -5,7 +5,7 @@ bindings/training.h). Each returns the call, or why the graph keeps AOTAutograd'
 """
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch._functorch._aot_autograd.schemas import OutputType, PlainTensorMeta
@@ -22,21 +22,30 @@ _NOT_VIEWS = (torch.ops.aten.detach.default, torch.ops.aten.alias.default)
 
 def direct_call(aot_fn: Callable, engine: Any, ctx: Any, num_graph_inputs: int, producers: List[Any],
                  example_inputs: Sequence[Any], lifted: Sequence[torch.Tensor] = (),
-                 traced: Optional[_TracedBackward] = None, frozen: Sequence[Any] = ()) -> Union[Any, str]:
+                 traced: Optional[_TracedBackward] = None, frozen: Sequence[Any] = (),
+                 returned: Sequence[Any] = ()) -> Union[Any, str]:
     """The engine as a C++ callable for Dynamo (Note [The call path] in bindings/call.h), or
     why not: AOTAutograd's runtime wrapper has work a Call does not do. `lifted`: the tensors
     AOTAutograd puts ahead of the arguments, bound in the Call; `traced`: the checks of a traced
     backward, made per call (Note [Traced backward]); `frozen`: (argument, name) of the module
     parameters that did not require grad when it was compiled with grad mode on (Note [Leaves'
-    requires_grad])."""
+    requires_grad]); `returned`: the example values of what Dynamo's graph returns."""
     meta = ctx.fw_metadata if ctx is not None else None
     if meta is None:
         return "no AOTAutograd metadata"
+    flat = None
+    if any(is_traceable_wrapper_subclass(x) for x in example_inputs):  # Note [Tensor-subclass arguments]
+        flat = _Flattened(example_inputs, frozen)
+        if any(is_traceable_wrapper_subclass(v) for v in returned):
+            return "tensor-subclass outputs"
+        if flat.why is not None or traced is not None:
+            return flat.why or "tensor-subclass inputs with a traced backward"
+        example_inputs, frozen = flat.inputs, flat.frozen
     n_bound = len(lifted)
     if num_graph_inputs != n_bound + len(example_inputs) or len(meta.input_info) != num_graph_inputs:
         return "AOTAutograd changed the inputs (duplicated or merged)"
-    if any(isinstance(x, (list, tuple, dict)) or is_traceable_wrapper_subclass(x) for x in example_inputs):
-        return "nested or tensor-subclass inputs"
+    if any(isinstance(x, (list, tuple, dict)) for x in example_inputs):
+        return "nested inputs"
     if meta.num_mutated_inp_runtime_indices:
         return "input mutations applied outside the graph"
     if meta.tokens or torch._functorch.config.functionalize_rng_ops:
@@ -66,16 +75,100 @@ def direct_call(aot_fn: Callable, engine: Any, ctx: Any, num_graph_inputs: int, 
             aliases.append(_C.Alias(i, _C.AliasKind.VIEW_OF_OUTPUT, meta.num_outputs + o.base_idx))
     written = list(meta.mutated_graph_handled_indices_seen_by_autograd)
     mutated = [i - n_bound for i in written if i >= n_bound]
+    if flat is not None and flat.inner & ({i - n_bound for i in written} |
+                                          {a.base for a in aliases if a.kind != _C.AliasKind.VIEW_OF_OUTPUT}):
+        return "a tensor subclass's inner tensors written or returned"
     # Outputs with dynamic dims get them in `_dynamo_weak_dynamic_indices`, as the wrapper does.
     dynamic_dims = [(i, o.dynamic_dims) for i, o in enumerate(meta.output_info) if o.dynamic_dims]
-    return _C.Call(engine, bound=list(lifted), mutated=mutated, mutated_bound=[i for i in written if i < n_bound],
+    call = _C.Call(engine, bound=list(lifted), mutated=mutated, mutated_bound=[i for i in written if i < n_bound],
                    num_outputs=meta.num_outputs,
                    aot=_C.AotEpilogue(aliases=aliases, dynamic_dims=dynamic_dims,
-                                      fallback=traced.wrap(aot_fn) if traced else aot_fn,
+                                      fallback=None if flat else traced.wrap(aot_fn) if traced else aot_fn,
                                       grad_leaves=traced.leaves if traced else [],
                                       hazard_check=traced.check if traced else None,
                                       leaves_fixed=bool(traced and traced.traces_backward),
                                       frozen=[i for i, _ in frozen], frozen_names=[n for _, n in frozen]))
+    return flat.call(call, aot_fn) if flat else call
+
+
+# Note [Tensor-subclass arguments]
+# A tensor subclass that AOTAutograd traces through (torchao's quantized weights: int8 data and
+# scales in one Parameter) reaches the graph as its inner tensors: AOTAutograd's runtime wrapper
+# flattens every such argument on every call, calling __tensor_flatten__ down each subclass,
+# which costs more than the whole replay of a small quantized model. The direct call flattens
+# along the attribute paths found at compile time instead: per call, one getattr per inner
+# tensor and a type check of each. Dynamo guards each subclass argument's type and flatten
+# metadata, so the paths hold while the graph does; a call where an inner tensor's type differs
+# nonetheless goes through AOTAutograd's wrapper. Nothing is held from the example arguments (a
+# graph outlives its model in Dynamo's cache). Graphs that write or return inner tensors, traced
+# backwards and subclasses with symbolic sizes keep the wrapper (their reason in stats()).
+class _Flattened:
+    """The plan to flatten one graph's arguments. inputs: the example arguments flattened;
+    inner: the flat positions of inner tensors; frozen: (flat position, name) of frozen plain
+    arguments (frozen subclass arguments: their requires_grad checked per call); why: the reason
+    the plan cannot be made, or None."""
+
+    def __init__(self, example_inputs: Sequence[Any], frozen: Sequence[Any]):
+        self.inputs: List[Any] = []
+        self.inner = set()
+        self.why: Optional[str] = None
+        self._plain: List[Any] = []     # (argument, flat position)
+        self._nested: List[Any] = []    # (argument, [(flat position, attribute path, type)])
+        self._watched: List[Any] = []   # (argument, name): subclass arguments frozen at compile time
+        frozen_at = dict(frozen)
+        self.frozen = []
+        for i, x in enumerate(example_inputs):
+            if not is_traceable_wrapper_subclass(x):
+                if i in frozen_at:
+                    self.frozen.append((len(self.inputs), frozen_at[i]))
+                self._plain.append((i, len(self.inputs)))
+                self.inputs.append(x)
+                continue
+            if i in frozen_at:
+                self._watched.append((i, frozen_at[i]))
+            leaves: List[Any] = []
+            self._walk(x, (), leaves)
+            self._nested.append((i, leaves))
+        self._size = len(self.inputs)
+
+    def _walk(self, t: torch.Tensor, path: Tuple[str, ...], leaves: List[Any]) -> None:
+        if any(isinstance(d, torch.SymInt) for d in (*t.shape, *t.stride())):
+            self.why = "tensor-subclass inputs with symbolic sizes"
+        for attr in t.__tensor_flatten__()[0]:
+            inner = getattr(t, attr)
+            if is_traceable_wrapper_subclass(inner):
+                self._walk(inner, path + (attr,), leaves)
+            else:
+                self.inner.add(len(self.inputs))
+                leaves.append((len(self.inputs), path + (attr,), type(inner)))
+                self.inputs.append(inner)
+
+    def call(self, call: Any, aot_fn: Callable) -> Callable:
+        """`call` over the flattened arguments, as Dynamo calls a graph (positional arguments)."""
+        plain, nested, watched, size = self._plain, self._nested, self._watched, self._size
+        is_grad_enabled = torch.is_grad_enabled
+
+        def flattened(*args: Any) -> Any:
+            flat = [None] * size
+            for i, j in plain:
+                flat[j] = args[i]
+            for i, leaves in nested:
+                for j, path, kind in leaves:
+                    t = args[i]
+                    for attr in path:
+                        t = getattr(t, attr)
+                    if type(t) is not kind:
+                        return aot_fn(*args)
+                    flat[j] = t
+            if watched and is_grad_enabled():
+                for i, what in watched:
+                    if args[i].requires_grad:
+                        raise RuntimeError(
+                            f"torchreplay: argument {i} ({what}) requires grad, but did not when the graph was "
+                            "compiled: the graph computes no gradient for it, which would be silently skipped; "
+                            "call torch._dynamo.reset() after changing requires_grad")
+            return call(*flat)
+        return flattened
 
 
 def training_call(fw_engine: Any, ctx: Any, num_graph_inputs: int, producers: List[Any], fw_returns: int,

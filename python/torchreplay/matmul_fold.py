@@ -30,6 +30,7 @@ from typing import Any, List, Optional, Set
 import torch
 import torch.fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from .fx_views import root
 
@@ -137,6 +138,8 @@ def _deciding(gm: torch.fx.GraphModule):
         v1, v2 = _val(t1), _val(t2)
         if not isinstance(v1, torch.Tensor) or not isinstance(v2, torch.Tensor):
             continue
+        if is_traceable_wrapper_subclass(v1) or is_traceable_wrapper_subclass(v2):
+            continue  # the subclass's own matmul runs (torchao's quantized weights), not ATen's fold
         if is_linear:
             v2 = v2.t()
         fold = _sensitive(v1, v2)
