@@ -1,0 +1,189 @@
+"""Quantized models as CPU users quantize them, side by side with their fp32 selves and with the
+int8 paths of the runtimes they weigh: per model, quantization and thread count,
+
+- fp32: eager, torchreplay.capture;
+- quantized with torchao's quantize_: eager, torchreplay.capture, torch.compile + torchreplay,
+  Inductor (torch.compile, freezing on: Inductor's int8 lowerings run only with it);
+- ONNX Runtime: the fp32 model exported, then its quantize_dynamic (int8 weights, activations
+  quantized per call), IO binding (for the dynamic int8 rows).
+
+    python -m torchreplay_bench.quantized [--threads 1,2] [--rounds 7] [--seconds 0.3] [--out DIR]
+
+Each row is checked over three calls against the quantized model's eager ("bitwise", or the
+largest absolute error) and against fp32 eager (the largest absolute error: what quantizing
+costs), then the rows of one model are timed interleaved (median over rounds, µs per call) with
+the ratios to the quantized eager and to fp32 through torchreplay.capture. Writes
+DIR/quantized.json. The CPU's int8 instructions (VNNI, AMX) are printed from /proc/cpuinfo.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import sys
+import warnings
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from torchreplay_bench.peers import OnnxRuntime, quiet
+from torchreplay_bench.timing import time_interleaved
+
+CHECK_CALLS = 3
+
+
+def _bert_mini() -> Tuple[torch.nn.Module, Callable[[int], tuple]]:
+    """An encoder of BERT-mini's size (4 layers, width 256, 4 heads, FFN 1024), 32 tokens."""
+    import transformers as tf
+    from torchreplay_bench.zoo_models import _Outputs
+    cfg = tf.BertConfig(vocab_size=1024, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                        intermediate_size=1024, max_position_embeddings=128)
+    return _Outputs(tf.BertModel(cfg).eval()), \
+        lambda i: (torch.randint(0, 1024, (1, 32), generator=torch.Generator().manual_seed(i)),)
+
+
+def _llama_step() -> Tuple[torch.nn.Module, Callable[[int], tuple]]:
+    from torchreplay_bench.models import MODELS
+    return MODELS["llama_decode"][0]()
+
+
+def _configs() -> Dict[str, Callable[[], Any]]:
+    from torchao.prototype.quantization.int4 import Int4WeightOnlyOpaqueTensorConfig
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig
+    return {"int8 dynamic": Int8DynamicActivationInt8WeightConfig, "int8 weight-only": Int8WeightOnlyConfig,
+            "int4 weight-only": lambda: Int4WeightOnlyOpaqueTensorConfig(group_size=32)}
+
+
+# model -> (builder, description, the quantizations it is measured with)
+MODELS = {
+    "bert_mini": (_bert_mini, "BERT-mini-size encoder, 32 tokens", ["int8 dynamic"]),
+    "llama_decode": (_llama_step, "tiny Llama decode step, static cache", ["int8 weight-only", "int4 weight-only"]),
+}
+
+
+def _capture(model: torch.nn.Module, inputs: tuple) -> Callable:
+    import torchreplay
+    config = torchreplay.CompilerConfig()
+    config.mode = "reduce-overhead"
+    return torchreplay.capture(model, inputs, config=config)
+
+
+def _compile(model: torch.nn.Module, inputs: tuple) -> Callable:
+    return torch.compile(model, backend="torchreplay", mode="reduce-overhead")
+
+
+def _inductor(model: torch.nn.Module, inputs: tuple) -> Callable:
+    torch._inductor.config.freezing = True
+    return torch.compile(model)
+
+
+def rows_for(quantization: str) -> Dict[str, Tuple[bool, Callable]]:
+    """mode -> (runs the quantized model?, build(model, inputs))."""
+    rows = {"fp32 eager": (False, lambda m, x: m), "fp32 capture": (False, _capture),
+            "eager": (True, lambda m, x: m), "capture": (True, _capture), "compile+tr": (True, _compile),
+            "Inductor (freezing)": (True, _inductor)}
+    if quantization == "int8 dynamic":
+        rows["ONNX Runtime int8"] = (False, lambda m, x: OnnxRuntime(m, x, torch.get_num_threads(), quantize=True))
+    return rows
+
+
+def _max_err(got: Any, want: torch.Tensor) -> Tuple[bool, float]:
+    got = got[0] if isinstance(got, (list, tuple)) else got
+    got = got if isinstance(got, torch.Tensor) else got.logits
+    want = want if isinstance(want, torch.Tensor) else want.logits
+    return torch.equal(got, want), (got.double() - want.double()).abs().max().item()
+
+
+def measure(name: str, quantization: str, threads: int, rounds: int, seconds: float) -> List[Dict[str, Any]]:
+    from torchao.quantization import quantize_
+    torch.set_num_threads(threads)
+    torch._dynamo.reset()
+    build_model, _, _ = MODELS[name]
+    torch.manual_seed(0)
+    fp32, make_inputs = build_model()
+    quantized = copy.deepcopy(fp32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quantize_(quantized, _configs()[quantization]())
+    refs = [copy.deepcopy(quantized), copy.deepcopy(fp32)]   # each with its own cache, where it has one
+    rows, steps = {}, {}
+    for mode, (is_quantized, build) in rows_for(quantization).items():
+        row = {"model": name, "quantization": quantization, "mode": mode, "threads": threads}
+        rows[mode] = row
+        try:
+            with torch.no_grad(), quiet([]), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                fn = build(copy.deepcopy(quantized if is_quantized else fp32), make_inputs(0))
+                bits, err_q, err_fp = True, 0.0, 0.0
+                for i in range(CHECK_CALLS):
+                    inputs = make_inputs(i)
+                    got = fn(*copy.deepcopy(inputs))
+                    b, e = _max_err(got, refs[0](*copy.deepcopy(inputs)))
+                    _, f = _max_err(got, refs[1](*copy.deepcopy(inputs)))
+                    bits, err_q, err_fp = bits and b, max(err_q, e), max(err_fp, f)
+        except Exception as e:  # noqa: BLE001 - a mode that fails says why in its row
+            row["check"] = f"failed: {type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
+            print(f"{threads}t {name} {quantization} {mode}: {row['check']}", file=sys.stderr, flush=True)
+            continue
+        row.update(bitwise_to_quantized_eager=bits, err_vs_quantized_eager=err_q, err_vs_fp32=err_fp)
+        row["check"] = ("bitwise to the quantized eager" if bits else f"{err_q:.2g} from the quantized eager") + \
+            f", {err_fp:.2g} from fp32"
+        inputs = make_inputs(CHECK_CALLS)
+        steps[mode] = (lambda f, x: lambda: f(*x))(fn, inputs)
+        print(f"{threads}t {name} {quantization} {mode}: {row['check']}", file=sys.stderr, flush=True)
+    for mode, timing in time_interleaved(steps, rounds, seconds * rounds).items():
+        rows[mode].update(timing)
+    q_eager = rows["eager"].get("median_us")
+    fp32_capture = rows["fp32 capture"].get("median_us")
+    for r in rows.values():
+        if "median_us" in r:
+            r["vs_quantized_eager"] = q_eager / r["median_us"] if q_eager else None
+            r["vs_fp32_capture"] = fp32_capture / r["median_us"] if fp32_capture else None
+    return list(rows.values())
+
+
+def int8_instructions() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return "unknown"
+    have = [x for x in ("avx512_vnni", "avx_vnni", "amx_int8") if x in flags]
+    return ", ".join(have) or "none of VNNI, AMX"
+
+
+def render(rows: List[Dict[str, Any]]) -> str:
+    lines = [f"{'threads':>7}  {'model':<14}{'quantization':<18}{'mode':<22}{'us/call':>9}{'vs q-eager':>11}"
+             f"{'vs fp32 cap':>12}  check"]
+    for r in rows:
+        us = f"{r['median_us']:.1f}" if "median_us" in r else "-"
+        ratio = lambda k: f"{r[k]:.2f}x" if r.get(k) else "-"  # noqa: E731
+        lines.append(f"{r['threads']:>7}  {r['model']:<14}{r['quantization']:<18}{r['mode']:<22}{us:>9}"
+                     f"{ratio('vs_quantized_eager'):>11}{ratio('vs_fp32_capture'):>12}  {r['check']}")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--threads", default="1,2")
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--seconds", type=float, default=0.3, help="timing per mode and round")
+    p.add_argument("--out", default="bench_out")
+    args = p.parse_args(argv)
+    print(f"CPU int8 instructions: {int8_instructions()}; torch {torch.__version__}", file=sys.stderr)
+    rows: List[Dict[str, Any]] = []
+    for threads in [int(t) for t in args.threads.split(",")]:
+        for name in args.models.split(","):
+            for quantization in MODELS[name][2]:
+                rows += measure(name, quantization, threads, args.rounds, args.seconds)
+    print(render(rows))
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "quantized.json"), "w") as f:
+        json.dump({"cpu_int8": int8_instructions(), "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
