@@ -69,13 +69,24 @@ def _capture(model: torch.nn.Module, inputs: tuple) -> Callable:
     return torchreplay.capture(model, inputs, config=config)
 
 
+def _alone(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` in a module whose forward is a code object of its own. Dynamo keeps its compiled
+    versions per code object and checks the newest first: two torch.compile modes of one model
+    class would each pay for the guards of the other's version (a user has one)."""
+    namespace: Dict[str, Any] = {}
+    exec("def forward(self, *args):\n    return self.inner(*args)\n", namespace)  # a new code object
+    wrapper = type("Alone", (torch.nn.Module,), {"forward": namespace["forward"]})()
+    wrapper.inner = model
+    return wrapper
+
+
 def _compile(model: torch.nn.Module, inputs: tuple) -> Callable:
-    return torch.compile(model, backend="torchreplay", mode="reduce-overhead")
+    return torch.compile(_alone(model), backend="torchreplay", mode="reduce-overhead")
 
 
 def _inductor(model: torch.nn.Module, inputs: tuple) -> Callable:
     torch._inductor.config.freezing = True
-    return torch.compile(model)
+    return torch.compile(_alone(model))
 
 
 def rows_for(quantization: str) -> Dict[str, Tuple[bool, Callable]]:
