@@ -16,7 +16,9 @@
 # loaded by torchreplay::Load against AOTInductor's package and C++ loader, bench/deploy_bench.cc).
 # Last, the CPU runtimes a user weighs (python -m torchreplay_bench.runtimes: eager, torchreplay
 # through both entry points, AOTInductor, ONNX Runtime, OpenVINO and ExecuTorch per model, at 1
-# and 2 threads; the peers are installed from tools/bench-requirements.txt when missing).
+# and 2 threads; the peers are installed from tools/bench-requirements.txt when missing). Last,
+# quantized models (python -m torchreplay_bench.quantized: torchao's int8 and int4 against fp32,
+# Inductor with freezing and ONNX Runtime's int8).
 # Arguments go to `python -m torchreplay_bench` (try --help).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,11 +39,12 @@ tp=()
 train=()
 deploy=()
 runtimes=()
+quantized=()
 prev= help=
 for a in "$@"; do
   case "$a" in -h|--help) help=1 ;; esac
-  [ "$a" = "--quick" ] && min_time=0.2 && buckets+=(--rounds 5 --no-inductor) && tp+=(--rounds 2 --calls 20) && train+=(--rounds 3 --seconds 2) && deploy+=(--min-time 0.3) && runtimes+=(--quick)
-  [ "$prev" = "--out" ] && buckets+=(--out "$a") && tp+=(--out "$a") && deploy+=(--out "$a") && runtimes+=(--out "$a")
+  [ "$a" = "--quick" ] && min_time=0.2 && buckets+=(--rounds 5 --no-inductor) && tp+=(--rounds 2 --calls 20) && train+=(--rounds 3 --seconds 2) && deploy+=(--min-time 0.3) && runtimes+=(--quick) && quantized+=(--threads 1 --rounds 3 --seconds 0.1)
+  [ "$prev" = "--out" ] && buckets+=(--out "$a") && tp+=(--out "$a") && deploy+=(--out "$a") && runtimes+=(--out "$a") && quantized+=(--out "$a")
   prev=$a
 done
 bazel build --noshow_progress --ui_event_filters=-info,-stdout //bench:chain_bench //bench:deploy_bench 2>&1 \
@@ -67,3 +70,6 @@ echo "== Serving from C++: python -m torchreplay_bench.deploy ${deploy[*]}"
 echo
 echo "== CPU runtimes: python -m torchreplay_bench.runtimes ${runtimes[*]}"
 .venv/bin/python -m torchreplay_bench.runtimes "${runtimes[@]}"
+echo
+echo "== Quantized models: python -m torchreplay_bench.quantized ${quantized[*]}"
+.venv/bin/python -m torchreplay_bench.quantized "${quantized[@]}"

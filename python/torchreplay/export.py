@@ -84,6 +84,7 @@ def trace_program(traced: _Flat, leaves: Tuple[Any, ...], *, subclassed: bool, d
         warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
         _tracing.active = True
         try:
+            _refuse_packed_weights(traced)
             if subclassed:
                 if dynamic:
                     raise NotImplementedError("torchreplay.capture: dynamic=True with DTensors (tensor parallelism) "
@@ -293,6 +294,25 @@ def _refuse_shared_memory(inputs: Sequence[Tuple[str, Any]], written: Sequence[s
         "model instead: torch.compile(model, backend=torchreplay.get_backend(...)) takes it (AOTAutograd gives "
         "the graph their common base); or keep one of them and take the other as a view of it inside forward, "
         "or give each memory of its own (clone). Note [Inputs that share memory] in export.py") from error
+
+
+def _refuse_packed_weights(module: torch.nn.Module) -> None:
+    """torch.ao.quantization's quantized modules (quantize_dynamic's, convert's) hold their weights
+    packed in TorchScript objects that torch.export cannot trace (it fails with "does not have a
+    field with name '__obj_flatten__'"): refused up front, with what works instead."""
+    packed = [name for name, m in module.named_modules() if type(m).__module__.startswith("torch.ao.nn.quantized")
+              and any(isinstance(v, torch.ScriptObject) for sub in m.modules() for v in vars(sub).values())]
+    packed = [n.removeprefix("model.") for n in packed if not any(n.startswith(p + ".") for p in packed)]
+    if packed:
+        raise NotImplementedError(
+            f"torchreplay.capture: {', '.join(repr(n) for n in packed[:3])}{' and others' if len(packed) > 3 else ''} "
+            f"{'is a torch.ao.quantization module' if len(packed) == 1 else 'are torch.ao.quantization modules'} "
+            "(quantize_dynamic's or convert's), whose packed weights torch.export "
+            "cannot trace; torchreplay.capture does not take them yet. torchao's quantize_ with "
+            "Int8DynamicActivationInt8WeightConfig quantizes Linears to int8 with activations quantized per "
+            "call, as quantize_dynamic does (per row and channel rather than per tensor), and is captured and "
+            "replayed bitwise (docs/guide.md, \"Quantized models\"); torch.compile runs these modules "
+            "eagerly between its graphs.")
 
 
 def _dtensors(module: torch.nn.Module, leaves: Sequence[Any]) -> bool:

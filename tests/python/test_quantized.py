@@ -13,7 +13,8 @@ from torchao.prototype.quantization.int4 import Int4WeightOnlyOpaqueTensorConfig
 from torchao.quantization import (Int8DynamicActivationInt8WeightConfig, Int8DynamicActivationIntxWeightConfig,
                                   Int8WeightOnlyConfig, IntxWeightOnlyConfig, quantize_)
 
-from configs import backend
+import torchreplay
+from configs import backend, config
 from differential import assert_bitwise, assert_exercised, gen, rn
 from test_conditions import ENTRIES, Entry, threads
 
@@ -100,4 +101,75 @@ def test_a_quantized_model_called_with_grad_mode_on_replays_eagers_bits():
     for i in range(4):
         x = rn(g, 5, 64)
         assert_bitwise(f(x), m(x), f"call {i}")
+    assert_exercised(b)
+
+
+def _pt2e_convnet():
+    """A small CNN through PT2E static quantization (torchao's prepare_pt2e / convert_pt2e with
+    X86InductorQuantizer, calibrated on random images): its eager is the reference graph,
+    dequantize, fp32 op, quantize."""
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
+        X86InductorQuantizer, get_default_x86_inductor_quantization_config)
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
+                      nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10)).eval()
+    g = gen(5)
+    example = (rn(g, 1, 3, 16, 16),)
+    with torch.no_grad():
+        exported = torch.export.export(m, example).module()
+        quantizer = X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config())
+        prepared = prepare_pt2e(exported, quantizer)
+        for _ in range(4):
+            prepared(rn(g, 1, 3, 16, 16))
+        return convert_pt2e(prepared)
+
+
+@pytest.mark.parametrize("n_threads", [1, 3])
+def test_pt2e_static_int8_replays_its_reference_graph_bitwise(n_threads):
+    q = _pt2e_convnet()
+    g = gen(6)
+    with torch.no_grad(), threads(n_threads):
+        step = torchreplay.capture(q, (rn(g, 1, 3, 16, 16),), config=config())
+        for i in range(4):
+            x = rn(g, 1, 3, 16, 16)
+            assert_bitwise(step(x), q(x), f"call {i}")
+    assert step.stats()["replays"] >= 2, step.stats()
+
+
+def _quantize_dynamic(model):
+    with warnings.catch_warnings():   # deprecated in favour of torchao
+        warnings.simplefilter("ignore")
+        return torch.ao.quantization.quantize_dynamic(model, {nn.Linear, nn.LSTM}, dtype=torch.qint8)
+
+
+def test_quantize_dynamic_models_are_refused_by_capture_with_what_works():
+    torch.manual_seed(0)
+    q = _quantize_dynamic(nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LSTM(16, 16), ).eval())
+    with pytest.raises(NotImplementedError, match=r"'0', '2' are torch.ao.quantization modules .* "
+                                                  r"Int8DynamicActivationInt8WeightConfig"):
+        torchreplay.capture(q, (rn(gen(7), 3, 8),), config=config())
+
+
+class _NormThenLinear(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln, self.fc = nn.LayerNorm(8), nn.Linear(8, 16)
+
+    def forward(self, x):
+        return self.fc(self.ln(x * 2 + 1)).relu() * 3
+
+
+def test_quantize_dynamic_models_through_torch_compile_give_eagers_bits():
+    """Dynamo breaks its graph at each packed Linear, which runs eagerly; the graphs around it
+    replay. (A Sequential of quantize_dynamic's modules gets no graph at all from Dynamo.)"""
+    torch.manual_seed(0)
+    q = _quantize_dynamic(_NormThenLinear().eval())
+    b = backend()
+    f = torch.compile(copy.deepcopy(q), backend=b)
+    g = gen(8)
+    with torch.no_grad():
+        for i in range(4):
+            x = rn(g, 3, 8)
+            assert_bitwise(f(x), q(x), f"call {i}")
     assert_exercised(b)
