@@ -101,7 +101,7 @@ def direct_call(aot_fn: Callable, engine: Any, ctx: Any, num_graph_inputs: int, 
 # metadata, so the paths hold while the graph does; a call where an inner tensor's type differs
 # nonetheless goes through AOTAutograd's wrapper. Nothing is held from the example arguments (a
 # graph outlives its model in Dynamo's cache). Graphs that write or return inner tensors, traced
-# backwards and subclasses with symbolic sizes keep the wrapper (their reason in stats()).
+# backwards and subclasses with symbolic sizes keep the wrapper (the reason in Backend.call_paths).
 class _Flattened:
     """The plan to flatten one graph's arguments. inputs: the example arguments flattened;
     inner: the flat positions of inner tensors; frozen: (flat position, name) of frozen plain

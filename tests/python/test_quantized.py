@@ -61,19 +61,25 @@ def test_torchao_models_replay_the_quantized_eagers_bits(name, entry, k, tmp_pat
     assert s["replays"] >= 1 and s["eager_fallbacks"] == 0, s
 
 
+def compiled_like_eager(m, seed, *shape, grad=False):
+    """A copy of m through torch.compile against m, on four calls of fresh inputs of `shape`:
+    bitwise, and replayed. The backend."""
+    b = backend()
+    f = torch.compile(copy.deepcopy(m), backend=b)
+    g = gen(seed)
+    with torch.set_grad_enabled(grad):
+        for i in range(4):
+            x = rn(g, *shape)
+            assert_bitwise(f(x), m(x), f"call {i}")
+    assert_exercised(b)
+    return b
+
+
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_compiled_quantized_graphs_skip_aotautograds_wrapper(name):
     """Note [Tensor-subclass arguments]: the graph's call flattens the quantized weights itself."""
-    m = quantized(name, 64)
-    b = backend()
-    f = torch.compile(copy.deepcopy(m), backend=b)
-    g = gen(2)
-    with torch.no_grad():
-        for i in range(4):
-            x = rn(g, 5, 64)
-            assert_bitwise(f(x), m(x), f"{name}, call {i}")
+    b = compiled_like_eager(quantized(name, 64), 2, 5, 64)
     assert list(b.call_paths.values()) == ["direct"], b.call_paths
-    assert_exercised(b)
 
 
 def test_a_quantized_weight_replaced_or_written_after_compiling_is_the_one_used():
@@ -94,14 +100,7 @@ def test_a_quantized_weight_replaced_or_written_after_compiling_is_the_one_used(
 
 def test_a_quantized_model_called_with_grad_mode_on_replays_eagers_bits():
     """The biases still require grad: a training graph, its weights flattened by AOTAutograd."""
-    m = quantized("int8 dynamic activation", 64)
-    b = backend()
-    f = torch.compile(copy.deepcopy(m), backend=b)
-    g = gen(4)
-    for i in range(4):
-        x = rn(g, 5, 64)
-        assert_bitwise(f(x), m(x), f"call {i}")
-    assert_exercised(b)
+    compiled_like_eager(quantized("int8 dynamic activation", 64), 4, 5, 64, grad=True)
 
 
 def _pt2e_convnet():
@@ -164,12 +163,4 @@ def test_quantize_dynamic_models_through_torch_compile_give_eagers_bits():
     """Dynamo breaks its graph at each packed Linear, which runs eagerly; the graphs around it
     replay. (A Sequential of quantize_dynamic's modules gets no graph at all from Dynamo.)"""
     torch.manual_seed(0)
-    q = _quantize_dynamic(_NormThenLinear().eval())
-    b = backend()
-    f = torch.compile(copy.deepcopy(q), backend=b)
-    g = gen(8)
-    with torch.no_grad():
-        for i in range(4):
-            x = rn(g, 3, 8)
-            assert_bitwise(f(x), q(x), f"call {i}")
-    assert_exercised(b)
+    compiled_like_eager(_quantize_dynamic(_NormThenLinear().eval()), 8, 3, 8)
