@@ -21,6 +21,7 @@ import torch.fx
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from . import rnn
 from .matmul_fold import fold_as_eager
@@ -152,6 +153,37 @@ def _writes_back(ep: ExportedProgram, gm: torch.fx.GraphModule) -> int:
     return len(user)
 
 
+def _inner_tensor(traced: torch.nn.Module, target: str, ep: Any) -> torch.Tensor:
+    """A tensor-subclass parameter (torchao's quantized weights) is exported as its inner tensors,
+    parametrizations the module's own names do not hold ("<module>.parametrizations.<name>.original<k>":
+    the k-th tensor of the parameter flattened through __tensor_flatten__). The module's own inner
+    tensor where it is found, so that a capture reads what the parameter holds at each call (a
+    `set_` on it included), else the exported program's."""
+    exported = ep.state_dict[target]
+    prefix, _, rest = target.partition(".parametrizations.")
+    name, _, k = rest.partition(".original")
+    try:
+        param = getattr(traced.get_submodule(prefix), name)
+    except AttributeError:
+        return exported
+    leaves: List[torch.Tensor] = []
+
+    def flatten(t: torch.Tensor) -> None:
+        for attr in t.__tensor_flatten__()[0]:
+            inner = getattr(t, attr)
+            if is_traceable_wrapper_subclass(inner):
+                flatten(inner)
+            else:
+                leaves.append(inner)
+    if not is_traceable_wrapper_subclass(param) or not k.isdigit():
+        return exported
+    flatten(param)
+    inner = leaves[int(k)] if int(k) < len(leaves) else None
+    same = inner is not None and (inner.shape, inner.stride(), inner.dtype, inner.data_ptr()) == \
+        (exported.shape, exported.stride(), exported.dtype, exported.data_ptr())
+    return inner if same else exported
+
+
 def _bound_name(kind: str, target: str) -> str:
     fqn = target[len("model."):] if target.startswith("model.") else target
     return f"{kind} '{fqn}'"
@@ -195,9 +227,7 @@ def _trace_exported(traced: "_Flat", leaves: Tuple[Any, ...], dynamic: bool,
     user_specs = []
     for spec in ep.graph_signature.input_specs:
         if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
-            # a tensor subclass's parameter (torchao's quantized weights) is exported as its inner
-            # tensors, parametrizations the module's own names do not hold: export's state has them
-            bound.append(state[spec.target] if spec.target in state else ep.state_dict[spec.target])
+            bound.append(state[spec.target] if spec.target in state else _inner_tensor(traced, spec.target, ep))
             bound_names.append(_bound_name(spec.kind.name.lower(), spec.target))
         elif spec.kind == InputKind.CONSTANT_TENSOR:
             bound.append(ep.constants[spec.target])

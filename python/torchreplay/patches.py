@@ -36,9 +36,10 @@ from __future__ import annotations
 import itertools
 import logging
 import weakref
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from . import _C, rnn
 from .backend import Backend, named_backend, torch_compile_config
@@ -366,11 +367,53 @@ def _stale(c: Any, key: Any, why: Optional[str]) -> None:
 
 def _watch(module: torch.nn.Module, captured: Any) -> None:
     """`captured` (a Captured of captured.py, typed Any here: captured.py imports this module)
-    checks its calls against module's numbers from now on."""
+    checks its calls against module's numbers from now on, and against the inner tensors of its
+    tensor-subclass parameters (_watch_inner)."""
     for m in module.modules():
         _watched.setdefault(m, weakref.WeakSet()).add(captured)
         _numbers.setdefault(m, weakref.WeakKeyDictionary())[captured] = {
             k: v for k, v in vars(m).items() if type(v) in _NUMBERS and k not in _UNREAD and not k.startswith("_")}
+        for p in m._parameters.values():
+            if is_traceable_wrapper_subclass(p):
+                _watch_inner(p, captured)
+
+
+# A tensor-subclass parameter (torchao's quantized weights) is bound as its inner tensors: one of
+# them replaced by another (`weight.qdata = t`) would leave the capture reading the old one. Per
+# subclass object (by id: a subclass's __hash__ may go through its __torch_function__), the
+# captures bound to it; the subclass type's __setattr__ is wrapped once to tell them.
+_inner_watched: Dict[int, Tuple[Any, "weakref.WeakSet[Any]"]] = {}
+_setattr_wrapped: Set[type] = set()
+
+
+def _watch_inner(t: torch.Tensor, captured: Any) -> None:
+    entry = _inner_watched.get(id(t))
+    if entry is None or entry[0]() is not t:
+        key = id(t)
+        entry = (weakref.ref(t, lambda _: _inner_watched.pop(key, None)), weakref.WeakSet())
+        _inner_watched[key] = entry
+    entry[1].add(captured)
+    cls = type(t)
+    if cls not in _setattr_wrapped:
+        _setattr_wrapped.add(cls)
+        original = cls.__setattr__
+
+        def watched_setattr(self: Any, name: str, value: Any) -> None:
+            original(self, name, value)
+            if not _inner_watched or torch.compiler.is_compiling():
+                return
+            held = _inner_watched.get(id(self))
+            if held is None or held[0]() is not self or name not in self.__tensor_flatten__()[0]:
+                return
+            for c in list(held[1]):
+                _stale(c, ("replaced",), f"torchreplay: the inner tensor '{name}' of a {cls.__name__} parameter was "
+                                         f"replaced after the model was captured as {c.name!r} (its graph holds the "
+                                         "old tensor); capture the model again")
+        cls.__setattr__ = watched_setattr
+    for attr in t.__tensor_flatten__()[0]:
+        inner = getattr(t, attr)
+        if is_traceable_wrapper_subclass(inner):
+            _watch_inner(inner, captured)
 
 
 # Note [Writes a capture would not see]

@@ -98,6 +98,23 @@ def test_a_quantized_weight_replaced_or_written_after_compiling_is_the_one_used(
     assert_exercised(b)
 
 
+def test_a_captured_quantized_weights_inner_tensor_set_or_replaced():
+    """An inner tensor given other memory (set_) is read as a plain parameter's is; one replaced by
+    another object is refused: the graph holds the old one."""
+    m = quantized("int8 dynamic activation v2", 64)
+    x = rn(gen(9), 5, 64)
+    with torch.no_grad():
+        step = torchreplay.capture(m, (x,), config=config())
+        for _ in range(3):
+            assert_bitwise(step(x), m(x), "before")
+        m[0].weight.qdata.set_(-m[0].weight.qdata)
+        assert_bitwise(step(x), m(x), "set_")
+        assert step.stats()["replays"] >= 2, step.stats()
+        m[3].weight.qdata = m[3].weight.qdata.clone()
+        with pytest.raises(ValueError, match="inner tensor 'qdata' of a Int8Tensor parameter was replaced"):
+            step(x)
+
+
 def test_a_quantized_model_called_with_grad_mode_on_replays_eagers_bits():
     """The biases still require grad: a training graph, its weights flattened by AOTAutograd."""
     compiled_like_eager(quantized("int8 dynamic activation", 64), 4, 5, 64, grad=True)
