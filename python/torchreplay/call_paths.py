@@ -5,13 +5,14 @@ bindings/training.h). Each returns the call, or why the graph keeps AOTAutograd'
 """
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Optional, Sequence, Union
 
 import torch
 from torch._functorch._aot_autograd.schemas import OutputType, PlainTensorMeta
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from . import _C
+from .subclasses import inner_tensors
 from .training_guards import _TracedBackward
 
 _PLAIN_OUTPUTS = (OutputType.non_alias, OutputType.unsafe_view_alias, OutputType.custom_function_view)
@@ -127,21 +128,15 @@ class _Flattened:
             if i in frozen_at:
                 self._watched.append((i, frozen_at[i]))
             leaves: List[Any] = []
-            self._walk(x, (), leaves)
+            for path, inner in [((), x)] + inner_tensors(x):
+                if any(isinstance(d, torch.SymInt) for d in (*inner.shape, *inner.stride())):
+                    self.why = "tensor-subclass inputs with symbolic sizes"
+                if path:
+                    self.inner.add(len(self.inputs))
+                    leaves.append((len(self.inputs), path, type(inner)))
+                    self.inputs.append(inner)
             self._nested.append((i, leaves))
         self._size = len(self.inputs)
-
-    def _walk(self, t: torch.Tensor, path: Tuple[str, ...], leaves: List[Any]) -> None:
-        if any(isinstance(d, torch.SymInt) for d in (*t.shape, *t.stride())):
-            self.why = "tensor-subclass inputs with symbolic sizes"
-        for attr in t.__tensor_flatten__()[0]:
-            inner = getattr(t, attr)
-            if is_traceable_wrapper_subclass(inner):
-                self._walk(inner, path + (attr,), leaves)
-            else:
-                self.inner.add(len(self.inputs))
-                leaves.append((len(self.inputs), path + (attr,), type(inner)))
-                self.inputs.append(inner)
 
     def call(self, call: Any, aot_fn: Callable) -> Callable:
         """`call` over the flattened arguments, as Dynamo calls a graph (positional arguments)."""

@@ -26,6 +26,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from . import rnn
 from .matmul_fold import fold_as_eager
 from .random_state import _RandomStateWatch
+from .subclasses import inner_tensors
 
 aten = torch.ops.aten
 _TRACE_LOCK = threading.Lock()   # one torch.export trace at a time in a process
@@ -166,18 +167,9 @@ def _inner_tensor(traced: torch.nn.Module, target: str, ep: Any) -> torch.Tensor
         param = getattr(traced.get_submodule(prefix), name)
     except AttributeError:
         return exported
-    leaves: List[torch.Tensor] = []
-
-    def flatten(t: torch.Tensor) -> None:
-        for attr in t.__tensor_flatten__()[0]:
-            inner = getattr(t, attr)
-            if is_traceable_wrapper_subclass(inner):
-                flatten(inner)
-            else:
-                leaves.append(inner)
     if not is_traceable_wrapper_subclass(param) or not k.isdigit():
         return exported
-    flatten(param)
+    leaves = [t for _, t in inner_tensors(param)]
     inner = leaves[int(k)] if int(k) < len(leaves) else None
     same = inner is not None and (inner.shape, inner.stride(), inner.dtype, inner.data_ptr()) == \
         (exported.shape, exported.stride(), exported.dtype, exported.data_ptr())

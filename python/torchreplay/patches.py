@@ -44,6 +44,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from . import _C, rnn
 from .backend import Backend, named_backend, torch_compile_config
 from .config import CompilerConfig
+from .subclasses import inner_tensors
 from .training_guards import _CONSUMED, _hazard
 
 logger = logging.getLogger("torchreplay")
@@ -410,10 +411,8 @@ def _watch_inner(t: torch.Tensor, captured: Any) -> None:
                                          f"replaced after the model was captured as {c.name!r} (its graph holds the "
                                          "old tensor); capture the model again")
         cls.__setattr__ = watched_setattr
-    for attr in t.__tensor_flatten__()[0]:
-        inner = getattr(t, attr)
-        if is_traceable_wrapper_subclass(inner):
-            _watch_inner(inner, captured)
+    for attr in {path[0] for path, _ in inner_tensors(t) if len(path) > 1}:  # subclasses inside
+        _watch_inner(getattr(t, attr), captured)
 
 
 # Note [Writes a capture would not see]
