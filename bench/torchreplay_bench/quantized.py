@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from torchreplay_bench.peers import OnnxRuntime, quiet
+from torchreplay_bench.runtimes import compare
 from torchreplay_bench.timing import time_interleaved
 
 CHECK_CALLS = 3
@@ -55,10 +56,10 @@ def _configs() -> Dict[str, Callable[[], Any]]:
             "int4 weight-only": lambda: Int4WeightOnlyOpaqueTensorConfig(group_size=32)}
 
 
-# model -> (builder, description, the quantizations it is measured with)
+# model -> (builder, the quantizations it is measured with)
 MODELS = {
-    "bert_mini": (_bert_mini, "BERT-mini-size encoder, 32 tokens", ["int8 dynamic"]),
-    "llama_decode": (_llama_step, "tiny Llama decode step, static cache", ["int8 weight-only", "int4 weight-only"]),
+    "bert_mini": (_bert_mini, ["int8 dynamic"]),
+    "llama_decode": (_llama_step, ["int8 weight-only", "int4 weight-only"]),   # the harness's decode step
 }
 
 
@@ -99,18 +100,11 @@ def rows_for(quantization: str) -> Dict[str, Tuple[bool, Callable]]:
     return rows
 
 
-def _max_err(got: Any, want: torch.Tensor) -> Tuple[bool, float]:
-    got = got[0] if isinstance(got, (list, tuple)) else got
-    got = got if isinstance(got, torch.Tensor) else got.logits
-    want = want if isinstance(want, torch.Tensor) else want.logits
-    return torch.equal(got, want), (got.double() - want.double()).abs().max().item()
-
-
 def measure(name: str, quantization: str, threads: int, rounds: int, seconds: float) -> List[Dict[str, Any]]:
     from torchao.quantization import quantize_
     torch.set_num_threads(threads)
     torch._dynamo.reset()
-    build_model, _, _ = MODELS[name]
+    build_model, _ = MODELS[name]
     torch.manual_seed(0)
     fp32, make_inputs = build_model()
     quantized = copy.deepcopy(fp32)
@@ -130,9 +124,9 @@ def measure(name: str, quantization: str, threads: int, rounds: int, seconds: fl
                 for i in range(CHECK_CALLS):
                     inputs = make_inputs(i)
                     got = fn(*copy.deepcopy(inputs))
-                    b, e = _max_err(got, refs[0](*copy.deepcopy(inputs)))
-                    _, f = _max_err(got, refs[1](*copy.deepcopy(inputs)))
-                    bits, err_q, err_fp = bits and b, max(err_q, e), max(err_fp, f)
+                    q = compare(got, refs[0](*copy.deepcopy(inputs)))
+                    f = compare(got, refs[1](*copy.deepcopy(inputs)))
+                    bits, err_q, err_fp = bits and q["bitwise"], max(err_q, q["abs_err"]), max(err_fp, f["abs_err"])
         except Exception as e:  # noqa: BLE001 - a mode that fails says why in its row
             row["check"] = f"failed: {type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
             print(f"{threads}t {name} {quantization} {mode}: {row['check']}", file=sys.stderr, flush=True)
@@ -187,7 +181,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     rows: List[Dict[str, Any]] = []
     for threads in [int(t) for t in args.threads.split(",")]:
         for name in args.models.split(","):
-            for quantization in MODELS[name][2]:
+            for quantization in MODELS[name][1]:
                 rows += measure(name, quantization, threads, args.rounds, args.seconds)
     print(render(rows))
     os.makedirs(args.out, exist_ok=True)

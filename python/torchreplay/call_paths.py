@@ -136,11 +136,10 @@ class _Flattened:
                     leaves.append((len(self.inputs), path, type(inner)))
                     self.inputs.append(inner)
             self._nested.append((i, leaves))
-        self._size = len(self.inputs)
 
     def call(self, call: Any, aot_fn: Callable) -> Callable:
         """`call` over the flattened arguments, as Dynamo calls a graph (positional arguments)."""
-        plain, nested, watched, size = self._plain, self._nested, self._watched, self._size
+        plain, nested, watched, size = self._plain, self._nested, self._watched, len(self.inputs)
         is_grad_enabled = torch.is_grad_enabled
 
         def flattened(*args: Any) -> Any:

@@ -161,7 +161,7 @@ def _quantize_dynamic(model):
 
 def test_quantize_dynamic_models_are_refused_by_capture_with_what_works():
     torch.manual_seed(0)
-    q = _quantize_dynamic(nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LSTM(16, 16), ).eval())
+    q = _quantize_dynamic(nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LSTM(16, 16)).eval())
     with pytest.raises(NotImplementedError, match=r"'0', '2' are torch.ao.quantization modules .* "
                                                   r"Int8DynamicActivationInt8WeightConfig"):
         torchreplay.capture(q, (rn(gen(7), 3, 8),), config=config())
