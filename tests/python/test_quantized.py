@@ -31,7 +31,8 @@ CONFIGS = {   # torchao's configs with a CPU eager in torchao 0.17 (version 1 is
 
 def encoder(k):
     """Linear (no bias, as in decoders), GELU, LayerNorm, Linear over rows of k features (k =
-    4096: a long row)."""
+    40960: rows past ATen's grain size, whose per-row reductions, dynamic quantization's ranges
+    among them, take ATen's two-pass path at more than one thread)."""
     return nn.Sequential(nn.Linear(k, 96, bias=False), nn.GELU(), nn.LayerNorm(96), nn.Linear(96, 32)).eval()
 
 
@@ -45,7 +46,7 @@ def quantized(name, k):
     return m
 
 
-@pytest.mark.parametrize("k", [64, 4096])
+@pytest.mark.parametrize("k", [64, 4096, 40960])
 @pytest.mark.parametrize("entry", ENTRIES)
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_torchao_models_replay_the_quantized_eagers_bits(name, entry, k, tmp_path):
