@@ -70,7 +70,8 @@ std::string RequiresGradSinceCompiled(const std::string& graph, int i, const std
 
 bool RequiresGradGuard::Holds() const {
   for (size_t i = 0; i < tensors.size(); ++i) {
-    if (tensors[i].unsafeGetTensorImpl()->requires_grad() != requires_grad[i]) return false;
+    const auto impl = tensors[i].lock();
+    if (!impl.defined() || impl->requires_grad() != requires_grad[i]) return false;
   }
   return true;
 }
@@ -78,7 +79,8 @@ bool RequiresGradGuard::Holds() const {
 std::vector<int> RequiresGradGuard::Changed() const {
   std::vector<int> changed;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    if (tensors[i].unsafeGetTensorImpl()->requires_grad() != requires_grad[i]) changed.push_back(static_cast<int>(i));
+    const auto impl = tensors[i].lock();
+    if (impl.defined() && impl->requires_grad() != requires_grad[i]) changed.push_back(static_cast<int>(i));
   }
   return changed;
 }
@@ -483,7 +485,7 @@ void BindCall(py::module_& m) {
              RequiresGradGuard g;
              for (const at::Tensor& t : tensors) {
                if (!t.defined()) throw py::value_error("torchreplay: RequiresGradGuard of an undefined tensor");
-               g.tensors.push_back(t);
+               g.tensors.emplace_back(t.getIntrusivePtr());
                g.requires_grad.push_back(t.requires_grad());
              }
              return g;

@@ -102,7 +102,9 @@ std::string RequiresGradSinceCompiled(const std::string& graph, int i, const std
 // holds the parameters as the graph's captures do (baked static inputs): a flag read per
 // parameter, no reference count touched (a weak reference's lock cost ~35 ns a parameter).
 struct RequiresGradGuard {
-  std::vector<at::Tensor> tensors;
+  // Weak: Dynamo keeps a frame's guards past torch._dynamo.reset(), and a strong reference here
+  // kept every compiled training model's parameters alive. A parameter gone fails the guard.
+  std::vector<c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> tensors;
   std::vector<bool> requires_grad;  // per tensor, when the graph was compiled
 
   bool Holds() const;

@@ -132,12 +132,13 @@ def _engine_refs(backend):
     return [weakref.ref(e) for e in backend.engines]
 
 
-def test_memory_deleting_compiled_model_frees_engines_and_parameters():
+@pytest.mark.parametrize("grad", [False, True])   # grad: a training graph and its requires_grad guard
+def test_memory_deleting_compiled_model_frees_engines_and_parameters(grad):
     torch.manual_seed(82)
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8)).eval()
     b = backend()
     compiled = torch.compile(model, backend=b)
-    with torch.no_grad():
+    with torch.set_grad_enabled(grad):
         _loop(compiled, model, lambda i, g: (rn(g, 2, 8),), 8)
     engines = _engine_refs(b)
     param = weakref.ref(model[0].weight)
