@@ -191,6 +191,7 @@ std::string Diff(const GuardKey& old, const GuardKey& now) {
     }
     clauses.push_back(absl::StrCat("input ", i, ": ", absl::StrJoin(what, ", ")));
   }
+  if (old.settings() != now.settings()) clauses.push_back(Ambient::Diff(old.settings(), now.settings()));
   return clauses.empty() ? "same key" : absl::StrJoin(clauses, "; ");
 }
 
@@ -232,12 +233,13 @@ Ambient Ambient::Now(bool cuda, bool precision) {
   return a;
 }
 
-bool Ambient::operator==(const Ambient& o) const {
+bool Ambient::operator==(const Ambient& o) const { return SameSettings(o) && SameAutocast(o); }
+
+bool Ambient::SameSettings(const Ambient& o) const {
   return threads == o.threads && default_dtype == o.default_dtype && fp32_precision == o.fp32_precision &&
          mkldnn == o.mkldnn && mkldnn_deterministic == o.mkldnn_deterministic && nnpack == o.nnpack &&
          fp16_reduction_cpu == o.fp16_reduction_cpu && deterministic == o.deterministic &&
-         fill_uninitialized == o.fill_uninitialized && flush_denormal == o.flush_denormal && cuda == o.cuda &&
-         SameAutocast(o);
+         fill_uninitialized == o.fill_uninitialized && flush_denormal == o.flush_denormal && cuda == o.cuda;
 }
 
 std::string Ambient::Diff(const Ambient& old, const Ambient& now) {

@@ -53,67 +53,44 @@ struct InputGuard {
   }
 };
 
-class GuardKey {
- public:
-  GuardKey() = default;
-  // `per_call[i]` set: input i's value, if a scalar, is bound per call and only its kind is
-  // guarded (Graph::per_call_scalars). Empty: every value is guarded.
-  static GuardKey FromInputs(const std::vector<c10::IValue>& inputs,
-                             const std::vector<bool>& per_call = {});
-
-  // True iff FromInputs(inputs, the same per_call) == *this; allocation-free.
-  bool Matches(const std::vector<c10::IValue>& inputs) const;
-
-  const std::vector<InputGuard>& inputs() const { return inputs_; }
-  std::string ToString() const;  // "(f32[100, 128]/[128, 1]+0 cpu, int=3, float=*)"
-
-  bool operator==(const GuardKey& o) const { return inputs_ == o.inputs_; }
-  template <typename H>
-  friend H AbslHashValue(H h, const GuardKey& k) {
-    return H::combine(std::move(h), k.inputs_);
-  }
-
- private:
-  std::vector<InputGuard> inputs_;
-};
-
 // Note [Ambient state]
 // Process and thread state that changes which kernel eager runs, or what it computes, without
 // changing any input. Read from ATen's code (Context.h and the kernels that consult it); each is
 // what a key does with it:
 //
 //   state (Python spelling)                              what eager does with it      key
-//   torch.set_num_threads (at::get_num_threads)          reductions split by thread,  captured again
+//   torch.set_num_threads (at::get_num_threads)          reductions split by thread,  in the key
 //                                                        MKL's and oneDNN's blocking,
 //                                                        convolution choice (Slow2d
 //                                                        or oneDNN); the checked
 //                                                        kernels were timed and
 //                                                        checked at the old count
-//   fp32 precision of oneDNN's matmul, conv, rnn         bf16 or tf32 arithmetic in   captured again
+//   fp32 precision of oneDNN's matmul, conv, rnn         bf16 or tf32 arithmetic in   in the key
 //   (torch.backends.mkldnn.{matmul,conv,rnn}.            fp32 GEMMs, convolutions,
 //   fp32_precision; set_float32_matmul_precision)        LSTMs
-//   fp32 precision of CUDA's matmul, conv, rnn           tf32 in cuBLAS and cuDNN     captured again
+//   fp32 precision of CUDA's matmul, conv, rnn           tf32 in cuBLAS and cuDNN     in the key
 //   (torch.backends.cuda.matmul.allow_tf32, cudnn's)
-//   torch.backends.mkldnn.enabled                        other convolution and LSTM   captured again
+//   torch.backends.mkldnn.enabled                        other convolution and LSTM   in the key
 //                                                        kernels
-//   torch.backends.mkldnn.deterministic                  oneDNN's deterministic path  captured again
-//   torch.backends.nnpack.set_flags                      NNPACK convolutions (batch   captured again
+//   torch.backends.mkldnn.deterministic                  oneDNN's deterministic path  in the key
+//   torch.backends.nnpack.set_flags                      NNPACK convolutions (batch   in the key
 //                                                        >= 16, mkldnn off)
-//   torch.backends.cpu fp16 reduction                    reduced-precision fp16 GEMM  captured again
+//   torch.backends.cpu fp16 reduction                    reduced-precision fp16 GEMM  in the key
 //   (_set_cpu_allow_fp16_reduced_precision_reduction)    accumulation
-//   torch.backends.cudnn.{enabled,benchmark,             which cuDNN algorithm        captured again
+//   torch.backends.cudnn.{enabled,benchmark,             which cuDNN algorithm        in the key
 //   deterministic}, cuBLAS fp16/bf16 reduction and
 //   fp16 accumulation
-//   torch.use_deterministic_algorithms (and its          index_put_ with accumulate   captured again
+//   torch.use_deterministic_algorithms (and its          index_put_ with accumulate   in the key
 //   fill_uninitialized_memory)                           sorts first; empty tensors
 //                                                        filled with NaN
-//   torch.set_default_dtype                              factories without a dtype    captured again
+//   torch.set_default_dtype                              factories without a dtype    in the key
 //                                                        (arange of floats,
 //                                                        scalar_tensor) make others
-//   torch.set_flush_denormal (the thread's FTZ/DAZ)      numbers converted per call;  captured again
+//   torch.set_flush_denormal (the thread's FTZ/DAZ)      numbers converted per call;  in the key
 //                                                        a capture converted them
 //                                                        once
-//   autocast (CPU or CUDA)                               casts before each op         runs eagerly
+//   autocast (CPU or CUDA)                               casts before each op         not in the key: runs eagerly
+//                                                                                     unless as first seen
 //   grad mode                                            nothing a graph computes     not in the key: graphs run
 //                                                        (graphs run with it off)     with grad off, the caller's
 //                                                                                     mode kept for outputs
@@ -123,17 +100,18 @@ class GuardKey {
 //                                                                                     caller's mode
 //
 // A captured graph keeps the kernels chosen, the constants made and the checked kernels timed
-// under the state its key was first seen in (Entry::ambient); every call compares the state now
-// (Now(), on the replay path: plain reads, and a few hash lookups for the fp32 precisions, only
-// for graphs with an op that may consult them, the CUDA ones only for keys with CUDA inputs:
-// Engine::reads_precision_). A call
-// under another state captures the key again, the reason logged as the diff; a call under another
-// autocast state runs eagerly (the interpreter dispatches each op as eager does: a capture made
-// under it would call kernels below autocast), logged once per engine; settings that change before
-// each of 8 calls in a row could be captured are said once. What decides which ops a trace records
+// under the state it was captured in, so these settings are part of its key (GuardKey::settings):
+// every call reads the state now (Now(), on the replay path: plain reads, and a few hash lookups
+// for the fp32 precisions, only for graphs with an op that may consult them, the CUDA ones only
+// for keys with CUDA inputs: Engine::reads_precision_). A call under other settings is another
+// key, captured for them, the miss logged as the diff ("threads 2 -> 1"), and bounded and said
+// as any key is (Note [A bounded cache]): a program that alternates two thread counts replays
+// both. A call under another autocast state than its key's first call runs eagerly (the
+// interpreter dispatches each op as eager does: a capture made under it would call kernels below
+// autocast), logged once per engine. What decides which ops a trace records
 // (the default dtype, attention's backend switches) is the tracer's: Note [What a trace was made
-// under] in bindings/call.h. Tests: tests/guards_memory_test.cc (each setting is read and named);
-// tests/python/test_conditions.py (captured again with eager's bits: thread count, matmul
+// under] in bindings/call.h. Tests: guards/guard_key_test.cc (each setting is read and named, keys differ by it);
+// tests/python/test_conditions.py (in the key     with eager's bits: thread count, matmul
 // precision, default dtype, deterministic algorithms, NNPACK, oneDNN deterministic and conv
 // precision; inference mode; attention's switches traced again) and test_changing_keys.py (mkldnn, flush-denormal, autocast). The
 // CUDA settings are read and compared as the others but were never run on a GPU.
@@ -159,12 +137,56 @@ struct Ambient {
   // GEMM, convolution or recurrent op leaves them unread). What is unread stays at its default.
   static Ambient Now(bool cuda = true, bool precision = true);
   bool SameAutocast(const Ambient& o) const { return autocast_cpu == o.autocast_cpu && autocast_cuda == o.autocast_cuda; }
+  bool SameSettings(const Ambient& o) const;  // all but autocast
+  // This state with autocast off: what a key holds (Note [Ambient state]).
+  Ambient Settings() const {
+    Ambient a = *this;
+    a.autocast_cpu = a.autocast_cuda = c10::ScalarType::Undefined;
+    return a;
+  }
   bool operator==(const Ambient& o) const;
   bool operator!=(const Ambient& o) const { return !(*this == o); }
   // One clause per setting that differs: "threads 1 -> 2", "autocast (cpu) off -> bfloat16",
   // "torch.backends.mkldnn.enabled True -> False", "flush denormal off -> on"
   static std::string Diff(const Ambient& old, const Ambient& now);
+
+  template <typename H>
+  friend H AbslHashValue(H h, const Ambient& a) {
+    return H::combine(std::move(h), a.threads, a.default_dtype, a.fp32_precision, a.mkldnn, a.mkldnn_deterministic,
+                      a.nnpack, a.fp16_reduction_cpu, a.deterministic, a.fill_uninitialized, a.flush_denormal, a.cuda,
+                      a.autocast_cpu, a.autocast_cuda);
+  }
 };
+
+class GuardKey {
+ public:
+  GuardKey() = default;
+  // `per_call[i]` set: input i's value, if a scalar, is bound per call and only its kind is
+  // guarded (Graph::per_call_scalars). Empty: every value is guarded.
+  static GuardKey FromInputs(const std::vector<c10::IValue>& inputs,
+                             const std::vector<bool>& per_call = {});
+
+  // True iff FromInputs(inputs, the same per_call) has this key's inputs; allocation-free.
+  bool Matches(const std::vector<c10::IValue>& inputs) const;
+
+  const std::vector<InputGuard>& inputs() const { return inputs_; }
+  std::string ToString() const;  // "(f32[100, 128]/[128, 1]+0 cpu, int=3, float=*)"
+
+  // The settings eager's kernels read, part of the key (Note [Ambient state]): `now` without autocast.
+  void set_settings(const Ambient& now) { settings_ = now.Settings(); }
+  const Ambient& settings() const { return settings_; }
+
+  bool operator==(const GuardKey& o) const { return inputs_ == o.inputs_ && settings_ == o.settings_; }
+  template <typename H>
+  friend H AbslHashValue(H h, const GuardKey& k) {
+    return H::combine(std::move(h), k.inputs_, k.settings_);
+  }
+
+ private:
+  std::vector<InputGuard> inputs_;
+  Ambient settings_;
+};
+
 
 // Why `now` is not `old`, one clause per differing input:
 // "input 2: sizes (100, 128) -> (64, 128); input 4: value 3 -> 5".

@@ -127,5 +127,24 @@ TEST(AmbientTest, EachListedSettingIsSeenAndNamed) {
   EXPECT_NE(guards::Ambient::Now(/*cuda=*/true), before);
   ctx.setUserEnabledCuDNN(!ctx.userEnabledCuDNN());
 }
+
+// Keys of the same inputs under other settings differ, by those settings alone: autocast is no
+// part of a key (the engine runs such calls eagerly instead).
+TEST(AmbientTest, SettingsArePartOfTheKeyAutocastIsNot) {
+  const std::vector<c10::IValue> inputs = {at::randn({2, 3})};
+  guards::GuardKey one = guards::GuardKey::FromInputs(inputs), two = one, cast = one;
+  guards::Ambient a = guards::Ambient::Now(false);
+  one.set_settings(a);
+  a.threads += 1;
+  two.set_settings(a);
+  EXPECT_FALSE(one == two);
+  EXPECT_NE(absl::Hash<guards::GuardKey>()(one), absl::Hash<guards::GuardKey>()(two));
+  EXPECT_THAT(guards::Diff(one, two), HasSubstr("threads"));
+  EXPECT_TRUE(two.Matches(inputs));
+  a.threads -= 1;
+  a.autocast_cpu = c10::ScalarType::BFloat16;
+  cast.set_settings(a);
+  EXPECT_TRUE(cast == one);
+}
 }  // namespace
 }  // namespace torchreplay

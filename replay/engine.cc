@@ -182,8 +182,13 @@ std::string Engine::NoteMiss(ThreadState& ts, const guards::GuardKey& key) {
   return miss.diff;
 }
 
-absl::StatusOr<Entry*> Engine::Lookup(ThreadState& ts, const std::vector<c10::IValue>& inputs) {
+absl::StatusOr<Entry*> Engine::Lookup(ThreadState& ts, const std::vector<c10::IValue>& inputs,
+                                      guards::Ambient* now) {
   guards::GuardKey key = guards::GuardKey::FromInputs(inputs, graph_->per_call_scalars());
+  const bool cuda = capture::Interpreter::CudaDevice(inputs).has_value();
+  const guards::Ambient ambient = guards::Ambient::Now(cuda, reads_precision_);
+  if (now != nullptr) *now = ambient;
+  key.set_settings(ambient);
   if (Entry* held = ts.keys.Find(key)) return held;
   if (auto s = CheckInputs(inputs); !s.ok()) return s;
   auto entry = std::make_unique<Entry>();
@@ -192,8 +197,8 @@ absl::StatusOr<Entry*> Engine::Lookup(ThreadState& ts, const std::vector<c10::IV
     entry->baked.push_back(graph_->is_static_input(i));
   }
   entry->moves.assign(inputs.size(), 0);
-  entry->cuda = capture::Interpreter::CudaDevice(inputs).has_value();
-  entry->ambient = guards::Ambient::Now(entry->cuda, reads_precision_);
+  entry->cuda = cuda;
+  entry->ambient = ambient;
   std::vector<std::unique_ptr<Entry>> evicted;
   Entry* e = ts.keys.Insert(std::move(key), std::move(entry), &evicted);
   evictions_ += static_cast<int64_t>(evicted.size());
@@ -458,13 +463,14 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::RunOnce(std::vector<c10::IValue
 absl::StatusOr<std::vector<c10::IValue>> Engine::RunKeyed(std::vector<c10::IValue> inputs) {
   // Note [What a call checks] (replay/call_checks.h): the key, then what its capture assumed.
   ThreadState& ts = StateForThisThread();
-  Entry* e = ts.keys.Last(inputs);  // the common case: the previous call's key
+  guards::Ambient now;
+  Entry* e = ts.keys.Last(inputs, reads_precision_, &now);  // the common case: the previous call's key
   if (e == nullptr) {
-    auto found = Lookup(ts, inputs);
+    auto found = Lookup(ts, inputs, &now);
     if (!found.ok()) return found.status();
     e = *found;
   }
-  if (!e->fallback_reason.empty() || !CheckAmbient(ts, *e)) return RunEagerFallback(inputs);
+  if (!e->fallback_reason.empty() || !SameAutocast(*e, now)) return RunEagerFallback(inputs);
   if (e->graph != nullptr) CheckStaticAddresses(ts, *e, inputs);
   if (e->graph == nullptr) {
     UnbakePooledStatics(*e, inputs);
@@ -485,40 +491,17 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::RunEagerFallback(const std::vec
   return RunEager(inputs);
 }
 
-bool Engine::CheckAmbient(ThreadState& ts, Entry& e) {
-  const guards::Ambient now = guards::Ambient::Now(e.cuda, reads_precision_);
-  if (now == e.ambient) return true;
+bool Engine::SameAutocast(const Entry& e, const guards::Ambient& now) {
+  if (now.SameAutocast(e.ambient)) return true;
   // Note [Ambient state]
-  const std::string diff = guards::Ambient::Diff(e.ambient, now);
-  if (!now.SameAutocast(e.ambient)) {
-    if (!ambient_logged_.exchange(true)) {
-      std::string reason = absl::StrCat(diff, " since this key was first seen; calls under another autocast "
-                                        "state than their key's capture run eagerly");
-      Log(LogLevel::kWarning, reason);
-      absl::MutexLock lock(&mu_);
-      AppendBounded(&fallback_reasons_, std::move(reason));
-    }
-    return false;
-  }
-  e.ambient = now;  // another setting eager's kernels read: capture this key again
-  e.reason = diff;
-  // Settings that change faster than a key can be captured (a thread count set per call) leave
-  // it never replaying: said once, in the log and the stats.
-  e.unsettled = e.graph != nullptr ? 0 : e.unsettled + 1;
-  if (e.unsettled == KeyCache::kChurn && !unsettled_logged_.exchange(true)) {
-    std::string reason = absl::StrCat("the settings eager's kernels read changed before each of the last ",
-                                      KeyCache::kChurn, " calls could be captured (latest: ", diff,
-                                      "), so they ran eagerly; a key replays only while they hold (Note [Ambient "
-                                      "state])");
+  if (!ambient_logged_.exchange(true)) {
+    std::string reason = absl::StrCat(guards::Ambient::Diff(e.ambient, now), " since this key was first seen; calls "
+                                      "under another autocast state than their key's capture run eagerly");
     Log(LogLevel::kWarning, reason);
     absl::MutexLock lock(&mu_);
     AppendBounded(&fallback_reasons_, std::move(reason));
   }
-  if (e.graph != nullptr) --ts.captured;
-  e.graph.reset();
-  e.recording.reset();
-  e.eager_runs = 0;
-  return true;
+  return false;
 }
 
 void Engine::CheckStaticAddresses(ThreadState& ts, Entry& e, const std::vector<c10::IValue>& inputs) {

@@ -218,8 +218,9 @@ class ConvNet(nn.Module):
 
 def test_a_call_under_another_mkldnn_setting_captures_again_with_eagers_bits():
     """Note [Ambient state]: torch.backends.mkldnn.enabled changes which kernels eager runs (and
-    the checked kernels a capture took for its convolutions): a call under the other setting
-    captures the key again, each call eager's bits."""
+    the checked kernels a capture took for its convolutions): a call under the other setting is
+    another key, captured for it, each call eager's bits; back under the first, its capture
+    replays."""
     import torchreplay
     torch.manual_seed(0)
     model = ConvNet().eval()
@@ -232,17 +233,16 @@ def test_a_call_under_another_mkldnn_setting_captures_again_with_eagers_bits():
             with torch.backends.mkldnn.flags(enabled=enabled):
                 assert_bitwise(step(x), model(x), f"mkldnn enabled={enabled}")
     stats = step.stats()
-    # warm-up (True); warm-up and capture again (False), replay; warm-up and capture again (True)
-    assert (stats["warmups"], stats["captures"], stats["replays"], stats["eager_fallbacks"]) == (3, 2, 3, 0), stats
+    # warm-up (True); warm-up, capture (False), replay; capture (True), replay
+    assert (stats["warmups"], stats["captures"], stats["replays"], stats["eager_fallbacks"]) == (2, 2, 4, 0), stats
     reasons = [c["reason"] for c in stats["capture_log"]]
-    assert reasons == ["torch.backends.mkldnn.enabled True -> False", "torch.backends.mkldnn.enabled False -> True"], \
-        reasons
+    assert reasons == ["torch.backends.mkldnn.enabled True -> False", "no graph yet"], reasons  # the first key last
 
 
 def test_a_call_under_another_flush_denormal_setting_captures_again_with_eagers_bits():
     """Note [Ambient state]: a number a capture converted once (`1e-40 - x`, `x * 1e-40`, a where's
     fill) is converted under the thread's flush-denormal mode, which eager applies per call: a call
-    under the other mode captures the key again, each call eager's bits, both ways."""
+    under the other mode is another key, captured for it, each call eager's bits, both ways."""
     import torchreplay
     aten = torch.ops.aten
 
@@ -266,7 +266,7 @@ def test_a_call_under_another_flush_denormal_setting_captures_again_with_eagers_
     (stats,) = b.stats()
     assert stats["replays"] >= 3 and stats["eager_fallbacks"] == 0, stats
     reasons = [c["reason"] for c in stats["capture_log"][1:]]
-    assert reasons == ["flush denormal on -> off", "flush denormal off -> on"], reasons
+    assert reasons == ["flush denormal on -> off"], reasons
 
 
 def test_a_call_under_autocast_after_a_capture_without_it_runs_eagerly(replay_log):

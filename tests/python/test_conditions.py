@@ -132,7 +132,8 @@ def _convs_inputs(i):
 def test_a_call_at_another_thread_count_captures_again(entry, tmp_path):
     """Note [Ambient state]: the thread count decides how eager reduces and which convolution and
     GEMM kernels it runs (and the checked kernels were chosen at the capture's count): a call at
-    another count captures the key again, both ways, each call eager's bits at its count."""
+    another count is another key, captured for it; back at the first count, the first capture
+    replays again; each call eager's bits at its count."""
     torch.manual_seed(0)
     model = Convs().eval()
     with torch.no_grad():
@@ -147,8 +148,8 @@ def test_a_call_at_another_thread_count_captures_again(entry, tmp_path):
     if entry == "compile":  # Dynamo guards on the thread count (GLOBAL_STATE): a graph per count
         assert f.reasons() == ["no graph yet", "no graph yet"], f.reasons()
     else:
-        assert f.reasons()[-2:] == ["threads 1 -> 3", "threads 3 -> 1"], f.reasons()
-    assert s["replays"] >= 4 and s["eager_fallbacks"] == 0, s
+        assert f.reasons() == ["no graph yet", "threads 1 -> 3"], f.reasons()
+    assert s["replays"] >= 5 and s["eager_fallbacks"] == 0, s
 
 
 def _mlp():
@@ -174,8 +175,8 @@ def _matmul_precision(how):
 @pytest.mark.parametrize("entry", ENTRIES)
 def test_a_call_under_another_matmul_precision_captures_again(entry, how, tmp_path):
     """Note [Ambient state]: oneDNN's fp32 matmul precision (bf16 arithmetic in eager's GEMMs where
-    the CPU has it) set after a capture: the key is captured again, each call eager's bits, and
-    again when it is put back."""
+    the CPU has it) set after a capture: another key, captured for it, each call eager's bits;
+    put back, the first capture replays again."""
     model = _mlp()
     x = torch.randn(8, 64)
     with torch.no_grad():
@@ -191,9 +192,8 @@ def test_a_call_under_another_matmul_precision_captures_again(entry, how, tmp_pa
         assert f.reasons() == ["no graph yet", "no graph yet"], f.reasons()
     else:
         changes = [r for r in f.reasons() if "fp32 precision" in r]
-        assert len(changes) == 2 and "mkldnn matmul fp32 precision none -> bf16" in changes[0] and \
-            "mkldnn matmul fp32 precision bf16 -> none" in changes[1], f.reasons()
-    assert f.stats()["replays"] >= 4, f.stats()
+        assert len(changes) == 1 and "mkldnn matmul fp32 precision none -> bf16" in changes[0], f.reasons()
+    assert f.stats()["replays"] >= 6, f.stats()
 
 
 def test_deterministic_algorithms_set_after_a_capture_capture_again():
@@ -590,18 +590,27 @@ def test_attention_backend_switches_decide_what_is_traced(entry, tmp_path):
     assert s["captures"] >= 2 and s["replays"] >= 4, s
 
 
-def test_settings_changed_on_every_call_are_said():
-    """Note [Ambient state]: a thread count set before each call keeps the key from being
-    captured; every call is eager's, and the engine says once why it never replays."""
+@pytest.mark.parametrize("rows", [(1, 50000), (64, 37)], ids=["long row", "short rows"])
+def test_thread_counts_alternating_call_by_call_replay_each(rows, replay_log):
+    """Note [Ambient state]: the settings are part of the key, so two thread counts alternating
+    call by call are two keys, each captured once and replayed at its count with eager's bits; a
+    count new on every call is a new key every call, each run eagerly and said once."""
     model = Fn(lambda x: x.sum(1) * 2)
-    x = torch.randn(1, 50000)
+    x = torch.randn(*rows)
     with torch.no_grad():
         step = torchreplay.capture(model, (x,), config=config())
         for i in range(12):
             with threads(1 + i % 2):
-                assert_bitwise(step(x), model(x), f"call {i}")
+                assert_bitwise(step(x), model(x), f"call {i} at {1 + i % 2} threads")
+        s = step.stats()
+        assert (s["captures"], s["replays"], s["eager_fallbacks"], s["cache_entries"]) == (2, 10, 0, 2), s
+        for i in range(10):
+            with threads(3 + i):
+                assert_bitwise(step(x), model(x), f"call at {3 + i} threads")
     s = step.stats()
-    assert s["replays"] == 0 and any("changed before each of the last 8 calls" in r for r in s["fallback_reasons"]), s
+    assert s["captures"] == 2 and s["last_miss"] == "threads 11 -> 12", s
+    said = [r.getMessage() for r in replay_log.records if "calls each had a new guard key" in r.getMessage()]
+    assert len(said) == 1 and "threads" in said[0], said
 
 
 def test_each_capture_holds_the_numbers_it_was_made_with():
