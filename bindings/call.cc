@@ -139,6 +139,9 @@ void Call::Validate() const {
     for (const SizeCheck& c : checks->sizes) {
       if (!in_args(c.arg) || c.dim < 0) throw py::value_error("torchreplay: size check out of range");
     }
+    for (const StrideCheck& c : checks->strides) {
+      if (!in_args(c.arg)) throw py::value_error("torchreplay: stride check out of range");
+    }
     for (int i : checks->grad_checked) {
       if (i < 0 || i >= static_cast<int>(bound.size())) {
         throw py::value_error("torchreplay: grad_checked out of range");
@@ -294,7 +297,8 @@ void Call::Check(const std::vector<c10::IValue>& inputs) const {
   }
   for (const absl::Status& s : {replay::CheckOverlap(mutated, bound.size(), inputs),
                                  replay::CheckFixed(c.fixed, bound.size(), inputs),
-                                 replay::CheckSizes(c.sizes, engine->graph(), bound.size(), inputs)}) {
+                                 replay::CheckSizes(c.sizes, engine->graph(), bound.size(), inputs),
+                                 replay::CheckStrides(c.strides, bound.size(), inputs)}) {
     if (!s.ok()) throw py::value_error(std::string(s.message()));
   }
   static PyObject* const kTraining = PyUnicode_InternFromString("training");
@@ -419,14 +423,18 @@ void BindCall(py::module_& m) {
            }),
            py::arg("arg"), py::arg("dim"), py::arg("lo"), py::arg("hi"), py::arg("group") = -1,
            py::arg("coef") = 1, py::arg("offset") = 0);
+  py::class_<StrideCheck>(m, "StrideCheck", "The strides of a tensor argument the trace assumed ([]: contiguous).")
+      .def(py::init([](int arg, std::vector<int64_t> strides) { return StrideCheck{arg, std::move(strides)}; }),
+           py::arg("arg"), py::arg("strides"));
   py::class_<CaptureChecks>(m, "CaptureChecks", "What torchreplay.capture's trace assumed, checked per call.")
-      .def(py::init([](py::dict fixed, std::vector<SizeCheck> sizes, py::object module,
+      .def(py::init([](py::dict fixed, std::vector<SizeCheck> sizes, std::vector<StrideCheck> strides, py::object module,
                        std::vector<int> grad_checked, std::vector<std::optional<at::Tensor>> grad_owners,
                        std::vector<std::string> bound_names, py::object slow_path, bool always_slow,
                        std::vector<std::pair<int, bool>> grad_traced) {
              CaptureChecks c;
              for (auto [i, v] : fixed) c.fixed.emplace_back(i.cast<int>(), ToIValue(v));
              c.sizes = std::move(sizes);
+             c.strides = std::move(strides);
              c.module = std::move(module);
              if (!c.module.is_none()) c.training = c.module.attr("training").cast<bool>();
              c.grad_checked = std::move(grad_checked);
@@ -438,7 +446,7 @@ void BindCall(py::module_& m) {
              return c;
            }),
            py::arg("fixed") = py::dict(), py::arg("sizes") = std::vector<SizeCheck>(),
-           py::arg("module") = py::none(), py::arg("grad_checked") = std::vector<int>(),
+           py::arg("strides") = std::vector<StrideCheck>(), py::arg("module") = py::none(), py::arg("grad_checked") = std::vector<int>(),
            py::arg("grad_owners") = std::vector<std::optional<at::Tensor>>(),
            py::arg("bound_names") = std::vector<std::string>(), py::arg("slow_path") = py::none(),
            py::arg("always_slow") = false, py::arg("grad_traced") = std::vector<std::pair<int, bool>>());

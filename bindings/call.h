@@ -141,12 +141,14 @@ struct SdpaGuard {
 };
 
 using replay::SizeCheck;
+using replay::StrideCheck;
 
 // What torchreplay.capture's trace assumed, checked every call before anything runs (ValueError or
 // TypeError), plus the way to its Python slow path.
 struct CaptureChecks {
   std::vector<std::pair<int, c10::IValue>> fixed;  // Python numbers: (argument, value)
   std::vector<SizeCheck> sizes;
+  std::vector<StrideCheck> strides;  // a call with others takes the slow path, which traces again
   py::object module = py::none();  // None, or the nn.Module whose .training must equal `training`
   bool training = false;
   // Bound tensors (parameters, buffers an output is computed from) refused if they require grad

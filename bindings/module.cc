@@ -508,6 +508,7 @@ void BindPrograms(py::module_& m) {
         }
         p.fixed = call.checks->fixed;
         p.sizes = call.checks->sizes;
+        p.strides = call.checks->strides;
         p.written = call.mutated;
         p.num_outputs = call.num_outputs;
         if (absl::Status s = format::WriteFile(p, path); !s.ok()) Throw(s);

@@ -7,6 +7,7 @@
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "guards/guard_key.h"
 
 namespace torchreplay::replay {
@@ -77,6 +78,36 @@ absl::Status CheckSizes(const std::vector<SizeCheck>& sizes, const capture::Grap
           c.lo == c.hi ? " (or with dynamic=True, unless the model's code made the trace specialize this size, "
                          "as a loop over it does)"
                        : ""));
+    }
+  }
+  return absl::OkStatus();
+}
+// Note [Traced strides]
+// torch.export decides some ops by the example's strides: reshape traces as a view where the
+// strides allow one and as a copy where not, contiguous() and the like trace as nothing on a
+// tensor already so, and a kernel fed other strides may add in another order. A graph traced on
+// one layout is another program on another (a view that fails, or other bits), so a call whose
+// tensor has other strides (in a dim of more than one element; a dynamic trace: contiguity) fails
+// this check: torchreplay.capture traces again for that layout (captured.py _trace_for), a loaded
+// program raises. torch.compile's own guards recompile there.
+absl::Status CheckStrides(const std::vector<StrideCheck>& strides, size_t bound,
+                          const std::vector<c10::IValue>& inputs) {
+  for (const StrideCheck& c : strides) {
+    const c10::IValue& v = inputs[bound + c.arg];
+    if (!v.isTensor()) continue;  // the engine says what
+    const at::Tensor& t = v.toTensor();
+    bool same = true;
+    if (c.strides.empty()) {
+      same = t.is_contiguous();
+    } else if (t.dim() == static_cast<int64_t>(c.strides.size())) {
+      for (int64_t d = 0; d < t.dim() && same; ++d) same = t.size(d) <= 1 || t.stride(d) == c.strides[d];
+    }
+    if (!same) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "torchreplay: argument ", c.arg, " has strides (", absl::StrJoin(t.strides(), ", "), "), but the graph was traced ",
+          c.strides.empty() ? "on a contiguous tensor" : absl::StrCat("for strides (", absl::StrJoin(c.strides, ", "), ")"),
+          " and what it computes depends on them (Note [Traced strides]); pass a tensor of those strides "
+          "(.contiguous()) or capture again with one of these"));
     }
   }
   return absl::OkStatus();

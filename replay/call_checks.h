@@ -25,7 +25,8 @@
 //  4. arity and argument kinds (ToIValue; an int beyond 64 bits runs the graph in Python).
 //  5. CaptureChecks (Call::Check): grad mode against requires_grad of bound tensors and
 //     arguments (inference graphs raise), no overlap with a written argument, the numbers and
-//     sizes the trace assumed (this file's CheckOverlap, CheckFixed, CheckSizes; also run for
+//     sizes and strides the trace assumed (this file's CheckOverlap, CheckFixed, CheckSizes,
+//     CheckStrides; also run for
 //     programs loaded from a .trp file, torchreplay/program.cc), the model's training flag.
 //  6. AOTAutograd's epilogue checks (torch.compile's traced backward): leaves as traced, frozen
 //     parameters still frozen, backward hazards (Note [Traced backward]).
@@ -78,6 +79,16 @@ absl::Status CheckSizes(const std::vector<SizeCheck>& sizes, const capture::Grap
                         const std::vector<c10::IValue>& inputs);
 // An argument the graph writes must not share memory with another argument.
 absl::Status CheckOverlap(const std::vector<int>& written, size_t bound, const std::vector<c10::IValue>& inputs);
+
+// The strides the trace assumed of tensor argument `arg` (Note [Traced strides]): `strides` in
+// every dim of more than one element (a static trace), or, with `strides` empty, contiguity (a
+// dynamic trace made on a contiguous tensor).
+struct StrideCheck {
+  int arg = 0;
+  std::vector<int64_t> strides;
+};
+absl::Status CheckStrides(const std::vector<StrideCheck>& strides, size_t bound,
+                          const std::vector<c10::IValue>& inputs);
 
 // A number as Python prints it (2, 2.0, -0.0, True); other values by kind.
 std::string Describe(const c10::IValue& v);

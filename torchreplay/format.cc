@@ -329,6 +329,12 @@ void ArgumentFields(IO& io, SavedProgram& p) {
       io.Check(!spec.has_value() || c.dim < spec->dim, "a size check's dim is beyond its argument's rank");
     }
   }
+  io.Count(p.strides, "stride checks", 2 * sizeof(int64_t));
+  for (replay::StrideCheck& c : p.strides) {
+    io.template Num<int64_t>(c.arg, "stride check", 0, last_arg, out_of_range);
+    c.strides = NumberList<int64_t>(io, std::move(c.strides), "stride check");
+    io.Check(c.strides.size() <= static_cast<size_t>(kMaxRank), "a stride check's rank is out of range");
+  }
   io.Count(p.written, "written arguments", sizeof(int32_t));
   for (int& i : p.written) io.template Num<int32_t>(i, "written argument", 0, last_arg, out_of_range);
   io.template Num<int32_t>(p.num_outputs, "outputs", -1, static_cast<int64_t>(p.graph->outputs().size()),

@@ -6,7 +6,7 @@
 // with their kinds, dtypes and ranks, its outputs, which inputs are static), the tensors bound
 // ahead of the call's arguments (parameters, buffers, constants; each by kind and name, storages
 // shared between them kept shared), and what the trace assumed of the arguments (numbers it
-// specialized on, the sizes it holds for, the arguments it writes, how many outputs are the
+// specialized on, the sizes and strides it holds for, the arguments it writes, how many outputs are the
 // model's). Layout, every integer little-endian:
 //   "TORCHRPL" | u32 format version | u32 0 | u64 payload bytes | u64 FNV-1a 64 of the payload |
 //   payload: the torch version it was written with, then the sections above in that order.
@@ -39,7 +39,7 @@
 
 namespace torchreplay::format {
 
-inline constexpr uint32_t kFormatVersion = 1;
+inline constexpr uint32_t kFormatVersion = 2;  // 2: stride checks
 
 struct BoundTensor {
   std::string kind;  // "parameter", "buffer", "constant"
@@ -54,6 +54,7 @@ struct SavedProgram {
   std::vector<BoundTensor> bound;  // the graph's leading inputs
   std::vector<std::pair<int, c10::IValue>> fixed;  // numbers the trace specialized on (by argument)
   std::vector<replay::SizeCheck> sizes;            // sizes it holds for
+  std::vector<replay::StrideCheck> strides;        // strides it holds for
   std::vector<int> written;                        // arguments the graph writes
   int num_outputs = -1;                            // the model's outputs: the graph's first (-1: all)
 };

@@ -73,6 +73,7 @@ SavedProgram Program() {
              {"buffer", "cache", at::zeros({2, 4})}};
   p.fixed = {{1, c10::IValue(int64_t{3})}};
   p.sizes = {{0, 0, 2, 2, -1, 1, 0}, {0, 1, 3, 3, -1, 1, 0}};
+  p.strides = {{0, {3, 1}}};
   p.written = {};
   p.num_outputs = 3;
   return p;
@@ -113,6 +114,8 @@ TEST(Format, RoundTripIsBitwise) {
   EXPECT_EQ(back->fixed[0].second.toInt(), 3);
   ASSERT_EQ(back->sizes.size(), 2u);
   EXPECT_EQ(back->sizes[1].lo, 3);
+  ASSERT_EQ(back->strides.size(), 1u);
+  EXPECT_EQ(back->strides[0].strides, (std::vector<int64_t>{3, 1}));
   EXPECT_EQ(back->num_outputs, 3);
 
   const at::Tensor x = at::randn({2, 3});
@@ -202,8 +205,8 @@ TEST(Format, RefusesOtherFilesWithClearErrors) {
   };
   EXPECT_THAT(message("PK\x03\x04 a zip"), HasSubstr("not a torchreplay program"));
   std::string other = good;
-  other[8] = 2;  // format version 2
-  EXPECT_THAT(message(other), HasSubstr("format version 2"));
+  other[8] = 3;  // format version 3
+  EXPECT_THAT(message(other), HasSubstr("format version 3"));
   std::string torch = good;
   const size_t at = torch.find(TORCH_VERSION);
   ASSERT_NE(at, std::string::npos);

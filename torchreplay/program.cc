@@ -49,7 +49,8 @@ std::vector<c10::IValue> Program::Run(std::vector<c10::IValue> args) const {
   for (c10::IValue& a : args) inputs.push_back(std::move(a));
   for (const absl::Status& s : {replay::CheckOverlap(p.saved.written, p.bound.size(), inputs),
                                 replay::CheckFixed(p.saved.fixed, p.bound.size(), inputs),
-                                replay::CheckSizes(p.saved.sizes, *p.saved.graph, p.bound.size(), inputs)}) {
+                                replay::CheckSizes(p.saved.sizes, *p.saved.graph, p.bound.size(), inputs),
+                                replay::CheckStrides(p.saved.strides, p.bound.size(), inputs)}) {
     if (!s.ok()) Fail(s);
   }
   absl::StatusOr<std::vector<c10::IValue>> out = p.engine->Run(std::move(inputs));

@@ -14,6 +14,7 @@ import weakref
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import torch
+from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch.utils import _pytree as pytree
 
 from . import _C
@@ -134,6 +135,21 @@ class _Trace:
     def size_class(flat: Sequence[Any]) -> Tuple[Tuple[int, ...], ...]:
         """Each tensor's sizes as export specializes them: 0, 1, or 2 for any larger size."""
         return tuple(tuple(min(int(d), 2) for d in a.shape) for a in flat if isinstance(a, torch.Tensor))
+
+    def layout(self, flat: Sequence[Any]) -> Tuple[Any, ...]:
+        """Each tensor's strides as the trace depends on them (Note [Traced strides] in
+        replay/call_checks.cc): in the dims of more than one element in the trace's example (the
+        call's other sizes are the size check's to refuse); for a dynamic trace, whose strides
+        follow the sizes, None where contiguous, else its dims in the order of their strides, the
+        broadcast ones (stride 0) and whether it is dense."""
+        def of(a: torch.Tensor, example: torch.Tensor) -> Any:
+            if not self.dynamic:
+                return tuple(s if n > 1 else None for n, s in zip(example.shape, a.stride()))
+            if a.is_contiguous():
+                return None
+            return (tuple(sorted(range(a.dim()), key=lambda d: -a.stride(d))), tuple(s == 0 for s in a.stride()),
+                    is_non_overlapping_and_dense_or_false(a))
+        return tuple(of(a, e) for a, e in zip(flat, self.example) if isinstance(a, torch.Tensor))
 
     def same_kinds(self, flat: Sequence[Any]) -> bool:
         """The call's graph arguments are tensors of the traced ranks and numbers where the trace

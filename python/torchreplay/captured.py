@@ -81,10 +81,16 @@ class Captured(_C.Call):
         # The C++ call holds the slow path without holding this object (it would be a reference
         # cycle through C++, which the garbage collector cannot see: the model never freed).
         me = weakref.ref(self)
-        checks = _C.CaptureChecks(fixed=fixed, sizes=[_C.SizeCheck(*s) for s in sizes], module=module,
+        # Note [Traced strides]: a dynamic trace made on a tensor that is not contiguous has no
+        # check for it here; its calls all take the slow path, which picks the trace by layout.
+        tensors = [(k, a) for k, a in enumerate(trace.example) if isinstance(a, torch.Tensor)]
+        strides = [_C.StrideCheck(k, [] if trace.dynamic else list(a.stride())) for k, a in tensors
+                   if not trace.dynamic or a.is_contiguous()]
+        checks = _C.CaptureChecks(fixed=fixed, sizes=[_C.SizeCheck(*s) for s in sizes], strides=strides, module=module,
                                   grad_checked=grad_checked, grad_owners=list(grad_owners), bound_names=bound_names,
                                   slow_path=lambda *a, **k: me()._slow_call(*a, **k),
-                                  always_slow=not (flat_in and flat_out) or bool(trace.size_exprs),
+                                  always_slow=not (flat_in and flat_out) or bool(trace.size_exprs)
+                                  or len(strides) < len(tensors),
                                   grad_traced=trace.grad_traced)
         super().__init__(engine, bound=bound, mutated=mutated, num_outputs=trace.num_outputs, returns=returns,
                          checks=checks)
@@ -93,7 +99,7 @@ class Captured(_C.Call):
         self._variants: Dict[Any, "Captured"] = {}
         self._lock = threading.Lock()
         if trace.dynamic:
-            self._variants[(trace.size_class(trace.example), trace.state())] = self
+            self._variants[(trace.size_class(trace.example), trace.state(), trace.layout(trace.example))] = self
 
     @property
     def name(self) -> str:
@@ -149,24 +155,33 @@ class Captured(_C.Call):
         return target.engine.profile(list(target._bound) + flat, iterations)
 
     def _trace_for(self, flat: List[Any], args: Sequence[Any], kwargs: Dict[str, Any]) -> "Captured":
-        """The capture whose trace holds for these sizes and what it was made under: this one, or
-        one traced for them, made once, when first needed, under a lock (two threads never trace
-        at once): (dynamic=True) for the sizes export specialized (0, 1); under another default
-        dtype or attention backend switches (Note [What a trace was made under]) or requires_grad
-        of a parameter that decided a matmul's fold (matmul_fold.py). Arguments of other kinds than
-        traced (None where a tensor was) get no trace of their own: this capture's call raises the
-        clear error."""
+        """The capture whose trace holds for these arguments and what it was made under: this one,
+        or one traced for them, made once, when first needed, under a lock (two threads never
+        trace at once): for arguments of other strides (Note [Traced strides] in
+        replay/call_checks.cc); (dynamic=True) for the sizes export specialized (0, 1); under
+        another default dtype or attention backend switches (Note [What a trace was made under])
+        or requires_grad of a parameter that decided a matmul's fold (matmul_fold.py). Arguments
+        of other kinds than traced (None where a tensor was), or other sizes than a static trace's,
+        get no trace of their own: this capture's call raises the clear error."""
         state = (torch.get_default_dtype(), _C.sdpa_switches(),
                  tuple(self._bound[i].requires_grad for i, _ in self._trace.grad_traced))
-        if not self._trace.same_kinds(flat) or (not self._trace.dynamic and state == self._trace.state()):
+        if not self._trace.same_kinds(flat) or (not self._trace.dynamic and any(
+                isinstance(a, torch.Tensor) and a.shape != e.shape for a, e in zip(flat, self._trace.example))):
+            return self   # other sizes than a static trace's: its call raises the clear error
+        layout = self._trace.layout(flat)
+        if not self._trace.dynamic and state == self._trace.state() and layout == self._trace.layout(self._trace.example):
             return self
-        key = (self._trace.size_class(flat) if self._trace.dynamic else None, state)
+        key = (self._trace.size_class(flat) if self._trace.dynamic else None, state, layout)
         found = self._variants.get(key)
         if found is None:
             with self._lock:
                 found = self._variants.get(key)
                 if found is None:
-                    if state != self._trace.state():
+                    if layout != self._trace.layout(self._trace.example):
+                        logger.info("torchreplay: %s: tracing again for arguments of other strides (Note [Traced "
+                                    "strides]): %s (traced with %s)", self.name, layout,
+                                    self._trace.layout(self._trace.example))
+                    elif state != self._trace.state():
                         logger.info("torchreplay: %s: tracing again under the default dtype %s, attention switches "
                                     "%s and parameters requiring grad %s (traced under %s)", self.name, *state,
                                     self._trace.state())

@@ -181,6 +181,15 @@ def _bound_name(kind: str, target: str) -> str:
     return f"{kind} '{fqn}'"
 
 
+def _unviewed(leaves: Tuple[Any, ...]) -> Tuple[Any, ...]:
+    """The arguments with views traced as the tensors they are, not through their bases: torch
+    2.11's run_decompositions fails a dynamic trace of a slice's columns in the guard it builds
+    from the base ('NoneType' object has no attribute 'size'). detach() keeps storage, strides and
+    offset."""
+    return tuple(a.detach() if isinstance(a, torch.Tensor) and a._base is not None and not a.requires_grad else a
+                 for a in leaves)
+
+
 def _trace_exported(traced: "_Flat", leaves: Tuple[Any, ...], dynamic: bool,
                     decompositions: Optional[Dict[Any, Callable]], leaf_names: Sequence[str],
                     close: bool = False) -> _Program:
@@ -199,7 +208,8 @@ def _trace_exported(traced: "_Flat", leaves: Tuple[Any, ...], dynamic: bool,
     try:
         with _RandomStateWatch() as rng, torch.no_grad(), \
                 rnn.whole_in_trace(close):
-            ep = torch.export.export(traced, leaves, dynamic_shapes=dynamic_shapes, strict=False)
+            ep = torch.export.export(traced, _unviewed(leaves) if dynamic else leaves, dynamic_shapes=dynamic_shapes,
+                                     strict=False)
     except Exception as e:
         _refuse_shared_memory(inputs, (), e)
         raise

@@ -1060,3 +1060,43 @@ def test_a_recurrent_module_on_a_packed_sequence_runs_eagerly_under_torch_compil
         for i in range(3):
             x = torch.randn(4, 6, 16, generator=torch.Generator().manual_seed(i))
             assert_bitwise(compiled(x, lengths), model(x, lengths), f"call {i}")
+
+
+
+LAYOUTS = {   # (n, 6) tensors of other strides; a trace is made on one of them
+    "contiguous": lambda g, n: torch.randn(n, 6, generator=g),
+    "transposed": lambda g, n: torch.randn(6, n, generator=g).t(),
+    "columns of a wider tensor": lambda g, n: torch.randn(n, 10, generator=g)[:, 2:8],
+    "one column broadcast": lambda g, n: torch.randn(n, 1, generator=g).expand(n, 6),
+}
+W = torch.randn(6, 4, generator=torch.Generator().manual_seed(7))
+
+
+def by_layout(x, s):
+    """What torch.export decides by the example's strides: reshape as a view or a copy (the output
+    then aliases the argument or not), contiguous() as nothing or a copy before the matmul."""
+    return x.reshape(-1) * s, x.contiguous() @ W, x.reshape(2, -1)
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("traced", list(LAYOUTS))
+def test_arguments_of_other_strides_get_a_trace_of_their_own(traced, dynamic):
+    """Note [Traced strides] (replay/call_checks.cc): a call whose argument has other strides than
+    the trace's example gets a trace made for them (eager's values, strides and aliasing, as
+    torch.compile's stride guards recompile), then replays; back on the traced strides the first
+    trace replays again. Dynamic: one trace per layout over rows of 8 and 12."""
+    g = torch.Generator().manual_seed(0)
+    step = torchreplay.capture(by_layout, (LAYOUTS[traced](g, 8), 3), config=config(), dynamic=dynamic)
+    order = list(LAYOUTS) + [traced]
+    for layout in order:
+        for call, n in enumerate([8, 8, 12, 12] if dynamic else [8, 8, 8]):
+            x = LAYOUTS[layout](g, n)
+            with torch.no_grad():
+                got, want = step(x, 3), by_layout(x, 3)
+            for i, (a, b) in enumerate(zip(got, want)):
+                assert_bitwise(a, b, f"{layout}, call {call}, output {i}")
+                assert (a.data_ptr() == x.data_ptr()) == (b.data_ptr() == x.data_ptr()), f"{layout}: output {i} aliasing"
+    s = step.stats()
+    assert len(s["traces"]) == len(LAYOUTS), s
+    assert all(t["replays"] >= 1 for t in s["traces"]), s
+

@@ -91,6 +91,11 @@ def test_loaded_program_checks_what_the_trace_assumed(tmp_path):
             program(x)
         with pytest.raises(ValueError, match="dtype"):
             program(x.double(), 100)
+        with pytest.raises(ValueError, match=r"argument 0 has strides \(1, 100\), but the graph was traced for "
+                                             r"strides \(128, 1\)"):   # Note [Traced strides]
+            program(torch.randn(128, 100).t(), 100)
+        assert_bitwise(program(x[:, :1].expand(100, 128).contiguous(), 100)[0],
+                       model(x[:, :1].expand(100, 128).contiguous(), 100))
 
 
 def test_save_refuses_what_a_file_cannot_hold_and_load_refuses_other_files(tmp_path):
