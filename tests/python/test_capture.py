@@ -1086,7 +1086,7 @@ def test_arguments_of_other_strides_get_a_trace_of_their_own(traced, dynamic):
     torch.compile's stride guards recompile), then replays; back on the traced strides the first
     trace replays again. Dynamic: one trace per layout over rows of 8 and 12."""
     g = torch.Generator().manual_seed(0)
-    step = torchreplay.capture(by_layout, (LAYOUTS[traced](g, 8), 3), config=config(), dynamic=dynamic)
+    step = torchreplay.capture(by_layout, (LAYOUTS[traced](g, 8), 3), dynamic=dynamic)
     order = list(LAYOUTS) + [traced]
     for layout in order:
         for call, n in enumerate([8, 8, 12, 12] if dynamic else [8, 8, 8]):
@@ -1100,3 +1100,17 @@ def test_arguments_of_other_strides_get_a_trace_of_their_own(traced, dynamic):
     assert len(s["traces"]) == len(LAYOUTS), s
     assert all(t["replays"] >= 1 for t in s["traces"]), s
 
+
+def test_capture_without_a_config_replays():
+    """torchreplay.capture(model, args) replays (mode "reduce-overhead"); a config whose mode is
+    "default" runs the graph op by op, never capturing."""
+    torch.manual_seed(0)
+    model = MLP().eval()
+    x = torch.randn(2, 64)
+    with torch.no_grad():
+        for cfg, replays in ((None, True), (config(mode="default"), False)):
+            step = torchreplay.capture(model, (x,), config=cfg)
+            for i in range(4):
+                assert_bitwise(step(x), model(x), f"config {cfg}: call {i}")
+            s = step.stats()
+            assert (s["captures"], s["replays"]) == ((1, 3) if replays else (0, 0)), s
