@@ -6,6 +6,7 @@
 #include <torch/csrc/Layout.h>
 #include <torch/csrc/MemoryFormat.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/api/object.h>
 
 #include <cmath>
 #include <utility>
@@ -76,6 +77,8 @@ c10::IValue ToIValue(py::handle obj) {
   if (THPLayout_Check(o)) return reinterpret_cast<THPLayout*>(o)->layout;
   if (THPMemoryFormat_Check(o)) return reinterpret_cast<THPMemoryFormat*>(o)->memory_format;
   if (PyComplex_Check(o)) return c10::complex<double>(PyComplex_RealAsDouble(o), PyComplex_ImagAsDouble(o));
+  // A TorchScript object (packed quantized weights: Note [Packed quantized Linears] in packed.py).
+  if (py::isinstance<torch::jit::Object>(obj)) return obj.cast<torch::jit::Object>()._ivalue();
   if (PyList_Check(o) || PyTuple_Check(o)) {
     auto seq = py::reinterpret_borrow<py::sequence>(obj);
     bool all_int = true, all_float = true, all_bool = true, all_tensor = true, all_str = true;

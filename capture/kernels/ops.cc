@@ -31,6 +31,10 @@ TORCH_LIBRARY(torchreplay, m) {
     m.def(torch::schema(data.c_str()));
   }
 
+  // A quantize_dynamic Linear while torch.export traces it (Note [Packed quantized Linears] in
+  // python/torchreplay/packed.py): a fake kernel only; lowered to eager's quantized:: op.
+  m.def("packed_linear(Tensor x, int handle, int out_features, bool reduce_range, bool fp16) -> Tensor");
+
   // Out= forms of ATen ops that have none, for the tape's typed steps
   // (capture/tape/prepared_pointwise.cc).
   m.def("_scaled_dot_product_flash_attention_for_cpu.out(Tensor query, Tensor key, Tensor value, "

@@ -23,7 +23,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from . import rnn
+from . import packed, rnn
 from .matmul_fold import fold_as_eager
 from .random_state import _RandomStateWatch
 from .subclasses import inner_tensors
@@ -69,6 +69,8 @@ class _Program(NamedTuple):
     # (bound input, requires_grad then) of the parameters whose requires_grad decided how a matmul
     # was traced (Note [Matmuls folded as eager folds them])
     grad_traced: List[Tuple[int, bool]] = []
+    # handle -> packed weights of its torchreplay::packed_linear ops (Note [Packed quantized Linears])
+    packed: Dict[int, Any] = {}
 
 
 def trace_program(traced: _Flat, leaves: Tuple[Any, ...], *, subclassed: bool, dynamic: bool,
@@ -86,13 +88,16 @@ def trace_program(traced: _Flat, leaves: Tuple[Any, ...], *, subclassed: bool, d
         warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
         _tracing.active = True
         try:
-            _refuse_packed_weights(traced)
-            if subclassed:
-                if dynamic:
-                    raise NotImplementedError("torchreplay.capture: dynamic=True with DTensors (tensor parallelism) "
-                                              "is not supported; capture once per shape")
-                return _trace_subclassed(traced, leaves, decompositions)
-            return _trace_exported(traced, leaves, dynamic, decompositions, leaf_names, close=close)
+            with packed.packed_as_ops(traced) as objects:   # Note [Packed quantized Linears]
+                _refuse_packed_weights(traced)
+                if subclassed:
+                    if dynamic:
+                        raise NotImplementedError("torchreplay.capture: dynamic=True with DTensors (tensor "
+                                                  "parallelism) is not supported; capture once per shape")
+                    program = _trace_subclassed(traced, leaves, decompositions)
+                else:
+                    program = _trace_exported(traced, leaves, dynamic, decompositions, leaf_names, close=close)
+            return program._replace(packed=objects)
         finally:
             _tracing.active = False
 
@@ -329,18 +334,20 @@ def _refuse_shared_memory(inputs: Sequence[Tuple[str, Any]], written: Sequence[s
 
 
 def _refuse_packed_weights(module: torch.nn.Module) -> None:
-    """torch.ao.quantization's quantized modules (quantize_dynamic's, convert's) hold their weights
+    """torch.ao.quantization's quantized modules other than quantize_dynamic's Linears (Note
+    [Packed quantized Linears]: its LSTMs and GRUs, convert's static modules) hold their weights
     packed in TorchScript objects that torch.export cannot trace (it fails with "does not have a
     field with name '__obj_flatten__'"): refused up front, with what works instead."""
-    packed = [name for name, m in module.named_modules() if type(m).__module__.startswith("torch.ao.nn.quantized")
+    found = [name for name, m in module.named_modules() if type(m).__module__.startswith("torch.ao.nn.quantized")
               and any(isinstance(v, torch.ScriptObject) for sub in m.modules() for v in vars(sub).values())]
-    packed = [n.removeprefix("model.") for n in packed if not any(n.startswith(p + ".") for p in packed)]
-    if packed:
+    found = [n.removeprefix("model.") for n in found if not any(n.startswith(p + ".") for p in found)]
+    if found:
         raise NotImplementedError(
-            f"torchreplay.capture: {', '.join(repr(n) for n in packed[:3])}{' and others' if len(packed) > 3 else ''} "
-            f"{'is a torch.ao.quantization module' if len(packed) == 1 else 'are torch.ao.quantization modules'} "
-            "(quantize_dynamic's or convert's), whose packed weights torch.export "
-            "cannot trace; torchreplay.capture does not take them yet. torchao's quantize_ with "
+            f"torchreplay.capture: {', '.join(repr(n) for n in found[:3])}{' and others' if len(found) > 3 else ''} "
+            f"{'is a torch.ao.quantization module' if len(found) == 1 else 'are torch.ao.quantization modules'} "
+            "(quantize_dynamic's or convert's) whose packed weights torch.export cannot trace; "
+            "torchreplay.capture takes quantize_dynamic's Linears but not these modules yet (quantized LSTMs and "
+            "GRUs, convert's static modules, modules with hooks). torchao's quantize_ with "
             "Int8DynamicActivationInt8WeightConfig quantizes Linears to int8 with activations quantized per "
             "call, as quantize_dynamic does (per row and channel rather than per tensor), and is captured and "
             "replayed bitwise (docs/guide.md, \"Quantized models\"); torch.compile runs these modules "

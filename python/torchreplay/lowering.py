@@ -8,7 +8,7 @@ from typing import Optional, Any, Dict, List, Sequence
 import torch
 import torch.fx
 
-from . import _C
+from . import _C, packed
 
 # Python arithmetic on symbolic sizes and scalars -> the C++ SymOp of the same name (graph.h).
 _SYM_OPS = {
@@ -49,9 +49,11 @@ def op_name(target: torch._ops.OpOverload) -> str:
 
 
 def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
-          static_inputs: Sequence[int] = (), input_names: Optional[Sequence[str]] = None) -> "_C.Graph":
+          static_inputs: Sequence[int] = (), input_names: Optional[Sequence[str]] = None,
+          packed_objects: Optional[Dict[int, Any]] = None) -> "_C.Graph":
     """The graph of `gm` in the C++ IR. Its inputs are named after the placeholders, or
-    `input_names` (what errors about the inputs call them)."""
+    `input_names` (what errors about the inputs call them); `packed_objects`: the packed weights
+    of its torchreplay::packed_linear ops by handle (Note [Packed quantized Linears])."""
     builder = _C.GraphBuilder()
     env: Dict[torch.fx.Node, Any] = {}   # node -> value id, tuple of ids, or ("c", constant)
 
@@ -84,9 +86,12 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
             if node.op == "call_function":
                 target = node.target
                 if isinstance(target, torch._ops.OpOverload):
-                    args = [tag(a) for a in node.args]
+                    name, raw = op_name(target), node.args
+                    if target is torch.ops.torchreplay.packed_linear.default:
+                        name, raw = packed.lowered(node, packed_objects or {})
+                    args = [tag(a) for a in raw]
                     kwargs = {k: tag(v) for k, v in node.kwargs.items()}
-                    outs: List[int] = builder.add_op(op_name(target), args, kwargs, node.name)
+                    outs: List[int] = builder.add_op(name, args, kwargs, node.name)
                     env[node] = outs[0] if len(target._schema.returns) == 1 else tuple(outs)
                 elif target is operator.getitem:
                     src = env[node.args[0]]

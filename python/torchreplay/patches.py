@@ -459,6 +459,11 @@ def _parameter_data_set(self: torch.nn.Parameter, value: torch.Tensor) -> None:
 
 
 def _on_setattr(module: torch.nn.Module, name: str, value: Any) -> None:
+    if isinstance(value, torch.ScriptObject):  # packed weights (Note [Packed quantized Linears] in packed.py)
+        for c in list(_watched.get(module, ())):
+            _stale(c, ("replaced",), f"torchreplay: the packed weights '{name}' of {type(module).__name__} were "
+                                     f"replaced after the model was captured as {c.name!r} (its graph holds the old "
+                                     "ones); capture the model again")
     for c, held in list(_numbers.get(module, {}).items()):
         if name not in held:
             continue

@@ -21,13 +21,13 @@ class Entry:
     """One model through one entry point: call it as the model is called; stats() sums its
     engines' counters and joins their capture logs."""
 
-    def __init__(self, kind, model, example, tmp_path=None, **ro):
+    def __init__(self, kind, model, example, tmp_path=None, dynamic=False, **ro):
         self.kind = kind
         if kind == "compile":
             self._backend = backend(**ro)
-            self._fn = torch.compile(model, backend=self._backend)
+            self._fn = torch.compile(model, backend=self._backend, dynamic=dynamic or None)
         else:
-            step = torchreplay.capture(model, example, config=config(**ro))
+            step = torchreplay.capture(model, example, config=config(**ro), dynamic=dynamic)
             if kind == "capture":
                 self._fn, self._stats = step, step.stats
             else:

@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from torchao.prototype.quantization.int4 import Int4WeightOnlyOpaqueTensorConfig
+from torch.ao.quantization import per_channel_dynamic_qconfig
 from torchao.quantization import (Int8DynamicActivationInt8WeightConfig, Int8DynamicActivationIntxWeightConfig,
                                   Int8WeightOnlyConfig, IntxWeightOnlyConfig, quantize_)
 
@@ -154,18 +155,65 @@ def test_pt2e_static_int8_replays_its_reference_graph_bitwise(n_threads):
     assert step.stats()["replays"] >= 2, step.stats()
 
 
-def _quantize_dynamic(model):
+QUANTIZE_DYNAMIC = {   # quantize_dynamic's Linears: (qconfig spec, dtype)
+    "qint8 per tensor": ({nn.Linear}, torch.qint8),
+    "qint8 per channel": ({nn.Linear: per_channel_dynamic_qconfig}, torch.qint8),
+    "float16": ({nn.Linear}, torch.float16),
+}
+
+
+def _quantize_dynamic(model, spec=(nn.Linear, nn.LSTM), dtype=torch.qint8):
     with warnings.catch_warnings():   # deprecated in favour of torchao
         warnings.simplefilter("ignore")
-        return torch.ao.quantization.quantize_dynamic(model, {nn.Linear, nn.LSTM}, dtype=torch.qint8)
+        return torch.ao.quantization.quantize_dynamic(model, set(spec) if isinstance(spec, tuple) else spec, dtype=dtype)
 
 
-def test_quantize_dynamic_models_are_refused_by_capture_with_what_works():
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("k", [64, 4096, 40960])
+@pytest.mark.parametrize("entry", ["capture", "loaded"])
+@pytest.mark.parametrize("flavour", list(QUANTIZE_DYNAMIC))
+def test_quantize_dynamic_linears_replay_eagers_bits(flavour, entry, k, dynamic, tmp_path):
+    """Note [Packed quantized Linears] (packed.py): each packed Linear replays as eager's own op on
+    eager's own packed weights, a saved program packs them again on load; bitwise to the quantized
+    eager at 1, 3 and 2 threads changed between calls, over rows past ATen's grain size (the
+    activation's range is a reduction over the whole input), 3-d inputs, other row counts when
+    dynamic."""
+    torch.manual_seed(0)
+    m = _quantize_dynamic(encoder(k), *QUANTIZE_DYNAMIC[flavour])
+    g = gen(1)
+    with torch.no_grad():
+        f = Entry(entry, m, (rn(g, 2, 3, k),), tmp_path, dynamic=dynamic)
+        for i, n_threads in enumerate([1, 3, 3, 1, 2, 2]):
+            x = rn(g, 2, 3 + (i // 2 if dynamic else 0), k)
+            with threads(n_threads):
+                assert_bitwise(f(x), m(x), f"{flavour}, {entry}, k={k}, call {i} at {n_threads} threads")
+    s = f.stats()
+    assert s["replays"] >= 1 and s["eager_fallbacks"] == 0, s
+
+
+def test_quantize_dynamic_modules_other_than_linears_are_refused_with_what_works():
     torch.manual_seed(0)
     q = _quantize_dynamic(nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LSTM(16, 16)).eval())
-    with pytest.raises(NotImplementedError, match=r"'0', '2' are torch.ao.quantization modules .* "
-                                                  r"Int8DynamicActivationInt8WeightConfig"):
+    with pytest.raises(NotImplementedError, match=r"'2' is a torch.ao.quantization module .* takes quantize_dynamic's "
+                                                  r"Linears but not .* Int8DynamicActivationInt8WeightConfig"):
         torchreplay.capture(q, (rn(gen(7), 3, 8),), config=config())
+    assert type(q[0]).__name__ == "Linear" and q[0]._get_name() == "DynamicQuantizedLinear"   # put back
+
+
+def test_quantize_dynamic_weights_set_after_a_capture_make_it_raise():
+    """set_weight_bias packs new weights into a new object: the capture holds the old one, so its
+    calls raise until captured again."""
+    torch.manual_seed(0)
+    m = _quantize_dynamic(encoder(64), {nn.Linear})
+    x = rn(gen(2), 3, 64)
+    with torch.no_grad():
+        step = torchreplay.capture(m, (x,))
+        assert_bitwise(step(x), m(x))
+        m[3].set_weight_bias(m[3].weight(), None)
+        with pytest.raises(ValueError, match=r"packed weights '_packed_params' of LinearPackedParams were replaced .* "
+                                             "capture the model again"):
+            step(x)
+        assert_bitwise(torchreplay.capture(m, (x,))(x), m(x))
 
 
 class _NormThenLinear(nn.Module):
