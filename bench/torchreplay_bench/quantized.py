@@ -2,8 +2,9 @@
 int8 paths of the runtimes they weigh: per model, quantization and thread count,
 
 - fp32: eager, torchreplay.capture;
-- quantized with torchao's quantize_: eager, torchreplay.capture, torch.compile + torchreplay,
-  Inductor (torch.compile, freezing on: Inductor's int8 lowerings run only with it);
+- quantized with torchao's quantize_ or torch.ao.quantization's quantize_dynamic: eager,
+  torchreplay.capture, torch.compile + torchreplay, Inductor (torch.compile, freezing on:
+  Inductor's int8 lowerings run only with it);
 - ONNX Runtime: the fp32 model exported, then its quantize_dynamic (int8 weights, activations
   quantized per call), IO binding (for the dynamic int8 rows).
 
@@ -49,16 +50,22 @@ def _llama_step() -> Tuple[torch.nn.Module, Callable[[int], tuple]]:
     return MODELS["llama_decode"][0]()
 
 
-def _configs() -> Dict[str, Callable[[], Any]]:
+def _quantizations() -> Dict[str, Callable[[torch.nn.Module], torch.nn.Module]]:
+    """name -> quantize(model): the quantized model (torchao's in place)."""
     from torchao.prototype.quantization.int4 import Int4WeightOnlyOpaqueTensorConfig
-    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig
-    return {"int8 dynamic": Int8DynamicActivationInt8WeightConfig, "int8 weight-only": Int8WeightOnlyConfig,
-            "int4 weight-only": lambda: Int4WeightOnlyOpaqueTensorConfig(group_size=32)}
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, quantize_
+
+    def torchao(config: Callable[[], Any]) -> Callable[[torch.nn.Module], torch.nn.Module]:
+        return lambda m: quantize_(m, config()) or m
+    return {"int8 dynamic": torchao(Int8DynamicActivationInt8WeightConfig),
+            "int8 weight-only": torchao(Int8WeightOnlyConfig),
+            "int4 weight-only": torchao(lambda: Int4WeightOnlyOpaqueTensorConfig(group_size=32)),
+            "quantize_dynamic": lambda m: torch.ao.quantization.quantize_dynamic(m, {torch.nn.Linear}, torch.qint8)}
 
 
 # model -> (builder, the quantizations it is measured with)
 MODELS = {
-    "bert_mini": (_bert_mini, ["int8 dynamic"]),
+    "bert_mini": (_bert_mini, ["int8 dynamic", "quantize_dynamic"]),
     "llama_decode": (_llama_step, ["int8 weight-only", "int4 weight-only"]),   # the harness's decode step
 }
 
@@ -95,22 +102,20 @@ def rows_for(quantization: str) -> Dict[str, Tuple[bool, Callable]]:
     rows = {"fp32 eager": (False, lambda m, x: m), "fp32 capture": (False, _capture),
             "eager": (True, lambda m, x: m), "capture": (True, _capture), "compile+tr": (True, _compile),
             "Inductor (freezing)": (True, _inductor)}
-    if quantization == "int8 dynamic":
+    if quantization in ("int8 dynamic", "quantize_dynamic"):
         rows["ONNX Runtime int8"] = (False, lambda m, x: OnnxRuntime(m, x, torch.get_num_threads(), quantize=True))
     return rows
 
 
 def measure(name: str, quantization: str, threads: int, rounds: int, seconds: float) -> List[Dict[str, Any]]:
-    from torchao.quantization import quantize_
     torch.set_num_threads(threads)
     torch._dynamo.reset()
     build_model, _ = MODELS[name]
     torch.manual_seed(0)
     fp32, make_inputs = build_model()
-    quantized = copy.deepcopy(fp32)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        quantize_(quantized, _configs()[quantization]())
+        quantized = _quantizations()[quantization](copy.deepcopy(fp32))
     refs = [copy.deepcopy(quantized), copy.deepcopy(fp32)]   # each with its own cache, where it has one
     rows, steps = {}, {}
     for mode, (is_quantized, build) in rows_for(quantization).items():
