@@ -33,12 +33,13 @@
 // In the engine (replay/engine.cc):
 //  7. Engine::Run: mode "default" runs the interpreter; a batch that is not a capture size is
 //     padded (replay/buckets.h).
-//  8. the key (guards/guard_key.h: dtypes, shapes, strides, devices, a scalar's kind), found in
-//     the thread's KeyCache (replay/key_cache.h); a new key is checked once (Engine::CheckInputs)
-//     and admitted under capture_limit, or runs eagerly.
+//  8. the key (guards/guard_key.h: dtypes, shapes, strides, devices, a scalar's kind, the settings
+//     eager's kernels read: Note [Ambient state]), found in the thread's KeyCache
+//     (replay/key_cache.h); a new key is checked once (Engine::CheckInputs) and admitted under
+//     capture_limit, or runs eagerly.
 //  9. the key's fallback reason, if its capture was refused: run eagerly.
-// 10. the settings eager's kernels read (Note [Ambient state], guards/guard_key.h): another
-//     autocast state runs eagerly; any other setting captures the key again.
+// 10. autocast (Note [Ambient state], guards/guard_key.h): another state than the key's first
+//     call's runs eagerly.
 // 11. static inputs' addresses: one that moved captures again, then is rebound per call; one
 //     handed out of a pool is rebound (Note [Static inputs handed out of a pool]).
 // Then warm-up, capture or replay. Inside a replay of numerics "close", torchreplay::check_frozen

@@ -240,8 +240,10 @@ def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Option
             decompositions: Optional[Dict[Any, Callable]] = None) -> Captured:
     """Traces model(*example_args, **example_kwargs) once with torch.export and returns a callable that replays it
     (config.mode "reduce-overhead", what a call without a config gets) or runs it op by op in C++
-    (a config whose mode is "default"), with no Dynamo frame per call. dynamic=True lets every tensor dimension take any size (one capture per shape; sizes
-    0 and 1, which export specializes, get a trace of their own when first seen); otherwise other
+    (a config whose mode is "default"), with no Dynamo frame per call. dynamic=True lets every
+    tensor dimension take any size (one capture per shape; sizes 0 and 1, which export
+    specializes, get a trace of their own when first seen); arguments of other strides than the
+    example's get a trace of their own (Note [Traced strides]); otherwise other
     shapes are a clear error from the engine's input check or a new key. Inference only: with grad
     mode on, a parameter an output is computed from that requires grad is refused per call. A
     model with DTensor parameters (tensor parallelism) is traced through AOTAutograd instead of

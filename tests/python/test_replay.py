@@ -403,8 +403,8 @@ def test_like_ops_of_per_call_tensors_are_made_once_unless_written_or_returned()
 def test_empty_like_whose_bytes_are_read_runs_every_call():
     """Note [Metadata-only ops]: an empty_like read by something other than a functional copy is
     not made once at capture: with deterministic algorithms (fill_uninitialized_memory, on by
-    default), turned on after capture, eager fills it per call and the replay must too (the key
-    is captured again under the new setting, Note [Ambient state], and replays that)."""
+    default), turned on after capture, eager fills it per call and the replay must too (another
+    key, captured under the new setting, Note [Ambient state], and replays that)."""
     def fn(x):
         return torch.where(x > 0, x, torch.empty_like(x)), torch.empty_like(x).copy_(x) * 2
 
