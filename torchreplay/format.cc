@@ -161,7 +161,7 @@ void PackedLinearFields(IO& io, c10::IValue& v, int depth) {
         .findSchemaOrThrow(how == PackedWeight::kFp16 ? "quantized::linear_prepack_fp16" : "quantized::linear_prepack", "")
         .callBoxed(stack);
     v = std::move(stack.at(0));
-  } catch (const c10::Error&) {
+  } catch (const std::exception&) {  // c10::Error, and the range errors of ATen's conversions
     io.Check(false, "packed weights that ATen does not pack");
   }
 }

@@ -4,6 +4,8 @@
 // checksum, byte flips with a recomputed one; ASan and UBSan run this in CI).
 #include "torchreplay/format.h"
 
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/_make_per_channel_quantized_tensor.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/randn.h>
@@ -298,6 +300,73 @@ TEST(Format, RefusesWhatItCannotHold) {
   auto bytes = Serialize(p);
   ASSERT_FALSE(bytes.ok());
   EXPECT_THAT(std::string(bytes.status().message()), HasSubstr("plain strided CPU tensor"));
+}
+
+// quantize_dynamic's Linear (Note [Packed quantized Linears] in python/torchreplay/packed.py):
+// quantized::linear_dynamic on packed weights, per channel and fp16, with and without a bias.
+SavedProgram PackedLinear(bool fp16, bool bias) {
+  const at::Tensor w = at::randn({5, 3});
+  const at::Tensor scales = w.abs().amax(1).to(at::kDouble).div(127);
+  at::Tensor weight = fp16 ? w
+                           : at::_make_per_channel_quantized_tensor(
+                                 w.div(scales.to(at::kFloat).unsqueeze(1)).round().to(at::kChar), scales,
+                                 at::zeros({5}, at::kLong), 0);
+  torch::jit::Stack stack{weight, bias ? c10::IValue(at::randn({5})) : c10::IValue()};
+  c10::Dispatcher::singleton()
+      .findSchemaOrThrow(fp16 ? "quantized::linear_prepack_fp16" : "quantized::linear_prepack", "")
+      .callBoxed(stack);
+  capture::GraphBuilder g;
+  const auto x = g.AddInput("x", capture::ValueType::kTensor, capture::TensorSpec{at::kFloat, c10::DeviceType::CPU, 2});
+  const auto y = fp16 ? Op(g, "quantized::linear_dynamic_fp16", {capture::Arg::Ref(x), capture::Arg::Const(stack[0])})
+                      : Op(g, "quantized::linear_dynamic", {capture::Arg::Ref(x), capture::Arg::Const(stack[0]),
+                                                            capture::Arg::Const(true)});
+  EXPECT_TRUE(g.SetOutputs({capture::Arg::Ref(y)}).ok());
+  auto graph = g.Build();
+  EXPECT_TRUE(graph.ok()) << graph.status();
+  SavedProgram p;
+  p.name = "test.packed";
+  p.graph = *graph;
+  return p;
+}
+
+// The packed weights are written unpacked and packed again on load: the loaded program computes
+// the same bits; corrupted files are errors or programs, never crashes.
+TEST(Format, PackedQuantizedLinearsRoundTrip) {
+  std::mt19937_64 rng(11);
+  for (const bool fp16 : {false, true}) {
+    for (const bool bias : {false, true}) {
+      const SavedProgram p = PackedLinear(fp16, bias);
+      const std::string good = Bytes(p);
+      auto back = Deserialize(good);
+      ASSERT_TRUE(back.ok()) << back.status();
+      const at::Tensor x = at::randn({4, 3});
+      const std::vector<c10::IValue> inputs{x};
+      auto want = capture::Interpreter(p.graph).Run(inputs), got = capture::Interpreter(back->graph).Run(inputs);
+      ASSERT_TRUE(want.ok() && got.ok());
+      EXPECT_TRUE(at::equal((*got)[0].toTensor(), (*want)[0].toTensor())) << "fp16 " << fp16 << ", bias " << bias;
+      for (int i = 0; i < 2000; ++i) {
+        std::string bytes = good;
+        const size_t at = kHeaderBytes + rng() % (bytes.size() - kHeaderBytes);
+        bytes[at] = static_cast<char>(bytes[at] ^ (1 + rng() % 255));
+        const uint64_t sum = Checksum(std::string_view(bytes).substr(kHeaderBytes));
+        std::memcpy(&bytes[24], &sum, sizeof(sum));
+        absl::StatusOr<SavedProgram> hostile;
+        try {
+          hostile = Deserialize(bytes);
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << "iteration " << i << ", byte " << at << " changed: Deserialize threw " << e.what();
+          return;
+        }
+        if (!hostile.ok()) continue;
+        try {
+          (void)capture::Interpreter(hostile->graph).Run({at::randn({4, 3})});
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << "iteration " << i << " byte " << at << ": " << e.what();
+          return;
+        }
+      }
+    }
+  }
 }
 
 // Every prefix of a file, and random corruption: an error or a program, never a crash; a program

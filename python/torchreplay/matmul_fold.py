@@ -11,9 +11,11 @@ differently, so which one runs is part of eager's bits. torch.export's decomposi
 such a matmul as the bmm that eager runs only for frozen weights: `fc(x.permute(2, 0, 1))` differed
 from eager in the last bits. torch.compile's AOTAutograd traces the real requires_grad and is right.
 
-So before the decompositions, each linear or matmul whose fold depends on requires_grad (the
-matrix operand requires grad in export's graph, and the batched operand cannot be folded without
-a copy) is written as eager's fold: reshape (a copy), mm or mv, _unsafe_view, and for linear its
+The decomposition also differs from eager where the batch is not contiguous but folds as a view
+(a Linear on x[..., 3:11]): eager folds, the decomposition runs a bmm. So before the
+decompositions, each linear or matmul whose fold depends on requires_grad (the matrix operand
+requires grad in export's graph, and the batched operand cannot be folded without a copy), or
+whose batch folds as a view without being contiguous, is written as eager's fold: reshape (a copy), mm or mv, _unsafe_view, and for linear its
 bias added; and the parameters its matrix operand reads are returned with the requires_grad the
 trace saw, which every call checks (CaptureChecks::grad_traced): a call after one changed traces
 again (captured.py). torch.compile has the opposite gap: Dynamo does not guard a module
@@ -25,7 +27,7 @@ backend's requires_grad guard covers, under no_grad, the parameters that decide 
 from __future__ import annotations
 
 import operator
-from typing import Any, List, Optional, Set
+from typing import Any, List, Optional, Set, Tuple
 
 import torch
 import torch.fx
@@ -71,9 +73,11 @@ def _operands(n: torch.fx.Node):
     return x, w, b, True
 
 
-def _sensitive(t1, t2) -> Optional[bool]:
-    """For a matmul of fake tensors t1 @ t2: None if its fold does not depend on requires_grad, else
-    whether the trace must fold (the matrix operand requires grad)."""
+def _sensitive(t1, t2) -> Optional[Tuple[bool, bool]]:
+    """For a matmul of fake tensors t1 @ t2: None if export's decomposition folds as eager does,
+    else (whether the trace must fold, whether requires_grad decided it): the matrix operand
+    requires grad (eager folds with a copy), or the batch is not contiguous but folds as a view
+    (eager folds it whatever requires_grad is; the decomposition runs a bmm there)."""
     larger = t1.dim() >= t2.dim()
     big = t1 if larger else t2.mT
     small_dim = t2.dim() if larger else t1.dim()
@@ -82,8 +86,8 @@ def _sensitive(t1, t2) -> Optional[bool]:
     without_grad = t1.dim() != 2 and (statically_known_true(big.numel() == 0) or
                                       _foldable_without_copy(big.shape, big.stride()))
     if without_grad:
-        return None  # folds either way
-    return (t2 if larger else t1).requires_grad
+        return None if big.is_contiguous() else (True, False)
+    return (t2 if larger else t1).requires_grad, True
 
 
 def _size(graph: torch.fx.Graph, node: torch.fx.Node, shape, d: int):
@@ -142,11 +146,12 @@ def _deciding(gm: torch.fx.GraphModule):
             continue  # the subclass's own matmul runs (torchao's quantized weights), not ATen's fold
         if is_linear:
             v2 = v2.t()
-        fold = _sensitive(v1, v2)
-        if fold is None:
+        decision = _sensitive(v1, v2)
+        if decision is None:
             continue
+        fold, by_grad = decision
         start = root(t2 if v1.dim() >= v2.dim() else t1)
-        yield n, ops, fold, start if start.op == "placeholder" else None
+        yield n, ops, fold, start if by_grad and start.op == "placeholder" else None
 
 
 def deciding_inputs(gm: torch.fx.GraphModule) -> Set[int]:

@@ -1114,3 +1114,21 @@ def test_capture_without_a_config_replays():
                 assert_bitwise(step(x), model(x), f"config {cfg}: call {i}")
             s = step.stats()
             assert (s["captures"], s["replays"]) == ((1, 3) if replays else (0, 0)), s
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no bias"])
+def test_a_linear_on_columns_of_a_wider_tensor_folds_as_eager(bias, dynamic):
+    """Note [Matmuls folded as eager folds them]: a 3-d batch that is not contiguous but folds as a
+    view (x[..., 3:11]) is one mm in eager; export's decomposition would run a bmm (other bits).
+    Traced on such a tensor, or traced contiguous and called with one."""
+    torch.manual_seed(0)
+    fc = nn.Linear(8, 3, bias=bias).eval()
+    g = torch.Generator().manual_seed(1)
+    for example in (torch.randn(4, 2, 8), torch.randn(4, 2, 16)[:, :, 3:11]):
+        step = torchreplay.capture(fc, (example,), dynamic=dynamic)
+        with torch.no_grad():
+            for i in range(3):
+                x = torch.randn(4, 2, 16, generator=g)[:, :, 3:11]
+                assert_bitwise(step(x), fc(x), f"call {i}")
+        assert step.stats()["replays"] >= 2, step.stats()
