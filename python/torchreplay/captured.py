@@ -27,7 +27,7 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
-from . import _C, packed
+from . import _C
 from .arguments import _argument_names, _size_checks, _Trace
 from .capture_sizes import batch_fields
 from .config import CompilerConfig
@@ -273,8 +273,7 @@ def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Option
         if subclassed:
             numerics["not_rewritten"] = "DTensor models keep the bitwise graph"
         else:
-            with packed.live(program.packed):
-                gm, numerics = _rewrite_close(gm, bound, bound_names, leaves, dynamic)
+            gm, numerics = _rewrite_close(gm, bound, bound_names, leaves, dynamic)
             from .close_numerics import folded
             watch_folded(folded(gm, bound))  # Note [Writes a capture would not see]
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -295,8 +294,7 @@ def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Option
     input_names = [b.split("'")[1] if "'" in b else b for b in bound_names] + \
         [n for i, n in enumerate(names) if i not in constants]
     with torch._subclasses.fake_tensor.unset_fake_temporarily():
-        graph = lower(gm, [n.meta.get("val") for n in placeholders], list(range(len(bound))), input_names,
-                      program.packed)
+        graph = lower(gm, [n.meta.get("val") for n in placeholders], list(range(len(bound))), input_names)
     dump_graph(config, name, gm, graph)
     engine = new_engine(graph, config, name, bound_inputs=len(bound), **batch)
     trace = _Trace(model, module, args, kwargs, in_spec, constants, names, dynamic,

@@ -69,8 +69,6 @@ class _Program(NamedTuple):
     # (bound input, requires_grad then) of the parameters whose requires_grad decided how a matmul
     # was traced (Note [Matmuls folded as eager folds them])
     grad_traced: List[Tuple[int, bool]] = []
-    # handle -> packed weights of its torchreplay::packed_linear ops (Note [Packed quantized Linears])
-    packed: Dict[int, Any] = {}
 
 
 def trace_program(traced: _Flat, leaves: Tuple[Any, ...], *, subclassed: bool, dynamic: bool,
@@ -88,7 +86,7 @@ def trace_program(traced: _Flat, leaves: Tuple[Any, ...], *, subclassed: bool, d
         warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
         _tracing.active = True
         try:
-            with packed.packed_as_ops(traced) as objects:   # Note [Packed quantized Linears]
+            with packed.packed_as_ops(traced):   # Note [Packed quantized Linears]
                 _refuse_packed_weights(traced)
                 if subclassed:
                     if dynamic:
@@ -97,7 +95,7 @@ def trace_program(traced: _Flat, leaves: Tuple[Any, ...], *, subclassed: bool, d
                     program = _trace_subclassed(traced, leaves, decompositions)
                 else:
                     program = _trace_exported(traced, leaves, dynamic, decompositions, leaf_names, close=close)
-            return program._replace(packed=objects)
+            return program
         finally:
             _tracing.active = False
 

@@ -49,11 +49,9 @@ def op_name(target: torch._ops.OpOverload) -> str:
 
 
 def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
-          static_inputs: Sequence[int] = (), input_names: Optional[Sequence[str]] = None,
-          packed_objects: Optional[Dict[int, Any]] = None) -> "_C.Graph":
+          static_inputs: Sequence[int] = (), input_names: Optional[Sequence[str]] = None) -> "_C.Graph":
     """The graph of `gm` in the C++ IR. Its inputs are named after the placeholders, or
-    `input_names` (what errors about the inputs call them); `packed_objects`: the packed weights
-    of its torchreplay::packed_linear ops by handle (Note [Packed quantized Linears])."""
+    `input_names` (what errors about the inputs call them)."""
     builder = _C.GraphBuilder()
     env: Dict[torch.fx.Node, Any] = {}   # node -> value id, tuple of ids, or ("c", constant)
 
@@ -88,7 +86,7 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                 if isinstance(target, torch._ops.OpOverload):
                     name, raw = op_name(target), node.args
                     if target is torch.ops.torchreplay.packed_linear.default:
-                        name, raw = packed.lowered(node, packed_objects or {})
+                        name, raw = packed.lowered(node)
                     args = [tag(a) for a in raw]
                     kwargs = {k: tag(v) for k, v in node.kwargs.items()}
                     outs: List[int] = builder.add_op(name, args, kwargs, node.name)

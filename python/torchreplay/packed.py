@@ -4,27 +4,64 @@ torch.ao.nn.quantized.dynamic.Linear, whose weights live packed in a TorchScript
 (LinearPackedParamsBase: fbgemm's or oneDNN's packed matrix) and whose forward is one op on it,
 quantized::linear_dynamic (qint8: the activation's range found per call, an int8 GEMM) or
 quantized::linear_dynamic_fp16. torch.export cannot trace such an object (it has no
-__obj_flatten__), so while torchreplay.capture traces, each such module stands aside for
-_PackedLinear, whose forward is torchreplay::packed_linear on an integer handle, with a fake
-kernel for its shape; the trace keeps handle -> object (export._Program.packed), and lowering
-(lowering.py) turns the op into eager's own op on eager's own packed object, a constant of the
-graph. The op's CPU kernel (Python: it needs the objects) runs only while capture checks the
-traced graph by running it (numerics "close", within `live`). A replay therefore runs the packed kernel eager runs,
-on the same packed weights: eager's bits. The object is the module's: set_weight_bias (which
-packs new weights into a new object) after a capture makes the capture's calls raise (patches.py
+__obj_flatten__), and Dynamo breaks its graph at it. Each packed object gets an integer handle
+(`_objects`, held while its LinearPackedParams module holds the object, kept in the module's
+`_torchreplay_handle`; made when the object is set, patches.py _on_setattr, or when first traced:
+random, since a copied or unpickled module carries its original's), and
+torchreplay::packed_linear stands for the module's forward on that handle: while
+torchreplay.capture traces, each such module stands aside for _PackedLinear; while Dynamo traces
+a frame for torchreplay's backend, the module's forward calls the op itself (patches.py
+_trace_packed_linears_for_torchreplay; the handle is renewed where Dynamo meets the module and is
+an attribute whose value Dynamo guards, so new weights compile again). Lowering (lowering.py)
+turns the op into eager's own op on eager's own packed object, a constant of the graph. A replay
+therefore runs the packed kernel eager runs, on the same packed weights: eager's bits. The op's
+CPU kernel (Python: it needs the objects) runs where a traced graph runs before lowering
+(capture's check of numerics "close", a graph the backend runs as traced). set_weight_bias (new
+weights packed into a new object) after a capture makes the capture's calls raise (patches.py
 _on_setattr). Modules with hooks, another dtype, or quantized modules of other kinds (LSTM, GRU,
 convert's static ones) stay unsupported and are refused by name (export._refuse_packed_weights).
 """
 from __future__ import annotations
 
 import contextlib
-import threading
+import secrets
+import weakref
 from typing import Any, Dict, Iterator, List, Tuple
 
 import torch
 
 OP = "torchreplay::packed_linear"
-_live = threading.local()   # .objects: the handles' objects of the graph this thread's capture checks
+_objects: Dict[int, Any] = {}   # handle -> packed object, while a LinearPackedParams holds it
+_owners: Dict[int, Any] = {}    # handle -> weak reference to that LinearPackedParams
+
+
+def register(params: torch.nn.Module, obj: Any) -> int:
+    """A new handle for `obj`, the packed object `params` (a LinearPackedParams) now holds, kept in
+    params' `_torchreplay_handle` (its previous handle dropped) and in _objects while params lives.
+    Random, not counted: a module copied or unpickled carries its original's handle, which must
+    never be another live module's (Dynamo's guard compares the number)."""
+    old = params.__dict__.get("_torchreplay_handle")
+    if old is not None and _owners.get(old, lambda: None)() is params:   # not a copy's original's
+        _forget(old)
+    handle = secrets.randbits(62)
+    _objects[handle], _owners[handle] = obj, weakref.ref(params)
+    params.__dict__["_torchreplay_handle"] = handle   # no nn.Module __setattr__: nothing is watched here
+    weakref.finalize(params, _forget, handle)
+    return handle
+
+
+def _forget(handle: int) -> None:
+    _objects.pop(handle, None)
+    _owners.pop(handle, None)
+
+
+def handle_of(params: torch.nn.Module) -> int:
+    """The handle of the packed object `params` holds now (made if it has none, or its original's:
+    a copy's)."""
+    handle = params.__dict__.get("_torchreplay_handle")
+    if handle is None or _objects.get(handle) is not params._packed_params or _owners[handle]() is not params:
+        handle = register(params, params._packed_params)
+    return handle
 
 
 @torch.library.register_fake(OP)
@@ -36,23 +73,21 @@ def _packed_linear_fake(x: torch.Tensor, handle: int, out_features: int, reduce_
 @torch.library.impl(OP, "cpu")
 def _packed_linear_cpu(x: torch.Tensor, handle: int, out_features: int, reduce_range: bool,
                        fp16: bool) -> torch.Tensor:
-    obj = (getattr(_live, "objects", None) or {}).get(handle)
+    obj = _objects.get(handle)
     if obj is None:
-        raise RuntimeError(f"{OP} runs only while torchreplay.capture checks the graph it traced")
+        raise RuntimeError(f"{OP}: no packed weights of handle {handle} (their module is gone)")
     if fp16:
         return torch.ops.quantized.linear_dynamic_fp16(x, obj)
     return torch.ops.quantized.linear_dynamic(x, obj, reduce_range)
 
 
-@contextlib.contextmanager
-def live(objects: Dict[int, Any]) -> Iterator[None]:
-    """Within: this thread's runs of torchreplay::packed_linear use `objects`."""
-    before = getattr(_live, "objects", None)
-    _live.objects = objects
-    try:
-        yield
-    finally:
-        _live.objects = before
+def call(m: torch.nn.Module, x: torch.Tensor, handle: int) -> torch.Tensor:
+    """A quantize_dynamic Linear's forward (reduce_range as its version decides, the output in the
+    input's dtype) as torchreplay::packed_linear on its packed object's handle."""
+    reduce_range = not (m.version is None or m.version < 4)
+    y = torch.ops.torchreplay.packed_linear(x, handle, m.out_features, reduce_range,
+                                            m._packed_params.dtype == torch.float16)
+    return y.to(x.dtype)
 
 
 def _quantized_linear() -> Any:
@@ -67,46 +102,40 @@ def standing_in(m: torch.nn.Module) -> bool:
 
 
 class _PackedLinear(torch.nn.Module):
-    """A quantize_dynamic Linear as torch.export traces it: its forward (reduce_range as its
-    version decides, the output in the input's dtype) on the handle of its packed object."""
+    """A quantize_dynamic Linear as torch.export traces it (`call` on its handle)."""
 
-    def __init__(self, m: torch.nn.Module, handle: int) -> None:
+    def __init__(self, m: torch.nn.Module) -> None:
         super().__init__()
-        self.handle, self.out_features = handle, m.out_features
-        self.reduce_range = not (m.version is None or m.version < 4)
-        self.fp16 = m._packed_params.dtype == torch.float16
+        self.__dict__["linear"] = m   # not a submodule: export would meet its packed object
+        self.handle = handle_of(m._packed_params)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.torchreplay.packed_linear(x, self.handle, self.out_features, self.reduce_range, self.fp16)
-        return y.to(x.dtype)
+        return call(self.linear, x, self.handle)
 
 
 @contextlib.contextmanager
-def packed_as_ops(root: torch.nn.Module) -> Iterator[Dict[int, Any]]:
+def packed_as_ops(root: torch.nn.Module) -> Iterator[None]:
     """Within: every quantize_dynamic Linear under `root` replaced by its _PackedLinear (in its
-    parent's _modules directly: no registration hook fires, nothing is kept); yields handle ->
-    packed object. Put back on exit."""
-    objects: Dict[int, Any] = {}
+    parent's _modules directly: no registration hook fires, nothing is kept). Put back on exit."""
     swapped: List[Tuple[torch.nn.Module, str, torch.nn.Module]] = []
     try:
         for parent in list(root.modules()):
             for name, child in list(parent._modules.items()):
                 if child is not None and standing_in(child):
-                    objects[len(objects)] = child._packed_params._packed_params
-                    parent._modules[name] = _PackedLinear(child, len(objects) - 1)
+                    parent._modules[name] = _PackedLinear(child)
                     swapped.append((parent, name, child))
-        yield objects
+        yield
     finally:
         for parent, name, child in reversed(swapped):
             parent._modules[name] = child
 
 
-def lowered(node: torch.fx.Node, objects: Dict[int, Any]) -> Tuple[str, List[Any]]:
+def lowered(node: torch.fx.Node) -> Tuple[str, List[Any]]:
     """The op and arguments a torchreplay::packed_linear node lowers to: eager's op on eager's
     packed object, a constant."""
     x, handle, _, reduce_range, fp16 = node.args
-    if handle not in objects:
-        raise ValueError(f"packed weights {handle} are not the traced module's")
+    if handle not in _objects:
+        raise ValueError(f"no packed weights of handle {handle} (their module is gone)")
     if fp16:
-        return "quantized::linear_dynamic_fp16", [x, objects[handle]]
-    return "quantized::linear_dynamic", [x, objects[handle], reduce_range]
+        return "quantized::linear_dynamic_fp16", [x, _objects[handle]]
+    return "quantized::linear_dynamic", [x, _objects[handle], reduce_range]

@@ -41,7 +41,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from . import _C, rnn
+from . import _C, packed, rnn
 from .backend import Backend, named_backend, torch_compile_config
 from .config import CompilerConfig
 from .subclasses import inner_tensors
@@ -56,6 +56,7 @@ def install() -> None:
     _mark_consumed_outputs()
     _install_watchers()
     _trace_rnns_for_torchreplay()
+    _trace_packed_linears_for_torchreplay()
     _attention_as_eager_in_transformers()
 
 
@@ -283,6 +284,8 @@ def _trace_rnns_for_torchreplay() -> None:
     told: set = set()
 
     def wrap_module(self: Any, value: torch.nn.Module) -> Any:
+        if packed.standing_in(value) and _compiled_by(self.tx) is not None:
+            packed.handle_of(value._packed_params)   # Note [Packed quantized Linears]
         if (not isinstance(value, (torch.nn.RNN, torch.nn.GRU, torch.nn.LSTM)) or torch._dynamo.config.allow_rnn
                 or _compiled_by(self.tx) is None):
             return original(self, value)
@@ -304,6 +307,30 @@ def _trace_rnns_for_torchreplay() -> None:
     wrap_module._torchreplay = True  # type: ignore[attr-defined]
     VariableBuilder.wrap_module = wrap_module
     _break_at_packed_sequences()
+
+
+def _trace_packed_linears_for_torchreplay() -> None:
+    """Dynamo breaks its graph at a quantize_dynamic Linear (its packed weights are a TorchScript
+    object it cannot trace), which then runs eagerly between graphs: slower than the model's eager.
+    In frames a torchreplay backend compiles, the module's forward is torchreplay::packed_linear
+    on its packed object's handle instead (Note [Packed quantized Linears] in packed.py), which the
+    backend lowers to eager's own op on that object. Modules with hooks or of another dtype, and
+    other backends' frames, are untouched."""
+    from torch.ao.nn.quantized.dynamic import Linear
+    original = Linear.forward
+    if getattr(original, "_torchreplay", False):
+        return
+
+    def forward(self: Any, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling() and _traced_by_torchreplay() and packed.standing_in(self):
+            # made or renewed when Dynamo met the module (wrap_module); read as an attribute, its
+            # value guarded: new weights compile again
+            return packed.call(self, x, self._packed_params._torchreplay_handle)
+        return original(self, x)
+
+    forward._torchreplay = True  # type: ignore[attr-defined]
+    forward.__doc__ = original.__doc__
+    Linear.forward = forward  # type: ignore[method-assign]
 
 
 def _break_at_packed_sequences() -> None:
@@ -460,6 +487,8 @@ def _parameter_data_set(self: torch.nn.Parameter, value: torch.Tensor) -> None:
 
 def _on_setattr(module: torch.nn.Module, name: str, value: Any) -> None:
     if isinstance(value, torch.ScriptObject):  # packed weights (Note [Packed quantized Linears] in packed.py)
+        if name == "_packed_params":
+            packed.register(module, value)
         for c in list(_watched.get(module, ())):
             _stale(c, ("replaced",), f"torchreplay: the packed weights '{name}' of {type(module).__name__} were "
                                      f"replaced after the model was captured as {c.name!r} (its graph holds the old "
@@ -496,8 +525,8 @@ def _install_watchers() -> None:
 
     def watched_setattr(self: torch.nn.Module, name: str, value: Any) -> None:
         setattr_(self, name, value)
-        if not torch.compiler.is_compiling() and _numbers:  # in this order: Dynamo guards on nothing here
-            _on_setattr(self, name, value)
+        if not torch.compiler.is_compiling() and (_numbers or isinstance(value, torch.ScriptObject)):
+            _on_setattr(self, name, value)   # in this order: Dynamo guards on nothing here
 
     watched_train._torchreplay = True  # type: ignore[attr-defined]
     watched_train.__doc__ = train.__doc__

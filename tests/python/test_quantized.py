@@ -191,6 +191,21 @@ def test_quantize_dynamic_linears_replay_eagers_bits(flavour, entry, k, dynamic,
     assert s["replays"] >= 1 and s["eager_fallbacks"] == 0, s
 
 
+def test_quantize_dynamic_linears_under_close_numerics_stay_eagers_op():
+    """Numerics "close" checks its rewrite by running the traced graph (the packed op's CPU
+    kernel); the packed Linears stay eager's op."""
+    torch.manual_seed(0)
+    m = _quantize_dynamic(encoder(64), {nn.Linear})
+    g = gen(5)
+    with torch.no_grad():
+        step = torchreplay.capture(m, (rn(g, 3, 64),), config=config(numerics="close"))
+        assert step.numerics["numerics"] == "close", step.numerics
+        for i in range(3):
+            x = rn(g, 3, 64)
+            assert (step(x) - m(x)).abs().max() <= 1e-5, f"call {i}"
+    assert step.stats()["replays"] == 2, step.stats()
+
+
 def test_quantize_dynamic_modules_other_than_linears_are_refused_with_what_works():
     torch.manual_seed(0)
     q = _quantize_dynamic(nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LSTM(16, 16)).eval())
@@ -225,8 +240,40 @@ class _NormThenLinear(nn.Module):
         return self.fc(self.ln(x * 2 + 1)).relu() * 3
 
 
-def test_quantize_dynamic_models_through_torch_compile_give_eagers_bits():
-    """Dynamo breaks its graph at each packed Linear, which runs eagerly; the graphs around it
-    replay. (A Sequential of quantize_dynamic's modules gets no graph at all from Dynamo.)"""
+@pytest.mark.parametrize("flavour", list(QUANTIZE_DYNAMIC))
+def test_quantize_dynamic_linears_through_torch_compile_are_one_graph(flavour):
+    """Note [Packed quantized Linears]: in frames torchreplay's backend compiles, each packed
+    Linear is traced as one op on its packed object (Dynamo would break its graph there): the
+    whole model one graph, replayed, eager's bits."""
     torch.manual_seed(0)
-    compiled_like_eager(_quantize_dynamic(_NormThenLinear().eval()), 8, 3, 8)
+    m = _quantize_dynamic(encoder(64), *QUANTIZE_DYNAMIC[flavour])
+    (stats,) = compiled_like_eager(m, 8, 3, 64).stats()
+    ops = stats["capture_log"][0]["functional_ops"]
+    assert sum(op.startswith("quantized::linear_dynamic") for op in ops) == 2, ops
+
+
+def test_quantize_dynamic_weights_set_or_copied_after_compiling_are_the_ones_used(tmp_path):
+    """A packed Linear's handle is a module attribute Dynamo guards: new weights (set_weight_bias),
+    a copy given other weights, a model saved and loaded, each compile again with their own."""
+    torch.manual_seed(0)
+    m = _quantize_dynamic(encoder(64), {nn.Linear})
+    f = torch.compile(m, backend=backend())
+    g = gen(4)
+    with torch.no_grad():
+        for step in range(3):
+            if step == 1:
+                m[0].set_weight_bias(torch.quantize_per_tensor(rn(g, 96, 64), 0.05, 0, torch.qint8), None)
+            for i in range(2):
+                x = rn(g, 3, 64)
+                assert_bitwise(f(x), m(x), f"step {step}, call {i}")
+        other = copy.deepcopy(m)
+        other[3].set_weight_bias(torch.quantize_per_tensor(rn(g, 32, 96), 0.05, 0, torch.qint8), other[3].bias())
+        torch.save(other, tmp_path / "m.pt")
+        loaded = torch.load(tmp_path / "m.pt", weights_only=False)
+        for model in (copy.deepcopy(m), other, loaded):
+            compiled = torch.compile(model, backend=backend())
+            for i in range(2):
+                x = rn(g, 3, 64)
+                assert_bitwise(compiled(x), model(x), f"{i}")
+                assert_bitwise(f(x), m(x), f"{i}: the first model")
+
