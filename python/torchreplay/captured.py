@@ -96,7 +96,7 @@ class Captured(_C.Call):
                          checks=checks)
         # The engine's Python object too: torchreplay.stats() lists it while this lives.
         self._bound, self._trace, self._engine, self._bound_names = bound, trace, engine, bound_names
-        self._variants: Dict[Any, "Captured"] = {}
+        self._variants: Dict[Any, Any] = {}   # key -> the Captured traced for it, or _Eager
         self._lock = threading.Lock()
         if trace.dynamic:
             self._variants[(trace.size_class(trace.example), trace.state(), trace.layout(trace.example))] = self
@@ -106,7 +106,7 @@ class Captured(_C.Call):
         return self.engine.name
 
     def _engines(self) -> List[Any]:
-        return [self.engine] + [v.engine for v in self._variants.values() if v is not self]
+        return [self.engine] + [v.engine for v in self._variants.values() if v is not self and not isinstance(v, _Eager)]
 
     def stats(self) -> Dict[str, Any]:
         """Calls, replays, captures, fallbacks and the capture log of this model's engine. With
@@ -162,7 +162,9 @@ class Captured(_C.Call):
         another default dtype or attention backend switches (Note [What a trace was made under])
         or requires_grad of a parameter that decided a matmul's fold (matmul_fold.py). Arguments
         of other kinds than traced (None where a tensor was), or other sizes than a static trace's,
-        get no trace of their own: this capture's call raises the clear error."""
+        get no trace of their own: this capture's call raises the clear error. Where tracing again
+        fails (torch.export's error: a view the new strides do not allow), the arguments' kind
+        runs the model eagerly (_Eager: eager's result, or eager's error), said once."""
         state = (torch.get_default_dtype(), _C.sdpa_switches(),
                  tuple(self._bound[i].requires_grad for i, _ in self._trace.grad_traced))
         if not self._trace.same_kinds(flat) or (not self._trace.dynamic and any(
@@ -188,8 +190,13 @@ class Captured(_C.Call):
                     else:
                         logger.info("torchreplay: %s: tracing again for sizes %s (a trace holds for 0, 1 or 2 "
                                     "and more, as export specializes)", self.name, key[0])
-                    found = self._trace.recapture(args, kwargs, dynamic=self._trace.dynamic)
-                    found._variants, found._lock = self._variants, self._lock
+                    try:
+                        found = self._trace.recapture(args, kwargs, dynamic=self._trace.dynamic)
+                        found._variants, found._lock = self._variants, self._lock
+                    except Exception as e:  # noqa: BLE001 - any trace failure: the model's eager, said once
+                        found = _Eager(f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")
+                        logger.warning("torchreplay: %s: tracing again for these arguments failed (%s); calls like "
+                                       "them run the model eagerly", self.name, found.reason)
                     self._variants[key] = found
         return found
 
@@ -198,6 +205,8 @@ class Captured(_C.Call):
         self._trace.check_modes()
         flat = self._trace.flatten(args, kwargs)
         target = self._trace_for(flat, args, kwargs)
+        if isinstance(target, _Eager):
+            return self._trace.model(*args, **kwargs)
         target._trace.check_size_exprs(flat)
         outs = target._fast(*flat)
         self._modes_checked(epoch)
@@ -205,6 +214,16 @@ class Captured(_C.Call):
         if spec.is_leaf():
             return outs
         return pytree.tree_unflatten(list(outs), spec)
+
+
+class _Eager:
+    """The arguments' kind whose trace failed (Captured._trace_for): its calls run the model."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __getattr__(self, name: str) -> Any:   # precapture and profile reach for a capture's parts
+        raise RuntimeError(f"torchreplay: these arguments run the model eagerly: tracing them failed ({self.reason})")
 
 
 def _graph_inputs_tracked(gm: torch.fx.GraphModule, n_bound: int) -> List[int]:

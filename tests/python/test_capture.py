@@ -1132,3 +1132,29 @@ def test_a_linear_on_columns_of_a_wider_tensor_folds_as_eager(bias, dynamic):
                 x = torch.randn(4, 2, 16, generator=g)[:, :, 3:11]
                 assert_bitwise(step(x), fc(x), f"call {i}")
         assert step.stats()["replays"] >= 2, step.stats()
+
+
+def test_arguments_whose_trace_fails_run_the_model_eagerly(replay_log):
+    """A model that views its argument flat, called with a transposed one: eager raises (view), and
+    so does torch.export tracing again for those strides; such calls run the model eagerly, so the
+    error is eager's own, said once; contiguous calls still replay."""
+    class Flat(nn.Module):
+        def forward(self, x):
+            return x.view(-1) * 2
+
+    model = Flat()
+    with torch.no_grad():
+        step = torchreplay.capture(model, (torch.randn(4, 6),))
+        y = torch.randn(6, 4).t()
+        with pytest.raises(RuntimeError) as eager:
+            model(y)
+        for _ in range(2):
+            with pytest.raises(RuntimeError) as got:
+                step(y)
+            assert str(got.value) == str(eager.value)
+        for i in range(3):
+            x = torch.randn(4, 6)
+            assert_bitwise(step(x), model(x), f"call {i}")
+    said = [r.getMessage() for r in replay_log.records if "run the model eagerly" in r.getMessage()]
+    assert len(said) == 1, said
+    assert step.stats()["replays"] == 2, step.stats()
