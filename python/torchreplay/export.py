@@ -85,6 +85,8 @@ def trace_program(traced: _Flat, leaves: Tuple[Any, ...], *, subclassed: bool, d
         # torch.export's own use of a deprecated pytree API (nothing a caller can change)
         warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
         _tracing.active = True
+        hooks = torch.nn.modules.module._global_buffer_registration_hooks
+        before = set(hooks)
         try:
             with packed.packed_as_ops(traced):   # Note [Packed quantized Linears]
                 _refuse_packed_weights(traced)
@@ -98,6 +100,10 @@ def trace_program(traced: _Flat, leaves: Tuple[Any, ...], *, subclassed: bool, d
             return program
         finally:
             _tracing.active = False
+            # torch 2.11's export leaves its buffer-assignment hook behind when a trace fails: every
+            # later Dynamo frame that assigns a buffer would break its graph at it
+            for key in [k for k in hooks if k not in before]:
+                del hooks[key]
 
 
 def _decompositions(extra: Optional[Dict[Any, Callable]], close: bool = False) -> Any:

@@ -1143,6 +1143,7 @@ def test_arguments_whose_trace_fails_run_the_model_eagerly(replay_log):
             return x.view(-1) * 2
 
     model = Flat()
+    hooks = dict(torch.nn.modules.module._global_buffer_registration_hooks)
     with torch.no_grad():
         step = torchreplay.capture(model, (torch.randn(4, 6),))
         y = torch.randn(6, 4).t()
@@ -1158,3 +1159,5 @@ def test_arguments_whose_trace_fails_run_the_model_eagerly(replay_log):
     said = [r.getMessage() for r in replay_log.records if "run the model eagerly" in r.getMessage()]
     assert len(said) == 1, said
     assert step.stats()["replays"] == 2, step.stats()
+    # the failed trace left no hook behind (torch.export's buffer hook: later frames would break)
+    assert dict(torch.nn.modules.module._global_buffer_registration_hooks) == hooks
