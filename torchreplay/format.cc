@@ -1,14 +1,9 @@
 // The .trp writer and reader (Note [The .trp format] in format.h): each section described once and
 // walked both ways (Note [One description per section]); the bytes of plain fields, the tensor
-// table and the two directions are format_io.h's.
+// table and the two directions are format_io.h's, packed quantized weights format_packed.h's. The
+// sections stay in this one file: each is a description the writer and reader share, read together.
 #include "torchreplay/format.h"
 
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/core/class_type.h>
-#include <ATen/native/quantized/PackedParams.h>
-#include <ATen/ops/_make_per_channel_quantized_tensor.h>
-#include <ATen/ops/_make_per_tensor_quantized_tensor.h>
-#include <ATen/ops/int_repr.h>
 #include <torch/headeronly/version.h>
 
 #include <algorithm>
@@ -19,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "torchreplay/format_io.h"
+#include "torchreplay/format_packed.h"
 
 namespace torchreplay::format {
 namespace {
@@ -30,11 +26,8 @@ constexpr int kMaxDepth = 16;    // nesting of lists in arguments and values
 
 enum class Tag : uint8_t {
   kNone, kBool, kInt, kDouble, kComplex, kString, kDevice, kWrappedNumber, kTensor,
-  kIntList, kDoubleList, kBoolList, kTensorList, kPackedLinear,
+  kIntList, kDoubleList, kBoolList, kTensorList, kPackedLinear,  // format_packed.h
 };
-// How a kPackedLinear value's weight is stored.
-enum class PackedWeight : uint8_t { kFp16, kPerTensor, kPerChannel };
-constexpr const char* kPackedLinearClass = "__torch__.torch.classes.quantized.LinearPackedParamsBase";
 enum class ArgKind : uint8_t { kConstant, kValue, kList };
 
 // Note [Ops a file may call]
@@ -87,7 +80,7 @@ Tag TagOf(const c10::IValue& v) {
   if (v.isDoubleList()) return Tag::kDoubleList;
   if (v.isBoolList()) return Tag::kBoolList;
   if (v.isTensorList()) return Tag::kTensorList;
-  if (v.isObject() && v.toObjectRef().type()->name()->qualifiedName() == kPackedLinearClass) return Tag::kPackedLinear;
+  if (IsPackedLinear(v)) return Tag::kPackedLinear;
   throw Unsupported{absl::StrCat("a constant of kind ", v.tagKind())};
 }
 
@@ -99,77 +92,10 @@ std::vector<T> NumberList(IO& io, std::vector<T> l, const char* what) {
   return l;
 }
 
-template <class IO>
-void ValueFields(IO& io, c10::IValue& v, int depth = 0);
-
-// Packed quantized weights (quantize_dynamic's Linears: Note [Packed quantized Linears] in
-// python/torchreplay/packed.py), as their unpacked weight and bias: a kind (PackedWeight), the
-// weight (fp32 for fp16 packing, else the int8 values), the quantization's scale and zero point
-// (per tensor) or scales, zero points and axis (per channel), the bias (none or a tensor). The
-// reader packs them again with ATen's prepack, the op that packed them, on this machine's engine.
-template <class IO>
-void PackedLinearFields(IO& io, c10::IValue& v, int depth) {
-  at::Tensor weight, scales, zero_points;
-  c10::IValue bias;
-  double scale = 0;
-  int64_t zero_point = 0, axis = 0;
-  uint8_t kind = 0;
-  if (IO::kWriting) {
-    auto [w, b] = v.toCustomClass<LinearPackedParamsBase>()->unpack();
-    if (b.has_value()) bias = *b;
-    if (!w.is_quantized()) {
-      kind = static_cast<uint8_t>(PackedWeight::kFp16), weight = w;
-    } else if (w.qscheme() == at::kPerTensorAffine && w.scalar_type() == at::kQInt8) {
-      kind = static_cast<uint8_t>(PackedWeight::kPerTensor), weight = at::int_repr(w);
-      scale = w.q_scale(), zero_point = w.q_zero_point();
-    } else if (w.qscheme() == at::kPerChannelAffine && w.scalar_type() == at::kQInt8) {
-      kind = static_cast<uint8_t>(PackedWeight::kPerChannel), weight = at::int_repr(w);
-      scales = w.q_per_channel_scales(), zero_points = w.q_per_channel_zero_points(), axis = w.q_per_channel_axis();
-    } else {
-      throw Unsupported{absl::StrCat("packed weights quantized as ", c10::toString(w.qscheme()))};
-    }
-  }
-  io.template Num<uint8_t>(kind, "packed weights kind", 0, 2, "unknown packed weights kind");
-  io.Tensor(weight);
-  const auto how = static_cast<PackedWeight>(kind);
-  if (how == PackedWeight::kPerTensor) {
-    io.template Num<double>(scale, "packed weights scale");
-    io.template Num<int64_t>(zero_point, "packed weights zero point");
-  } else if (how == PackedWeight::kPerChannel) {
-    io.Tensor(scales);
-    io.Tensor(zero_points);
-    io.template Num<int64_t>(axis, "packed weights axis", 0, 1, "a packed weights axis is out of range");
-  }
-  ValueFields(io, bias, depth + 1);
-  if (IO::kWriting) return;
-  io.Check(weight.dim() == 2 && weight.scalar_type() == (how == PackedWeight::kFp16 ? at::kFloat : at::kChar),
-           "packed weights that are no 2-d weight of their kind");
-  io.Check(bias.isNone() || (bias.isTensor() && bias.toTensor().dim() == 1 && bias.toTensor().scalar_type() == at::kFloat),
-           "packed weights with a bias that is no 1-d float tensor");
-  if (how == PackedWeight::kPerChannel) {
-    io.Check(scales.dim() == 1 && scales.scalar_type() == at::kDouble && zero_points.dim() == 1 &&
-                 zero_points.scalar_type() == at::kLong && scales.numel() == weight.size(axis) &&
-                 zero_points.numel() == weight.size(axis),
-             "packed weights whose scales or zero points do not match them");
-  }
-  try {
-    at::Tensor w = how == PackedWeight::kFp16      ? weight
-                   : how == PackedWeight::kPerTensor ? at::_make_per_tensor_quantized_tensor(weight, scale, zero_point)
-                                                     : at::_make_per_channel_quantized_tensor(weight, scales, zero_points, axis);
-    torch::jit::Stack stack{w, bias};
-    c10::Dispatcher::singleton()
-        .findSchemaOrThrow(how == PackedWeight::kFp16 ? "quantized::linear_prepack_fp16" : "quantized::linear_prepack", "")
-        .callBoxed(stack);
-    v = std::move(stack.at(0));
-  } catch (const std::exception&) {  // c10::Error, and the range errors of ATen's conversions
-    io.Check(false, "packed weights that ATen does not pack");
-  }
-}
-
 // A value: its tag, then its fields. `v` is the value written (Out) or read (In). Over 80 lines:
 // one case per tag, each that tag's fields in the file's order.
 template <class IO>
-void ValueFields(IO& io, c10::IValue& v, int depth) {
+void ValueFields(IO& io, c10::IValue& v, int depth = 0) {
   io.Check(depth <= kMaxDepth, "values nested too deep");
   uint8_t tag = IO::kWriting ? static_cast<uint8_t>(TagOf(v)) : 0;
   io.template Num<uint8_t>(tag, "value tag");
@@ -262,7 +188,7 @@ void ValueFields(IO& io, c10::IValue& v, int depth) {
       return;
     }
     case Tag::kPackedLinear:
-      PackedLinearFields(io, v, depth);
+      PackedLinearFields(io, v);
       return;
   }
   io.Check(false, "unknown value tag");

@@ -170,8 +170,8 @@ class Captured(_C.Call):
         if not self._trace.same_kinds(flat) or (not self._trace.dynamic and any(
                 isinstance(a, torch.Tensor) and a.shape != e.shape for a, e in zip(flat, self._trace.example))):
             return self   # other sizes than a static trace's: its call raises the clear error
-        layout = self._trace.layout(flat)
-        if not self._trace.dynamic and state == self._trace.state() and layout == self._trace.layout(self._trace.example):
+        layout, traced = self._trace.layout(flat), self._trace.layout(self._trace.example)
+        if not self._trace.dynamic and state == self._trace.state() and layout == traced:
             return self
         key = (self._trace.size_class(flat) if self._trace.dynamic else None, state, layout)
         found = self._variants.get(key)
@@ -179,10 +179,9 @@ class Captured(_C.Call):
             with self._lock:
                 found = self._variants.get(key)
                 if found is None:
-                    if layout != self._trace.layout(self._trace.example):
+                    if layout != traced:
                         logger.info("torchreplay: %s: tracing again for arguments of other strides (Note [Traced "
-                                    "strides]): %s (traced with %s)", self.name, layout,
-                                    self._trace.layout(self._trace.example))
+                                    "strides]): %s (traced with %s)", self.name, layout, traced)
                     elif state != self._trace.state():
                         logger.info("torchreplay: %s: tracing again under the default dtype %s, attention switches "
                                     "%s and parameters requiring grad %s (traced under %s)", self.name, *state,

@@ -29,6 +29,7 @@ import weakref
 from typing import Any, Dict, Iterator, List, Tuple
 
 import torch
+from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
 
 OP = "torchreplay::packed_linear"
 _objects: Dict[int, Any] = {}   # handle -> packed object, while a LinearPackedParams holds it
@@ -90,14 +91,9 @@ def call(m: torch.nn.Module, x: torch.Tensor, handle: int) -> torch.Tensor:
     return y.to(x.dtype)
 
 
-def _quantized_linear() -> Any:
-    from torch.ao.nn.quantized.dynamic import Linear
-    return Linear
-
-
 def standing_in(m: torch.nn.Module) -> bool:
-    """Whether `m` is a module _PackedLinear stands in for while tracing."""
-    return (type(m) is _quantized_linear() and m._packed_params.dtype in (torch.qint8, torch.float16)
+    """Whether `m` is a quantize_dynamic Linear traced as torchreplay::packed_linear."""
+    return (type(m) is QuantizedLinear and m._packed_params.dtype in (torch.qint8, torch.float16)
             and not (m._forward_hooks or m._forward_pre_hooks))
 
 

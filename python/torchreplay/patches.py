@@ -316,8 +316,7 @@ def _trace_packed_linears_for_torchreplay() -> None:
     on its packed object's handle instead (Note [Packed quantized Linears] in packed.py), which the
     backend lowers to eager's own op on that object. Modules with hooks or of another dtype, and
     other backends' frames, are untouched."""
-    from torch.ao.nn.quantized.dynamic import Linear
-    original = Linear.forward
+    original = packed.QuantizedLinear.forward
     if getattr(original, "_torchreplay", False):
         return
 
@@ -330,7 +329,7 @@ def _trace_packed_linears_for_torchreplay() -> None:
 
     forward._torchreplay = True  # type: ignore[attr-defined]
     forward.__doc__ = original.__doc__
-    Linear.forward = forward  # type: ignore[method-assign]
+    packed.QuantizedLinear.forward = forward  # type: ignore[method-assign]
 
 
 def _break_at_packed_sequences() -> None:
