@@ -257,7 +257,8 @@ def test_quantize_dynamic_weights_set_or_copied_after_compiling_are_the_ones_use
     a copy given other weights, a model saved and loaded, each compile again with their own."""
     torch.manual_seed(0)
     m = _quantize_dynamic(encoder(64), {nn.Linear})
-    f = torch.compile(m, backend=backend())
+    b = backend()
+    f = torch.compile(m, backend=b)
     g = gen(4)
     with torch.no_grad():
         for step in range(3):
@@ -271,9 +272,12 @@ def test_quantize_dynamic_weights_set_or_copied_after_compiling_are_the_ones_use
         torch.save(other, tmp_path / "m.pt")
         loaded = torch.load(tmp_path / "m.pt", weights_only=False)
         for model in (copy.deepcopy(m), other, loaded):
-            compiled = torch.compile(model, backend=backend())
+            each = backend()
+            compiled = torch.compile(model, backend=each)
             for i in range(2):
                 x = rn(g, 3, 64)
                 assert_bitwise(compiled(x), model(x), f"{i}")
                 assert_bitwise(f(x), m(x), f"{i}: the first model")
+            assert_exercised(each)
+    assert_exercised(b)
 
