@@ -2,6 +2,7 @@
 #include "bindings/call.h"
 
 #include <ATen/Context.h>
+#include <ATen/autocast_mode.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -115,7 +116,14 @@ uint8_t TraceState::SdpaNow() {
                               ctx.allowFP16BF16ReductionMathSDP() << 4);
 }
 
-TraceState TraceState::Now() { return TraceState{c10::get_default_dtype_as_scalartype(), SdpaNow()}; }
+TraceState TraceState::Now() {
+  auto autocast = [](c10::DeviceType device) {
+    return at::autocast::is_autocast_enabled(device) ? at::autocast::get_autocast_dtype(device)
+                                                     : c10::ScalarType::Undefined;
+  };
+  return TraceState{c10::get_default_dtype_as_scalartype(), SdpaNow(), autocast(c10::DeviceType::CPU),
+                    autocast(c10::DeviceType::CUDA)};
+}
 
 PyObject* SdpaGuard::TpCall(PyObject* self, PyObject* /*args*/, PyObject* /*kwargs*/) {
   return GuardCall<SdpaGuard>(self, "SdpaGuard");

@@ -115,20 +115,26 @@ struct RequiresGradGuard {
 
 // Note [What a trace was made under]
 // Process state that decides which ops a trace records, where Note [Ambient state] is about which
-// kernels run them: the default dtype (the model's factories without a dtype make tensors of it)
-// and scaled_dot_product_attention's backend switches (torch.nn.attention.sdpa_kernel; the CPU
-// records the flash op or the math decomposition). A graph recorded under one is another program
-// than eager's under another. torchreplay.capture checks it on every call and traces again under
+// kernels run them: the default dtype (the model's factories without a dtype make tensors of it),
+// scaled_dot_product_attention's backend switches (torch.nn.attention.sdpa_kernel; the CPU
+// records the flash op or the math decomposition) and autocast per device (the casts it inserts
+// become nodes; the engine runs a graph with autocast off). A graph recorded under one is another
+// program than eager's under another. torchreplay.capture checks it on every call and traces again under
 // another (captured.py); torch.compile's Dynamo guards the default dtype, and the backend adds
 // SdpaGuard to the frames whose graph has an attention (backend.py). A loaded program's graph is
 // fixed: it computes what it recorded.
 struct TraceState {
   c10::ScalarType default_dtype = c10::ScalarType::Float;
   uint8_t sdpa = 0;  // a bit each: flash, memory-efficient, math, cuDNN enabled; fp16/bf16 reduction in math
+  // per device (CPU, CUDA): autocast's lower-precision dtype, or Undefined when it is off
+  c10::ScalarType autocast_cpu = c10::ScalarType::Undefined, autocast_cuda = c10::ScalarType::Undefined;
 
   static TraceState Now();
   static uint8_t SdpaNow();
-  bool operator==(const TraceState& o) const { return default_dtype == o.default_dtype && sdpa == o.sdpa; }
+  bool operator==(const TraceState& o) const {
+    return default_dtype == o.default_dtype && sdpa == o.sdpa && autocast_cpu == o.autocast_cpu &&
+           autocast_cuda == o.autocast_cuda;
+  }
   bool operator!=(const TraceState& o) const { return !(*this == o); }
 };
 

@@ -2,7 +2,6 @@
 
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
-#include <ATen/autocast_mode.h>
 
 #include <cstring>
 #if defined(__x86_64__) || defined(_M_X64)
@@ -224,18 +223,10 @@ Ambient Ambient::Now(bool cuda, bool precision) {
               static_cast<uint8_t>(ctx.allowBF16ReductionCuBLAS()),
               ctx.allowFP16AccumulationCuBLAS()};
   }
-  if (at::autocast::is_autocast_enabled(c10::DeviceType::CPU)) {
-    a.autocast_cpu = at::autocast::get_autocast_dtype(c10::DeviceType::CPU);
-  }
-  if (at::autocast::is_autocast_enabled(c10::DeviceType::CUDA)) {
-    a.autocast_cuda = at::autocast::get_autocast_dtype(c10::DeviceType::CUDA);
-  }
   return a;
 }
 
-bool Ambient::operator==(const Ambient& o) const { return SameSettings(o) && SameAutocast(o); }
-
-bool Ambient::SameSettings(const Ambient& o) const {
+bool Ambient::operator==(const Ambient& o) const {
   return threads == o.threads && default_dtype == o.default_dtype && fp32_precision == o.fp32_precision &&
          mkldnn == o.mkldnn && mkldnn_deterministic == o.mkldnn_deterministic && nnpack == o.nnpack &&
          fp16_reduction_cpu == o.fp16_reduction_cpu && deterministic == o.deterministic &&
@@ -274,8 +265,6 @@ std::string Ambient::Diff(const Ambient& old, const Ambient& now) {
   for (int i = 0; i < 6; ++i) {
     differs(old.cuda[i], now.cuda[i], kCudaNames[i], [](uint8_t v) { return absl::StrCat(v); });
   }
-  differs(old.autocast_cpu, now.autocast_cpu, "autocast (cpu)", dtype);
-  differs(old.autocast_cuda, now.autocast_cuda, "autocast (cuda)", dtype);
   return clauses.empty() ? "the same" : absl::StrJoin(clauses, "; ");
 }
 

@@ -89,8 +89,9 @@ struct InputGuard {
 //   torch.set_flush_denormal (the thread's FTZ/DAZ)      numbers converted per call;  in the key
 //                                                        a capture converted them
 //                                                        once
-//   autocast (CPU or CUDA)                               casts before each op         not in the key: runs eagerly
-//                                                                                     unless as first seen
+//   autocast (CPU or CUDA)                               casts before some ops        not in the key: a trace's
+//                                                                                     state, checked by its
+//                                                                                     caller (below)
 //   grad mode                                            nothing a graph computes     not in the key: graphs run
 //                                                        (graphs run with it off)     with grad off, the caller's
 //                                                                                     mode kept for outputs
@@ -106,14 +107,18 @@ struct InputGuard {
 // for keys with CUDA inputs: Engine::reads_precision_). A call under other settings is another
 // key, captured for them, the miss logged as the diff ("threads 2 -> 1"), and bounded and said
 // as any key is (Note [A bounded cache]): a program that alternates two thread counts replays
-// both. A call under another autocast state than its key's first call runs eagerly (the
-// interpreter dispatches each op as eager does: a capture made under it would call kernels below
-// autocast), logged once per engine. What decides which ops a trace records
+// both. Autocast decides which ops a trace records (the casts it inserts become nodes), so each
+// caller of an engine runs its graph under the autocast state it was traced under: torchreplay.
+// capture checks the state every call and traces again under another (Note [What a trace was made
+// under]; eager's recurrent calls a capture keeps whole, torchreplay::eager_*, cast inside under
+// it as eager's do); torch.compile recompiles (Dynamo's guards), and AOTAutograd runs the forward
+// with autocast off; a loaded program runs with autocast off (Program::Run: what it recorded).
+// What else decides which ops a trace records
 // (the default dtype, attention's backend switches) is the tracer's: Note [What a trace was made
 // under] in bindings/call.h. Tests: guards/guard_key_test.cc (each setting is read and named, keys differ by it);
 // tests/python/test_conditions.py (in the key     with eager's bits: thread count, matmul
 // precision, default dtype, deterministic algorithms, NNPACK, oneDNN deterministic and conv
-// precision; inference mode; attention's switches traced again) and test_changing_keys.py (mkldnn, flush-denormal, autocast). The
+// precision; inference mode; attention's switches and autocast traced again) and test_changing_keys.py (mkldnn, flush-denormal). The
 // CUDA settings are read and compared as the others but were never run on a GPU.
 struct Ambient {
   int threads = 1;
@@ -129,32 +134,21 @@ struct Ambient {
   bool flush_denormal = false;       // the calling thread's FTZ or DAZ bit (MXCSR on x86-64)
   // cuDNN enabled, benchmark, deterministic; cuBLAS fp16/bf16 reduction options, fp16 accumulation
   std::array<uint8_t, 6> cuda{};
-  // per device (CPU, CUDA): autocast's lower-precision dtype, or Undefined when it is off
-  c10::ScalarType autocast_cpu = c10::ScalarType::Undefined, autocast_cuda = c10::ScalarType::Undefined;
 
   // The calling thread's state now. `cuda`: also the CUDA settings (a key on CPU tensors only
   // leaves them unread, as its kernels do); `precision`: also the fp32 precisions (a graph with no
   // GEMM, convolution or recurrent op leaves them unread). What is unread stays at its default.
   static Ambient Now(bool cuda = true, bool precision = true);
-  bool SameAutocast(const Ambient& o) const { return autocast_cpu == o.autocast_cpu && autocast_cuda == o.autocast_cuda; }
-  bool SameSettings(const Ambient& o) const;  // all but autocast
-  // This state with autocast off: what a key holds (Note [Ambient state]).
-  Ambient Settings() const {
-    Ambient a = *this;
-    a.autocast_cpu = a.autocast_cuda = c10::ScalarType::Undefined;
-    return a;
-  }
   bool operator==(const Ambient& o) const;
   bool operator!=(const Ambient& o) const { return !(*this == o); }
-  // One clause per setting that differs: "threads 1 -> 2", "autocast (cpu) off -> bfloat16",
+  // One clause per setting that differs: "threads 1 -> 2",
   // "torch.backends.mkldnn.enabled True -> False", "flush denormal off -> on"
   static std::string Diff(const Ambient& old, const Ambient& now);
 
   template <typename H>
   friend H AbslHashValue(H h, const Ambient& a) {
     return H::combine(std::move(h), a.threads, a.default_dtype, a.fp32_precision, a.mkldnn, a.mkldnn_deterministic,
-                      a.nnpack, a.fp16_reduction_cpu, a.deterministic, a.fill_uninitialized, a.flush_denormal, a.cuda,
-                      a.autocast_cpu, a.autocast_cuda);
+                      a.nnpack, a.fp16_reduction_cpu, a.deterministic, a.fill_uninitialized, a.flush_denormal, a.cuda);
   }
 };
 
@@ -172,8 +166,8 @@ class GuardKey {
   const std::vector<InputGuard>& inputs() const { return inputs_; }
   std::string ToString() const;  // "(f32[100, 128]/[128, 1]+0 cpu, int=3, float=*)"
 
-  // The settings eager's kernels read, part of the key (Note [Ambient state]): `now` without autocast.
-  void set_settings(const Ambient& now) { settings_ = now.Settings(); }
+  // The settings eager's kernels read, part of the key (Note [Ambient state]).
+  void set_settings(const Ambient& now) { settings_ = now; }
   const Ambient& settings() const { return settings_; }
 
   bool operator==(const GuardKey& o) const { return inputs_ == o.inputs_ && settings_ == o.settings_; }

@@ -16,8 +16,8 @@
 //     was made under], SdpaGuard), both in bindings/call.cc: compile again.
 // Before the engine, torchreplay.capture (Call::operator(), bindings/call.cc; Python's slow path
 // in python/torchreplay/captured.py):
-//  2. keyword arguments, a module's train/eval flag flipped since (patches.py), the default dtype
-//     or attention switches (TraceState), a folded parameter's requires_grad (matmul_fold.py):
+//  2. keyword arguments, a module's train/eval flag flipped since (patches.py), the default dtype,
+//     attention switches or autocast state (TraceState), a folded parameter's requires_grad (matmul_fold.py):
 //     the Python path, which binds the arguments through the trace's structure (arguments.py
 //     _Trace) and traces again where the trace does not hold (_trace_for).
 //  3. stale: a bound tensor replaced, or a module number changed since capture (patches.py):
@@ -38,9 +38,7 @@
 //     (replay/key_cache.h); a new key is checked once (Engine::CheckInputs) and admitted under
 //     capture_limit, or runs eagerly.
 //  9. the key's fallback reason, if its capture was refused: run eagerly.
-// 10. autocast (Note [Ambient state], guards/guard_key.h): another state than the key's first
-//     call's runs eagerly.
-// 11. static inputs' addresses: one that moved captures again, then is rebound per call; one
+// 10. static inputs' addresses: one that moved captures again, then is rebound per call; one
 //     handed out of a pool is rebound (Note [Static inputs handed out of a pool]).
 // Then warm-up, capture or replay. Inside a replay of numerics "close", torchreplay::check_frozen
 // compares the folded weights' versions and contents (capture/tape/check_frozen.cc).

@@ -182,13 +182,10 @@ std::string Engine::NoteMiss(ThreadState& ts, const guards::GuardKey& key) {
   return miss.diff;
 }
 
-absl::StatusOr<Entry*> Engine::Lookup(ThreadState& ts, const std::vector<c10::IValue>& inputs,
-                                      guards::Ambient* now) {
+absl::StatusOr<Entry*> Engine::Lookup(ThreadState& ts, const std::vector<c10::IValue>& inputs) {
   guards::GuardKey key = guards::GuardKey::FromInputs(inputs, graph_->per_call_scalars());
   const bool cuda = capture::Interpreter::CudaDevice(inputs).has_value();
-  const guards::Ambient ambient = guards::Ambient::Now(cuda, reads_precision_);
-  if (now != nullptr) *now = ambient;
-  key.set_settings(ambient);
+  key.set_settings(guards::Ambient::Now(cuda, reads_precision_));
   if (Entry* held = ts.keys.Find(key)) return held;
   if (auto s = CheckInputs(inputs); !s.ok()) return s;
   auto entry = std::make_unique<Entry>();
@@ -198,7 +195,6 @@ absl::StatusOr<Entry*> Engine::Lookup(ThreadState& ts, const std::vector<c10::IV
   }
   entry->moves.assign(inputs.size(), 0);
   entry->cuda = cuda;
-  entry->ambient = ambient;
   std::vector<std::unique_ptr<Entry>> evicted;
   Entry* e = ts.keys.Insert(std::move(key), std::move(entry), &evicted);
   evictions_ += static_cast<int64_t>(evicted.size());
@@ -463,14 +459,13 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::RunOnce(std::vector<c10::IValue
 absl::StatusOr<std::vector<c10::IValue>> Engine::RunKeyed(std::vector<c10::IValue> inputs) {
   // Note [What a call checks] (replay/call_checks.h): the key, then what its capture assumed.
   ThreadState& ts = StateForThisThread();
-  guards::Ambient now;
-  Entry* e = ts.keys.Last(inputs, reads_precision_, &now);  // the common case: the previous call's key
+  Entry* e = ts.keys.Last(inputs, reads_precision_);  // the common case: the previous call's key
   if (e == nullptr) {
-    auto found = Lookup(ts, inputs, &now);
+    auto found = Lookup(ts, inputs);
     if (!found.ok()) return found.status();
     e = *found;
   }
-  if (!e->fallback_reason.empty() || !SameAutocast(*e, now)) return RunEagerFallback(inputs);
+  if (!e->fallback_reason.empty()) return RunEagerFallback(inputs);
   if (e->graph != nullptr) CheckStaticAddresses(ts, *e, inputs);
   if (e->graph == nullptr) {
     UnbakePooledStatics(*e, inputs);
@@ -489,19 +484,6 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::RunEagerFallback(const std::vec
   RECORD_FUNCTION("torchreplay::eager_fallback", std::vector<c10::IValue>());
   ++eager_fallbacks_;
   return RunEager(inputs);
-}
-
-bool Engine::SameAutocast(const Entry& e, const guards::Ambient& now) {
-  if (now.SameAutocast(e.ambient)) return true;
-  // Note [Ambient state]
-  if (!ambient_logged_.exchange(true)) {
-    std::string reason = absl::StrCat(guards::Ambient::Diff(e.ambient, now), " since this key was first seen; calls "
-                                      "under another autocast state than their key's capture run eagerly");
-    Log(LogLevel::kWarning, reason);
-    absl::MutexLock lock(&mu_);
-    AppendBounded(&fallback_reasons_, std::move(reason));
-  }
-  return false;
 }
 
 void Engine::CheckStaticAddresses(ThreadState& ts, Entry& e, const std::vector<c10::IValue>& inputs) {

@@ -111,11 +111,8 @@ class Engine {
   // Run after the mode and capture-size decisions: one key, its checks (Note [What a call
   // checks] in call_checks.h), then warm-up / capture / replay.
   absl::StatusOr<std::vector<c10::IValue>> RunKeyed(std::vector<c10::IValue> inputs);
-  // An eager run counted as a fallback (a key refused, another autocast state).
+  // An eager run counted as a fallback (a key refused).
   absl::StatusOr<std::vector<c10::IValue>> RunEagerFallback(const std::vector<c10::IValue>& inputs);
-  // The autocast state `now` against the key's first call's (Note [Ambient state]): false (said
-  // once) if the call runs eagerly.
-  bool SameAutocast(const Entry& e, const guards::Ambient& now);
   // A captured key whose static inputs moved: its capture dropped, the inputs rebound per call
   // from their second move.
   void CheckStaticAddresses(ThreadState& ts, Entry& e, const std::vector<c10::IValue>& inputs);
@@ -123,10 +120,9 @@ class Engine {
   void UnbakePooledStatics(Entry& e, const std::vector<c10::IValue>& inputs);
   // A warm-up run, recording what capture needs (and, with warmup_iters 0, the capture itself).
   absl::StatusOr<std::vector<c10::IValue>> WarmUp(ThreadState& ts, Entry& e, const std::vector<c10::IValue>& inputs);
-  // The entry of the inputs' key under the settings now (set in `now` if given): held, or new
-  // (checked, admitted under capture_limit or not).
-  absl::StatusOr<Entry*> Lookup(ThreadState& ts, const std::vector<c10::IValue>& inputs,
-                                guards::Ambient* now = nullptr);
+  // The entry of the inputs' key under the settings now: held, or new (checked, admitted under
+  // capture_limit or not).
+  absl::StatusOr<Entry*> Lookup(ThreadState& ts, const std::vector<c10::IValue>& inputs);
   // Arity, kinds, dtypes, devices and ranks, checked when a call's key is new: InvalidArgument
   // naming the graph and the input.
   absl::Status CheckInputs(const std::vector<c10::IValue>& inputs) const;
@@ -152,7 +148,7 @@ class Engine {
   std::atomic<int64_t> calls_{0}, replays_{0}, captures_{0}, warmups_{0}, eager_fallbacks_{0},
       misses_{0}, evictions_{0};
   CopyCounts copies_;  // outputs copied out of the pools (before threads_: their Handouts point here)
-  std::atomic<bool> churn_logged_{false}, oversize_logged_{false}, cuda_logged_{false}, ambient_logged_{false};
+  std::atomic<bool> churn_logged_{false}, oversize_logged_{false}, cuda_logged_{false};
   // Whether an op of the graph may consult the fp32 precision settings (Note [Ambient state]):
   // if not, calls leave them unread.
   bool reads_precision_ = true;

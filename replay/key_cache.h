@@ -27,7 +27,6 @@ namespace torchreplay::replay {
 struct Entry {
   guards::GuardKey key;
   bool cuda = false;         // an input is a CUDA tensor: the CUDA settings are part of the key
-  guards::Ambient ambient;   // Note [Ambient state]: when first seen (its autocast state counts)
   std::string reason;  // why this key needs a capture
   int eager_runs = 0;
   std::optional<capture::Recording> recording;           // of the latest warm-up run
@@ -58,12 +57,10 @@ class KeyCache {
   explicit KeyCache(int limit) : limit_(limit < 1 ? 1 : limit) {}
 
   // The previous call's entry if `inputs` and the settings now match its key (checked without
-  // allocating), else null; `now` is set to the settings read when the inputs matched.
-  // Every call asks this first: inline, on the replay path.
-  Entry* Last(const std::vector<c10::IValue>& inputs, bool precision, guards::Ambient* now) {
+  // allocating), else null. Every call asks this first: inline, on the replay path.
+  Entry* Last(const std::vector<c10::IValue>& inputs, bool precision) {
     if (last_ == nullptr || !last_->key.Matches(inputs)) return nullptr;
-    *now = guards::Ambient::Now(last_->cuda, precision);
-    if (!last_->key.settings().SameSettings(*now)) return nullptr;
+    if (last_->key.settings() != guards::Ambient::Now(last_->cuda, precision)) return nullptr;
     miss_streak_ = 0;
     return last_;
   }

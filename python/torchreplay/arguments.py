@@ -20,6 +20,15 @@ from torch.utils import _pytree as pytree
 from . import _C
 
 
+def trace_state() -> Tuple[Any, ...]:
+    """What decides which ops a trace records, now (Note [What a trace was made under] in
+    bindings/call.h, TraceState there): the default dtype (factories without one), attention's
+    backend switches, and autocast's dtype on the CPU and on CUDA (None: off; its casts become
+    nodes)."""
+    return (torch.get_default_dtype(), _C.sdpa_switches(),
+            *(torch.get_autocast_dtype(d) if torch.is_autocast_enabled(d) else None for d in ("cpu", "cuda")))
+
+
 def _size_checks(vals: List[Any], ranges: Dict[Any, Any]) -> Tuple[List[Any], List[Any], Dict[Any, Any]]:
     """What the graph assumes of each tensor argument's sizes, checked per call in C++: tuples
     (argument, dim, lowest, highest, group, coef, offset) for a size export specialized on
@@ -115,18 +124,15 @@ class _Trace:
         # Every module the graph reads (the model's, a module argument's), with its mode then.
         modules = [module] + [c.value for c in self.constants.values() if isinstance(c.value, torch.nn.Module)]
         self.modes = [(weakref.ref(m), name, m.training) for top in modules for name, m in top.named_modules()]
-        # Note [What a trace was made under] (bindings/call.h): factories without a dtype traced
-        # as this dtype, attention as these backend switches chose
-        self.default_dtype, self.sdpa = torch.get_default_dtype(), _C.sdpa_switches()
+        self.made_under = trace_state()
         # (bound input, requires_grad) of the parameters that decided a matmul's trace (matmul_fold.py)
         self.grad_traced: List[Tuple[int, bool]] = []
         self._again = again
 
-    def state(self) -> Tuple[Any, int, Tuple[bool, ...]]:
-        """What the trace was made under besides the arguments: the default dtype, the attention
-        backend switches, and the requires_grad of the parameters that decided how a matmul was
-        traced."""
-        return self.default_dtype, self.sdpa, tuple(g for _, g in self.grad_traced)
+    def state(self) -> Tuple[Any, ...]:
+        """What the trace was made under besides the arguments: trace_state() then, and the
+        requires_grad of the parameters that decided how a matmul was traced."""
+        return (*self.made_under, tuple(g for _, g in self.grad_traced))
 
     def recapture(self, args: Sequence[Any], kwargs: Dict[str, Any], dynamic: bool = True) -> Any:
         return self._again(tuple(args), kwargs, dynamic)

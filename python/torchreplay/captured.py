@@ -28,7 +28,7 @@ import torch.fx
 from torch.utils import _pytree as pytree
 
 from . import _C
-from .arguments import _argument_names, _size_checks, _Trace
+from .arguments import _argument_names, _size_checks, _Trace, trace_state
 from .capture_sizes import batch_fields
 from .config import CompilerConfig
 from .engines import dump_graph, new_engine
@@ -159,14 +159,14 @@ class Captured(_C.Call):
         or one traced for them, made once, when first needed, under a lock (two threads never
         trace at once): for arguments of other strides (Note [Traced strides] in
         replay/call_checks.cc); (dynamic=True) for the sizes export specialized (0, 1); under
-        another default dtype or attention backend switches (Note [What a trace was made under])
+        another default dtype, attention backend switches or autocast state (Note [What a trace
+        was made under])
         or requires_grad of a parameter that decided a matmul's fold (matmul_fold.py). Arguments
         of other kinds than traced (None where a tensor was), or other sizes than a static trace's,
         get no trace of their own: this capture's call raises the clear error. Where tracing again
         fails (torch.export's error: a view the new strides do not allow), the arguments' kind
         runs the model eagerly (_Eager: eager's result, or eager's error), said once."""
-        state = (torch.get_default_dtype(), _C.sdpa_switches(),
-                 tuple(self._bound[i].requires_grad for i, _ in self._trace.grad_traced))
+        state = (*trace_state(), tuple(self._bound[i].requires_grad for i, _ in self._trace.grad_traced))
         if not self._trace.same_kinds(flat) or (not self._trace.dynamic and any(
                 isinstance(a, torch.Tensor) and a.shape != e.shape for a, e in zip(flat, self._trace.example))):
             return self   # other sizes than a static trace's: its call raises the clear error
@@ -184,8 +184,8 @@ class Captured(_C.Call):
                                     "strides]): %s (traced with %s)", self.name, layout, traced)
                     elif state != self._trace.state():
                         logger.info("torchreplay: %s: tracing again under the default dtype %s, attention switches "
-                                    "%s and parameters requiring grad %s (traced under %s)", self.name, *state,
-                                    self._trace.state())
+                                    "%s, autocast %s (cpu) and %s (cuda) and parameters requiring grad %s (traced "
+                                    "under %s)", self.name, *state, self._trace.state())
                     else:
                         logger.info("torchreplay: %s: tracing again for sizes %s (a trace holds for 0, 1 or 2 "
                                     "and more, as export specializes)", self.name, key[0])

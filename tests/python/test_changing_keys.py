@@ -267,29 +267,3 @@ def test_a_call_under_another_flush_denormal_setting_captures_again_with_eagers_
     assert stats["replays"] >= 3 and stats["eager_fallbacks"] == 0, stats
     reasons = [c["reason"] for c in stats["capture_log"][1:]]
     assert reasons == ["flush denormal on -> off"], reasons
-
-
-def test_a_call_under_autocast_after_a_capture_without_it_runs_eagerly(replay_log):
-    """Note [Ambient state]: a call under autocast of a graph captured without it runs the graph
-    eagerly, op by op under autocast (its results in autocast's dtype, as eager's are), logged
-    once; calls without autocast replay again."""
-    import torchreplay
-    torch.manual_seed(0)
-    model = ConvNet().eval()
-    x = torch.randn(1, 8, 8, 8)
-    config = torchreplay.CompilerConfig()
-    config.mode = "reduce-overhead"
-    with torch.no_grad(), replay_log.at_level(logging.WARNING, logger="torchreplay"):
-        step = torchreplay.capture(model, (x,), config=config)
-        for _ in range(3):
-            assert_bitwise(step(x), model(x))
-        for _ in range(2):
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                got, want = step(x), model(x)
-            assert got.dtype == want.dtype == torch.bfloat16
-            assert (got.float() - want.float()).abs().max() <= 0.05 * want.float().abs().max()
-        assert_bitwise(step(x), model(x))
-    stats = step.stats()
-    assert (stats["eager_fallbacks"], stats["replays"], stats["captures"]) == (2, 3, 1), stats
-    said = [r.getMessage() for r in replay_log.records if "autocast (cpu) off -> BFloat16" in r.getMessage()]
-    assert len(said) == 1, [r.getMessage() for r in replay_log.records]

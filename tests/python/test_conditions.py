@@ -282,6 +282,64 @@ def test_a_call_under_another_default_dtype(entry, tmp_path):
         assert "default dtype Float -> Double" in f.reasons(), f.reasons()
 
 
+class ConvLinearNorm(nn.Module):
+    """What CPU autocast casts to bfloat16 (a convolution, a Linear over a long row), keeps in
+    float32 (layer norm) and leaves alone (ReLU, flatten)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+        self.fc = nn.Linear(8 * 30 * 30, 16)
+        self.norm = nn.LayerNorm(16)
+
+    def forward(self, x):
+        return self.norm(self.fc(torch.relu(self.conv(x)).flatten(1)))
+
+
+@pytest.mark.parametrize("made_under", ["autocast off", "autocast bfloat16"])
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_a_call_under_another_autocast_state(entry, made_under, tmp_path):
+    """Autocast turned on or off after a capture (Note [Ambient state]): torchreplay.capture traces
+    the model again under it (Note [What a trace was made under]), torch.compile recompiles, both
+    eager's dtype and bits under each state; a loaded program (its graph fixed, its casts nodes)
+    replays what it recorded under any state, autocast off inside it."""
+    torch.manual_seed(0)
+    model = ConvLinearNorm().eval()
+    x = torch.randn(2, 3, 32, 32)
+    on = made_under != "autocast off"
+    with torch.no_grad():
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=on):
+            f = Entry(entry, model, (x,), tmp_path)
+            recorded = model(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=not on):
+            assert not torch.equal(model(x), recorded)  # autocast changes this model's bits
+        for i, cast in enumerate((on, on, not on, not on, not on, on, not on, on)):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cast):
+                want = recorded if entry == "loaded" else model(x)
+                got = f(x)
+            assert_bitwise(got, want, f"{entry} made under {made_under}, call {i} with autocast {cast}")
+    stats = f.stats()
+    assert stats["eager_fallbacks"] == 0, stats
+    # capture, compile: each state warmed up, captured and replayed; loaded: one key replayed
+    assert stats["replays"] == (7 if entry == "loaded" else 6), stats
+
+
+def test_saving_a_capture_whose_recurrent_call_casts_under_autocast_is_refused(tmp_path):
+    """A GRU captured under autocast keeps eager's call (torchreplay::eager_gru), which casts
+    inside itself only while autocast is on; a loaded program runs with autocast off, so save
+    refuses it by name rather than write a program that computes other bits."""
+    torch.manual_seed(0)
+    model = nn.GRU(16, 20, num_layers=2, batch_first=True).eval()
+    x = torch.randn(3, 5, 16)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        step = torchreplay.capture(model, (x,))
+        for i in range(3):
+            assert_bitwise(step(x), model(x), f"call {i}")
+        with pytest.raises(ValueError, match="traced under autocast and keeps eager's torchreplay::eager_gru"):
+            torchreplay.save(step, tmp_path / "gru.trp")
+    assert step.stats()["replays"] == 2
+
+
 class Permuted(nn.Module):
     def __init__(self, bias):
         super().__init__()
