@@ -125,14 +125,24 @@ class _Trace:
         modules = [module] + [c.value for c in self.constants.values() if isinstance(c.value, torch.nn.Module)]
         self.modes = [(weakref.ref(m), name, m.training) for top in modules for name, m in top.named_modules()]
         self.made_under = trace_state()
+        self.hooks = self.hooks_now()
         # (bound input, requires_grad) of the parameters that decided a matmul's trace (matmul_fold.py)
         self.grad_traced: List[Tuple[int, bool]] = []
         self._again = again
 
     def state(self) -> Tuple[Any, ...]:
-        """What the trace was made under besides the arguments: trace_state() then, and the
-        requires_grad of the parameters that decided how a matmul was traced."""
-        return (*self.made_under, tuple(g for _, g in self.grad_traced))
+        """What the trace was made under besides the arguments: trace_state() then, the forward
+        hooks then, and the requires_grad of the parameters that decided how a matmul was traced."""
+        return (*self.made_under, self.hooks, tuple(g for _, g in self.grad_traced))
+
+    def hooks_now(self) -> Tuple[Tuple[int, ...], ...]:
+        """The forward hooks and pre-hooks the trace's modules and every module (the global ones)
+        have now, by handle: the trace ran those it was made with, as eager's call runs those of
+        the moment (patches.py tells every capture when one is added or removed)."""
+        from torch.nn.modules import module as nn_module
+        modules = [m for m in (ref() for ref, _, _ in self.modes) if m is not None]
+        return (tuple(nn_module._global_forward_pre_hooks), tuple(nn_module._global_forward_hooks),
+                *(keys for m in modules for keys in (tuple(m._forward_pre_hooks), tuple(m._forward_hooks))))
 
     def recapture(self, args: Sequence[Any], kwargs: Dict[str, Any], dynamic: bool = True) -> Any:
         return self._again(tuple(args), kwargs, dynamic)

@@ -160,13 +160,14 @@ class Captured(_C.Call):
         trace at once): for arguments of other strides (Note [Traced strides] in
         replay/call_checks.cc); (dynamic=True) for the sizes export specialized (0, 1); under
         another default dtype, attention backend switches or autocast state (Note [What a trace
-        was made under])
+        was made under]) or forward hooks
         or requires_grad of a parameter that decided a matmul's fold (matmul_fold.py). Arguments
         of other kinds than traced (None where a tensor was), or other sizes than a static trace's,
         get no trace of their own: this capture's call raises the clear error. Where tracing again
         fails (torch.export's error: a view the new strides do not allow), the arguments' kind
         runs the model eagerly (_Eager: eager's result, or eager's error), said once."""
-        state = (*trace_state(), tuple(self._bound[i].requires_grad for i, _ in self._trace.grad_traced))
+        state = (*trace_state(), self._trace.hooks_now(),
+                 tuple(self._bound[i].requires_grad for i, _ in self._trace.grad_traced))
         if not self._trace.same_kinds(flat) or (not self._trace.dynamic and any(
                 isinstance(a, torch.Tensor) and a.shape != e.shape for a, e in zip(flat, self._trace.example))):
             return self   # other sizes than a static trace's: its call raises the clear error
@@ -182,10 +183,14 @@ class Captured(_C.Call):
                     if layout != traced:
                         logger.info("torchreplay: %s: tracing again for arguments of other strides (Note [Traced "
                                     "strides]): %s (traced with %s)", self.name, layout, traced)
+                    elif state[-2] != self._trace.hooks:
+                        logger.warning("torchreplay: %s: tracing again: forward hooks were added or removed since "
+                                       "the capture (its fast call path holds for the hooks it was made with: "
+                                       "capture again for that)", self.name)
                     elif state != self._trace.state():
                         logger.info("torchreplay: %s: tracing again under the default dtype %s, attention switches "
                                     "%s, autocast %s (cpu) and %s (cuda) and parameters requiring grad %s (traced "
-                                    "under %s)", self.name, *state, self._trace.state())
+                                    "under %s)", self.name, *state[:-2], state[-1], self._trace.state())
                     else:
                         logger.info("torchreplay: %s: tracing again for sizes %s (a trace holds for 0, 1 or 2 "
                                     "and more, as export specializes)", self.name, key[0])
@@ -208,7 +213,8 @@ class Captured(_C.Call):
             return self._trace.model(*args, **kwargs)
         target._trace.check_size_exprs(flat)
         outs = target._fast(*flat)
-        self._modes_checked(epoch)
+        if target is self:   # else the calls take this path until modes, hooks and the rest hold again
+            self._modes_checked(epoch)
         spec = self._trace.out_spec
         if spec.is_leaf():
             return outs

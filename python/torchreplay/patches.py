@@ -12,6 +12,9 @@ in, once (the package's __init__ calls it); each is idempotent (a patched functi
   comment at _watched below). These two at import, not at the first capture: Dynamo guards on
   the global hooks and on nn.Module.train, so installing them later would recompile every
   function torch.compile had compiled before.
+- nn.Module.register_forward_hook and register_forward_pre_hook, the global ones and
+  RemovableHandle.remove: the same count, so that every Captured compares the forward hooks its
+  trace ran with those of the moment and traces again where they differ (_Trace.hooks_now).
 - torch.nn.Module.__setattr__ and torch.nn.Parameter.data: a module's number changed after a
   capture, and a folded parameter reached through .data (Note [Writes a capture would not see]).
 - transformers' SDPA attention module (patched when imported): for torchreplay's own traces it
@@ -33,6 +36,7 @@ in, once (the package's __init__ calls it); each is idempotent (a patched functi
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import weakref
@@ -527,6 +531,20 @@ def _install_watchers() -> None:
         if not torch.compiler.is_compiling() and (_numbers or isinstance(value, torch.ScriptObject)):
             _on_setattr(self, name, value)   # in this order: Dynamo guards on nothing here
 
+    def watched_hooks(fn: Any) -> Any:  # a forward hook added or removed: Captured checks its hooks
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            out = fn(*args, **kwargs)
+            if not torch.compiler.is_compiling():
+                _C.module_modes_changed()
+            return out
+        return call
+
+    from torch.nn.modules import module as nn_module
+    for owner, name in ((torch.nn.Module, "register_forward_hook"), (torch.nn.Module, "register_forward_pre_hook"),
+                        (torch.utils.hooks.RemovableHandle, "remove"),
+                        (nn_module, "register_module_forward_hook"), (nn_module, "register_module_forward_pre_hook")):
+        setattr(owner, name, watched_hooks(getattr(owner, name)))
     watched_train._torchreplay = True  # type: ignore[attr-defined]
     watched_train.__doc__ = train.__doc__
     torch.nn.Module.train = watched_train  # type: ignore[method-assign]

@@ -5,6 +5,7 @@ other layouts, through every entry point a condition applies to: torchreplay.cap
 and a saved program loaded by the C++ loader. Each case compares bits with eager's and checks
 that the call replayed, or captured again where the condition says it must."""
 import contextlib
+import logging
 
 import pytest
 import torch
@@ -338,6 +339,41 @@ def test_saving_a_capture_whose_recurrent_call_casts_under_autocast_is_refused(t
         with pytest.raises(ValueError, match="traced under autocast and keeps eager's torchreplay::eager_gru"):
             torchreplay.save(step, tmp_path / "gru.trp")
     assert step.stats()["replays"] == 2
+
+
+@pytest.mark.parametrize("entry", ["capture", "compile"])
+def test_forward_hooks_added_and_removed_after_a_capture(entry, replay_log):
+    """A forward hook or pre-hook added after a capture (on the model, a submodule, or every module)
+    or removed after it changes what eager's call computes: torchreplay.capture traces again for
+    the hooks of the moment (said once per new set), eager's bits every call; torch.compile sees
+    them where Dynamo guards on hooks (skip_nnmodule_hook_guards off: Dynamo's default skips them
+    for every backend)."""
+    from torch.nn.modules import module as nn_module
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 8)).eval()
+    x = torch.randn(3, 64)
+    model[0].register_forward_hook(lambda m, i, o: o * 2)   # there at capture: traced
+    with torch.no_grad(), replay_log.at_level(logging.INFO, logger="torchreplay"):
+        if entry == "compile":
+            torch._dynamo.config.skip_nnmodule_hook_guards = False
+        f = Entry(entry, model, (x,))
+        hooks = [lambda: model[2].register_forward_hook(lambda m, i, o: o - 5),
+                 lambda: model.register_forward_pre_hook(lambda m, args: (args[0].flip(0),)),
+                 lambda: nn_module.register_module_forward_hook(lambda m, i, o: o + 1 if isinstance(m, nn.ReLU) else o)]
+        for k, add in enumerate(hooks):
+            for i in range(3):
+                assert_bitwise(f(x), model(x), f"{entry}: before hook {k}, call {i}")
+            handle = add()
+            try:
+                for i in range(3):
+                    assert_bitwise(f(x), model(x), f"{entry}: with hook {k}, call {i}")
+            finally:
+                handle.remove()
+        assert_bitwise(f(x), model(x), f"{entry}: every later hook removed")
+    assert f.stats()["replays"] >= 10, f.stats()
+    if entry == "capture":
+        said = [r for r in replay_log.records if "forward hooks were added or removed" in r.getMessage()]
+        assert len(said) == 3, [r.getMessage() for r in said]
 
 
 class Permuted(nn.Module):
