@@ -22,7 +22,6 @@
 #include <string_view>
 #include <tuple>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "bindings/call.h"
@@ -504,19 +503,6 @@ void BindPrograms(py::module_& m) {
         format::SavedProgram p;
         p.name = call.engine->options().name;
         p.graph = call.engine->shared_graph();
-        const TraceState& traced = call.checks->traced;
-        if (traced.autocast_cpu != c10::ScalarType::Undefined || traced.autocast_cuda != c10::ScalarType::Undefined) {
-          for (const capture::Node& node : p.graph->nodes()) {
-            // Note [Ambient state]: a loaded program runs with autocast off; such a call casts
-            // inside itself under autocast alone
-            if (node.op.has_value() && absl::StartsWith(node.op->schema().name(), "torchreplay::eager_")) {
-              throw py::value_error(absl::StrCat(
-                  "torchreplay.save: this capture was traced under autocast and keeps eager's ",
-                  node.op->schema().name(), " call, which casts inside itself only under autocast, while a loaded "
-                  "program runs with autocast off; save a capture made without autocast"));
-            }
-          }
-        }
         for (size_t i = 0; i < call.bound.size(); ++i) {
           p.bound.push_back({std::move(kinds[i]), std::move(names[i]), call.bound[i].toTensor()});
         }

@@ -89,9 +89,9 @@ struct InputGuard {
 //   torch.set_flush_denormal (the thread's FTZ/DAZ)      numbers converted per call;  in the key
 //                                                        a capture converted them
 //                                                        once
-//   autocast (CPU or CUDA)                               casts before some ops        not in the key: a trace's
-//                                                                                     state, checked by its
-//                                                                                     caller (below)
+//   autocast (CPU or CUDA)                               casts before some ops        not in the key: a graph
+//                                                                                     runs as recorded, autocast
+//                                                                                     off; its casts are nodes
 //   grad mode                                            nothing a graph computes     not in the key: graphs run
 //                                                        (graphs run with it off)     with grad off, the caller's
 //                                                                                     mode kept for outputs
@@ -107,12 +107,12 @@ struct InputGuard {
 // for keys with CUDA inputs: Engine::reads_precision_). A call under other settings is another
 // key, captured for them, the miss logged as the diff ("threads 2 -> 1"), and bounded and said
 // as any key is (Note [A bounded cache]): a program that alternates two thread counts replays
-// both. Autocast decides which ops a trace records (the casts it inserts become nodes), so each
-// caller of an engine runs its graph under the autocast state it was traced under: torchreplay.
-// capture checks the state every call and traces again under another (Note [What a trace was made
-// under]; eager's recurrent calls a capture keeps whole, torchreplay::eager_*, cast inside under
-// it as eager's do); torch.compile recompiles (Dynamo's guards), and AOTAutograd runs the forward
-// with autocast off; a loaded program runs with autocast off (Program::Run: what it recorded).
+// both. Autocast decides which ops a trace records (the casts it inserts), not which kernels run
+// them: the engine runs every graph with autocast's dispatch keys excluded (Engine::Run), as
+// AOTAutograd runs a compiled forward, so a graph computes what it recorded under any autocast
+// state (a loaded program too); torchreplay.capture traces again under another (Note [What a
+// trace was made under]) and refuses recurrent calls under autocast, whose eager kernels cast
+// inside themselves (rnn.py _twin); torch.compile recompiles (Dynamo's guards).
 // What else decides which ops a trace records
 // (the default dtype, attention's backend switches) is the tracer's: Note [What a trace was made
 // under] in bindings/call.h. Tests: guards/guard_key_test.cc (each setting is read and named, keys differ by it);

@@ -31,8 +31,8 @@
 //  6. AOTAutograd's epilogue checks (torch.compile's traced backward): leaves as traced, frozen
 //     parameters still frozen, backward hazards (Note [Traced backward]).
 // In the engine (replay/engine.cc):
-//  7. Engine::Run: mode "default" runs the interpreter; a batch that is not a capture size is
-//     padded (replay/buckets.h).
+//  7. Engine::Run: autocast off inside (Note [Ambient state]); mode "default" runs the
+//     interpreter; a batch that is not a capture size is padded (replay/buckets.h).
 //  8. the key (guards/guard_key.h: dtypes, shapes, strides, devices, a scalar's kind, the settings
 //     eager's kernels read: Note [Ambient state]), found in the thread's KeyCache
 //     (replay/key_cache.h); a new key is checked once (Engine::CheckInputs) and admitted under

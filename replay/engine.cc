@@ -6,6 +6,7 @@
 #include "replay/engine.h"
 
 #include <ATen/record_function.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <algorithm>
 #include <array>
@@ -377,6 +378,7 @@ absl::StatusOr<std::vector<capture::StepTime>> Engine::ProfileSteps(std::vector<
   // Note [Collectives]: the warm-up calls below would issue this graph's collectives as many times
   // as this rank's stage needs, which other ranks may not match; a graph that communicates is
   // profiled only where its key replays already, and then every rank replays `iterations` times.
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);  // as Run
   const bool communicates = graph_->communicates();
   for (int k = 0; !communicates && k <= std::max(0, options_.warmup_iters); ++k) {
     if (auto out = RunKeyed(inputs); !out.ok()) return out.status();
@@ -424,6 +426,9 @@ absl::StatusOr<std::vector<c10::IValue>> Engine::RunPadded(std::vector<c10::IVal
 }
 
 absl::StatusOr<std::vector<c10::IValue>> Engine::Run(std::vector<c10::IValue> inputs) {
+  // Note [Ambient state]: the graph runs as recorded, autocast off (as AOTAutograd runs a compiled
+  // forward): a cast it needs is one of its nodes.
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   absl::StatusOr<std::vector<c10::IValue>> out;
   try {
     out = RunOnce(inputs);

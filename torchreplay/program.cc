@@ -3,7 +3,6 @@
 // them in Python.
 #include "torchreplay/torchreplay.h"
 
-#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -54,8 +53,6 @@ std::vector<c10::IValue> Program::Run(std::vector<c10::IValue> args) const {
                                 replay::CheckStrides(p.saved.strides, p.bound.size(), inputs)}) {
     if (!s.ok()) Fail(s);
   }
-  // Note [Ambient state]: what the program recorded, its casts nodes, under any autocast state
-  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   absl::StatusOr<std::vector<c10::IValue>> out = p.engine->Run(std::move(inputs));
   if (!out.ok()) Fail(out.status());
   if (p.saved.num_outputs >= 0) out->resize(p.saved.num_outputs);
@@ -65,7 +62,6 @@ std::vector<c10::IValue> Program::Run(std::vector<c10::IValue> args) const {
 void Program::Precapture(std::vector<std::vector<c10::IValue>> arg_sets) const {
   const Impl& p = *impl_;
   for (std::vector<c10::IValue>& args : arg_sets) args.insert(args.begin(), p.bound.begin(), p.bound.end());
-  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);  // as Run
   if (absl::Status s = p.engine->Precapture(std::move(arg_sets)); !s.ok()) Fail(s);
 }
 

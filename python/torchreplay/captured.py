@@ -329,6 +329,10 @@ def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Option
     captured = Captured(engine, bound, bound_names, _graph_inputs_tracked(gm, len(bound)), program.mutated, fixed, sizes,
                         model if isinstance(model, torch.nn.Module) else None, trace, program.grad_owners)
     captured.numerics = numerics
+    if any(trace.hooks):
+        logger.warning("torchreplay: %s: the model's forward hooks were traced: what they do to outputs replays, "
+                       "while what they do in Python (counting calls, keeping activations) ran once, at the trace, "
+                       "on fake tensors", name)
     for m in [module] + [v for v in constants.values() if isinstance(v, torch.nn.Module)]:
         _watch(m, captured)
     logger.debug("torchreplay: captured %s (%d nodes, %d bound inputs)", name, graph.num_nodes, len(bound))

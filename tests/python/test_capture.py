@@ -951,7 +951,8 @@ def test_recurrent_states_read_inside_the_graph_are_eagers(kind, entry):
     ("torch.compile", "a second batch size")])
 def test_recurrent_modules_where_a_decomposition_would_not_be_eagers(entry, case):
     """A GRU and an RNN where PyTorch's decomposition is not eager's arithmetic or Dynamo's
-    trace cannot keep the op (Note [Recurrent modules whole]): each call eager's bits."""
+    trace cannot keep the op (Note [Recurrent modules whole]): each call eager's bits (a capture
+    under autocast refused by name)."""
     torch.manual_seed(0)
     train = case.startswith("dropout")
     models = [nn.GRU(16, 20, num_layers=2, dropout=0.5 if train else 0.0, batch_first=True),
@@ -970,6 +971,11 @@ def test_recurrent_modules_where_a_decomposition_would_not_be_eagers(entry, case
         args = [arg(i, *shape) for i, shape in enumerate(shapes)]
         torch._dynamo.reset()
         backend = torchreplay.get_backend(compiler_config=config())
+        if entry == "capture" and case == "autocast":  # eager's kernels cast inside: refused (rnn._twin)
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), \
+                    pytest.raises(NotImplementedError, match="under autocast is not captured"):
+                torchreplay.capture(model, args[0], config=config())
+            continue
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=case == "autocast"):
             step = torch.compile(model, backend=backend, dynamic=True if case == "dynamic=True" else None) \
                 if entry == "torch.compile" \
