@@ -297,16 +297,30 @@ class ConvLinearNorm(nn.Module):
         return self.norm(self.fc(torch.relu(self.conv(x)).flatten(1)))
 
 
+class TransposedLinear(nn.Module):
+    """A Linear over a batch that is not contiguous but folds as a view (Note [Matmuls folded as
+    eager folds them]): under autocast its bias is cast too."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(32, 24)
+
+    def forward(self, x):
+        return self.fc(x.transpose(0, 1))
+
+
+@pytest.mark.parametrize("make, shape", [(ConvLinearNorm, (2, 3, 32, 32)), (TransposedLinear, (7, 5, 32))],
+                         ids=["conv-linear-norm", "transposed-linear"])
 @pytest.mark.parametrize("made_under", ["autocast off", "autocast bfloat16"])
 @pytest.mark.parametrize("entry", ENTRIES)
-def test_a_call_under_another_autocast_state(entry, made_under, tmp_path):
+def test_a_call_under_another_autocast_state(entry, made_under, make, shape, tmp_path):
     """Autocast turned on or off after a capture (Note [Ambient state]): torchreplay.capture traces
     the model again under it (Note [What a trace was made under]), torch.compile recompiles, both
     eager's dtype and bits under each state; a loaded program (its graph fixed, its casts nodes)
     replays what it recorded under any state, autocast off inside it."""
     torch.manual_seed(0)
-    model = ConvLinearNorm().eval()
-    x = torch.randn(2, 3, 32, 32)
+    model = make().eval()
+    x = torch.randn(*shape)
     on = made_under != "autocast off"
     with torch.no_grad():
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=on):
