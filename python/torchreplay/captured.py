@@ -184,6 +184,14 @@ class Captured(_C.Call):
                         logger.info("torchreplay: %s: tracing again for arguments of other strides (Note [Traced "
                                     "strides]): %s (traced with %s)", self.name, layout, traced)
                     elif state[-2] != self._trace.hooks:
+                        if sum(k[1][-2] != self._trace.hooks for k in self._variants) >= _HOOK_SETS:
+                            # a hook registered anew every call: bounded, said once
+                            if not getattr(self, "_hooks_said", False):
+                                self._hooks_said = True
+                                logger.warning("torchreplay: %s: forward hooks changed %d times since the capture; "
+                                               "calls under further hooks run the model eagerly (register a hook "
+                                               "once, or capture again)", self.name, _HOOK_SETS)
+                            return _HOOKS_CHANGED
                         logger.warning("torchreplay: %s: tracing again: forward hooks were added or removed since "
                                        "the capture (its fast call path holds for the hooks it was made with: "
                                        "capture again for that)", self.name)
@@ -221,6 +229,9 @@ class Captured(_C.Call):
         return pytree.tree_unflatten(list(outs), spec)
 
 
+_HOOK_SETS = 8  # traces made again for other forward hooks, per capture
+
+
 class _Eager:
     """The arguments' kind whose trace failed (Captured._trace_for): its calls run the model."""
 
@@ -229,6 +240,9 @@ class _Eager:
 
     def __getattr__(self, name: str) -> Any:   # precapture and profile reach for a capture's parts
         raise RuntimeError(f"torchreplay: these arguments run the model eagerly: tracing them failed ({self.reason})")
+
+
+_HOOKS_CHANGED = _Eager("forward hooks changed too often since the capture")
 
 
 def _graph_inputs_tracked(gm: torch.fx.GraphModule, n_bound: int) -> List[int]:

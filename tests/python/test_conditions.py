@@ -377,6 +377,62 @@ def test_recurrent_modules_under_autocast(module, where, replay_log):
     assert len(said) == 1, [r.getMessage() for r in replay_log.records]
 
 
+def test_a_hook_registered_anew_every_call_is_traced_a_bounded_number_of_times(replay_log):
+    """A hook registered and removed around every call is a new set of hooks each time: the
+    capture traces again for at most 8 of them, then runs the model eagerly, said once; every call
+    eager's bits, the hook's effects included."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 4)).eval()
+    x = torch.randn(5, 16)
+    with torch.no_grad(), replay_log.at_level(logging.WARNING, logger="torchreplay"):
+        step = torchreplay.capture(model, (x,))
+        for i in range(14):
+            handle = model[1].register_forward_hook(lambda m, a, o, i=i: o * (i + 2))
+            try:
+                assert_bitwise(step(x), model(x), f"call {i}")
+            finally:
+                handle.remove()
+        assert_bitwise(step(x), model(x), "hooks removed")
+    assert len(step.stats()["traces"]) == 9, step.stats()   # the capture and 8 traces made again
+    said = [r for r in replay_log.records if "forward hooks changed 8 times" in r.getMessage()]
+    assert len(said) == 1
+
+
+@pytest.mark.parametrize("entry", ["capture", "compile"])
+def test_forward_hooks_added_and_removed_after_a_capture(entry, replay_log):
+    """A forward hook or pre-hook added after a capture (on the model, a submodule, or every module)
+    or removed after it changes what eager's call computes: torchreplay.capture traces again for
+    the hooks of the moment (said once per new set), eager's bits every call; torch.compile sees
+    them where Dynamo guards on hooks (skip_nnmodule_hook_guards off: Dynamo's default skips them
+    for every backend)."""
+    from torch.nn.modules import module as nn_module
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 8)).eval()
+    x = torch.randn(3, 64)
+    model[0].register_forward_hook(lambda m, i, o: o * 2)   # there at capture: traced
+    with torch.no_grad(), replay_log.at_level(logging.INFO, logger="torchreplay"):
+        if entry == "compile":
+            torch._dynamo.config.skip_nnmodule_hook_guards = False
+        f = Entry(entry, model, (x,))
+        hooks = [lambda: model[2].register_forward_hook(lambda m, i, o: o - 5),
+                 lambda: model.register_forward_pre_hook(lambda m, args: (args[0].flip(0),)),
+                 lambda: nn_module.register_module_forward_hook(lambda m, i, o: o + 1 if isinstance(m, nn.ReLU) else o)]
+        for k, add in enumerate(hooks):
+            for i in range(3):
+                assert_bitwise(f(x), model(x), f"{entry}: before hook {k}, call {i}")
+            handle = add()
+            try:
+                for i in range(3):
+                    assert_bitwise(f(x), model(x), f"{entry}: with hook {k}, call {i}")
+            finally:
+                handle.remove()
+        assert_bitwise(f(x), model(x), f"{entry}: every later hook removed")
+    assert f.stats()["replays"] >= 10, f.stats()
+    if entry == "capture":
+        said = [r for r in replay_log.records if "forward hooks were added or removed" in r.getMessage()]
+        assert len(said) == 3, [r.getMessage() for r in said]
+
+
 class Permuted(nn.Module):
     def __init__(self, bias):
         super().__init__()
