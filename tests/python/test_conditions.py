@@ -433,6 +433,32 @@ def test_forward_hooks_added_and_removed_after_a_capture(entry, replay_log):
         assert len(said) == 3, [r.getMessage() for r in said]
 
 
+def test_a_trace_made_again_whose_graph_fails_runs_the_model_eagerly(replay_log):
+    """torch.export traces einsum under autocast with its bmm's operands left in two dtypes, a
+    graph that fails where eager runs: the trace made for calls under autocast fails on its first
+    call, and such calls run the model eagerly (eager's bits, said once); calls without autocast
+    still replay."""
+    torch.manual_seed(0)
+
+    class Einsum(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(16, 16)
+
+        def forward(self, x, y):
+            return torch.einsum("ij,kj->ik", self.fc(x), y)
+
+    model, x, y = Einsum().eval(), torch.randn(40, 16), torch.randn(40, 16)
+    with torch.no_grad(), replay_log.at_level(logging.WARNING, logger="torchreplay"):
+        step = torchreplay.capture(model, (x, y))
+        for i, cast in enumerate((False, False, True, True, True, False)):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cast):
+                assert_bitwise(step(x, y), model(x, y), f"call {i}, autocast {cast}")
+    assert step.stats()["replays"] == 2, step.stats()
+    said = [r for r in replay_log.records if "failed on its first call" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in replay_log.records]
+
+
 class Permuted(nn.Module):
     def __init__(self, bias):
         super().__init__()
