@@ -110,15 +110,16 @@ struct InputGuard {
 // both. Autocast decides which ops a trace records (the casts it inserts), not which kernels run
 // them: the engine runs every graph with autocast's dispatch keys excluded (Engine::Run), as
 // AOTAutograd runs a compiled forward, so a graph computes what it recorded under any autocast
-// state (a loaded program too); torchreplay.capture traces again under another (Note [What a
-// trace was made under]) and refuses recurrent calls under autocast, whose eager kernels cast
-// inside themselves (rnn.py _twin); torch.compile recompiles (Dynamo's guards).
+// state (a loaded program too); torch.compile recompiles (Dynamo's guards); torchreplay.capture
+// refuses to trace under autocast (torch.export decomposes composite ops without autocast's casts
+// inside them: export.py _refuse_autocast), so its calls under autocast run the model eagerly
+// (Note [What a trace was made under]).
 // What else decides which ops a trace records
 // (the default dtype, attention's backend switches) is the tracer's: Note [What a trace was made
 // under] in bindings/call.h. Tests: guards/guard_key_test.cc (each setting is read and named, keys differ by it);
 // tests/python/test_conditions.py (in the key     with eager's bits: thread count, matmul
 // precision, default dtype, deterministic algorithms, NNPACK, oneDNN deterministic and conv
-// precision; inference mode; attention's switches and autocast traced again) and test_changing_keys.py (mkldnn, flush-denormal). The
+// precision; inference mode; attention's switches traced again; autocast) and test_changing_keys.py (mkldnn, flush-denormal). The
 // CUDA settings are read and compared as the others but were never run on a GPU.
 struct Ambient {
   int threads = 1;

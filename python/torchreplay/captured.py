@@ -97,7 +97,6 @@ class Captured(_C.Call):
         # The engine's Python object too: torchreplay.stats() lists it while this lives.
         self._bound, self._trace, self._engine, self._bound_names = bound, trace, engine, bound_names
         self._variants: Dict[Any, Any] = {}   # key -> the Captured traced for it, or _Eager
-        self._untried: Any = None   # a trace made again, not called yet: its key in _variants
         self._lock = threading.Lock()
         if trace.dynamic:
             self._variants[(trace.size_class(trace.example), trace.state(), trace.layout(trace.example))] = self
@@ -205,7 +204,7 @@ class Captured(_C.Call):
                                     "and more, as export specializes)", self.name, key[0])
                     try:
                         found = self._trace.recapture(args, kwargs, dynamic=self._trace.dynamic)
-                        found._variants, found._lock, found._untried = self._variants, self._lock, key
+                        found._variants, found._lock = self._variants, self._lock
                     except Exception as e:  # noqa: BLE001 - any trace failure: the model's eager, said once
                         found = _Eager(f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")
                         logger.warning("torchreplay: %s: tracing again for these arguments failed (%s); calls like "
@@ -221,21 +220,7 @@ class Captured(_C.Call):
         if isinstance(target, _Eager):
             return self._trace.model(*args, **kwargs)
         target._trace.check_size_exprs(flat)
-        key, target._untried = target._untried, None
-        try:
-            outs = target._fast(*flat)
-        except RuntimeError as e:
-            if key is None:
-                raise
-            # a trace made again whose graph fails where the model does not (torch.export under
-            # autocast records einsum's bmm without its cast): these arguments run the model
-            # eagerly, eager's result or error, said once
-            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            logger.warning("torchreplay: %s: the trace made again for these arguments failed on its first call "
-                           "(%s); calls like them run the model eagerly", self.name, reason)
-            with self._lock:
-                self._variants[key] = _Eager(reason)
-            return self._trace.model(*args, **kwargs)
+        outs = target._fast(*flat)
         if target is self:   # else the calls take this path until modes, hooks and the rest hold again
             self._modes_checked(epoch)
         spec = self._trace.out_spec

@@ -214,6 +214,8 @@ def _trace_exported(traced: "_Flat", leaves: Tuple[Any, ...], dynamic: bool,
     # every input as errors call it, for Note [Inputs that share memory]
     inputs = [(_bound_name("buffer" if k in buffers else "parameter", k), t) for k, t in state.items()] + \
         [(n, a) for n, a in zip(leaf_names, leaves) if isinstance(a, torch.Tensor)]
+    if torch._C._is_any_autocast_enabled():
+        _refuse_autocast("the capture is made under autocast")
     try:
         with _RandomStateWatch() as rng, torch.no_grad(), \
                 rnn.whole_in_trace(close):
@@ -222,6 +224,8 @@ def _trace_exported(traced: "_Flat", leaves: Tuple[Any, ...], dynamic: bool,
     except Exception as e:
         _refuse_shared_memory(inputs, (), e)
         raise
+    if any(n.target is torch.ops.higher_order.wrap_with_autocast for n in ep.graph.nodes):
+        _refuse_autocast("the model's forward enters autocast")
     rng.check()
     targets = {spec.arg.name: spec.target for spec in ep.graph_signature.input_specs if hasattr(spec.arg, "name")}
     decided = {targets[p.name]: p.meta["val"].requires_grad for p in fold_as_eager(ep.graph_module)}
@@ -335,6 +339,19 @@ def _refuse_shared_memory(inputs: Sequence[Tuple[str, Any]], written: Sequence[s
         "model instead: torch.compile(model, backend=torchreplay.get_backend(...)) takes it (AOTAutograd gives "
         "the graph their common base); or keep one of them and take the other as a view of it inside forward, "
         "or give each memory of its own (clone). Note [Inputs that share memory] in export.py") from error
+
+
+def _refuse_autocast(where: str) -> None:
+    """Note [Ambient state] (guards/guard_key.h): torch.export (torch 2.11) decomposes composite
+    ops under autocast without autocast's casts on the ops inside them (einsum, tensordot,
+    bilinear, nll_loss, the RNN cells and modules), so a trace under autocast is not eager's
+    program, and a graph runs with autocast off: refused by name. torch.compile traces autocast as
+    eager runs it."""
+    raise NotImplementedError(
+        f"torchreplay.capture: {where}; torch.export decomposes composite ops (einsum, bilinear, "
+        "nll_loss, recurrent modules, ...) without autocast's casts, so such a trace would not compute eager's "
+        "results: capture the model without autocast (a capture called under autocast runs the model eagerly), "
+        "or use torch.compile(model, backend='torchreplay'), which traces autocast as eager runs it")
 
 
 def _refuse_packed_weights(module: torch.nn.Module) -> None:

@@ -106,12 +106,6 @@ def _fold(graph: torch.fx.Graph, n: torch.fx.Node, tensor1: torch.fx.Node, tenso
     v1, v2 = tensor1.meta["val"], tensor2.meta["val"]
     call = graph.call_function
     with graph.inserting_before(n):
-        # under CPU autocast, linear and matmul cast their operands first (lower-precision ops); the
-        # decomposition would cast the mm's alone and leave a bias in float32
-        tensor1, v1 = _autocast(call, tensor1, v1)
-        tensor2, v2 = _autocast(call, tensor2, v2)
-        if bias is not None:
-            bias, _ = _autocast(call, bias, bias.meta.get("val"))
         if linear:
             tensor2, v2 = call(aten.t.default, (tensor2,)), v2.t()
         transpose = v2.dim() > v1.dim()
@@ -135,17 +129,6 @@ def _fold(graph: torch.fx.Graph, n: torch.fx.Node, tensor1: torch.fx.Node, tenso
         if bias is not None:
             out = call(aten.add.Tensor, (out, bias))
     return out
-
-
-def _autocast(call: Any, node: Any, val: Any) -> Tuple[Any, Any]:
-    """`node` (value `val`) as CPU autocast hands it to a lower-precision op: a float32 (or other
-    non-double floating) CPU tensor cast to autocast's dtype; as it is otherwise."""
-    if not torch.is_autocast_enabled("cpu") or not isinstance(val, torch.Tensor) or val.device.type != "cpu":
-        return node, val
-    dtype = torch.get_autocast_dtype("cpu")
-    if not val.is_floating_point() or val.dtype in (torch.float64, dtype):
-        return node, val
-    return call(aten._to_copy.default, (node,), {"dtype": dtype}), val.to(dtype)
 
 
 def _deciding(gm: torch.fx.GraphModule):

@@ -136,21 +136,7 @@ def export_decompositions(table: Dict[Any, Callable], close: bool = False) -> Di
 def _where_eager(op: Any, decomposition: Optional[Callable], twin: Any, close: bool, *args: Any, **kwargs: Any) -> Any:
     if decomposition is not None and not kwargs and len(args) == 9 and _decomposes(op, args, close):
         return _states_as_given(args, decomposition(*args, **kwargs))
-    return _twin(op, twin)(*args, **kwargs)
-
-
-def _twin(op: Any, twin: Any) -> Any:
-    """`twin`, outside autocast. Under CPU autocast eager's recurrent composite casts inside itself
-    (its results come out bfloat16 from an LSTM, float32 from a GRU), which a graph run with autocast
-    off (Note [Ambient state] in guards/guard_key.h) cannot repeat, and the decomposition would not
-    be eager's bits: the trace stops with this error (torchreplay.capture raises it; a trace made
-    again for a call runs the model eagerly, said once)."""
-    if torch._C._is_any_autocast_enabled():
-        raise NotImplementedError(
-            f"torchreplay: {op.overloadpacket.__name__} under autocast is not captured (eager's recurrent kernels "
-            "cast inside themselves under autocast, which a replayed graph does not repeat): capture the model "
-            "without autocast, or leave the recurrent module outside the autocast region")
-    return twin
+    return twin(*args, **kwargs)
 
 
 def _states_as_given(args: tuple, out: Any) -> Any:
@@ -198,7 +184,7 @@ class _VFInTrace:
             op = _overload(packet, args)
             if op is None or not isinstance(args[0], FakeTensor) or _decomposes(op, args, self._close):
                 return fn(*args)
-            return _twin(op, _WHOLE[op])(*args)
+            return _WHOLE[op](*args)
         return call
 
 
