@@ -338,7 +338,7 @@ void ArgumentFields(IO& io, SavedProgram& p) {
       io.Check(!spec.has_value() || c.dim < spec->dim, "a size check's dim is beyond its argument's rank");
     }
   }
-  io.Count(p.strides, "stride checks", 2 * sizeof(int64_t));
+  io.Count(p.strides, "stride checks", sizeof(int64_t) + sizeof(uint32_t));  // arg, an empty list
   for (replay::StrideCheck& c : p.strides) {
     io.template Num<int64_t>(c.arg, "stride check", 0, last_arg, out_of_range);
     c.strides = NumberList<int64_t>(io, std::move(c.strides), "stride check");

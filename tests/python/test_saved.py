@@ -135,3 +135,21 @@ def test_the_cpp_example_runs_a_saved_model_without_python(tmp_path):
             want = reference(x, torch.tensor([i]))
             assert sums[f"call {i}"] == want.sum().item(), (i, out.stdout)  # exactly: printed as %a
     assert "replays 3" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_program_of_many_arguments_without_stride_checks_loads(dynamic, tmp_path):
+    """A dynamic capture's stride checks of contiguous arguments, and a static capture's of 0-d
+    tensors, hold no strides: the file's count of them is checked against their smallest size."""
+    def fn(a, b, c, d):
+        return a * 2 + b.sum() + c.sum() + d
+
+    args = (torch.randn(2, 3), torch.randn(3, 4, 5), torch.randn(4), torch.tensor(1.5)) if dynamic else \
+        (torch.tensor(1.0), torch.tensor(2.0), torch.tensor(3.0), torch.tensor(4.0))
+    with torch.no_grad():
+        step = torchreplay.capture(fn, args, config=_config(), dynamic=dynamic)
+        torchreplay.save(step, tmp_path / "many.trp")
+        program = torchreplay.load(tmp_path / "many.trp")
+        for i in range(3):
+            assert_bitwise(program(*args)[0], fn(*args), f"call {i}")
+    assert program.stats()["replays"] == 2
