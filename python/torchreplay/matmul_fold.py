@@ -32,6 +32,7 @@ from typing import Any, List, Optional, Set, Tuple
 import torch
 import torch.fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from .fx_views import root
@@ -73,7 +74,7 @@ def _operands(n: torch.fx.Node):
     return x, w, b, True
 
 
-def _sensitive(t1, t2) -> Optional[Tuple[bool, bool]]:
+def _sensitive(t1, t2, matrix_requires_grad: bool) -> Optional[Tuple[bool, bool]]:
     """For a matmul of fake tensors t1 @ t2: None if export's decomposition folds as eager does,
     else (whether the trace must fold, whether requires_grad decided it): the matrix operand
     requires grad (eager folds with a copy), or the batch is not contiguous but folds as a view
@@ -87,7 +88,7 @@ def _sensitive(t1, t2) -> Optional[Tuple[bool, bool]]:
                                       _foldable_without_copy(big.shape, big.stride()))
     if without_grad:
         return None if big.is_contiguous() else (True, False)
-    return (t2 if larger else t1).requires_grad, True
+    return matrix_requires_grad, True
 
 
 def _size(graph: torch.fx.Graph, node: torch.fx.Node, shape, d: int):
@@ -134,6 +135,10 @@ def _fold(graph: torch.fx.Graph, n: torch.fx.Node, tensor1: torch.fx.Node, tenso
 def _deciding(gm: torch.fx.GraphModule):
     """Each node whose fold depends on requires_grad: (node, operands, must fold, the placeholder
     its matrix operand is read from, or None)."""
+    placeholders = {}   # the storage of each placeholder's fake tensor -> the placeholder
+    for p in gm.graph.find_nodes(op="placeholder"):
+        if isinstance(_val(p), torch.Tensor) and not is_traceable_wrapper_subclass(_val(p)):
+            placeholders.setdefault(StorageWeakRef(_val(p).untyped_storage()), p)
     for n in list(gm.graph.nodes):
         ops = _operands(n)
         if ops is None:
@@ -146,11 +151,17 @@ def _deciding(gm: torch.fx.GraphModule):
             continue  # the subclass's own matmul runs (torchao's quantized weights), not ATen's fold
         if is_linear:
             v2 = v2.t()
-        decision = _sensitive(v1, v2)
+        matrix = t2 if v1.dim() >= v2.dim() else t1
+        start = root(matrix)
+        if start.op != "placeholder":  # a view the chain does not follow (an item of a split)
+            start = placeholders.get(StorageWeakRef(_val(matrix).untyped_storage()), start)
+        # a view of a parameter requires grad as the parameter does, also one made under no_grad
+        # (eager's split of MultiheadAttention's in_proj_weight), where export's fake one does not
+        requires_grad = _val(matrix).requires_grad or (start.op == "placeholder" and _val(start).requires_grad)
+        decision = _sensitive(v1, v2, requires_grad)
         if decision is None:
             continue
         fold, by_grad = decision
-        start = root(t2 if v1.dim() >= v2.dim() else t1)
         yield n, ops, fold, start if by_grad and start.op == "placeholder" else None
 
 

@@ -462,14 +462,28 @@ class Matmuls(nn.Module):
         return xp @ self.w, xp @ self.v, self.m @ x.permute(0, 2, 1)[:, :6, :]
 
 
+class SplitWeight(nn.Module):
+    """A Linear by a piece of a parameter split in forward, as MultiheadAttention's cross attention
+    splits in_proj_weight: under no_grad the piece requires grad as the parameter does."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(20, 8))
+        self.b = nn.Parameter(torch.randn(20))
+
+    def forward(self, x):
+        (_, w), (_, b) = self.w.split([8, 12]), self.b.split([8, 12])
+        return nn.functional.linear(x.permute(2, 0, 1), w, b)
+
+
 @pytest.mark.parametrize("entry", ENTRIES)
-@pytest.mark.parametrize("make", ["linear", "linear without bias", "matmuls"])
+@pytest.mark.parametrize("make", ["linear", "linear without bias", "matmuls", "split weight"])
 def test_products_by_parameters_on_permuted_inputs_fold_as_eager(make, entry, tmp_path):
     """Note [Matmuls folded as eager folds them]: eager folds such a product into one mm (a copy of
     the input first) while the parameter requires grad, even under no_grad, and runs a bmm once it
     is frozen; each call eager's bits, and changing requires_grad after the capture traces again."""
     torch.manual_seed(0)
-    model = Matmuls() if make == "matmuls" else Permuted(bias=make == "linear")
+    model = {"matmuls": Matmuls, "split weight": SplitWeight}.get(make, lambda: Permuted(bias=make == "linear"))()
     x = torch.randn(2, 8, 6)
     with torch.no_grad():
         f = Entry(entry, model, (x,), tmp_path)
