@@ -119,7 +119,9 @@ struct RequiresGradGuard {
 // scaled_dot_product_attention's backend switches (torch.nn.attention.sdpa_kernel; the CPU
 // records the flash op or the math decomposition) and autocast per device (the casts it inserts
 // become nodes; the engine runs a graph with autocast off; torchreplay.capture refuses to trace
-// under autocast, so its calls under it run the model eagerly). A graph recorded under one is
+// under autocast, so its calls under it run the model eagerly), and torch.backends.mha's fast-path
+// switch (Note [Transformer fast paths] in fast_paths.py: a Python global, held by captured.py's
+// trace state, not here; its setter makes every capture check). A graph recorded under one is
 // another program than eager's under another. torchreplay.capture checks it on every call and traces again under
 // another (captured.py); torch.compile's Dynamo guards the default dtype, and the backend adds
 // SdpaGuard to the frames whose graph has an attention (backend.py). A loaded program's graph is

@@ -23,10 +23,12 @@ from . import _C
 def trace_state() -> Tuple[Any, ...]:
     """What decides which ops a trace records, now (Note [What a trace was made under] in
     bindings/call.h, TraceState there): the default dtype (factories without one), attention's
-    backend switches, and autocast's dtype on the CPU and on CUDA (None: off; its casts become
-    nodes)."""
+    backend switches, autocast's dtype on the CPU and on CUDA (None: off; its casts become nodes),
+    and whether the transformer modules' fast path is on (Note [Transformer fast paths]; a Python
+    switch, which patches.py tells every capture of when set)."""
     return (torch.get_default_dtype(), _C.sdpa_switches(),
-            *(torch.get_autocast_dtype(d) if torch.is_autocast_enabled(d) else None for d in ("cpu", "cuda")))
+            *(torch.get_autocast_dtype(d) if torch.is_autocast_enabled(d) else None for d in ("cpu", "cuda")),
+            torch.backends.mha.get_fastpath_enabled())
 
 
 def _size_checks(vals: List[Any], ranges: Dict[Any, Any]) -> Tuple[List[Any], List[Any], Dict[Any, Any]]:

@@ -159,8 +159,8 @@ class Captured(_C.Call):
         or one traced for them, made once, when first needed, under a lock (two threads never
         trace at once): for arguments of other strides (Note [Traced strides] in
         replay/call_checks.cc); (dynamic=True) for the sizes export specialized (0, 1); under
-        another default dtype, attention backend switches or autocast state (Note [What a trace
-        was made under]) or forward hooks
+        another default dtype, attention backend switches, autocast state or transformer fast
+        path switch (Note [What a trace was made under]) or forward hooks
         or requires_grad of a parameter that decided a matmul's fold (matmul_fold.py). Arguments
         of other kinds than traced (None where a tensor was), or other sizes than a static trace's,
         get no trace of their own: this capture's call raises the clear error. Where tracing again
@@ -197,8 +197,9 @@ class Captured(_C.Call):
                                        "capture again for that)", self.name)
                     elif state != self._trace.state():
                         logger.info("torchreplay: %s: tracing again under the default dtype %s, attention switches "
-                                    "%s, autocast %s (cpu) and %s (cuda) and parameters requiring grad %s (traced "
-                                    "under %s)", self.name, *state[:-2], state[-1], self._trace.state())
+                                    "%s, autocast %s (cpu) and %s (cuda), transformer fast path %s and parameters "
+                                    "requiring grad %s (traced under %s)", self.name, *state[:-2], state[-1],
+                                    self._trace.state())
                     else:
                         logger.info("torchreplay: %s: tracing again for sizes %s (a trace holds for 0, 1 or 2 "
                                     "and more, as export specializes)", self.name, key[0])

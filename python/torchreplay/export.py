@@ -24,6 +24,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from . import packed, rnn
+from .fast_paths import eager_fast_paths
 from .matmul_fold import fold_as_eager
 from .random_state import _RandomStateWatch
 from .subclasses import inner_tensors
@@ -218,7 +219,7 @@ def _trace_exported(traced: "_Flat", leaves: Tuple[Any, ...], dynamic: bool,
         _refuse_autocast("the capture is made under autocast")
     try:
         with _RandomStateWatch() as rng, torch.no_grad(), \
-                rnn.whole_in_trace(close):
+                rnn.whole_in_trace(close), eager_fast_paths():
             ep = torch.export.export(traced, _unviewed(leaves) if dynamic else leaves, dynamic_shapes=dynamic_shapes,
                                      strict=False)
     except Exception as e:

@@ -14,7 +14,9 @@ in, once (the package's __init__ calls it); each is idempotent (a patched functi
   function torch.compile had compiled before.
 - nn.Module.register_forward_hook and register_forward_pre_hook, the global ones and
   RemovableHandle.remove: the same count, so that every Captured compares the forward hooks its
-  trace ran with those of the moment and traces again where they differ (_Trace.hooks_now).
+  trace ran with those of the moment and traces again where they differ (_Trace.hooks_now); and
+  torch.backends.mha.set_fastpath_enabled, the same count, as the switch decides whether a trace
+  holds the transformer modules' fused ops (Note [Transformer fast paths] in fast_paths.py).
 - torch.nn.Module.__setattr__ and torch.nn.Parameter.data: a module's number changed after a
   capture, and a folded parameter reached through .data (Note [Writes a capture would not see]).
 - transformers' SDPA attention module (patched when imported): for torchreplay's own traces it
@@ -531,7 +533,8 @@ def _install_watchers() -> None:
         if not torch.compiler.is_compiling() and (_numbers or isinstance(value, torch.ScriptObject)):
             _on_setattr(self, name, value)   # in this order: Dynamo guards on nothing here
 
-    def watched_hooks(fn: Any) -> Any:  # a forward hook added or removed: Captured checks its hooks
+    def watched(fn: Any) -> Any:  # a forward hook added or removed, the transformer fast path switched:
+        # each Captured checks what its trace was made under (_Trace.state) on its next call
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
             out = fn(*args, **kwargs)
@@ -543,8 +546,9 @@ def _install_watchers() -> None:
     from torch.nn.modules import module as nn_module
     for owner, name in ((torch.nn.Module, "register_forward_hook"), (torch.nn.Module, "register_forward_pre_hook"),
                         (torch.utils.hooks.RemovableHandle, "remove"),
-                        (nn_module, "register_module_forward_hook"), (nn_module, "register_module_forward_pre_hook")):
-        setattr(owner, name, watched_hooks(getattr(owner, name)))
+                        (nn_module, "register_module_forward_hook"), (nn_module, "register_module_forward_pre_hook"),
+                        (torch.backends.mha, "set_fastpath_enabled")):
+        setattr(owner, name, watched(getattr(owner, name)))
     watched_train._torchreplay = True  # type: ignore[attr-defined]
     watched_train.__doc__ = train.__doc__
     torch.nn.Module.train = watched_train  # type: ignore[method-assign]
