@@ -124,8 +124,17 @@ def _cia_decompositions(close: bool) -> Dict[Any, Callable]:
     from torch._export.utils import _collect_all_valid_cia_ops
 
     cia = _collect_all_valid_cia_ops()
-    table = {op: fn for op, fn in torch.export.default_decompositions().items() if op in cia}
+    table = {op: fn for op, fn in torch.export.default_decompositions().items()
+             if op in cia and op not in _CHECKS_VALUES}
     return rnn.export_decompositions(table, close)
+
+
+# CompositeImplicitAutograd ops whose eager call raises on bad values (a class out of range, a
+# matrix not positive-definite or singular: their _ex op's info checked) where their decompositions
+# go on with a wrong result: kept whole, eager's call with its checks runs at each replay.
+_CHECKS_VALUES = {aten.one_hot.default, aten.linalg_cholesky.default, aten.linalg_inv.default,
+                  aten.inverse.default, aten.linalg_solve.default, aten.linalg_lu_factor.default,
+                  aten.linalg_ldl_factor.default}
 
 
 def _writes_back(ep: ExportedProgram, gm: torch.fx.GraphModule) -> int:

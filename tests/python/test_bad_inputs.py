@@ -91,6 +91,27 @@ def f_index(x, idx):
     return x.index_select(0, idx) * 2
 
 
+def f_one_hot(idx):
+    return nn.functional.one_hot(idx, 5) * 2
+
+
+def f_cholesky(a):
+    return torch.linalg.cholesky(a) * 2
+
+
+def f_inv(a):
+    return torch.linalg.inv(a) * 2
+
+
+def f_solve(a, b):
+    return torch.linalg.solve(a, b) * 2
+
+
+def spd(seed):
+    a = t(seed, 4, 4)
+    return a @ a.t() + 4 * torch.eye(4)
+
+
 def f_mm(x, y):
     return torch.mm(x, y.t()) * 2
 
@@ -397,6 +418,27 @@ def kinds() -> List[Kind]:
           {"compile": R(IndexError, "index out of range in self"),
            "engine": R(IndexError, "out of range"),
            "capture": R(IndexError, "out of range")}),
+        # ---- values eager's op refuses (their decompositions would go on): Note at export.py's _CHECKS_VALUES
+        K("one_hot_class_out_of_range", lambda: f_one_hot, lambda i: (torch.tensor([i % 5, 1, 4]),),
+          lambda c, m: c(torch.tensor([1, 7, 2])),
+          {"compile": COMPILED, "engine": GRAPH,
+           "capture": R(RuntimeError, "Class values must be smaller than num_classes")}),
+        K("one_hot_negative_class", lambda: f_one_hot, lambda i: (torch.tensor([i % 5, 1, 4]),),
+          lambda c, m: c(torch.tensor([1, -1, 2])),
+          {"compile": COMPILED, "engine": GRAPH,
+           "capture": R(RuntimeError, "Class values must be non-negative")}),
+        K("cholesky_not_positive_definite", lambda: f_cholesky, lambda i: (spd(10 + i),),
+          lambda c, m: c(-spd(1)),
+          {"compile": COMPILED,
+           "engine": NotRun("open: a make_fx graph's _linalg_check_errors after linalg_cholesky_ex reads its info "
+                            "unwritten at capture (the key then runs eagerly) and the eager run skips the check"),
+           "capture": R(torch.linalg.LinAlgError, "not positive-definite")}),
+        K("inverse_of_a_singular_matrix", lambda: f_inv, lambda i: (spd(10 + i),),
+          lambda c, m: c(torch.zeros(4, 4)),
+          {"compile": COMPILED, "engine": GRAPH, "capture": R(torch.linalg.LinAlgError, "singular")}),
+        K("solve_with_a_singular_matrix", lambda: f_solve, lambda i: (spd(10 + i), t(20 + i, 4, 2)),
+          lambda c, m: c(torch.zeros(4, 4), t(1, 4, 2)),
+          {"compile": COMPILED, "engine": GRAPH, "capture": R(torch.linalg.LinAlgError, "singular")}),
         K("called_after_dynamo_reset_and_gc", lambda: f_xy, xy, after_dynamo_reset, all_eager),
     ]
 
