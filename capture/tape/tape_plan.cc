@@ -188,8 +188,9 @@ class Planner {
     }
     const bool mutable_op = n.op->schema().is_mutable();
 
-    if (!mutable_op && !any_fresh && AllConstant(n)) {
-      // A view (or list of views) of constant tensors: computed once, at capture.
+    if (!mutable_op && !any_fresh && !n.outputs.empty() && AllConstant(n)) {
+      // A view (or list of views) of constant tensors: computed once, at capture. (An op with no
+      // outputs is no view: a check such as _linalg_check_errors runs every call.)
       np.decision = TapePlan::Decision::kPrecompute;
       const bool from_arena = AnyArena(n);
       for (ValueId o : n.outputs) {

@@ -429,10 +429,7 @@ def kinds() -> List[Kind]:
            "capture": R(RuntimeError, "Class values must be non-negative")}),
         K("cholesky_not_positive_definite", lambda: f_cholesky, lambda i: (spd(10 + i),),
           lambda c, m: c(-spd(1)),
-          {"compile": COMPILED,
-           "engine": NotRun("open: a make_fx graph's _linalg_check_errors after linalg_cholesky_ex reads its info "
-                            "unwritten at capture (the key then runs eagerly) and the eager run skips the check"),
-           "capture": R(torch.linalg.LinAlgError, "not positive-definite")}),
+          {"compile": COMPILED, "engine": GRAPH, "capture": R(torch.linalg.LinAlgError, "not positive-definite")}),
         K("inverse_of_a_singular_matrix", lambda: f_inv, lambda i: (spd(10 + i),),
           lambda c, m: c(torch.zeros(4, 4)),
           {"compile": COMPILED, "engine": GRAPH, "capture": R(torch.linalg.LinAlgError, "singular")}),

@@ -25,6 +25,30 @@ def test_one_capture_per_key_and_keys_come_back():
     assert "input 0: sizes (4, 4) -> (8, 4)" in reasons[1]
 
 
+@pytest.mark.parametrize("name", ["cholesky", "inv", "solve"])
+def test_an_op_without_outputs_runs_every_replay(name):
+    """A graph's check that returns nothing (make_fx writes linalg.cholesky as linalg_cholesky_ex,
+    then _linalg_check_errors on its info) is a step of every replay, not folded at capture: the
+    good calls replay eager's bits, a bad matrix raises eager's error."""
+    fns = {"cholesky": lambda a, b: torch.linalg.cholesky(a) * 2,
+           "inv": lambda a, b: torch.linalg.inv(a) * 2,
+           "solve": lambda a, b: torch.linalg.solve(a, b) * 2}
+    fn = fns[name]
+    spd = lambda i: torch.eye(4) * (2 + i) + 0.5  # noqa: E731
+    b = torch.randn(4, 2)
+    e = engine_for(fn, [spd(0), b])
+    for i in range(3):
+        assert_bitwise(run(e, spd(i), b)[0], fn(spd(i), b), f"{name}, call {i}")
+    s = e.stats()
+    assert s["replays"] == 2 and s["eager_fallbacks"] == 0, s
+    bad = -torch.eye(4) if name == "cholesky" else torch.zeros(4, 4)
+    with pytest.raises(torch.linalg.LinAlgError):
+        fn(bad, b)
+    with pytest.raises(torch.linalg.LinAlgError):
+        run(e, bad, b)
+    assert_bitwise(run(e, spd(1), b)[0], fn(spd(1), b), f"{name}, after the bad call")
+
+
 def test_strides_and_offsets_are_part_of_the_key():
     e = engine_for(lambda x: x + 1, [torch.randn(4, 4)])
     base = torch.randn(4, 4)
