@@ -98,6 +98,8 @@ class Captured(_C.Call):
         self._bound, self._trace, self._engine, self._bound_names = bound, trace, engine, bound_names
         self._variants: Dict[Any, Any] = {}   # key -> the Captured traced for it, or _Eager
         self._lock = threading.Lock()
+        self._eager_calls: Dict[str, int] = {}  # why -> calls run eagerly by _slow_call (_Eager)
+        self._hooks_said = False
         if trace.dynamic:
             self._variants[(trace.size_class(trace.example), trace.state(), trace.layout(trace.example))] = self
 
@@ -112,7 +114,9 @@ class Captured(_C.Call):
         """Calls, replays, captures, fallbacks and the capture log of this model's engine. With
         dynamic=True, a call with sizes the trace does not hold for (0 or 1 where it was traced
         with more) runs a trace of its own: counters are summed over all of them, and `traces`
-        lists each one's own stats."""
+        lists each one's own stats. Calls that ran the model eagerly from Python (arguments whose
+        trace failed, calls under autocast, hooks changed too often) count as calls and
+        eager_fallbacks, their reasons in fallback_reasons."""
         engines = self._engines()
         out = dict(engines[0].stats(), name=self.name)
         if len(engines) > 1:
@@ -121,6 +125,12 @@ class Captured(_C.Call):
                 if isinstance(v, int) and not isinstance(v, bool):
                     out[k] = sum(e[k] for e in each)
             out["traces"] = each
+        with self._lock:
+            eager = dict(self._eager_calls)
+        if eager:
+            out["calls"] += sum(eager.values())
+            out["eager_fallbacks"] += sum(eager.values())
+            out["fallback_reasons"] = list(out["fallback_reasons"]) + [r for r in eager if r not in out["fallback_reasons"]]
         return out
 
     def precapture(self, input_sets: Sequence[Any]) -> None:
@@ -186,7 +196,7 @@ class Captured(_C.Call):
                     elif state[-2] != self._trace.hooks:
                         if sum(k[1][-2] != self._trace.hooks for k in self._variants) >= _HOOK_SETS:
                             # a hook registered anew every call: bounded, said once
-                            if not getattr(self, "_hooks_said", False):
+                            if not self._hooks_said:
                                 self._hooks_said = True
                                 logger.warning("torchreplay: %s: forward hooks changed %d times since the capture; "
                                                "calls under further hooks run the model eagerly (register a hook "
@@ -219,6 +229,8 @@ class Captured(_C.Call):
         flat = self._trace.flatten(args, kwargs)
         target = self._trace_for(flat, args, kwargs)
         if isinstance(target, _Eager):
+            with self._lock:
+                self._eager_calls[target.reason] = self._eager_calls.get(target.reason, 0) + 1
             return self._trace.model(*args, **kwargs)
         target._trace.check_size_exprs(flat)
         outs = target._fast(*flat)

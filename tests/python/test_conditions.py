@@ -325,7 +325,7 @@ def test_a_call_under_another_autocast_state(entry, made_under, tmp_path):
                 got = f(x)
             assert_bitwise(got, want, f"{entry} made under {made_under}, call {i} with autocast {cast}")
     stats = f.stats()
-    assert stats["eager_fallbacks"] == 0, stats
+    assert stats["eager_fallbacks"] == (4 if entry == "capture" else 0), stats  # capture: those under autocast
     # compile: each state warmed up, captured and replayed; capture: the 4 calls without autocast;
     # loaded: one key, every call
     assert stats["replays"] == {"compile": 6, "capture": 3, "loaded": 7}[entry], stats
@@ -432,8 +432,12 @@ def test_a_hook_registered_anew_every_call_is_traced_a_bounded_number_of_times(r
                 assert_bitwise(step(x), model(x), f"call {i}")
             finally:
                 handle.remove()
-        assert_bitwise(step(x), model(x), "hooks removed")
-    assert len(step.stats()["traces"]) == 9, step.stats()   # the capture and 8 traces made again
+        for i in range(3):
+            assert_bitwise(step(x), model(x), f"hooks removed, call {i}")
+    s = step.stats()
+    assert len(s["traces"]) == 9, s   # the capture and 8 traces made again
+    assert s["calls"] == 17 and s["eager_fallbacks"] == 6 and s["replays"] == 2, s
+    assert any("forward hooks changed too often" in r for r in s["fallback_reasons"]), s
     said = [r for r in replay_log.records if "forward hooks changed 8 times" in r.getMessage()]
     assert len(said) == 1
 
