@@ -116,6 +116,18 @@ c10::IValue ToIValue(py::handle obj) {
       for (auto item : seq) v.push_back(THPVariable_Unpack(item.ptr()));
       return v;
     }
+    // TorchScript objects of one class (a quantized LSTM's packed cells), as a list of that class
+    bool all_object = true;
+    for (auto item : seq) all_object = all_object && py::isinstance<torch::jit::Object>(item);
+    if (all_object) {
+      c10::impl::GenericList v(seq[0].cast<torch::jit::Object>()._ivalue()->type());
+      for (auto item : seq) {
+        auto object = item.cast<torch::jit::Object>()._ivalue();
+        if (!object->type()->isSubtypeOf(*v.elementType())) break;
+        v.push_back(std::move(object));
+      }
+      if (v.size() == seq.size()) return v;
+    }
   }
   throw py::type_error("torchreplay: cannot use a constant of type " +
                        std::string(Py_TYPE(o)->tp_name) + " in a graph");

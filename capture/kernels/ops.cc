@@ -34,6 +34,12 @@ TORCH_LIBRARY(torchreplay, m) {
   // A quantize_dynamic Linear while torch.export traces it (Note [Packed quantized Linears] in
   // python/torchreplay/packed.py): a fake kernel only; lowered to eager's quantized:: op.
   m.def("packed_linear(Tensor x, int handle, int out_features, bool reduce_range, bool fp16) -> Tensor");
+  // Its LSTMs and GRUs, on the handle of their layers' packed cells: lowered to aten's quantized_lstm
+  // and quantized_gru on them.
+  m.def("packed_lstm(Tensor input, Tensor[] hx, int handle, bool has_biases, int num_layers, float dropout, "
+        "bool train, bool bidirectional, bool batch_first, ScalarType dtype) -> (Tensor, Tensor, Tensor)");
+  m.def("packed_gru(Tensor input, Tensor hx, int handle, bool has_biases, int num_layers, float dropout, "
+        "bool train, bool bidirectional, bool batch_first) -> (Tensor, Tensor)");
 
   // Out= forms of ATen ops that have none, for the tape's typed steps
   // (capture/tape/prepared_pointwise.cc).

@@ -365,8 +365,8 @@ def _refuse_autocast(where: str) -> None:
 
 
 def _refuse_packed_weights(module: torch.nn.Module) -> None:
-    """torch.ao.quantization's quantized modules other than quantize_dynamic's Linears (Note
-    [Packed quantized Linears]: its LSTMs and GRUs, convert's static modules) hold their weights
+    """torch.ao.quantization's quantized modules other than quantize_dynamic's Linears, LSTMs and
+    GRUs (Note [Packed quantized Linears]: convert's static modules, those with hooks) hold their weights
     packed in TorchScript objects that torch.export cannot trace (it fails with "does not have a
     field with name '__obj_flatten__'"): refused up front, with what works instead."""
     found = [name for name, m in module.named_modules() if type(m).__module__.startswith("torch.ao.nn.quantized")
@@ -377,8 +377,8 @@ def _refuse_packed_weights(module: torch.nn.Module) -> None:
             f"torchreplay.capture: {', '.join(repr(n) for n in found[:3])}{' and others' if len(found) > 3 else ''} "
             f"{'is a torch.ao.quantization module' if len(found) == 1 else 'are torch.ao.quantization modules'} "
             "(quantize_dynamic's or convert's) whose packed weights torch.export cannot trace; "
-            "torchreplay.capture takes quantize_dynamic's Linears but not these modules yet (quantized LSTMs and "
-            "GRUs, convert's static modules, modules with hooks). torchao's quantize_ with "
+            "torchreplay.capture takes quantize_dynamic's Linears, LSTMs and GRUs but not these modules yet "
+            "(convert's static modules, quantized modules with hooks). torchao's quantize_ with "
             "Int8DynamicActivationInt8WeightConfig quantizes Linears to int8 with activations quantized per "
             "call, as quantize_dynamic does (per row and channel rather than per tensor), and is captured and "
             "replayed bitwise (docs/guide.md, \"Quantized models\"); torch.compile runs these modules "

@@ -84,11 +84,11 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
             if node.op == "call_function":
                 target = node.target
                 if isinstance(target, torch._ops.OpOverload):
-                    name, raw = op_name(target), node.args
-                    if target is torch.ops.torchreplay.packed_linear.default:
-                        name, raw = packed.lowered(node)
+                    name, raw, raw_kwargs = op_name(target), node.args, node.kwargs
+                    if target in packed.OPS:
+                        name, raw, raw_kwargs = packed.lowered(node)
                     args = [tag(a) for a in raw]
-                    kwargs = {k: tag(v) for k, v in node.kwargs.items()}
+                    kwargs = {k: tag(v) for k, v in raw_kwargs.items()}
                     outs: List[int] = builder.add_op(name, args, kwargs, node.name)
                     env[node] = outs[0] if len(target._schema.returns) == 1 else tuple(outs)
                 elif target is operator.getitem:

@@ -18,8 +18,14 @@ therefore runs the packed kernel eager runs, on the same packed weights: eager's
 CPU kernel (Python: it needs the objects) runs where a traced graph runs before lowering
 (capture's check of numerics "close", a graph the backend runs as traced). set_weight_bias (new
 weights packed into a new object) after a capture makes the capture's calls raise (patches.py
-_on_setattr). Modules with hooks, another dtype, or quantized modules of other kinds (LSTM, GRU,
-convert's static ones) stay unsupported and are refused by name (export._refuse_packed_weights).
+_on_setattr). quantize_dynamic's LSTMs and GRUs are traced the same way by torchreplay.capture: the
+module stands aside for _PackedRNN, whose call of the module's own forward makes its
+torch.quantized_lstm / quantized_gru call torchreplay::packed_lstm / packed_gru on the handle of
+the list of its layers' packed cells (CellParamsBase objects), lowered to aten's quantized_lstm /
+quantized_gru on that list: eager's op on eager's cells. Not in torch.compile (Dynamo breaks its
+graph at them, which then run eagerly), nor over packed sequences, nor in a .trp file (refused).
+Modules with hooks, another dtype, or convert's static modules stay unsupported and are refused
+by name (export._refuse_packed_weights).
 """
 from __future__ import annotations
 
@@ -29,6 +35,8 @@ import weakref
 from typing import Any, Dict, Iterator, List, Tuple
 
 import torch
+from torch.ao.nn.quantized.dynamic import GRU as QuantizedGRU
+from torch.ao.nn.quantized.dynamic import LSTM as QuantizedLSTM
 from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
 
 OP = "torchreplay::packed_linear"
@@ -97,6 +105,93 @@ def standing_in(m: torch.nn.Module) -> bool:
             and not (m._forward_hooks or m._forward_pre_hooks))
 
 
+def _cells(m: torch.nn.Module) -> List[Any]:
+    return [p.param for p in m._all_weight_values]
+
+
+def cells_handle(m: torch.nn.Module) -> int:
+    """The handle of the list of packed cells a quantize_dynamic LSTM or GRU holds now (made if
+    it has none, or its cells changed, or it is a copy)."""
+    handle, cells = m.__dict__.get("_torchreplay_handle"), _cells(m)
+    held = _objects.get(handle) if handle is not None else None
+    if held is None or _owners[handle]() is not m or len(held) != len(cells) or \
+            any(a is not b for a, b in zip(held, cells)):
+        handle = register(m, cells)
+    return handle
+
+
+@torch.library.register_fake("torchreplay::packed_lstm")
+def _packed_lstm_fake(input, hx, handle, has_biases, num_layers, dropout, train, bidirectional, batch_first, dtype):
+    from .rnn import _fake_output
+    return (_fake_output(input, hx[0], bidirectional, batch_first), hx[0].new_empty(hx[0].shape),
+            hx[1].new_empty(hx[1].shape))
+
+
+@torch.library.register_fake("torchreplay::packed_gru")
+def _packed_gru_fake(input, hx, handle, has_biases, num_layers, dropout, train, bidirectional, batch_first):
+    from .rnn import _fake_output
+    return _fake_output(input, hx, bidirectional, batch_first), hx.new_empty(hx.shape)
+
+
+def _held(handle: int) -> List[Any]:
+    cells = _objects.get(handle)
+    if cells is None:
+        raise RuntimeError(f"torchreplay: no packed cells of handle {handle} (their module is gone)")
+    return cells
+
+
+@torch.library.impl("torchreplay::packed_lstm", "cpu")
+def _packed_lstm_cpu(input, hx, handle, has_biases, num_layers, dropout, train, bidirectional, batch_first, dtype):
+    return _QUANTIZED["lstm"](input, hx, _held(handle), has_biases, num_layers, dropout, train, bidirectional,
+                              batch_first, dtype=dtype, use_dynamic=True)
+
+
+@torch.library.impl("torchreplay::packed_gru", "cpu")
+def _packed_gru_cpu(input, hx, handle, has_biases, num_layers, dropout, train, bidirectional, batch_first):
+    return _QUANTIZED["gru"](input, hx, _held(handle), has_biases, num_layers, dropout, train, bidirectional,
+                             batch_first)
+
+
+_QUANTIZED = {"lstm": torch.quantized_lstm, "gru": torch.quantized_gru}
+
+
+@contextlib.contextmanager
+def _cells_as_handle(cells: List[Any], handle: int) -> Iterator[None]:
+    """Within: torch.quantized_lstm and quantized_gru, given exactly `cells`, call
+    torchreplay::packed_lstm / packed_gru on `handle` (a packed sequence is refused)."""
+    def lstm(input, hx, params, *rest, dtype=None, use_dynamic=False):
+        if not isinstance(hx, (list, tuple)) or params is not cells and list(params) != cells or not use_dynamic:
+            raise NotImplementedError("torchreplay.capture: a quantize_dynamic LSTM over a packed sequence cannot "
+                                      "be traced; pass padded tensors, or run the model eagerly")
+        return torch.ops.torchreplay.packed_lstm(input, list(hx), handle, *rest, dtype)
+
+    def gru(input, hx, params, *rest):
+        if not isinstance(params, (list, tuple)) or list(params) != cells:
+            raise NotImplementedError("torchreplay.capture: a quantize_dynamic GRU over a packed sequence cannot "
+                                      "be traced; pass padded tensors, or run the model eagerly")
+        return torch.ops.torchreplay.packed_gru(input, hx, handle, *rest)
+
+    torch.quantized_lstm, torch.quantized_gru = lstm, gru
+    try:
+        yield
+    finally:
+        torch.quantized_lstm, torch.quantized_gru = _QUANTIZED["lstm"], _QUANTIZED["gru"]
+
+
+class _PackedRNN(torch.nn.Module):
+    """A quantize_dynamic LSTM or GRU as torch.export traces it: the module's own forward, its
+    quantized op on its cells' handle."""
+
+    def __init__(self, m: torch.nn.Module) -> None:
+        super().__init__()
+        self.__dict__["rnn"] = m   # not a submodule: export would meet its packed cells
+        self.handle = cells_handle(m)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        with _cells_as_handle(_objects[self.handle], self.handle):
+            return self.rnn(*args, **kwargs)
+
+
 class _PackedLinear(torch.nn.Module):
     """A quantize_dynamic Linear as torch.export traces it (`call` on its handle)."""
 
@@ -120,18 +215,32 @@ def packed_as_ops(root: torch.nn.Module) -> Iterator[None]:
                 if child is not None and standing_in(child):
                     parent._modules[name] = _PackedLinear(child)
                     swapped.append((parent, name, child))
+                elif type(child) in (QuantizedLSTM, QuantizedGRU) and not (child._forward_hooks or
+                                                                           child._forward_pre_hooks):
+                    parent._modules[name] = _PackedRNN(child)
+                    swapped.append((parent, name, child))
         yield
     finally:
         for parent, name, child in reversed(swapped):
             parent._modules[name] = child
 
 
-def lowered(node: torch.fx.Node) -> Tuple[str, List[Any]]:
-    """The op and arguments a torchreplay::packed_linear node lowers to: eager's op on eager's
-    packed object, a constant."""
+def lowered(node: torch.fx.Node) -> Tuple[str, List[Any], Dict[str, Any]]:
+    """The op and arguments a torchreplay::packed_linear, packed_lstm or packed_gru node lowers to:
+    eager's op on eager's packed object or cells, a constant."""
+    if node.target is torch.ops.torchreplay.packed_lstm.default:
+        input, hx, handle, *rest, dtype = node.args
+        return "aten::quantized_lstm.input", [input, hx, _held(handle), *rest], {"dtype": dtype, "use_dynamic": True}
+    if node.target is torch.ops.torchreplay.packed_gru.default:
+        input, hx, handle, *rest = node.args
+        return "aten::quantized_gru.input", [input, hx, _held(handle), *rest], {}
     x, handle, _, reduce_range, fp16 = node.args
     if handle not in _objects:
         raise ValueError(f"no packed weights of handle {handle} (their module is gone)")
     if fp16:
-        return "quantized::linear_dynamic_fp16", [x, _objects[handle]]
-    return "quantized::linear_dynamic", [x, _objects[handle], reduce_range]
+        return "quantized::linear_dynamic_fp16", [x, _objects[handle]], {}
+    return "quantized::linear_dynamic", [x, _objects[handle], reduce_range], {}
+
+
+OPS = (torch.ops.torchreplay.packed_linear.default, torch.ops.torchreplay.packed_lstm.default,
+       torch.ops.torchreplay.packed_gru.default)

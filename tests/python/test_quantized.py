@@ -206,11 +206,61 @@ def test_quantize_dynamic_linears_under_close_numerics_stay_eagers_op():
     assert step.stats()["replays"] == 2, step.stats()
 
 
+class _Recurrent(nn.Module):
+    """A 2-layer LSTM or GRU with a Linear head, as quantize_dynamic users write it."""
+
+    def __init__(self, kind, **kw):
+        super().__init__()
+        self.rnn = getattr(nn, kind)(16, 32, 2, **kw)
+        self.head = nn.Linear(64 if kw.get("bidirectional") else 32, 4)
+
+    def forward(self, x, state=None):
+        y, state = self.rnn(x, state)
+        return self.head(y), state
+
+
+@pytest.mark.parametrize("dtype", [torch.qint8, torch.float16], ids=["qint8", "float16"])
+@pytest.mark.parametrize("layout", ["sequence first", "batch first", "bidirectional"])
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_quantize_dynamic_lstms_and_grus_replay_eagers_bits(kind, layout, dtype, tmp_path):
+    """Note [Packed quantized Linears]: a quantize_dynamic LSTM or GRU replays as aten's
+    quantized_lstm / quantized_gru on eager's packed cells: bitwise to the quantized eager at 1,
+    3 and 2 threads changed between calls, with and without a state given, short and long
+    sequences (dynamic), outputs' strides included."""
+    torch.manual_seed(0)
+    kw = {"batch first": {"batch_first": True}, "bidirectional": {"bidirectional": True}}.get(layout, {})
+    m = _quantize_dynamic(_Recurrent(kind, **kw).eval(), {nn.LSTM, nn.GRU, nn.Linear}, dtype)
+    g = gen(3)
+    directions = 2 if layout == "bidirectional" else 1
+    with torch.no_grad():
+        step = torchreplay.capture(m, (rn(g, 5, 3, 16),))
+        long = torchreplay.capture(m, (rn(g, 300, 3, 16),), dynamic=True)
+        for i, n_threads in enumerate([1, 3, 3, 1, 2, 2]):
+            with threads(n_threads):
+                x = rn(g, 5, 3, 16)
+                assert_bitwise(step(x), m(x), f"{kind}, {layout}, call {i} at {n_threads} threads")
+        for i in range(4):   # each length's first call warms up, its second replays
+            x = rn(g, 300 + 40 * (i // 2), 3, 16)
+            assert_bitwise(long(x), m(x), f"{kind}, {layout}, {x.shape[0]} steps, call {i}")
+        x = rn(g, 5, 3, 16)
+        batch = 5 if layout == "batch first" else 3
+        h = rn(g, 2 * directions, batch, 32)
+        state = (h, rn(g, 2 * directions, batch, 32)) if kind == "LSTM" else h
+        given = torchreplay.capture(m, (x, state))
+        for i in range(3):
+            assert_bitwise(given(x, state), m(x, state), f"{kind}, {layout}, state given, call {i}")
+    for s in (step.stats(), long.stats(), given.stats()):
+        assert s["replays"] >= 2 and s["eager_fallbacks"] == 0, s
+    with pytest.raises(ValueError, match="a .trp file cannot"):   # the packed cells: not saved
+        torchreplay.save(step, tmp_path / "model.trp")
+
+
 def test_quantize_dynamic_modules_other_than_linears_are_refused_with_what_works():
     torch.manual_seed(0)
     q = _quantize_dynamic(nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LSTM(16, 16)).eval())
+    q[2].register_forward_hook(lambda m, a, o: o)
     with pytest.raises(NotImplementedError, match=r"'2' is a torch.ao.quantization module .* takes quantize_dynamic's "
-                                                  r"Linears but not .* Int8DynamicActivationInt8WeightConfig"):
+                                                  r"Linears, LSTMs and GRUs but not .* Int8DynamicActivationInt8Weig"):
         torchreplay.capture(q, (rn(gen(7), 3, 8),), config=config())
     assert type(q[0]).__name__ == "Linear" and q[0]._get_name() == "DynamicQuantizedLinear"   # put back
 
