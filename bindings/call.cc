@@ -184,10 +184,21 @@ bool Call::GradsAsTraced() const {
   return true;
 }
 
+bool Call::IdentityAsTraced(const py::args& args) const {
+  const auto n = static_cast<int>(args.size());
+  for (const auto& [i, j] : checks->same) {
+    if (j >= n || args[i].ptr() != args[j].ptr()) return false;
+  }
+  for (const auto& [i, j] : checks->distinct) {
+    if (j < n && args[i].ptr() == args[j].ptr()) return false;
+  }
+  return true;
+}
+
 py::object Call::operator()(const py::args& args, const py::kwargs& kwargs) const {
   const bool slow = checks.has_value() && !checks->slow_path.is_none();
   if (slow && (checks->always_slow || kwargs.size() != 0 || checks->modes_epoch != ModuleModesEpoch() ||
-               checks->traced != TraceState::Now() || !GradsAsTraced())) {
+               checks->traced != TraceState::Now() || !GradsAsTraced() || !IdentityAsTraced(args))) {
     return checks->slow_path(*args, **kwargs);
   }
   std::vector<c10::IValue> inputs;
@@ -438,7 +449,8 @@ void BindCall(py::module_& m) {
       .def(py::init([](py::dict fixed, std::vector<SizeCheck> sizes, std::vector<StrideCheck> strides, py::object module,
                        std::vector<int> grad_checked, std::vector<std::optional<at::Tensor>> grad_owners,
                        std::vector<std::string> bound_names, py::object slow_path, bool always_slow,
-                       std::vector<std::pair<int, bool>> grad_traced) {
+                       std::vector<std::pair<int, bool>> grad_traced, std::vector<std::pair<int, int>> same,
+                       std::vector<std::pair<int, int>> distinct) {
              CaptureChecks c;
              for (auto [i, v] : fixed) c.fixed.emplace_back(i.cast<int>(), ToIValue(v));
              c.sizes = std::move(sizes);
@@ -451,13 +463,16 @@ void BindCall(py::module_& m) {
              c.slow_path = std::move(slow_path);
              c.always_slow = always_slow && !c.slow_path.is_none();
              c.grad_traced = std::move(grad_traced);
+             c.same = std::move(same);
+             c.distinct = std::move(distinct);
              return c;
            }),
            py::arg("fixed") = py::dict(), py::arg("sizes") = std::vector<SizeCheck>(),
            py::arg("strides") = std::vector<StrideCheck>(), py::arg("module") = py::none(), py::arg("grad_checked") = std::vector<int>(),
            py::arg("grad_owners") = std::vector<std::optional<at::Tensor>>(),
            py::arg("bound_names") = std::vector<std::string>(), py::arg("slow_path") = py::none(),
-           py::arg("always_slow") = false, py::arg("grad_traced") = std::vector<std::pair<int, bool>>());
+           py::arg("always_slow") = false, py::arg("grad_traced") = std::vector<std::pair<int, bool>>(),
+           py::arg("same") = std::vector<std::pair<int, int>>(), py::arg("distinct") = std::vector<std::pair<int, int>>());
 
   py::class_<Call>(m, "Call", "One compiled graph as a C++ callable (Note [The call path]).",
                    py::custom_type_setup([](PyHeapTypeObject* type) { type->ht_type.tp_call = &Call::TpCall; }))

@@ -183,6 +183,9 @@ struct CaptureChecks {
   // was traced (Note [Matmuls folded as eager folds them]): a call after one changed takes the
   // slow path, which traces again.
   std::vector<std::pair<int, bool>> grad_traced;
+  // Pairs of arguments that were one tensor object at the trace, and pairs that were distinct
+  // (Note [Arguments passed twice] in arguments.py): a call that differs takes the slow path.
+  std::vector<std::pair<int, int>> same, distinct;
 };
 
 struct Call {
@@ -212,6 +215,7 @@ struct Call {
   void Check(const std::vector<c10::IValue>& inputs) const;
   // The parameters of checks->grad_traced require grad as when traced.
   bool GradsAsTraced() const;
+  bool IdentityAsTraced(const py::args& args) const;
   py::object RunChecked(std::vector<c10::IValue> inputs, const py::args& args) const;
   void RegenerateAliases(const absl::InlinedVector<c10::IValue, 2>& input_bases,
                          std::vector<c10::IValue>& out) const;

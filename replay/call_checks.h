@@ -17,7 +17,9 @@
 // Before the engine, torchreplay.capture (Call::operator(), bindings/call.cc; Python's slow path
 // in python/torchreplay/captured.py):
 //  2. keyword arguments, a module's train/eval flag flipped since (patches.py), the default dtype,
-//     attention switches or autocast state (TraceState), a folded parameter's requires_grad (matmul_fold.py):
+//     attention switches or autocast state (TraceState), a folded parameter's requires_grad (matmul_fold.py),
+//     arguments that are one tensor object where the trace's were not or the reverse (Note
+//     [Arguments passed twice] in arguments.py):
 //     the Python path, which binds the arguments through the trace's structure (arguments.py
 //     _Trace) and traces again where the trace does not hold (_trace_for).
 //  3. stale: a bound tensor replaced, or a module number changed since capture (patches.py):

@@ -31,6 +31,19 @@ def trace_state() -> Tuple[Any, ...]:
             torch.backends.mha.get_fastpath_enabled())
 
 
+# Note [Arguments passed twice]
+# A trace sees which arguments are one tensor object: export gives the graph one placeholder for
+# both (the other unread), and a model may branch on `is` (MultiheadAttention takes its fused
+# path for `query is key is value`). A call must pass the same pattern: the pairs that were one
+# object must be one, and distinct tensors alike at the trace (one dtype, sizes and strides: the
+# ones a call could pass as one) must be distinct, checked per call on the Python objects
+# (CaptureChecks same and distinct, bindings/call.cc); another pattern takes the slow path, which
+# traces again for it (captured.py _trace_for). The distinct pairs are capped (_DISTINCT_PAIRS,
+# in argument order): a model with more alike arguments (many KV caches) called with two of them
+# as one object beyond the cap runs its trace's program.
+_DISTINCT_PAIRS = 64
+
+
 def _size_checks(vals: List[Any], ranges: Dict[Any, Any]) -> Tuple[List[Any], List[Any], Dict[Any, Any]]:
     """What the graph assumes of each tensor argument's sizes, checked per call in C++: tuples
     (argument, dim, lowest, highest, group, coef, offset) for a size export specialized on
@@ -168,6 +181,24 @@ class _Trace:
             return (tuple(sorted(range(a.dim()), key=lambda d: -a.stride(d))), tuple(s == 0 for s in a.stride()),
                     is_non_overlapping_and_dense_or_false(a))
         return tuple(of(a, e) for a, e in zip(flat, self.example) if isinstance(a, torch.Tensor))
+
+    @staticmethod
+    def identity(flat: Sequence[Any]) -> Tuple[int, ...]:
+        """Note [Arguments passed twice]: per argument, the first argument that is the same
+        object (itself if none)."""
+        first: Dict[int, int] = {}
+        return tuple(first.setdefault(id(a), k) if isinstance(a, torch.Tensor) else k for k, a in enumerate(flat))
+
+    def identity_checks(self) -> Tuple[List[Tuple[int, int]], List[Tuple[int, int]]]:
+        """The per-call checks of Note [Arguments passed twice]: (pairs of arguments that must be
+        one object, pairs that must not be: distinct tensors of one dtype, sizes and strides at
+        the trace, at most _DISTINCT_PAIRS)."""
+        groups = self.identity(self.example)
+        same = [(g, k) for k, g in enumerate(groups) if g != k]
+        heads = [(k, a) for k, a in enumerate(self.example) if isinstance(a, torch.Tensor) and groups[k] == k]
+        distinct = [(i, j) for n, (i, a) in enumerate(heads) for j, b in heads[n + 1:]
+                    if (a.dtype, a.shape, a.stride()) == (b.dtype, b.shape, b.stride())]
+        return same, distinct[:_DISTINCT_PAIRS]
 
     def same_kinds(self, flat: Sequence[Any]) -> bool:
         """The call's graph arguments are tensors of the traced ranks and numbers where the trace

@@ -86,12 +86,13 @@ class Captured(_C.Call):
         tensors = [(k, a) for k, a in enumerate(trace.example) if isinstance(a, torch.Tensor)]
         strides = [_C.StrideCheck(k, [] if trace.dynamic else list(a.stride())) for k, a in tensors
                    if not trace.dynamic or a.is_contiguous()]
+        same, distinct = trace.identity_checks()   # Note [Arguments passed twice]
         checks = _C.CaptureChecks(fixed=fixed, sizes=[_C.SizeCheck(*s) for s in sizes], strides=strides, module=module,
                                   grad_checked=grad_checked, grad_owners=list(grad_owners), bound_names=bound_names,
                                   slow_path=lambda *a, **k: me()._slow_call(*a, **k),
                                   always_slow=not (flat_in and flat_out) or bool(trace.size_exprs)
                                   or len(strides) < len(tensors),
-                                  grad_traced=trace.grad_traced)
+                                  grad_traced=trace.grad_traced, same=same, distinct=distinct)
         super().__init__(engine, bound=bound, mutated=mutated, num_outputs=trace.num_outputs, returns=returns,
                          checks=checks)
         # The engine's Python object too: torchreplay.stats() lists it while this lives.
@@ -101,7 +102,8 @@ class Captured(_C.Call):
         self._eager_calls: Dict[str, int] = {}  # why -> calls run eagerly by _slow_call (_Eager)
         self._hooks_said = False
         if trace.dynamic:
-            self._variants[(trace.size_class(trace.example), trace.state(), trace.layout(trace.example))] = self
+            self._variants[(trace.size_class(trace.example), trace.state(), trace.layout(trace.example),
+                            trace.identity(trace.example))] = self
 
     @property
     def name(self) -> str:
@@ -182,15 +184,21 @@ class Captured(_C.Call):
                 isinstance(a, torch.Tensor) and a.shape != e.shape for a, e in zip(flat, self._trace.example))):
             return self   # other sizes than a static trace's: its call raises the clear error
         layout, traced = self._trace.layout(flat), self._trace.layout(self._trace.example)
-        if not self._trace.dynamic and state == self._trace.state() and layout == traced:
+        identity = self._trace.identity(flat)
+        same_identity = identity == self._trace.identity(self._trace.example)
+        if not self._trace.dynamic and state == self._trace.state() and layout == traced and same_identity:
             return self
-        key = (self._trace.size_class(flat) if self._trace.dynamic else None, state, layout)
+        key = (self._trace.size_class(flat) if self._trace.dynamic else None, state, layout, identity)
         found = self._variants.get(key)
         if found is None:
             with self._lock:
                 found = self._variants.get(key)
                 if found is None:
-                    if layout != traced:
+                    if not same_identity:
+                        logger.info("torchreplay: %s: tracing again for arguments passed as one tensor otherwise "
+                                    "(Note [Arguments passed twice]): %s (traced with %s)", self.name, identity,
+                                    self._trace.identity(self._trace.example))
+                    elif layout != traced:
                         logger.info("torchreplay: %s: tracing again for arguments of other strides (Note [Traced "
                                     "strides]): %s (traced with %s)", self.name, layout, traced)
                     elif state[-2] != self._trace.hooks:

@@ -25,6 +25,11 @@ def save(captured: Captured, path: Any) -> None:
         raise NotImplementedError("torchreplay.save: this capture was rewritten for numerics 'close' (weights folded "
                                   "and packed at capture, some in oneDNN's layout, which a .trp file does not hold); "
                                   "save a capture made with the default numerics 'bitwise'")
+    same, _ = captured._trace.identity_checks()
+    if same:  # Note [Arguments passed twice]: a loaded program could not tell
+        i, j = same[0]
+        raise NotImplementedError(f"torchreplay.save: the capture was traced with arguments {i} and {j} one tensor, "
+                                  "so its graph reads one of them; capture the model with distinct tensors to save it")
     if captured._trace.size_exprs:
         raise NotImplementedError("torchreplay.save: the trace relates its sizes by expressions only Python checks "
                                   f"({', '.join(map(str, captured._trace.size_exprs))}); capture with dynamic=False")

@@ -148,3 +148,30 @@ def test_an_encoder_eager_runs_on_nested_tensors_is_refused():
         for i in range(2):
             _check(step, model, (x,), {}, f"no mask, call {i}")
     assert step.stats()["replays"] == 1, step.stats()
+
+
+class _Sum(nn.Module):
+    def forward(self, a, b):
+        return a * 2 + b
+
+
+@pytest.mark.parametrize("model", ["plain", "attention"])
+def test_arguments_passed_as_one_tensor_or_not_trace_each_pattern(model, tmp_path):
+    """Note [Arguments passed twice]: a capture made with one tensor passed twice (export's graph
+    reads one of them; attention takes its fused path for query is key is value) and called with
+    distinct ones, or the reverse, traces again for the call's pattern: every call eager's bits,
+    each pattern replayed; such a capture is not saved."""
+    torch.manual_seed(0)
+    m = _Sum() if model == "plain" else nn.MultiheadAttention(E, 4, batch_first=True).eval()
+    g = gen(5)
+    x, q, k, v = (rn(g, 3, 17, E) for _ in range(4))
+    patterns = [(x, x), (q, k)] if model == "plain" else [(x, x, x), (q, k, k), (q, k, v), (x, x, x)]
+    with torch.no_grad():
+        for made_with in (patterns[0], patterns[1]):
+            step = torchreplay.capture(m, made_with)
+            for args in patterns + patterns:
+                _check(step, m, args, {}, f"{model}, made with {len(set(map(id, made_with)))} tensors, called "
+                       f"with {len(set(map(id, args)))}")
+            assert step.stats()["replays"] >= len(set(map(lambda a: len(set(map(id, a))), patterns))), step.stats()
+        with pytest.raises(NotImplementedError, match="capture the model with distinct tensors"):
+            torchreplay.save(torchreplay.capture(m, patterns[0]), tmp_path / "model.trp")
