@@ -13,10 +13,11 @@ forwards alone, answer as eager would for the tensors they stand for: fake and f
 count as the plain tensors they trace, and tracing itself is not a reason. The graph then holds
 eager's fused op, which the engine runs as eager does (its kernel, eager's bits).
 
-nn.TransformerEncoder in eval given a src_key_padding_mask goes further in eager: when the mask
-is left-aligned (a property of its values, asked on every call), it runs its layers on a nested
-tensor and pads the result with zeros, which no graph can hold. Such a trace is refused with what
-to do (enable_nested_tensor=False keeps every layer's fused op, in a graph). torch.compile's
+nn.TransformerEncoder in eval given a src_key_padding_mask (and no src mask, gradients off) goes
+further in eager: when the mask is left-aligned (a property of its values, asked on every call),
+it runs its layers on a nested tensor and pads the result with zeros, which no graph can hold.
+Where eager's other checks pass, such a trace is refused with what to do (enable_nested_tensor=
+False keeps every layer's fused op, in a graph), whatever the example mask's alignment. torch.compile's
 Dynamo traces the slow path for every backend (backend="eager" too); its graphs compute that.
 """
 from __future__ import annotations
@@ -72,18 +73,21 @@ def eager_fast_paths() -> Iterator[None]:
     def is_compiling_as_eager() -> bool:
         return False if _from_forwards() else is_compiling()
 
-    def nested(original: Any) -> Any:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            if _from_forwards():
-                raise NestedEncoder()
-            return original(*args, **kwargs)
-        return call
+    def left_aligned_as_any(*args: Any, **kwargs: Any) -> Any:
+        # a property of the mask's values, which a trace does not hold: taken as left-aligned,
+        # so that the refusal below comes where eager would nest such a mask, after its other checks
+        return True if _from_forwards() else left_aligned(*args, **kwargs)
+
+    def nested(*args: Any, **kwargs: Any) -> Any:
+        if _from_forwards():
+            raise NestedEncoder()
+        return from_mask(*args, **kwargs)
 
     torch.overrides.has_torch_function = has_torch_function_as_eager
     torch.compiler.is_compiling = is_compiling_as_eager
     activation._is_make_fx_tracing = lambda: False  # called from MultiheadAttention.forward alone
-    torch._nested_tensor_from_mask_left_aligned = nested(left_aligned)
-    torch._nested_tensor_from_mask = nested(from_mask)
+    torch._nested_tensor_from_mask_left_aligned = left_aligned_as_any
+    torch._nested_tensor_from_mask = nested
     try:
         yield
     finally:

@@ -26,8 +26,20 @@ def _layer(**kw):
     return nn.TransformerEncoderLayer(E, 4, 64, batch_first=True, **kw)
 
 
+class _SelfAttention(nn.Module):
+    """Attention over one input, as models call it (one argument: a saved program takes it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.attention = nn.MultiheadAttention(E, 4, batch_first=True)
+
+    def forward(self, x, key_padding_mask=None):
+        return self.attention(x, x, x, need_weights=False, key_padding_mask=key_padding_mask)[0]
+
+
 # name -> (module, arguments for a batch and a length: (args, kwargs))
 MODELS = {
+    "self-attention, padded": (_SelfAttention, lambda x: ((x,), {"key_padding_mask": _padding(*x.shape[:2])})),
     "attention": (lambda: nn.MultiheadAttention(E, 4, batch_first=True),
                   lambda x: ((x, x, x), {})),
     "attention without weights, padded": (lambda: nn.MultiheadAttention(E, 4, batch_first=True),
@@ -43,6 +55,10 @@ MODELS = {
         lambda x: ((x,), {"src_key_padding_mask": _padding(*x.shape[:2])})),
     "encoder layer, causal": (lambda: _layer(), lambda x: (
         (x,), {"src_mask": nn.Transformer.generate_square_subsequent_mask(x.shape[1]), "is_causal": True})),
+    "encoder with nested tensors, padded and causal": (   # eager nests no tensor given both masks
+        lambda: nn.TransformerEncoder(_layer(), 2),
+        lambda x: ((x,), {"src_key_padding_mask": _padding(*x.shape[:2]), "is_causal": True,
+                          "mask": nn.Transformer.generate_square_subsequent_mask(x.shape[1])})),
     "encoder without nested tensors, padded": (
         lambda: nn.TransformerEncoder(_layer(), 2, enable_nested_tensor=False),
         lambda x: ((x,), {"src_key_padding_mask": _padding(*x.shape[:2])})),
@@ -80,7 +96,7 @@ def test_transformer_modules_replay_eagers_bits(name, n_threads, length):
     assert s["captures"] == 1 and s["replays"] == 2, s
 
 
-@pytest.mark.parametrize("name", ["attention without weights, padded", "encoder layer, gelu, norm first, padded"])
+@pytest.mark.parametrize("name", ["self-attention, padded", "encoder layer, gelu, norm first, padded"])
 def test_transformer_modules_dynamic_and_loaded(name, tmp_path):
     """A dynamic capture over three lengths and batches, and the program saved and loaded."""
     make, arguments = MODELS[name]
