@@ -134,7 +134,7 @@ def _cia_decompositions(close: bool) -> Dict[Any, Callable]:
 # go on with a wrong result: kept whole, eager's call with its checks runs at each replay.
 _CHECKS_VALUES = {aten.one_hot.default, aten.linalg_cholesky.default, aten.linalg_inv.default,
                   aten.inverse.default, aten.linalg_solve.default, aten.linalg_lu_factor.default,
-                  aten.linalg_ldl_factor.default}
+                  aten.linalg_ldl_factor.default, aten.linalg_tensorinv.default}
 
 
 def _writes_back(ep: ExportedProgram, gm: torch.fx.GraphModule) -> int:

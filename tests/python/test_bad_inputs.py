@@ -103,6 +103,10 @@ def f_inv(a):
     return torch.linalg.inv(a) * 2
 
 
+def f_tensorinv(a):
+    return torch.linalg.tensorinv(a, ind=1) * 2
+
+
 def f_solve(a, b):
     return torch.linalg.solve(a, b) * 2
 
@@ -431,6 +435,9 @@ def kinds() -> List[Kind]:
           lambda c, m: c(-spd(1)),
           {"compile": COMPILED, "engine": GRAPH, "capture": R(torch.linalg.LinAlgError, "not positive-definite")}),
         K("inverse_of_a_singular_matrix", lambda: f_inv, lambda i: (spd(10 + i),),
+          lambda c, m: c(torch.zeros(4, 4)),
+          {"compile": COMPILED, "engine": GRAPH, "capture": R(torch.linalg.LinAlgError, "singular")}),
+        K("tensorinv_of_a_singular_matrix", lambda: f_tensorinv, lambda i: (spd(10 + i),),
           lambda c, m: c(torch.zeros(4, 4)),
           {"compile": COMPILED, "engine": GRAPH, "capture": R(torch.linalg.LinAlgError, "singular")}),
         K("solve_with_a_singular_matrix", lambda: f_solve, lambda i: (spd(10 + i), t(20 + i, 4, 2)),
