@@ -11,6 +11,7 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/Device.h>
 #include <torch/csrc/Dtype.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <c10/core/GradMode.h>
 
@@ -524,8 +525,9 @@ void BindPrograms(py::module_& m) {
             try {
               py::gil_scoped_release no_gil;
               out = p.Run(std::move(inputs));
-            } catch (const c10::Error& e) {
-              throw py::value_error(e.what_without_backtrace());
+            } catch (const c10::Error&) {  // as torch raises it: LinAlgError, IndexError, ValueError, ...
+              torch::translate_exception_to_python(std::current_exception());
+              throw py::error_already_set();
             }
             return FromIValues<py::list>(out, out.size());
           })

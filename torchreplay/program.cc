@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "capture/ir/interpreter.h"
 #include "replay/engine.h"
 #include "replay/call_checks.h"
 #include "torchreplay/format.h"
@@ -22,7 +23,23 @@ struct Program::Impl {
 
 namespace {
 
-[[noreturn]] void Fail(const absl::Status& s) { TORCH_CHECK(false, std::string(s.message())); }
+// A status as the c10::Error eager throws (Note [Kernel errors keep their type] in
+// capture/ir/interpreter.h): a kernel's error of its class, a check of the call's arguments a
+// c10::ValueError, anything else a c10::Error.
+[[noreturn]] void Fail(const absl::Status& s) {
+  const std::string type = capture::ErrorType(s), message(s.message());
+  TORCH_CHECK_INDEX(type != "IndexError", message);
+  TORCH_CHECK_TYPE(type != "TypeError", message);
+  TORCH_CHECK_NOT_IMPLEMENTED(type != "NotImplementedError", message);
+  TORCH_CHECK_BUFFER(type != "BufferError", message);
+  TORCH_CHECK_LINALG(type != "LinAlgError", message);
+  TORCH_CHECK_WITH(OutOfMemoryError, type != "OutOfMemoryError", message);
+  TORCH_CHECK_VALUE(type != "ValueError" && (!type.empty() || (s.code() != absl::StatusCode::kInvalidArgument &&
+                                                               s.code() != absl::StatusCode::kNotFound &&
+                                                               s.code() != absl::StatusCode::kOutOfRange)),
+                    message);
+  TORCH_CHECK(false, message);
+}
 
 }  // namespace
 
@@ -41,8 +58,8 @@ Program Load(const std::string& path, EngineOptions options) {
 std::vector<c10::IValue> Program::Run(std::vector<c10::IValue> args) const {
   const Impl& p = *impl_;
   const size_t n_args = p.saved.graph->inputs().size() - p.bound.size();
-  TORCH_CHECK(args.size() == n_args, "torchreplay: program '", p.engine->options().name, "' takes ", n_args,
-              " arguments, got ", args.size());
+  TORCH_CHECK_VALUE(args.size() == n_args, "torchreplay: program '", p.engine->options().name, "' takes ", n_args,
+                    " arguments, got ", args.size());
   std::vector<c10::IValue> inputs;
   inputs.reserve(p.bound.size() + args.size());
   inputs.insert(inputs.end(), p.bound.begin(), p.bound.end());

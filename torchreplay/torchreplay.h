@@ -23,7 +23,9 @@
 // captures and replays with its own pool. A program whose graph writes its buffers (a KV cache)
 // writes the one copy all threads share: call such a program from one thread at a time.
 //
-// Errors: every function throws c10::Error (what() says what is wrong and what to do).
+// Errors: every function throws c10::Error (what() says what is wrong and what to do); Run throws
+// a kernel's error of the class eager's kernel throws (c10::LinAlgError, c10::IndexError, ...) and
+// a call's own mistake (arity, sizes, strides, dtypes) as c10::ValueError.
 #pragma once
 
 #include <ATen/core/ivalue.h>

@@ -98,6 +98,39 @@ def test_loaded_program_checks_what_the_trace_assumed(tmp_path):
                        model(x[:, :1].expand(100, 128).contiguous(), 100))
 
 
+class _Refusing(torch.nn.Module):
+    """Ops whose kernels refuse values: one_hot (RuntimeError), cholesky (LinAlgError), index_select
+    (IndexError)."""
+
+    def forward(self, classes, a, x, index):
+        return (torch.nn.functional.one_hot(classes, 4) * 2, torch.linalg.cholesky(a) * 2,
+                x.index_select(0, index) * 2)
+
+
+def test_a_loaded_program_raises_a_kernels_error_as_eager_does(tmp_path):
+    """Note [Kernel errors keep their type]: a kernel's error out of a loaded program is the
+    exception eager raises; a call's own mistakes (arity, sizes) are ValueErrors."""
+    torch.manual_seed(0)
+    good = (torch.tensor([0, 3]), torch.eye(3) * 2, torch.randn(5, 2), torch.tensor([1, 4]))
+    torchreplay.save(torchreplay.capture(_Refusing(), good), tmp_path / "refusing.trp")
+    program = torchreplay.load(tmp_path / "refusing.trp")
+    for i in range(3):
+        for got, want in zip(program(*good), _Refusing()(*good)):
+            assert_bitwise(got, want, f"call {i}")
+    assert program.stats()["replays"] == 2, program.stats()
+    bad = {0: torch.tensor([0, 9]), 1: -torch.eye(3), 3: torch.tensor([1, 7])}
+    for k, value in bad.items():
+        args = list(good)
+        args[k] = value
+        with pytest.raises(Exception) as eager:
+            _Refusing()(*args)
+        with pytest.raises(type(eager.value)) as loaded:
+            program(*args)
+        assert type(loaded.value) is type(eager.value), (k, loaded.value)
+    with pytest.raises(ValueError, match="takes 4 arguments, got 3"):
+        program(*good[:3])
+
+
 def test_save_refuses_what_a_file_cannot_hold_and_load_refuses_other_files(tmp_path):
     with pytest.raises(TypeError, match="torchreplay.capture"):
         torchreplay.save(torch.nn.Linear(2, 2), tmp_path / "x.trp")
