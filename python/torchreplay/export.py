@@ -225,7 +225,7 @@ def _trace_exported(traced: "_Flat", leaves: Tuple[Any, ...], dynamic: bool,
     inputs = [(_bound_name("buffer" if k in buffers else "parameter", k), t) for k, t in state.items()] + \
         [(n, a) for n, a in zip(leaf_names, leaves) if isinstance(a, torch.Tensor)]
     if torch._C._is_any_autocast_enabled():
-        _refuse_autocast("the capture is made under autocast")
+        _refuse_autocast("a trace under autocast (the capture made, or called, under it)")
     try:
         with _RandomStateWatch() as rng, torch.no_grad(), \
                 rnn.whole_in_trace(close), eager_fast_paths():
@@ -233,6 +233,7 @@ def _trace_exported(traced: "_Flat", leaves: Tuple[Any, ...], dynamic: bool,
                                      strict=False)
     except Exception as e:
         _refuse_shared_memory(inputs, (), e)
+        _refuse_value_branch(e)
         raise
     if any(n.target is torch.ops.higher_order.wrap_with_autocast for n in ep.graph.nodes):
         _refuse_autocast("the model's forward enters autocast")
@@ -349,6 +350,23 @@ def _refuse_shared_memory(inputs: Sequence[Tuple[str, Any]], written: Sequence[s
         "model instead: torch.compile(model, backend=torchreplay.get_backend(...)) takes it (AOTAutograd gives "
         "the graph their common base); or keep one of them and take the other as a view of it inside forward, "
         "or give each memory of its own (clone). Note [Inputs that share memory] in export.py") from error
+
+
+def _refuse_value_branch(error: Exception) -> None:
+    """A trace that failed where the model's Python reads a tensor's value to decide what to
+    compute (export's GuardOnDataDependentSymNode): refused naming the line, with what to do."""
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+    if not isinstance(error, GuardOnDataDependentSymNode):
+        return
+    import traceback
+    frames = [f for f in traceback.extract_tb(error.__traceback__)
+              if "site-packages/torch/" not in f.filename or "/torch/nn/" in f.filename]
+    where = f" at {frames[-1].filename}:{frames[-1].lineno} ({frames[-1].line})" if frames else ""
+    raise NotImplementedError(
+        f"torchreplay.capture: the model reads a tensor's value to decide what to compute{where}, which torch.export "
+        "cannot trace; give that decision as an argument (nn.Transformer's and nn.TransformerEncoder's is_causal and "
+        "tgt_is_causal with a mask, F.one_hot's num_classes), or use torch.compile(model, backend='torchreplay'), "
+        "which breaks its graph there") from error
 
 
 def _refuse_autocast(where: str) -> None:

@@ -312,7 +312,7 @@ def test_a_call_under_another_autocast_state(entry, made_under, tmp_path):
     with torch.no_grad():
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=on):
             if on and entry != "compile":
-                with pytest.raises(NotImplementedError, match="the capture is made under autocast"):
+                with pytest.raises(NotImplementedError, match="a trace under autocast"):
                     Entry(entry, model, (x,), tmp_path)
                 return
             f = Entry(entry, model, (x,), tmp_path)

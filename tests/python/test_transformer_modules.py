@@ -191,3 +191,22 @@ def test_arguments_passed_as_one_tensor_or_not_trace_each_pattern(model, tmp_pat
             assert step.stats()["replays"] >= len(set(map(lambda a: len(set(map(id, a))), patterns))), step.stats()
         with pytest.raises(NotImplementedError, match="capture the model with distinct tensors"):
             torchreplay.save(torchreplay.capture(m, patterns[0]), tmp_path / "model.trp")
+
+
+def test_a_mask_whose_values_decide_causality_is_refused_naming_the_line():
+    """nn.Transformer given tgt_mask without tgt_is_causal compares the mask's values with a causal
+    one to decide (a branch on values export cannot trace): the capture says where and what to
+    pass; given tgt_is_causal it replays eager's bits."""
+    torch.manual_seed(0)
+    model = nn.Transformer(E, 4, 1, 1, 64, batch_first=True).eval()
+    g = gen(6)
+    src, tgt = rn(g, 2, 9, E), rn(g, 2, 7, E)
+    mask = nn.Transformer.generate_square_subsequent_mask(7)
+    with torch.no_grad():
+        with pytest.raises(NotImplementedError, match=r"reads a tensor.s value .*transformer\.py:\d+ .*tgt_is_causal"):
+            torchreplay.capture(model, (src, tgt), {"tgt_mask": mask})
+        kwargs = {"tgt_mask": mask, "tgt_is_causal": True}
+        step = torchreplay.capture(model, (src, tgt), kwargs)
+        for i in range(3):
+            _check(step, model, (src, tgt), kwargs, f"tgt_is_causal given, call {i}")
+    assert step.stats()["replays"] == 2, step.stats()
