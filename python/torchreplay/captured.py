@@ -237,8 +237,9 @@ class Captured(_C.Call):
         flat = self._trace.flatten(args, kwargs)
         target = self._trace_for(flat, args, kwargs)
         if isinstance(target, _Eager):
-            with self._lock:
-                self._eager_calls[target.reason] = self._eager_calls.get(target.reason, 0) + 1
+            if not torch.compiler.is_compiling():   # not another capture's trace through this one
+                with self._lock:
+                    self._eager_calls[target.reason] = self._eager_calls.get(target.reason, 0) + 1
             return self._trace.model(*args, **kwargs)
         target._trace.check_size_exprs(flat)
         outs = target._fast(*flat)
