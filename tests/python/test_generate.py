@@ -113,14 +113,22 @@ def test_a_padded_batch_and_sampling():
 
 def test_model_forward_compiled_by_the_user():
     """The CPU way without the private flag: model.forward compiled with torchreplay's backend.
-    Prefill and decode steps are compiled; eager's bits."""
+    Prefill and decode steps are compiled, and a compiled forward takes transformers' traced
+    branch of the causal mask (masking_utils._ignore_causal_mask_sdpa never skips the mask while
+    compiling, torch < 2.14) where eager may skip it: another program, whose scores differ from
+    eager's in the last bits on some CPUs (docs/guide.md, "Hugging Face generate"). Eager's
+    tokens; scores close, not promised bitwise."""
+    from differential import assert_close_not_bitwise
     model = _model("llama")
     ids = torch.randint(3, 512, (1, 8), generator=torch.Generator().manual_seed(5))
     want = _generate(model, ids)
     model.forward = torch.compile(model.forward, backend="torchreplay", mode="reduce-overhead")
     before = torchreplay.stats()
     for i in range(2):
-        _assert_same(_generate(model, ids), want, f"generate {i}")
+        got = _generate(model, ids)
+        assert torch.equal(got.sequences, want.sequences), f"generate {i}"
+        for step, (g, w) in enumerate(zip(got.scores, want.scores)):
+            assert_close_not_bitwise(g, w, rtol=0, atol=1e-6, what=f"generate {i}: scores of step {step}")
     assert sum(s["replays"] for s in _engines(before)) >= 8
 
 
