@@ -2,7 +2,8 @@
 int8 paths of the runtimes they weigh: per model, quantization and thread count,
 
 - fp32: eager, torchreplay.capture;
-- quantized with torchao's quantize_ or torch.ao.quantization's quantize_dynamic: eager,
+- quantized with torchao's quantize_ or torch.ao.quantization's quantize_dynamic (its Linears,
+  LSTMs and GRUs): eager,
   torchreplay.capture, torch.compile + torchreplay, Inductor (torch.compile, freezing on:
   Inductor's int8 lowerings run only with it);
 - ONNX Runtime: the fp32 model exported, then its quantize_dynamic (int8 weights, activations
@@ -50,6 +51,21 @@ def _llama_step() -> Tuple[torch.nn.Module, Callable[[int], tuple]]:
     return MODELS["llama_decode"][0]()
 
 
+class _RecurrentHead(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn, self.head = torch.nn.LSTM(64, 256, 2), torch.nn.Linear(256, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.rnn(x)[0])
+
+
+def _lstm() -> Tuple[torch.nn.Module, Callable[[int], tuple]]:
+    """A 2-layer LSTM of width 256 with a Linear head, over 16 steps of 64 features, batch 1."""
+    return _RecurrentHead().eval(), \
+        lambda i: (torch.randn(16, 1, 64, generator=torch.Generator().manual_seed(i)),)
+
+
 def _quantizations() -> Dict[str, Callable[[torch.nn.Module], torch.nn.Module]]:
     """name -> quantize(model): the quantized model (torchao's in place)."""
     from torchao.prototype.quantization.int4 import Int4WeightOnlyOpaqueTensorConfig
@@ -60,13 +76,15 @@ def _quantizations() -> Dict[str, Callable[[torch.nn.Module], torch.nn.Module]]:
     return {"int8 dynamic": torchao(Int8DynamicActivationInt8WeightConfig),
             "int8 weight-only": torchao(Int8WeightOnlyConfig),
             "int4 weight-only": torchao(lambda: Int4WeightOnlyOpaqueTensorConfig(group_size=32)),
-            "quantize_dynamic": lambda m: torch.ao.quantization.quantize_dynamic(m, {torch.nn.Linear}, torch.qint8)}
+            "quantize_dynamic": lambda m: torch.ao.quantization.quantize_dynamic(
+                m, {torch.nn.Linear, torch.nn.LSTM, torch.nn.GRU}, torch.qint8)}
 
 
 # model -> (builder, the quantizations it is measured with)
 MODELS = {
     "bert_mini": (_bert_mini, ["int8 dynamic", "quantize_dynamic"]),
     "llama_decode": (_llama_step, ["int8 weight-only", "int4 weight-only"]),   # the harness's decode step
+    "lstm": (_lstm, ["quantize_dynamic"]),
 }
 
 
