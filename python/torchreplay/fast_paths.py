@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 from typing import Any, Iterator
 
 import torch
@@ -36,8 +37,12 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter, torch.nn.Buffer, FakeTensor, Functio
 
 
 def _from_forwards() -> bool:
-    """Whether the caller's caller is one of the three forwards (whose checks are asked)."""
-    return sys._getframe(2).f_code in _FORWARDS
+    """Whether the caller's caller is one of the three forwards (whose checks are asked), in the
+    thread that traces (another thread's eager call is answered as before)."""
+    return threading.get_ident() == _tracing_thread and sys._getframe(2).f_code in _FORWARDS
+
+
+_tracing_thread = None
 
 
 _FORWARDS = {activation.MultiheadAttention.forward.__code__,
@@ -60,6 +65,8 @@ class NestedEncoder(NotImplementedError):
 @contextlib.contextmanager
 def eager_fast_paths() -> Iterator[None]:
     """Note [Transformer fast paths]: while torch.export traces for torchreplay.capture."""
+    global _tracing_thread
+    _tracing_thread = threading.get_ident()
     has_torch_function = torch.overrides.has_torch_function
     is_compiling = torch.compiler.is_compiling
     make_fx_tracing = activation._is_make_fx_tracing
@@ -95,6 +102,7 @@ def eager_fast_paths() -> Iterator[None]:
         torch.compiler.is_compiling = is_compiling
         activation._is_make_fx_tracing = make_fx_tracing
         torch._nested_tensor_from_mask_left_aligned, torch._nested_tensor_from_mask = left_aligned, from_mask
+        _tracing_thread = None
 
 
 @torch.library.register_fake("aten::_transformer_encoder_layer_fwd")

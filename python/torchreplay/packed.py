@@ -160,7 +160,7 @@ def _cells_as_handle(cells: List[Any], handle: int) -> Iterator[None]:
     """Within: torch.quantized_lstm and quantized_gru, given exactly `cells`, call
     torchreplay::packed_lstm / packed_gru on `handle` (a packed sequence is refused)."""
     def lstm(input, hx, params, *rest, dtype=None, use_dynamic=False):
-        if not isinstance(hx, (list, tuple)) or params is not cells and list(params) != cells or not use_dynamic:
+        if not isinstance(hx, (list, tuple)) or list(params) != cells:
             raise NotImplementedError("torchreplay.capture: a quantize_dynamic LSTM over a packed sequence cannot "
                                       "be traced; pass padded tensors, or run the model eagerly")
         return torch.ops.torchreplay.packed_lstm(input, list(hx), handle, *rest, dtype)
