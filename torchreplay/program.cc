@@ -23,22 +23,15 @@ struct Program::Impl {
 
 namespace {
 
-// A status as the c10::Error eager throws (Note [Kernel errors keep their type] in
-// capture/ir/interpreter.h): a kernel's error of its class, a check of the call's arguments a
-// c10::ValueError, anything else a c10::Error.
+// A status as the c10::Error eager throws: a kernel's error of its class (Note [Kernel errors keep
+// their type] in capture/ir/interpreter.h), a check of the call's arguments a c10::ValueError,
+// anything else a c10::Error.
 [[noreturn]] void Fail(const absl::Status& s) {
-  const std::string type = capture::ErrorType(s), message(s.message());
-  TORCH_CHECK_INDEX(type != "IndexError", message);
-  TORCH_CHECK_TYPE(type != "TypeError", message);
-  TORCH_CHECK_NOT_IMPLEMENTED(type != "NotImplementedError", message);
-  TORCH_CHECK_BUFFER(type != "BufferError", message);
-  TORCH_CHECK_LINALG(type != "LinAlgError", message);
-  TORCH_CHECK_WITH(OutOfMemoryError, type != "OutOfMemoryError", message);
-  TORCH_CHECK_VALUE(type != "ValueError" && (!type.empty() || (s.code() != absl::StatusCode::kInvalidArgument &&
-                                                               s.code() != absl::StatusCode::kNotFound &&
-                                                               s.code() != absl::StatusCode::kOutOfRange)),
-                    message);
-  TORCH_CHECK(false, message);
+  capture::ThrowKernelError(s);
+  TORCH_CHECK_VALUE(s.code() != absl::StatusCode::kInvalidArgument && s.code() != absl::StatusCode::kNotFound &&
+                        s.code() != absl::StatusCode::kOutOfRange,
+                    std::string(s.message()));
+  TORCH_CHECK(false, std::string(s.message()));
 }
 
 }  // namespace

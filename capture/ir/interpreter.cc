@@ -51,6 +51,17 @@ std::string ErrorType(const absl::Status& s) {
   return type.has_value() ? std::string(*type) : std::string();
 }
 
+void ThrowKernelError(const absl::Status& s) {
+  const std::string type = ErrorType(s), message(s.message());
+  TORCH_CHECK_INDEX(type != "IndexError", message);
+  TORCH_CHECK_VALUE(type != "ValueError", message);
+  TORCH_CHECK_TYPE(type != "TypeError", message);
+  TORCH_CHECK_NOT_IMPLEMENTED(type != "NotImplementedError", message);
+  TORCH_CHECK_BUFFER(type != "BufferError", message);
+  TORCH_CHECK_LINALG(type != "LinAlgError", message);
+  TORCH_CHECK_WITH(OutOfMemoryError, type != "OutOfMemoryError", message);
+}
+
 namespace {
 
 int64_t FloorDivInt(int64_t a, int64_t b) {  // Python: rounds toward negative infinity

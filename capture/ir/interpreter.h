@@ -43,6 +43,9 @@ absl::Status KernelError(const c10::Error& e, absl::string_view context);
 absl::Status WithContext(const absl::Status& s, absl::string_view prefix);
 // The Python exception `s` stands for ("IndexError", "OverflowError", ...), or "" for none.
 std::string ErrorType(const absl::Status& s);
+// KernelError's inverse for C++ callers (a loaded program's Run): throws the c10::Error subclass
+// whose name `s` keeps, with its message; returns when it keeps none.
+void ThrowKernelError(const absl::Status& s);
 
 class Interpreter {
  public:

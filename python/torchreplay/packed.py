@@ -156,9 +156,10 @@ _QUANTIZED = {"lstm": torch.quantized_lstm, "gru": torch.quantized_gru}
 
 
 @contextlib.contextmanager
-def _cells_as_handle(cells: List[Any], handle: int) -> Iterator[None]:
-    """Within: torch.quantized_lstm and quantized_gru, given exactly `cells`, call
-    torchreplay::packed_lstm / packed_gru on `handle` (a packed sequence is refused)."""
+def _cells_as_handle(handle: int) -> Iterator[None]:
+    """Within: torch.quantized_lstm and quantized_gru, given exactly the cells of `handle`, call
+    torchreplay::packed_lstm / packed_gru on it (a packed sequence is refused)."""
+    cells = _held(handle)
     def lstm(input, hx, params, *rest, dtype=None, use_dynamic=False):
         if not isinstance(hx, (list, tuple)) or list(params) != cells:
             raise NotImplementedError("torchreplay.capture: a quantize_dynamic LSTM over a packed sequence cannot "
@@ -188,7 +189,7 @@ class _PackedRNN(torch.nn.Module):
         self.handle = cells_handle(m)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        with _cells_as_handle(_objects[self.handle], self.handle):
+        with _cells_as_handle(self.handle):
             return self.rnn(*args, **kwargs)
 
 
