@@ -21,7 +21,7 @@ UNARY = {
     "sigmoid": torch.sigmoid, "silu": torch.nn.functional.silu, "exp2": torch.exp2,
     "exp": torch.exp, "log": torch.log, "sin": torch.sin, "cos": torch.cos, "tanh": torch.tanh,
     "erf": torch.erf, "sqrt": torch.sqrt, "log1p": torch.log1p, "expm1": torch.expm1,
-    "relu": torch.relu,
+    "relu": torch.relu, "round": torch.round,
     "pow 2": lambda x: x.pow(2), "pow 3": lambda x: x.pow(3), "pow -2": lambda x: x.pow(-2),
     "pow 0.5": lambda x: x.pow(0.5), "pow -0.5": lambda x: x.pow(-0.5), "pow -1": lambda x: x.pow(-1),
     "clamp": lambda x: x.clamp(-0.5, 0.75), "clamp min": lambda x: x.clamp(min=-0.25),
@@ -116,6 +116,30 @@ def test_every_unary_op_is_fused_bitwise_at_every_length_and_layout(name, dtype)
                 capture_and_compare(fn, lambda k: (make(k),))
             except AssertionError as e:
                 raise AssertionError(f"{name} {dtype} n={n} {layout}: {e}") from None
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_round_takes_halves_to_even_as_eager_in_a_fake_quantize_chain(dtype, threads):
+    """PT2E's quantize then dequantize in fp32 (Note [PT2E's quantize ops] in passes.py): halves,
+    their neighbours one ulp away and values past the clamp, over short and long rows."""
+    def fake_quantize(x):
+        return (torch.clamp(torch.round(x * (1.0 / 0.25)) + 3, 0, 255) - 3) * 0.25
+
+    def inputs(n, k):
+        halves = (torch.arange(n, dtype=torch.float64) - n // 2 + 0.5).to(dtype) * 0.25
+        x = halves.clone()
+        x[k % 3::3] = torch.nextafter(halves[k % 3::3], torch.tensor(math.inf, dtype=dtype))
+        x[(k + 1) % 3::7] = special(n, dtype, 2 * k)[(k + 1) % 3::7]
+        return (x,)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for n in (7, 64, 1037, 70000):
+            log = capture_and_compare(fake_quantize, lambda k: inputs(n, k))
+            assert log["fused_nodes"] == 6, log
+    finally:
+        torch.set_num_threads(saved)
 
 
 @pytest.mark.parametrize("dtype", FLOATS + (torch.int64,), ids=str)

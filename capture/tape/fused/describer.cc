@@ -55,6 +55,7 @@ const OpInfo* FindOp(const std::string& name) {
   static const absl::flat_hash_map<std::string, OpInfo> kOps = {
       {"aten::neg.out", {Op::kNeg, Form::kUnary}},
       {"aten::abs.out", {Op::kAbs, Form::kUnary}},
+      {"aten::round.out", {Op::kRound, Form::kUnary}},
       {"aten::reciprocal.out", {Op::kReciprocal, Form::kUnary}},
       {"aten::rsqrt.out", {Op::kRsqrt, Form::kUnary}},
       {"aten::sigmoid.out", {Op::kSigmoid, Form::kUnary, true, false, false, true}},

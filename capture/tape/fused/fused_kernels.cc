@@ -32,6 +32,7 @@ const char* OpName(Op op) {
   switch (op) {
     case Op::kNeg: return "neg";
     case Op::kAbs: return "abs";
+    case Op::kRound: return "round";
     case Op::kReciprocal: return "reciprocal";
     case Op::kRsqrt: return "rsqrt";
     case Op::kSquare: return "pow 2";

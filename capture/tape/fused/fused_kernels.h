@@ -24,6 +24,7 @@ constexpr int64_t kGrainSize = 32768;
 enum class Op : uint8_t {
   // One input.
   kNeg, kAbs, kReciprocal, kRsqrt, kSquare, kCube, kInverseSquare,  // pow 2, 3, -2
+  kRound,                                                           // half to even
   kClampMin, kClampMax, kClamp,                                     // scalar bounds p0, p1
   kSigmoid, kSilu, kExp2,                                           // vector and scalar paths differ
   kExp, kLog, kSin, kCos, kTanh, kErf, kSqrt,                       // MKL's vector math (vml)

@@ -180,6 +180,12 @@ struct Abs {
   Vectorized<T> V(Vectorized<T> a) const { return a.abs(); }
 };
 template <class T>
+struct Round {  // ATen's vml::vround: the vector round on every element; nearbyint's bits
+  static Round Of(const Instr&) { return {}; }
+  T S(T a) const { return std::nearbyint(a); }
+  Vectorized<T> V(Vectorized<T> a) const { return a.round(); }
+};
+template <class T>
 struct Reciprocal {
   static Reciprocal Of(const Instr&) { return {}; }
   T S(T a) const { return static_cast<T>(1.0) / a; }
@@ -554,6 +560,7 @@ Kernel FloatingKernel(Op op) {
   switch (op) {
     case Op::kNeg: return &MapKernel<T, Neg<T>, 1>;
     case Op::kAbs: return &MapKernel<T, Abs<T>, 1>;
+    case Op::kRound: return &MapKernel<T, Round<T>, 1>;
     case Op::kReciprocal: return &MapKernel<T, Reciprocal<T>, 1>;
     case Op::kRsqrt: return &MapKernel<T, Rsqrt<T>, 1>;
     case Op::kSquare: return &MapKernel<T, Square<T>, 1>;
