@@ -1,6 +1,7 @@
 """FX passes run on the ATen graph before lowering: the user's pre pass, the built-in passes, the
 user's post pass (config.post_grad_custom_pre_pass / post_grad_custom_post_pass, as in torchair).
-Here: the input updates in place, the waits sunk, the dtypes the kernels give, 1-d max pooling;
+Here: the input updates in place, the waits sunk, the dtypes the kernels give, 1-d max pooling,
+PT2E's quantize ops as the ATen ops their kernels run;
 the foreach passes are in foreach_passes.py, the view helpers they share in fx_views.py."""
 from __future__ import annotations
 
@@ -272,6 +273,59 @@ def restore_max_pool1d(gm: torch.fx.GraphModule) -> int:
     return count
 
 
+# Note [PT2E's quantize ops]
+# A model quantized by PT2E (torchao's convert_pt2e) computes its int8 arithmetic in fp32 through
+# the quantized_decomposed ops (quantize_per_tensor, dequantize_per_channel, ...). torch defines
+# them in Python only (torch/ao/quantization/fx/_decomposed.py, CompositeExplicitAutograd): each
+# is a few ATen ops on its tensors. Kept as they are, every one would call back into Python at
+# each replay; instead each is traced (make_fx, on the node's fake values) into the ATen ops its
+# kernel runs and put in its place: eager's ops on eager's operands, so the same bits, and the
+# tape fuses them as any elementwise ops. numerics "close" lowers the patterns around
+# convolutions and linears to int8 kernels first (close_numerics/quantized.py).
+def inline_quantize_ops(gm: torch.fx.GraphModule) -> int:
+    """Note [PT2E's quantize ops]: each quantized_decomposed op as the ATen ops of its kernel.
+    Returns how many it inlined; one whose trace fails stays an op (its Python kernel per call)."""
+    from torch.ao.quantization.fx import _decomposed
+    count = 0
+    for node in list(gm.graph.nodes):
+        op = node.target
+        if node.op != "call_function" or not isinstance(op, torch._ops.OpOverload) or \
+                op.namespace != "quantized_decomposed":
+            continue
+        name = op._schema.name.split("::")[1] + ("" if op._overloadname == "default" else "_" + op._overloadname)
+        kernel = getattr(_decomposed, name, None)
+        count += kernel is not None and replace_with_trace(gm, node, kernel)
+    return count
+
+
+def replace_with_trace(gm: torch.fx.GraphModule, node: torch.fx.Node, fn: Any) -> bool:
+    """`node` replaced by the ATen ops fn(*node.args, **node.kwargs) runs, traced (make_fx) on
+    the fake values of the nodes among its arguments; whether it was (not where the trace fails
+    or makes constants of its own)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.utils import _pytree as pytree
+    inputs = [a for a in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(a, torch.fx.Node)]
+    if not all(isinstance(a.meta.get("val"), torch.Tensor) for a in inputs):
+        return False
+
+    def call(*values: Any) -> Any:
+        bound = dict(zip(inputs, values))
+        args, kwargs = torch.fx.map_arg((node.args, node.kwargs), lambda a: bound[a])
+        return fn(*args, **kwargs)
+    try:
+        traced = make_fx(call, tracing_mode="real")(*[a.meta["val"] for a in inputs])
+    except Exception:  # noqa: BLE001 - the node stays as it is
+        return False
+    if any(n.op == "get_attr" for n in traced.graph.nodes):
+        return False
+    placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
+    with gm.graph.inserting_before(node):
+        out = gm.graph.graph_copy(traced.graph, dict(zip(placeholders, inputs)))
+    node.replace_all_uses_with(out)
+    gm.graph.erase_node(node)
+    return True
+
+
 # Ops whose ATen implementation only redispatches (BinaryOps.cpp), as the overload they call:
 # rsub.Tensor is at::sub with its operands swapped, rsub.Scalar wraps its number first; add, sub,
 # mul and div's .Scalar overloads call their .Tensor ones on the number wrapped as a 0-dim tensor
@@ -300,7 +354,7 @@ def as_redispatched(gm: torch.fx.GraphModule) -> int:
     return count
 
 
-BUILTIN_PASSES = (reinplace_input_updates, reinplace_foreach_all, decompose_foreach, restore_max_pool1d,
+BUILTIN_PASSES = (inline_quantize_ops, reinplace_input_updates, reinplace_foreach_all, decompose_foreach, restore_max_pool1d,
                   as_redispatched, remove_dead_code, sink_waits)
 
 

@@ -122,37 +122,117 @@ def test_a_quantized_model_called_with_grad_mode_on_replays_eagers_bits():
     compiled_like_eager(quantized("int8 dynamic activation", 64), 4, 5, 64, grad=True)
 
 
-def _pt2e_convnet():
-    """A small CNN through PT2E static quantization (torchao's prepare_pt2e / convert_pt2e with
-    X86InductorQuantizer, calibrated on random images): its eager is the reference graph,
-    dequantize, fp32 op, quantize."""
+class _Residual(nn.Module):
+    """A MobileNet-like block: convolution, ReLU6, a 1x1 convolution added to its input, a
+    classifier over the pooled image."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU6())
+        self.conv = nn.Conv2d(16, 16, 1)
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x):
+        y = self.stem(x)
+        y = y + self.conv(y)
+        return self.head(y.mean((2, 3)))
+
+
+PT2E = {   # model, example input shape (batch 1)
+    "convnet": (lambda: nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1),
+                                      nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10)),
+                (3, 16, 16)),
+    "residual": (_Residual, (3, 24, 24)),
+    "mlp over tokens": (lambda: nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64)), (7, 64)),
+}
+
+
+def pt2e(name, long=False):
+    """The model through PT2E static quantization (torchao's prepare_pt2e / convert_pt2e with
+    X86InductorQuantizer, calibrated on random inputs): its eager is the reference graph,
+    dequantize, fp32 op, quantize. Exported strict: with torch 2.11's non-strict export the
+    quantizer finds no module to annotate and leaves the model fp32, silently."""
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
     from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
         X86InductorQuantizer, get_default_x86_inductor_quantization_config)
+    make, shape = PT2E[name]
+    if long:   # images of 96x96, 300 tokens: rows past ATen's grain size
+        shape = (shape[0], 96, 96) if len(shape) == 3 else (300, shape[1])
     torch.manual_seed(0)
-    m = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
-                      nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10)).eval()
     g = gen(5)
-    example = (rn(g, 1, 3, 16, 16),)
     with torch.no_grad():
-        exported = torch.export.export(m, example).module()
+        exported = torch.export.export(make().eval(), (rn(g, 1, *shape),), strict=True).module()
         quantizer = X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config())
         prepared = prepare_pt2e(exported, quantizer)
         for _ in range(4):
-            prepared(rn(g, 1, 3, 16, 16))
-        return convert_pt2e(prepared)
+            prepared(rn(g, 1, *shape))
+        q = convert_pt2e(prepared)
+    ops = [n.target for n in q.graph.nodes if n.op == "call_function"]
+    assert torch.ops.quantized_decomposed.dequantize_per_channel.default in ops, "PT2E left the model fp32"
+    return q, shape
+
+
+@pytest.mark.parametrize("size", ["short", "long"])
+@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("name", list(PT2E))
+def test_pt2e_static_int8_replays_its_reference_bitwise(name, entry, size, tmp_path):
+    """Note [PT2E's quantize ops] (passes.py): the quantize ops replay as the ATen ops of their
+    kernels, bitwise to the reference eager, at 1, 3 and 2 threads changed between calls, over
+    short and long rows."""
+    q, shape = pt2e(name, long=size == "long")
+    g = gen(6)
+    with torch.no_grad():
+        f = Entry(entry, q, (rn(g, 1, *shape),), tmp_path)
+        for i, n_threads in enumerate([1, 1, 3, 3, 1, 2, 2]):
+            x = rn(g, 1, *shape)
+            with threads(n_threads):
+                assert_bitwise(f(x), q(x), f"{name}, {entry}, call {i} at {n_threads} threads")
+    s = f.stats()
+    assert s["replays"] >= 3 and s["eager_fallbacks"] == 0, s
+
+
+def sqnr(got, want):
+    """Signal to quantization noise, in dB, of `got` against `want`."""
+    noise = (got.double() - want.double()).pow(2).sum()
+    return float("inf") if noise == 0 else float(10 * torch.log10(want.double().pow(2).sum() / noise))
 
 
 @pytest.mark.parametrize("n_threads", [1, 3])
-def test_pt2e_static_int8_replays_its_reference_graph_bitwise(n_threads):
-    q = _pt2e_convnet()
-    g = gen(6)
+@pytest.mark.parametrize("name", list(PT2E))
+def test_pt2e_under_close_numerics_runs_int8_kernels_close_to_the_reference(name, n_threads):
+    """Note [PT2E's int8 kernels] (close_numerics/quantized.py): each quantized convolution and
+    linear through oneDNN's int8 kernel or, where timed faster, fp32 on its weight dequantized
+    once; on inputs other than the capture's the results keep eager's strides and stay within
+    the int8 arithmetic's distance of the reference (SQNR), and the capture reports that."""
+    q, shape = pt2e(name)
+    g = gen(7)
     with torch.no_grad(), threads(n_threads):
-        step = torchreplay.capture(q, (rn(g, 1, 3, 16, 16),), config=config())
+        step = torchreplay.capture(q, (rn(g, 1, *shape),), config=config(numerics="close"))
+        counts = step.numerics["rewrites"]
+        assert step.numerics["numerics"] == "close", step.numerics
+        assert counts["convolutions_int8"] + counts["linears_int8"] + counts["weights_dequantized_once"] >= 2, counts
+        assert step.numerics["sqnr_db"] >= 30, step.numerics
         for i in range(4):
-            x = rn(g, 1, 3, 16, 16)
-            assert_bitwise(step(x), q(x), f"call {i}")
+            x = rn(g, 1, *shape)
+            got, want = step(x), q(x)
+            assert got.stride() == want.stride() and got.dtype == want.dtype, (got.stride(), want.stride())
+            assert sqnr(got, want) >= 30, f"{name}, call {i}: {sqnr(got, want):.1f} dB"
     assert step.stats()["replays"] >= 2, step.stats()
+
+
+def test_pt2e_int8_weights_written_after_a_close_capture_raise():
+    """The int8 weights and their scales are folded into oneDNN's packed weights: a write to
+    them after the capture raises, saying to capture again."""
+    q, shape = pt2e("convnet")
+    g = gen(8)
+    with torch.no_grad():
+        step = torchreplay.capture(q, (rn(g, 1, *shape),), config=config(numerics="close"))
+        x = rn(g, 1, *shape)
+        assert sqnr(step(x), q(x)) >= 30
+        weight = next(t for name, t in q.named_buffers() if t.dtype == torch.int8)
+        weight.neg_()
+        with pytest.raises(RuntimeError, match="buffer '_frozen_param0' was written after the capture"):
+            step(x)
 
 
 QUANTIZE_DYNAMIC = {   # quantize_dynamic's Linears: (qconfig spec, dtype)

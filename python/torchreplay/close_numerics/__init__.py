@@ -6,6 +6,9 @@ exported graph of a CPU float model the way the CPU runtimes users compare it wi
 (AOTInductor's freezing passes, ONNX Runtime, OpenVINO, XNNPACK), and its results are close to
 eager's instead of equal:
 
+- PT2E's int8 patterns (a convolution or linear of dequantized uint8 activations and int8
+  weights, the activation after it, the quantize after that) through oneDNN's int8 kernels on
+  weights packed once (Note [PT2E's int8 kernels] in quantized.py);
 - batch norm (eval) folded into the convolution before it (torch.nn.utils.fusion's
   fuse_conv_bn_weights: scale the weight, shift the bias);
 - convolutions through the fastest of eager's op, oneDNN on a weight reordered once
@@ -52,8 +55,9 @@ the largest absolute and relative differences are kept (Captured.numerics).
 
 The rewrite is a package around one state object, `state.Rewrite` (the graph, what was folded
 and must be guarded, which results may be channels-last, the counts and timings); each module
-is a family of rewrites taking it, in the order `rewrite` runs them: convolutions.py (batch
-norms folded first), products.py, recurrent.py, images.py, layouts.py; kernels.py holds what
+is a family of rewrites taking it, in the order `rewrite` runs them: convolutions.py (batch norms folded
+first; PT2E's int8 convolutions decided on the way, quantized.py), quantized.py's linears,
+products.py, recurrent.py, images.py, layouts.py; kernels.py holds what
 they share.
 """
 from __future__ import annotations
@@ -67,6 +71,7 @@ from .convolutions import fold_batch_norms, rewrite_convolutions
 from .images import fold_channel_scales, rewrite_spatial_means
 from .layouts import restore_layouts
 from .products import rewrite_linears
+from .quantized import fake_quantize_pairs, rewrite_quantized_linears
 from .recurrent import rewrite_grus
 from .state import Rewrite
 
@@ -79,12 +84,14 @@ def rewrite(gm: torch.fx.GraphModule, bound: Sequence[Any], names: Sequence[str]
     r = Rewrite(gm, bound, names)
     fold_batch_norms(r)
     if not dynamic:
-        rewrite_convolutions(r)
+        rewrite_convolutions(r)  # (PT2E's int8 convolutions among them)
+        rewrite_quantized_linears(r)
         rewrite_linears(r)
         rewrite_grus(r)
         rewrite_spatial_means(r)
         fold_channel_scales(r)
         restore_layouts(r)
+        fake_quantize_pairs(r)  # (elementwise: the layouts stay as restore_layouts left them)
     r.guard()
     gm.graph.eliminate_dead_code()
     used = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
@@ -130,9 +137,12 @@ def layout_difference(got: Any, want: Any) -> Optional[str]:
 
 def difference(got: Any, want: Any) -> Dict[str, float]:
     """The largest absolute and relative (|got - want| / |want|, where want is not 0) differences
-    over the floating tensors of two outputs, NaNs where both agree ignored."""
+    over the floating tensors of two outputs, NaNs where both agree ignored, and the signal to
+    noise ratio of all of them in dB (what quantized models are judged by; inf where equal)."""
+    import math
+
     from torch.utils import _pytree as pytree
-    abs_err = rel_err = 0.0
+    abs_err = rel_err = signal = noise = 0.0
     for g, w in zip(pytree.tree_leaves(got), pytree.tree_leaves(want)):
         if not (isinstance(g, torch.Tensor) and isinstance(w, torch.Tensor) and w.is_floating_point()):
             continue
@@ -141,7 +151,10 @@ def difference(got: Any, want: Any) -> Dict[str, float]:
         d = torch.where(same, torch.zeros_like(g), (g - w).abs())
         if d.numel():
             abs_err = max(abs_err, float(d.max()))
+            signal += float(w[~torch.isnan(w)].pow(2).sum())
+            noise += float(d.pow(2).sum())
             nz = w != 0
             if bool(nz.any()):
                 rel_err = max(rel_err, float((d[nz] / w[nz].abs()).max()))
-    return {"max_abs_err": abs_err, "max_rel_err": rel_err}
+    sqnr = math.inf if noise == 0 else 10 * math.log10(signal / noise) if signal > 0 else -math.inf
+    return {"max_abs_err": abs_err, "max_rel_err": rel_err, "sqnr_db": sqnr}

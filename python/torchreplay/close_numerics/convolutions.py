@@ -11,9 +11,9 @@ import torch.fx
 from torch.nn.utils.fusion import fuse_conv_bn_weights
 
 from . import kernels
-from .kernels import (POST_OPS, STRIDE_SENSITIVE, UNARY, depthwise_available, post_of, small_gemm_available,
-                      within_reach)
+from .kernels import POST_OPS, STRIDE_SENSITIVE, UNARY, conv_times, own_kernel, post_of, within_reach
 from .products import small_gemm
+from .quantized import int8_convolution, int8_weight
 from .state import Rewrite
 
 aten = torch.ops.aten
@@ -66,6 +66,8 @@ def rewrite_convolutions(r: Rewrite) -> None:
                 if conv.target not in STRIDE_SENSITIVE and any(a in layout for a in conv.all_input_nodes):
                     layout.add(conv)
             continue
+        if int8_convolution(r, conv):  # Note [PT2E's int8 kernels]; else its weight is dequantized once
+            continue
         x, wn, bn, stride, padding, dilation, transposed, _output_padding, groups = conv.args
         w = r.tensor(wn)
         b = r.tensor(bn) if bn is not None else None
@@ -75,12 +77,11 @@ def rewrite_convolutions(r: Rewrite) -> None:
                 val.dim() not in (3, 4) or not all(isinstance(s, int) for s in val.shape):
             continue
         one_d = val.dim() == 3
-        if not one_d and groups == 1 and w.shape[2:] == (1, 1) and list(stride) == [1, 1] and \
-                list(padding) == [0, 0] and (x in r.channels_last or val.shape[2] * val.shape[3] == 1):
+        kernel = own_kernel(r, x, w, val, stride, padding, groups)
+        if kernel == "1x1":
             r.freeze(wn, bn)
             _as_gemm(r, conv, x, w, b, val.shape)
-        elif not one_d and groups > 1 and w.shape[0] == groups and w.shape[1] == 1 and val.shape[1] == groups \
-                and depthwise_available():
+        elif kernel == "depthwise":
             r.freeze(wn, bn)
             post = _depthwise(r, conv, x, w, b, stride, padding, dilation)
             if post is not None:
@@ -144,34 +145,11 @@ def _depthwise(r: Rewrite, conv: torch.fx.Node, x: torch.fx.Node, w: torch.Tenso
 def _fastest(r: Rewrite, x: torch.fx.Node, w: torch.Tensor, b: Optional[torch.Tensor], stride: Sequence[int],
              padding: Sequence[int], dilation: Sequence[int], groups: int, val: torch.Tensor,
              one_d: bool) -> str:
-    """Which of eager's op, oneDNN on a packed weight and (one group) torchreplay's conv_gemm
-    is fastest for this convolution ("eager", "onednn", "gemm"), timed on a random input of its
-    sizes and layout (oneDNN's per-call cost exceeds a small im2col GEMM's: the harness's
-    convnet ran slower through it)."""
-    reachable = within_reach(padding, w.shape[2:], dilation)
-    layout = torch.channels_last if x in r.channels_last and not one_d and reachable else \
-        torch.contiguous_format
-    inp = torch.randn(tuple(val.shape)).contiguous(memory_format=layout)
-    w4, st, pd, dl, x4 = w.detach(), list(stride), list(padding), list(dilation), inp
-    if one_d:
-        w4, st, pd, dl, x4 = w4.unsqueeze(2), [1] + st, [0] + pd, [1] + dl, inp.unsqueeze(2)
-    packed = torch._C._nn.mkldnn_reorder_conv2d_weight(w4.contiguous().to_mkldnn(), pd, st, dl, groups,
-                                                      list(x4.shape))
-    bias = b.detach() if b is not None else None
-    ways = {"eager": lambda: aten.convolution.default(inp, w, bias, list(stride), list(padding), list(dilation),
-                                                      False, [0] * len(stride), groups)}
-    if reachable:
-        ways["onednn"] = lambda: torch.ops.mkldnn._convolution_pointwise.default(x4, packed, bias, pd, st, dl,
-                                                                                 groups, "none", [], "")
-    if groups == 1 and small_gemm_available() and inp.numel() > 0:
-        rows = w.detach().reshape(w.shape[0], -1).contiguous()
-        zeros = bias if bias is not None else torch.zeros(w.shape[0])
-        ways["gemm"] = lambda: torch.ops.torchreplay.conv_gemm.default(
-            inp, rows, zeros, list(w.shape[2:]), list(stride), list(padding), list(dilation), "none")
-    with torch.no_grad():
-        t = dict(zip(ways, kernels.least_times(list(ways.values()))))
-    r.timings.append((tuple(val.shape), tuple(w.shape), t))
+    """Which way of conv_times is fastest for this convolution."""
+    t = conv_times(r, x, w, b, stride, padding, dilation, groups, val, one_d)
     return min(t, key=t.get)
+
+
 
 
 def _contiguous_input(r: Rewrite, conv: torch.fx.Node, x: torch.fx.Node) -> None:
@@ -217,6 +195,7 @@ def _read_channels_last(r: Rewrite, node: torch.fx.Node) -> bool:
             todo.extend(user.users)
             continue
         w = r.tensor(user.args[1])
+        w = w if w is not None else int8_weight(r, user.args[1])  # (to be dequantized once)
         stride, padding, groups = user.args[3], user.args[4], user.args[8]
         if w is not None and w.dim() == 4 and user.args[0] in seen | {node} and (
                 (groups > 1 and w.shape[0] == groups and w.shape[1] == 1) or

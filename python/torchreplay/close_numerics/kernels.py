@@ -1,13 +1,16 @@
 """What the rewrites of Note [Close numerics] share: the ops and post-ops they fuse, the timing
-they choose by, layout and reach tests, and whether torchreplay's kernels run on this CPU."""
+they choose by (a convolution's ways among them), layout and reach tests, and whether
+torchreplay's kernels run on this CPU."""
 from __future__ import annotations
 
 import functools
 import time
-from typing import Any, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 import torch.fx
+
+from .state import Rewrite
 
 aten = torch.ops.aten
 
@@ -99,3 +102,51 @@ def depthwise_available() -> bool:
         return True
     except RuntimeError:
         return False
+
+
+def own_kernel(r: Rewrite, x: torch.fx.Node, w: torch.Tensor, val: torch.Tensor, stride: Sequence[int],
+               padding: Sequence[int], groups: int) -> Optional[str]:
+    """"1x1" or "depthwise" where the convolution is one that torchreplay's own kernels take
+    without timing (a 1x1 convolution on a channels-last input as its GEMM, a depthwise one),
+    else None."""
+    if val.dim() != 4:
+        return None
+    if groups == 1 and w.shape[2:] == (1, 1) and list(stride) == [1, 1] and list(padding) == [0, 0] and \
+            (x in r.channels_last or val.shape[2] * val.shape[3] == 1):
+        return "1x1"
+    if groups > 1 and w.shape[0] == groups and w.shape[1] == 1 and val.shape[1] == groups and depthwise_available():
+        return "depthwise"
+    return None
+
+
+def conv_times(r: Rewrite, x: torch.fx.Node, w: torch.Tensor, b: Optional[torch.Tensor], stride: Sequence[int],
+               padding: Sequence[int], dilation: Sequence[int], groups: int, val: torch.Tensor,
+               one_d: bool) -> Dict[str, float]:
+    """The times of eager's op, oneDNN on a packed weight and (one group) torchreplay's conv_gemm
+    for this convolution ("eager", "onednn", "gemm", µs), on a random input of its sizes and
+    layout (oneDNN's per-call cost exceeds a small im2col GEMM's: the harness's convnet ran
+    slower through it)."""
+    reachable = within_reach(padding, w.shape[2:], dilation)
+    layout = torch.channels_last if x in r.channels_last and not one_d and reachable else \
+        torch.contiguous_format
+    inp = torch.randn(tuple(val.shape)).contiguous(memory_format=layout)
+    w4, st, pd, dl, x4 = w.detach(), list(stride), list(padding), list(dilation), inp
+    if one_d:
+        w4, st, pd, dl, x4 = w4.unsqueeze(2), [1] + st, [0] + pd, [1] + dl, inp.unsqueeze(2)
+    packed = torch._C._nn.mkldnn_reorder_conv2d_weight(w4.contiguous().to_mkldnn(), pd, st, dl, groups,
+                                                      list(x4.shape))
+    bias = b.detach() if b is not None else None
+    ways = {"eager": lambda: aten.convolution.default(inp, w, bias, list(stride), list(padding), list(dilation),
+                                                      False, [0] * len(stride), groups)}
+    if reachable:
+        ways["onednn"] = lambda: torch.ops.mkldnn._convolution_pointwise.default(x4, packed, bias, pd, st, dl,
+                                                                                 groups, "none", [], "")
+    if groups == 1 and small_gemm_available() and inp.numel() > 0:
+        rows = w.detach().reshape(w.shape[0], -1).contiguous()
+        zeros = bias if bias is not None else torch.zeros(w.shape[0])
+        ways["gemm"] = lambda: torch.ops.torchreplay.conv_gemm.default(
+            inp, rows, zeros, list(w.shape[2:]), list(stride), list(padding), list(dilation), "none")
+    with torch.no_grad():
+        t = dict(zip(ways, least_times(list(ways.values()))))
+    r.timings.append((tuple(val.shape), tuple(w.shape), t))
+    return t

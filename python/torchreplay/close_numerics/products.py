@@ -3,7 +3,7 @@ convolutions through the small GEMM or a transposed copy, whichever timed faster
 from __future__ import annotations
 
 import functools
-from typing import Optional
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.fx
@@ -64,18 +64,9 @@ def small_gemm(r: Rewrite, node: torch.fx.Node, x: torch.fx.Node, source: torch.
         bval = b if b is not None else bias.meta.get("val") if isinstance(bias, torch.fx.Node) else None
         if not isinstance(bval, torch.Tensor) or tuple(bval.shape) != (n,) or bval.dtype != torch.float32:
             return False
-    if rows * kn.shape[0] * n > (1 << 23) or not small_gemm_available():
-        return False  # (products this large are where MKL's kernels are at their best)
-    inp, vec, out = torch.randn(rows, kn.shape[0]), torch.randn(n), torch.empty(rows, n)
-    weights = {"dense": kn.contiguous()}
-    if kn.numel() * 4 >= (128 << 10):  # out of the core's caches: streamed, panel by panel
-        weights["panels"] = panels(kn, 64)
-    ways = {"addmm": (lambda: aten.addmm.out(vec, inp, kn, out=out)) if bias is not None else
-            (lambda: aten.mm.out(inp, kn, out=out))}
-    for name, w in weights.items():
-        ways[name] = functools.partial(torch.ops.torchreplay.small_gemm.out, inp, w, vec, "none", out=out)
-    with torch.no_grad():
-        t = dict(zip(ways, kernels.least_times(list(ways.values()), rounds=15)))
+    if not _small(rows, kn):
+        return False
+    t, weights = product_times(kn, rows, bias is not None)
     r.timings.append(((rows, kn.shape[0]), tuple(kn.shape), t))
     way = min(t, key=t.get)
     if way == "addmm":
@@ -96,3 +87,29 @@ def small_gemm(r: Rewrite, node: torch.fx.Node, x: torch.fx.Node, source: torch.
     r.graph.erase_node(node)
     r.counts["linears_small_gemm"] += 1
     return True
+
+
+def _small(rows: int, kn: torch.Tensor) -> bool:
+    """Whether the small GEMM runs here and is worth timing for this product (larger ones are
+    where MKL's kernels are at their best)."""
+    return rows * kn.shape[0] * kn.shape[1] <= (1 << 23) and small_gemm_available()
+
+
+def product_times(kn: torch.Tensor, rows: int, bias: bool) -> Tuple[Dict[str, float], Dict[str, torch.Tensor]]:
+    """The times (µs, on random rows) of the ways to multiply `rows` rows by `kn` ([K, N]), with
+    a bias vector or not: MKL's addmm (or mm) and, where _small, the small GEMM on the weight as
+    it is ("dense") or, if it is large, packed in panels of 64 columns ("panels"); and the
+    small GEMM's weights by way."""
+    n = kn.shape[1]
+    inp, vec, out = torch.randn(rows, kn.shape[0]), torch.randn(n), torch.empty(rows, n)
+    weights = {}
+    if _small(rows, kn):
+        weights["dense"] = kn.contiguous()
+        if kn.numel() * 4 >= (128 << 10):  # out of the core's caches: streamed, panel by panel
+            weights["panels"] = panels(kn, 64)
+    ways = {"addmm": (lambda: aten.addmm.out(vec, inp, kn, out=out)) if bias else
+            (lambda: aten.mm.out(inp, kn, out=out))}
+    for name, w in weights.items():
+        ways[name] = functools.partial(torch.ops.torchreplay.small_gemm.out, inp, w, vec, "none", out=out)
+    with torch.no_grad():
+        return dict(zip(ways, kernels.least_times(list(ways.values()), rounds=15))), weights

@@ -23,7 +23,9 @@ class Rewrite:
                                        "convolutions_depthwise": 0, "convolutions_small_gemm": 0, "post_ops_fused": 0,
                                        "layout_copies": 0, "linears_transposed_once": 0, "linears_small_gemm": 0,
                                        "convolutions_eager": 0, "grus_fused": 0, "results_channels_last": 0,
-                                       "means_small_gemm": 0, "scales_folded": 0}
+                                       "means_small_gemm": 0, "scales_folded": 0,
+                                       "convolutions_int8": 0, "linears_int8": 0, "weights_dequantized_once": 0,
+                                       "quantize_pairs_fused": 0}
         self.channels_last: set = set()  # results that may be channels-last where eager's are not
         self.contiguous: set = set()  # results made contiguous where eager's may be channels-last
         # (input sizes, weight sizes, {way: us}) of each timed convolution and product
