@@ -10,7 +10,7 @@ import os
 import sys
 import tempfile
 import warnings
-from typing import Any, List
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
@@ -52,10 +52,13 @@ class OnnxRuntime:
     threads, one inter-op thread, sequential execution, every graph optimization; IO binding with
     buffers bound once: each call copies its inputs into the bound input buffers and runs, and the
     outputs land in buffers bound once (returned as they are, like a pool's views). `quantize`:
-    the exported model through ONNX Runtime's quantize_dynamic first (int8 weights, activations
-    quantized per call: its int8 path for transformers)."""
+    the exported model through ONNX Runtime's quantize_dynamic first ("dynamic": int8 weights,
+    activations quantized per call, its int8 path for transformers) or its quantize_static
+    ("static": QDQ, uint8 activations and int8 weights per channel calibrated on `calibration`,
+    a list of input tuples; its int8 path for CNNs)."""
 
-    def __init__(self, model: torch.nn.Module, example_inputs: tuple, threads: int, quantize: bool = False) -> None:
+    def __init__(self, model: torch.nn.Module, example_inputs: tuple, threads: int, quantize: Optional[str] = None,
+                 calibration: Sequence[tuple] = ()) -> None:
         import numpy as np
         import onnxruntime as ort
 
@@ -68,9 +71,23 @@ class OnnxRuntime:
         with tempfile.TemporaryDirectory(prefix="torchreplay-bench-") as tmp:
             path = os.path.join(tmp, "model.onnx")
             torch.onnx.export(model, tuple(example_inputs), path, dynamo=True, verbose=False)
-            if quantize:
+            if quantize == "dynamic":
                 from onnxruntime.quantization import QuantType, quantize_dynamic
                 quantize_dynamic(path, path + ".int8", weight_type=QuantType.QInt8)
+                path += ".int8"
+            elif quantize == "static":
+                from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                                      quantize_static)
+                names = [i.name for i in ort.InferenceSession(path, providers=["CPUExecutionProvider"]).get_inputs()]
+
+                class Reader(CalibrationDataReader):
+                    def __init__(self) -> None:
+                        self.feeds = iter([{n: x.numpy() for n, x in zip(names, _tensors(c))} for c in calibration])
+
+                    def get_next(self) -> Optional[Dict[str, Any]]:
+                        return next(self.feeds, None)
+                quantize_static(path, path + ".int8", Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                                activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
                 path += ".int8"
             self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
         self.keeps_state = False  # a session keeps nothing between runs: a graph's writes are outputs or lost

@@ -1,13 +1,15 @@
 """Quantized models as CPU users quantize them, side by side with their fp32 selves and with the
 int8 paths of the runtimes they weigh: per model, quantization and thread count,
 
-- fp32: eager, torchreplay.capture;
-- quantized with torchao's quantize_ or torch.ao.quantization's quantize_dynamic (its Linears,
-  LSTMs and GRUs): eager,
-  torchreplay.capture, torch.compile + torchreplay, Inductor (torch.compile, freezing on:
-  Inductor's int8 lowerings run only with it);
+- fp32: eager, torchreplay.capture (and with numerics "close", for PT2E);
+- quantized with torchao's quantize_, torch.ao.quantization's quantize_dynamic (its Linears,
+  LSTMs and GRUs) or PT2E static int8 (torchao's convert_pt2e, X86InductorQuantizer): eager,
+  torchreplay.capture (and with numerics "close", for PT2E: oneDNN's int8 kernels where they
+  time faster), torch.compile + torchreplay, Inductor (torch.compile, freezing on: Inductor's
+  int8 lowerings run only with it);
 - ONNX Runtime: the fp32 model exported, then its quantize_dynamic (int8 weights, activations
-  quantized per call), IO binding (for the dynamic int8 rows).
+  quantized per call) for the dynamic int8 rows, its quantize_static (QDQ, per-channel weights,
+  calibrated on the inputs PT2E calibrates on) for PT2E's; IO binding.
 
     python -m torchreplay_bench.quantized [--threads 1,2] [--rounds 7] [--seconds 0.3] [--out DIR]
 
@@ -66,18 +68,45 @@ def _lstm() -> Tuple[torch.nn.Module, Callable[[int], tuple]]:
         lambda i: (torch.randn(16, 1, 64, generator=torch.Generator().manual_seed(i)),)
 
 
-def _quantizations() -> Dict[str, Callable[[torch.nn.Module], torch.nn.Module]]:
-    """name -> quantize(model): the quantized model (torchao's in place)."""
+def _harness(name: str) -> Callable[[], Tuple[torch.nn.Module, Callable[[int], tuple]]]:
+    from torchreplay_bench.models import MODELS as HARNESS
+    return HARNESS[name][0]
+
+
+# Inputs PT2E and ONNX Runtime's quantize_static calibrate on (seeds apart from the checked ones).
+CALIBRATION = range(100, 108)
+
+
+def _pt2e(model: torch.nn.Module, make_inputs: Callable[[int], tuple]) -> torch.nn.Module:
+    """PT2E static int8 (torchao's prepare_pt2e / convert_pt2e, X86InductorQuantizer's default
+    config) calibrated on CALIBRATION's inputs. Exported strict: non-strict export leaves the
+    quantizer nothing to annotate with torch 2.11."""
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
+        X86InductorQuantizer, get_default_x86_inductor_quantization_config)
+    exported = torch.export.export(model, make_inputs(0), strict=True).module()
+    prepared = prepare_pt2e(exported, X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config()))
+    for i in CALIBRATION:
+        prepared(*make_inputs(i))
+    quantized = convert_pt2e(prepared)
+    if not any(n.target == torch.ops.quantized_decomposed.dequantize_per_channel.default for n in quantized.graph.nodes):
+        raise RuntimeError("PT2E left the model fp32")
+    return quantized
+
+
+def _quantizations() -> Dict[str, Callable[[torch.nn.Module, Callable[[int], tuple]], torch.nn.Module]]:
+    """name -> quantize(model, make_inputs): the quantized model (torchao's in place)."""
     from torchao.prototype.quantization.int4 import Int4WeightOnlyOpaqueTensorConfig
     from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, quantize_
 
-    def torchao(config: Callable[[], Any]) -> Callable[[torch.nn.Module], torch.nn.Module]:
-        return lambda m: quantize_(m, config()) or m
+    def torchao(config: Callable[[], Any]) -> Callable[[torch.nn.Module, Any], torch.nn.Module]:
+        return lambda m, _: quantize_(m, config()) or m
     return {"int8 dynamic": torchao(Int8DynamicActivationInt8WeightConfig),
             "int8 weight-only": torchao(Int8WeightOnlyConfig),
             "int4 weight-only": torchao(lambda: Int4WeightOnlyOpaqueTensorConfig(group_size=32)),
-            "quantize_dynamic": lambda m: torch.ao.quantization.quantize_dynamic(
-                m, {torch.nn.Linear, torch.nn.LSTM, torch.nn.GRU}, torch.qint8)}
+            "quantize_dynamic": lambda m, _: torch.ao.quantization.quantize_dynamic(
+                m, {torch.nn.Linear, torch.nn.LSTM, torch.nn.GRU}, torch.qint8),
+            "pt2e static": _pt2e}
 
 
 # model -> (builder, the quantizations it is measured with)
@@ -85,6 +114,8 @@ MODELS = {
     "bert_mini": (_bert_mini, ["int8 dynamic", "quantize_dynamic"]),
     "llama_decode": (_llama_step, ["int8 weight-only", "int4 weight-only"]),   # the harness's decode step
     "lstm": (_lstm, ["quantize_dynamic"]),
+    "convnet": (_harness("convnet"), ["pt2e static"]),   # the harness's small CNN (its batch norm folded by PT2E)
+    "mobilenet_v3_small": (_harness("mobilenet_v3_small_96"), ["pt2e static"]),   # 96x96, batch 1
 }
 
 
@@ -106,6 +137,14 @@ def _alone(model: torch.nn.Module) -> torch.nn.Module:
     return wrapper
 
 
+def _capture_close(model: torch.nn.Module, inputs: tuple) -> Callable:
+    import torchreplay
+    config = torchreplay.CompilerConfig()
+    config.mode = "reduce-overhead"
+    config.reduce_overhead.numerics = "close"
+    return torchreplay.capture(model, inputs, config=config)
+
+
 def _compile(model: torch.nn.Module, inputs: tuple) -> Callable:
     return torch.compile(_alone(model), backend="torchreplay", mode="reduce-overhead")
 
@@ -115,13 +154,19 @@ def _inductor(model: torch.nn.Module, inputs: tuple) -> Callable:
     return torch.compile(_alone(model))
 
 
-def rows_for(quantization: str) -> Dict[str, Tuple[bool, Callable]]:
+def rows_for(quantization: str, make_inputs: Callable[[int], tuple]) -> Dict[str, Tuple[bool, Callable]]:
     """mode -> (runs the quantized model?, build(model, inputs))."""
     rows = {"fp32 eager": (False, lambda m, x: m), "fp32 capture": (False, _capture),
             "eager": (True, lambda m, x: m), "capture": (True, _capture), "compile+tr": (True, _compile),
             "Inductor (freezing)": (True, _inductor)}
     if quantization in ("int8 dynamic", "quantize_dynamic"):
-        rows["ONNX Runtime int8"] = (False, lambda m, x: OnnxRuntime(m, x, torch.get_num_threads(), quantize=True))
+        rows["ONNX Runtime int8"] = (False, lambda m, x: OnnxRuntime(m, x, torch.get_num_threads(),
+                                                                     quantize="dynamic"))
+    if quantization == "pt2e static":
+        rows["fp32 capture close"] = (False, _capture_close)
+        rows["capture close"] = (True, _capture_close)
+        rows["ONNX Runtime int8"] = (False, lambda m, x: OnnxRuntime(
+            m, x, torch.get_num_threads(), quantize="static", calibration=[make_inputs(i) for i in CALIBRATION]))
     return rows
 
 
@@ -133,10 +178,10 @@ def measure(name: str, quantization: str, threads: int, rounds: int, seconds: fl
     fp32, make_inputs = build_model()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        quantized = _quantizations()[quantization](copy.deepcopy(fp32))
+        quantized = _quantizations()[quantization](copy.deepcopy(fp32), make_inputs)
     refs = [copy.deepcopy(quantized), copy.deepcopy(fp32)]   # each with its own cache, where it has one
     rows, steps = {}, {}
-    for mode, (is_quantized, build) in rows_for(quantization).items():
+    for mode, (is_quantized, build) in rows_for(quantization, make_inputs).items():
         row = {"model": name, "quantization": quantization, "mode": mode, "threads": threads}
         rows[mode] = row
         try:
