@@ -72,8 +72,11 @@ def fake_quantize_pairs(r: Rewrite) -> None:
 
 def _fake_quantize(x: torch.Tensor, scale: float, zero: int, qmin: int, qmax: int, dtype: torch.dtype) -> torch.Tensor:
     """quantize_per_tensor then dequantize_per_tensor (torch/ao/quantization/fx/_decomposed.py)
-    with the same operations, less the conversions to uint8 and back."""
-    return (torch.clamp(torch.round(x * (1.0 / scale)) + zero, qmin, qmax) - zero) * scale
+    less the conversions to uint8 and back, and with the zero point taken out of the clamp's
+    bounds instead of added and subtracted (integers below 2^24: exact in float32; a rounded sum
+    above them is clamped all the same), so four ops: the same values, but a zero may keep its
+    sign where the reference's is positive."""
+    return torch.clamp(torch.round(x * (1.0 / scale)), qmin - zero, qmax - zero) * scale
 
 
 def _activation(node: Any) -> Optional[Tuple[Any, float, int]]:
