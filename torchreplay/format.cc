@@ -366,6 +366,13 @@ GraphRecord RecordOf(const capture::Graph& g) {
     switch (n.kind) {
       case capture::NodeKind::kOp: {
         r.op = capture::OperatorName(*n.op);
+        // Ops of other libraries than ATen (a capture's custom ops): the reader would refuse the
+        // file, so the save says so. (ATen's unsafe ops never come from a capture; the reader's
+        // refusal of them is what a hostile file meets, and what format_test writes.)
+        if (const std::string why = r.op.rfind("aten::", 0) == 0 ? "" : Refused(r.op); !why.empty()) {
+          throw Unsupported{absl::StrCat("node '", n.name, "' calling ", r.op, " (", why,
+                                         ": Note [Ops a file may call] in torchreplay/format.cc)")};
+        }
         const auto& formals = n.op->schema().arguments();
         for (size_t i = 0; i < n.args.size(); ++i) r.args.emplace_back(formals[i].name(), n.args[i]);
         break;

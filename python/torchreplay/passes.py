@@ -300,8 +300,8 @@ def inline_quantize_ops(gm: torch.fx.GraphModule) -> int:
 
 def replace_with_trace(gm: torch.fx.GraphModule, node: torch.fx.Node, fn: Any) -> bool:
     """`node` replaced by the ATen ops fn(*node.args, **node.kwargs) runs, traced (make_fx) on
-    the fake values of the nodes among its arguments; whether it was (not where the trace fails
-    or makes constants of its own)."""
+    the fake values of the nodes among its arguments; whether it was (not where the trace fails,
+    makes constants of its own or reads a tensor's value)."""
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.utils import _pytree as pytree
     inputs = [a for a in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(a, torch.fx.Node)]
@@ -316,8 +316,10 @@ def replace_with_trace(gm: torch.fx.GraphModule, node: torch.fx.Node, fn: Any) -
         traced = make_fx(call, tracing_mode="real")(*[a.meta["val"] for a in inputs])
     except Exception:  # noqa: BLE001 - the node stays as it is
         return False
-    if any(n.op == "get_attr" for n in traced.graph.nodes):
-        return False
+    if any(n.op == "get_attr" or (n.op == "call_function" and (not isinstance(n.target, torch._ops.OpOverload) or
+                                                                 n.target == aten._local_scalar_dense.default))
+           for n in traced.graph.nodes):
+        return False  # (a read of a tensor's value, `scale.item()`: the lowering has no Python float arithmetic)
     placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
     with gm.graph.inserting_before(node):
         out = gm.graph.graph_copy(traced.graph, dict(zip(placeholders, inputs)))

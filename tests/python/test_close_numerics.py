@@ -152,6 +152,22 @@ def test_layouts_where_they_show():
         assert_within_with_eagers_strides(step, model, make)
 
 
+def test_a_transposed_convolution_after_channels_last_results_keeps_eagers_strides(monkeypatch):
+    """A convolution the rewrite leaves to eager (a transposed one) keeps a channels-last input's
+    layout: marked so, its result is made contiguous at the output, and the rewrite stays."""
+    from torchreplay import close_numerics
+    monkeypatch.setattr(close_numerics.kernels, "least_times",
+                        lambda fns, rounds=7: [1.0 if i == 1 else 9.0 for i in range(len(fns))])
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(), nn.ConvTranspose2d(16, 8, 2, stride=2)).eval()
+    make = lambda i: (torch.randn(1, 16, 12, 12, generator=torch.Generator().manual_seed(i)),)  # noqa: E731
+    with torch.no_grad():
+        step = capture(model, make(0), "close")
+        assert step.numerics["numerics"] == "close", step.numerics
+        assert step.numerics["rewrites"]["convolutions_onednn"] == 1, step.numerics
+        assert_within_with_eagers_strides(step, model, make)
+
+
 def test_dynamic_folds_batch_norms_only():
     torch.manual_seed(0)
     model, make = MODELS["convnet"][0]()

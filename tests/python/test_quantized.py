@@ -147,7 +147,7 @@ PT2E = {   # model, example input shape (batch 1)
 }
 
 
-def pt2e(name, long=False):
+def pt2e(name, long=False, dynamic_activations=False):
     """The model through PT2E static quantization (torchao's prepare_pt2e / convert_pt2e with
     X86InductorQuantizer, calibrated on random inputs): its eager is the reference graph,
     dequantize, fp32 op, quantize. Exported strict: with torch 2.11's non-strict export the
@@ -162,7 +162,8 @@ def pt2e(name, long=False):
     g = gen(5)
     with torch.no_grad():
         exported = torch.export.export(make().eval(), (rn(g, 1, *shape),), strict=True).module()
-        quantizer = X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config())
+        quantizer = X86InductorQuantizer().set_global(
+            get_default_x86_inductor_quantization_config(is_dynamic=dynamic_activations))
         prepared = prepare_pt2e(exported, quantizer)
         for _ in range(4):
             prepared(rn(g, 1, *shape))
@@ -189,6 +190,28 @@ def test_pt2e_static_int8_replays_its_reference_bitwise(name, entry, size, tmp_p
                 assert_bitwise(f(x), q(x), f"{name}, {entry}, call {i} at {n_threads} threads")
     s = f.stats()
     assert s["replays"] >= 3 and s["eager_fallbacks"] == 0, s
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_pt2e_dynamic_int8_replays_its_reference_bitwise(entry, tmp_path):
+    """Activations quantized per call (choose_qparams, then the .tensor overloads, which read the
+    scale with .item()): those ops stay ops (their Python kernels), the rest replays, bitwise; a
+    program holding them is not saved (a loaded program calls no Python), said at the save."""
+    q, shape = pt2e("mlp over tokens", dynamic_activations=True)
+    assert any(n.target == torch.ops.quantized_decomposed.choose_qparams.tensor for n in q.graph.nodes)
+    g = gen(9)
+    with torch.no_grad():
+        if entry == "loaded":
+            with pytest.raises(ValueError, match="calling quantized_decomposed::choose_qparams.tensor .ops outside"):
+                Entry(entry, q, (rn(g, 1, *shape),), tmp_path)
+            return
+        f = Entry(entry, q, (rn(g, 1, *shape),), tmp_path)
+        for i, n_threads in enumerate([1, 1, 3, 3, 2]):
+            x = rn(g, 1, *shape) * (i + 1)
+            with threads(n_threads):
+                assert_bitwise(f(x), q(x), f"{entry}, call {i} at {n_threads} threads")
+    s = f.stats()
+    assert s["replays"] >= 2 and s["eager_fallbacks"] == 0, s
 
 
 def sqnr(got, want):

@@ -75,6 +75,8 @@ def rewrite_convolutions(r: Rewrite) -> None:
         if transposed or w is None or (bn is not None and b is None) or val is None or \
                 val.dtype != torch.float32 or w.dtype != torch.float32 or val.device.type != "cpu" or \
                 val.dim() not in (3, 4) or not all(isinstance(s, int) for s in val.shape):
+            if x in r.channels_last:  # eager's op (a transposed one too) keeps a channels-last input's layout
+                r.channels_last.add(conv)
             continue
         one_d = val.dim() == 3
         kernel = own_kernel(r, x, w, val, stride, padding, groups)
