@@ -55,10 +55,10 @@ the largest absolute and relative differences are kept (Captured.numerics).
 
 The rewrite is a package around one state object, `state.Rewrite` (the graph, what was folded
 and must be guarded, which results may be channels-last, the counts and timings); each module
-is a family of rewrites taking it, in the order `rewrite` runs them: convolutions.py (batch norms folded
-first; PT2E's int8 convolutions decided on the way, quantized.py), quantized.py's linears,
-products.py, recurrent.py, images.py, layouts.py; kernels.py holds what
-they share.
+is a family of rewrites taking it, in the order `rewrite` runs them: convolutions.py (batch
+norms folded first; PT2E's int8 convolutions decided on the way, quantized.py), quantized.py's
+linears, products.py, recurrent.py, images.py, layouts.py, then quantized.py's quantize pairs;
+kernels.py holds what they share.
 """
 from __future__ import annotations
 

@@ -10,7 +10,6 @@ import torch
 import torch.fx
 from torch.nn.utils.fusion import fuse_conv_bn_weights
 
-from . import kernels
 from .kernels import POST_OPS, STRIDE_SENSITIVE, UNARY, conv_times, own_kernel, post_of, within_reach
 from .products import small_gemm
 from .quantized import int8_convolution, int8_weight
@@ -150,8 +149,6 @@ def _fastest(r: Rewrite, x: torch.fx.Node, w: torch.Tensor, b: Optional[torch.Te
     """Which way of conv_times is fastest for this convolution."""
     t = conv_times(r, x, w, b, stride, padding, dilation, groups, val, one_d)
     return min(t, key=t.get)
-
-
 
 
 def _contiguous_input(r: Rewrite, conv: torch.fx.Node, x: torch.fx.Node) -> None:

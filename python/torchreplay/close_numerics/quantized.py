@@ -108,7 +108,7 @@ def int8_weight(r: Rewrite, node: Any) -> Optional[torch.Tensor]:
     return weight[1] if weight is not None else None
 
 
-def _post_and_output(r: Rewrite, node: torch.fx.Node, unary: set) -> Tuple[Any, Any, Any]:
+def _post_and_output(node: torch.fx.Node, unary: set) -> Tuple[Any, Any, Any]:
     """The activation fused after `node` (or None), its oneDNN post-op, and the quantize_per_tensor
     to uint8 that is the only reader of what that gives (or None): fused as the kernel's output."""
     post = next(iter(node.users)) if len(node.users) == 1 else None
@@ -181,7 +181,7 @@ def int8_convolution(r: Rewrite, conv: torch.fx.Node) -> bool:
         return False
     if own_kernel(r, x, dequantized, val, stride, padding, groups) is None:
         packed = torch.ops.onednn.qconv_prepack(w, s, sx, zx, stride, padding, dilation, groups, list(val.shape))
-        post, attr, q = _post_and_output(r, conv, _CONV_UNARY)
+        post, attr, q = _post_and_output(conv, _CONV_UNARY)
         layout = torch.channels_last if x in r.channels_last else torch.contiguous_format
         xq_example = torch.randint(0, 256, val.shape, dtype=torch.uint8).contiguous(memory_format=layout)
         zeros = torch.zeros_like(s, dtype=torch.int64)
@@ -219,7 +219,7 @@ def _linear(r: Rewrite, mm: torch.fx.Node) -> None:
         return
     (xq, sx, zx), (frozen, w, s) = act, weight
     packed = torch.ops.onednn.qlinear_prepack(w, list(val.shape))
-    post, attr, q = _post_and_output(r, mm, _LINEAR_UNARY)
+    post, attr, q = _post_and_output(mm, _LINEAR_UNARY)
     dequantized, b = _dequantize(w, s), r.tensor(bias)
     if bias is not None and b is None:
         return
