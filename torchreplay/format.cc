@@ -1,7 +1,8 @@
 // The .trp writer and reader (Note [The .trp format] in format.h): each section described once and
 // walked both ways (Note [One description per section]); the bytes of plain fields, the tensor
 // table and the two directions are format_io.h's, packed quantized weights format_packed.h's. The
-// sections stay in this one file: each is a description the writer and reader share, read together.
+// sections stay in this one file (over 600 lines on purpose): each is a description the writer and
+// reader share, read together.
 #include "torchreplay/format.h"
 
 #include <torch/headeronly/version.h>
@@ -37,7 +38,8 @@ enum class ArgKind : uint8_t { kConstant, kValue, kList };
 // (from_file). A graph a capture makes holds none of them (export's decompositions do not emit
 // them), and a hostile file could read or write outside its tensors through them: the reader
 // refuses them, and every op outside aten, prims and torchreplay (custom ops, collectives).
-std::string Refused(const std::string& op) {
+// The library rule alone (the writer's too: a capture's custom ops are refused at the save).
+std::string OtherLibrary(const std::string& op) {
   const std::string ns = op.substr(0, op.find("::"));
   // quantize_dynamic's Linears (Note [Packed quantized Linears] in python/torchreplay/packed.py):
   // their packed weights are made by the reader, from checked tensors.
@@ -45,6 +47,11 @@ std::string Refused(const std::string& op) {
   if (ns != "aten" && ns != "prims" && ns != "torchreplay") {
     return "ops outside aten, prims and torchreplay are not loaded";
   }
+  return "";
+}
+
+std::string Refused(const std::string& op) {
+  if (std::string why = OtherLibrary(op); !why.empty()) return why;
   const std::string name = op.substr(op.find("::") + 2, op.find('.') == std::string::npos ? std::string::npos
                                                                                              : op.find('.') - op.find("::") - 2);
   for (const char* unchecked : {"_reshape_alias", "_reshape_alias_copy", "set_", "from_file", "_unsafe_index",
@@ -366,10 +373,9 @@ GraphRecord RecordOf(const capture::Graph& g) {
     switch (n.kind) {
       case capture::NodeKind::kOp: {
         r.op = capture::OperatorName(*n.op);
-        // Ops of other libraries than ATen (a capture's custom ops): the reader would refuse the
-        // file, so the save says so. (ATen's unsafe ops never come from a capture; the reader's
-        // refusal of them is what a hostile file meets, and what format_test writes.)
-        if (const std::string why = r.op.rfind("aten::", 0) == 0 ? "" : Refused(r.op); !why.empty()) {
+        // (ATen's unchecked ops never come from a capture: only the reader refuses them, what a
+        // hostile file meets and format_test writes.)
+        if (const std::string why = OtherLibrary(r.op); !why.empty()) {
           throw Unsupported{absl::StrCat("node '", n.name, "' calling ", r.op, " (", why,
                                          ": Note [Ops a file may call] in torchreplay/format.cc)")};
         }

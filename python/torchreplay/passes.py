@@ -285,13 +285,13 @@ def restore_max_pool1d(gm: torch.fx.GraphModule) -> int:
 def inline_quantize_ops(gm: torch.fx.GraphModule) -> int:
     """Note [PT2E's quantize ops]: each quantized_decomposed op as the ATen ops of its kernel.
     Returns how many it inlined; one whose trace fails stays an op (its Python kernel per call)."""
-    from torch.ao.quantization.fx import _decomposed
     count = 0
     for node in list(gm.graph.nodes):
         op = node.target
         if node.op != "call_function" or not isinstance(op, torch._ops.OpOverload) or \
                 op.namespace != "quantized_decomposed":
             continue
+        from torch.ao.quantization.fx import _decomposed  # (loaded already: it defines these ops)
         name = op._schema.name.split("::")[1] + ("" if op._overloadname == "default" else "_" + op._overloadname)
         kernel = getattr(_decomposed, name, None)
         count += kernel is not None and replace_with_trace(gm, node, kernel)
@@ -356,8 +356,8 @@ def as_redispatched(gm: torch.fx.GraphModule) -> int:
     return count
 
 
-BUILTIN_PASSES = (inline_quantize_ops, reinplace_input_updates, reinplace_foreach_all, decompose_foreach, restore_max_pool1d,
-                  as_redispatched, remove_dead_code, sink_waits)
+BUILTIN_PASSES = (inline_quantize_ops, reinplace_input_updates, reinplace_foreach_all, decompose_foreach,
+                  restore_max_pool1d, as_redispatched, remove_dead_code, sink_waits)
 
 
 def run_passes(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Any,

@@ -62,6 +62,7 @@ kernels.py holds what they share.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
@@ -139,8 +140,6 @@ def difference(got: Any, want: Any) -> Dict[str, float]:
     """The largest absolute and relative (|got - want| / |want|, where want is not 0) differences
     over the floating tensors of two outputs, NaNs where both agree ignored, and the signal to
     noise ratio of all of them in dB (what quantized models are judged by; inf where equal)."""
-    import math
-
     from torch.utils import _pytree as pytree
     abs_err = rel_err = signal = noise = 0.0
     for g, w in zip(pytree.tree_leaves(got), pytree.tree_leaves(want)):

@@ -131,6 +131,13 @@ def _passes(xq: torch.Tensor, q: Any) -> float:
     return sum(least_times([lambda: xq.float()] + ([lambda: x.to(torch.uint8)] if q is not None else [])))
 
 
+def _int8_faster(r: Rewrite, int8: Any, fp32_us: float, sizes: Tuple[Any, ...]) -> bool:
+    """Whether the call `int8` times at most `fp32_us`, the fp32 way's time; both kept in r.timings."""
+    int8_us = least_times([int8])[0]
+    r.timings.append((*sizes, {"int8": int8_us, "fp32": fp32_us}))
+    return int8_us <= fp32_us
+
+
 def _output(q: Any) -> Tuple[float, int, torch.dtype]:
     """The kernel's output scale, zero point and dtype: `q`'s uint8, or fp32."""
     return (q.args[1], q.args[2], torch.uint8) if q is not None else (1.0, 0, torch.float32)
@@ -185,13 +192,11 @@ def int8_convolution(r: Rewrite, conv: torch.fx.Node) -> bool:
         layout = torch.channels_last if x in r.channels_last else torch.contiguous_format
         xq_example = torch.randint(0, 256, val.shape, dtype=torch.uint8).contiguous(memory_format=layout)
         zeros = torch.zeros_like(s, dtype=torch.int64)
-        int8 = least_times([lambda: torch.ops.onednn.qconv_pointwise.default(
-            xq_example, sx, zx, packed, s, zeros, b, stride, padding, dilation, groups, 1.0, 0, torch.float32,
-            attr[0], attr[1], attr[2] or "")])[0]
         fp32 = min(conv_times(r, x, dequantized, b, stride, padding, dilation, groups, val, False).values()) + \
             _passes(xq_example, q)
-        r.timings.append((tuple(val.shape), tuple(w.shape), {"int8": int8, "fp32": fp32}))
-        if int8 <= fp32:
+        if _int8_faster(r, lambda: torch.ops.onednn.qconv_pointwise.default(
+                xq_example, sx, zx, packed, s, zeros, b, stride, padding, dilation, groups, 1.0, 0, torch.float32,
+                attr[0], attr[1], attr[2] or ""), fp32, (tuple(val.shape), tuple(w.shape))):
             r.freeze(*frozen)
             with r.graph.inserting_before(conv):
                 out = r.graph.call_function(torch.ops.onednn.qconv_pointwise.default, (
@@ -218,18 +223,17 @@ def _linear(r: Rewrite, mm: torch.fx.Node) -> None:
             not all(isinstance(s, int) for s in val.shape):
         return
     (xq, sx, zx), (frozen, w, s) = act, weight
-    packed = torch.ops.onednn.qlinear_prepack(w, list(val.shape))
-    post, attr, q = _post_and_output(mm, _LINEAR_UNARY)
     dequantized, b = _dequantize(w, s), r.tensor(bias)
     if bias is not None and b is None:
         return
+    packed = torch.ops.onednn.qlinear_prepack(w, list(val.shape))
+    post, attr, q = _post_and_output(mm, _LINEAR_UNARY)
     xq_example = torch.randint(0, 256, val.shape, dtype=torch.uint8)
     zeros = torch.zeros_like(s, dtype=torch.int64)
-    int8 = least_times([lambda: torch.ops.onednn.qlinear_pointwise.default(
-        xq_example, sx, zx, packed, s, zeros, b, 1.0, 0, torch.float32, attr[0], attr[1], attr[2] or "none")])[0]
     fp32 = min(product_times(dequantized.t(), val.shape[0], b is not None)[0].values()) + _passes(xq_example, q)
-    r.timings.append((tuple(val.shape), tuple(w.shape), {"int8": int8, "fp32": fp32}))
-    if int8 > fp32:
+    if not _int8_faster(r, lambda: torch.ops.onednn.qlinear_pointwise.default(
+            xq_example, sx, zx, packed, s, zeros, b, 1.0, 0, torch.float32, attr[0], attr[1], attr[2] or "none"),
+            fp32, (tuple(val.shape), tuple(w.shape))):
         _dequantized_once(r, wt, wt.args[0], frozen, dequantized)
         return
     r.freeze(*frozen)
