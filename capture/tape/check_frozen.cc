@@ -1,6 +1,7 @@
 // torchreplay::check_frozen: the first step of a graph whose constants were computed from
 // parameters and buffers at capture (numerics "close": Note [Close numerics] in
-// python/torchreplay/close_numerics/__init__.py). It raises when one of them was written since, instead
+// python/torchreplay/close_numerics/__init__.py; either numerics: Note [PT2E's weights dequantized
+// once] in close_numerics/quantized.py). It raises when one of them was written since, instead
 // of letting the replay compute with what it held before.
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -51,8 +52,9 @@ void CheckFrozen(const c10::OperatorHandle&, torch::jit::Stack* stack) {
               "torchreplay::check_frozen: lists of different lengths");
   auto written = [&](size_t i) {
     TORCH_CHECK(false, "torchreplay: ", names[i].toStringRef(),
-                " was written after the capture (config.reduce_overhead.numerics = \"close\" folded it into the "
-                "graph's constants, which do not see the change); capture the model again");
+                " was written after the capture, which folded it into the graph's constants (numerics \"close\" "
+                "folds weights; either numerics folds a PT2E model's dequantized int8 weights), which do not see "
+                "the change; capture the model again");
   };
   int64_t* hash = hashes.data_ptr<int64_t>();
   const int64_t epoch = g_data_epoch.load(std::memory_order_relaxed);

@@ -334,8 +334,14 @@ def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Option
             numerics["not_rewritten"] = "DTensor models keep the bitwise graph"
         else:
             gm, numerics = _rewrite_close(gm, bound, bound_names, leaves, dynamic)
-            from .close_numerics import folded
-            watch_folded(folded(gm, bound))  # Note [Writes a capture would not see]
+    elif not subclassed:
+        from .close_numerics import fold_bitwise
+        folds = fold_bitwise(gm, bound, bound_names)
+        if folds:
+            numerics["folded"] = folds
+    if not subclassed:
+        from .close_numerics import folded
+        watch_folded(folded(gm, bound))  # Note [Writes a capture would not see]
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     example = [n.meta.get("val") for n in placeholders]
     run_passes(gm, example, config)

@@ -243,18 +243,27 @@ def test_pt2e_under_close_numerics_runs_int8_kernels_close_to_the_reference(name
     assert step.stats()["replays"] >= 2, step.stats()
 
 
-def test_pt2e_int8_weights_written_after_a_close_capture_raise():
-    """The int8 weights and their scales are folded into oneDNN's packed weights: a write to
-    them after the capture raises, saying to capture again."""
+@pytest.mark.parametrize("numerics", ["bitwise", "close"])
+def test_pt2e_int8_weights_are_folded_and_a_write_after_the_capture_raises(numerics):
+    """Note [PT2E's weights dequantized once] (bitwise: every int8 weight dequantized once, at
+    capture) and Note [PT2E's int8 kernels] (close: packed for oneDNN, or dequantized once): the
+    int8 weights and their scales are folded, and a write to them after the capture raises,
+    saying to capture again."""
     q, shape = pt2e("convnet")
+    weights = sum(n.target == torch.ops.quantized_decomposed.dequantize_per_channel.default for n in q.graph.nodes)
     g = gen(8)
     with torch.no_grad():
-        step = torchreplay.capture(q, (rn(g, 1, *shape),), config=config(numerics="close"))
+        step = torchreplay.capture(q, (rn(g, 1, *shape),), config=config(numerics=numerics))
         x = rn(g, 1, *shape)
-        assert sqnr(step(x), q(x)) >= 30
+        if numerics == "bitwise":
+            assert step.numerics["folded"] == {"weights_dequantized_once": weights}, step.numerics
+            assert_bitwise(step(x), q(x), "the folded capture")
+        else:
+            assert sqnr(step(x), q(x)) >= 30
         weight = next(t for name, t in q.named_buffers() if t.dtype == torch.int8)
         weight.neg_()
-        with pytest.raises(RuntimeError, match="buffer '_frozen_param0' was written after the capture"):
+        with pytest.raises(RuntimeError, match="buffer '_frozen_param0' was written after the capture.*capture the "
+                                               "model again"):
             step(x)
 
 

@@ -72,7 +72,7 @@ from .convolutions import fold_batch_norms, rewrite_convolutions
 from .images import fold_channel_scales, rewrite_spatial_means
 from .layouts import restore_layouts
 from .products import rewrite_linears
-from .quantized import fake_quantize_pairs, rewrite_quantized_linears
+from .quantized import dequantize_weights_once, fake_quantize_pairs, rewrite_quantized_linears
 from .recurrent import rewrite_grus
 from .state import Rewrite
 
@@ -93,6 +93,7 @@ def rewrite(gm: torch.fx.GraphModule, bound: Sequence[Any], names: Sequence[str]
         fold_channel_scales(r)
         restore_layouts(r)
         fake_quantize_pairs(r)  # (elementwise: the layouts stay as restore_layouts left them)
+    dequantize_weights_once(r)  # (those the int8 rewrites left)
     r.guard()
     gm.graph.eliminate_dead_code()
     used = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
@@ -110,6 +111,19 @@ def folded(gm: torch.fx.GraphModule, bound: Sequence[Any]) -> List[torch.Tensor]
     if check is None:
         return []
     return [bound[placeholders[n]] for n in check.args[0] if placeholders.get(n, len(bound)) < len(bound)]
+
+
+def fold_bitwise(gm: torch.fx.GraphModule, bound: Sequence[Any], names: Sequence[str]) -> Dict[str, int]:
+    """What numerics "bitwise" folds: Note [PT2E's weights dequantized once], guarded as the
+    close rewrite's folds are; returns the counts of what it folded (none: `gm` as it was)."""
+    r = Rewrite(gm, bound, names)
+    dequantize_weights_once(r)
+    folded_counts = {k: v for k, v in r.counts.items() if v}
+    if folded_counts:
+        r.guard()
+        gm.graph.lint()
+        gm.recompile()
+    return folded_counts
 
 
 def layout_difference(got: Any, want: Any) -> Optional[str]:

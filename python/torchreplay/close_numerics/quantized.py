@@ -154,6 +154,45 @@ def _dequantized_once(r: Rewrite, reader: torch.fx.Node, wdq: torch.fx.Node, fro
     r.counts["weights_dequantized_once"] += 1
 
 
+# Note [PT2E's weights dequantized once]
+# The reference graph dequantizes each int8 weight (dequantize_per_channel of a constant int8
+# tensor and its scales) on every call, as eager does: most of a replay's time on a CNN. Its
+# result depends on the constants alone, and the op is elementwise (a conversion, a subtraction
+# and a multiplication per element, each rounded once), so computing it once at capture with
+# eager's own kernel gives the bits every call would. In both numerics each such op becomes a
+# constant holding its result; the int8 weight, scales and zero points are folded as any folded
+# weight: check_frozen raises, saying to capture again, if one is written after the capture.
+def dequantize_weights_once(r: Rewrite) -> None:
+    """Note [PT2E's weights dequantized once]: each dequantize of constants only as its result."""
+    ops = {getattr(torch.ops.quantized_decomposed, name).default
+           for name in ("dequantize_per_channel", "dequantize_per_tensor")
+           if hasattr(torch.ops, "quantized_decomposed") and hasattr(torch.ops.quantized_decomposed, name)}
+    for node in list(r.graph.nodes):
+        if node.op != "call_function" or node.target not in ops:
+            continue
+        sources = [a for a in node.args if isinstance(a, torch.fx.Node)]
+        values = [r.tensor(a) for a in sources]
+        if not sources or node.kwargs or any(v is None or v.requires_grad for v in values) or \
+                any(_written(a) for a in sources):
+            continue
+        value = dict(zip(sources, values))
+        with torch.no_grad():
+            result = node.target(*[value[a] if isinstance(a, torch.fx.Node) else a for a in node.args])
+        r.freeze(*sources)
+        with r.graph.inserting_before(node):
+            c = r.constant(result, "dequantized_weight")
+        c.meta["val"] = node.meta.get("val")
+        node.replace_all_uses_with(c)
+        r.graph.erase_node(node)
+        r.counts["weights_dequantized_once"] += 1
+
+
+def _written(node: torch.fx.Node) -> bool:
+    """Whether an op of the graph writes `node`'s tensor."""
+    return any(u.op == "call_function" and isinstance(u.target, torch._ops.OpOverload) and u.target._schema.is_mutable
+               for u in node.users)
+
+
 def _dequantize(w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return torch.ops.quantized_decomposed.dequantize_per_channel.default(
         w, s, torch.zeros_like(s, dtype=torch.int64), 0, -128, 127, torch.int8)
