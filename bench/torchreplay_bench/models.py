@@ -106,6 +106,13 @@ class DecodeAttention(nn.Module):
         return self.out(y.transpose(1, 2).reshape(1, 1, -1))
 
 
+class OneAdd(nn.Module):
+    """One add on 16 floats: a call's floor (argument checks, binding, hand-out), nearly no work."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+
 class ElementwiseChain(nn.Module):
     """64 elementwise ops on a small tensor: all host overhead."""
 
@@ -303,6 +310,7 @@ MODELS = {
     "convnet": (lambda: (ConvBN().eval(), lambda i: (torch.randn(1, 3, 16, 16),)), "small conv net + BN"),
     "chain64": (lambda: (ElementwiseChain(), lambda i: (torch.randn(16),)), "64 elementwise ops, 16 elems"),
     "llama_decode": (_llama_decode, "tiny Llama decode step (transformers)"),
+    "one_add": (lambda: (OneAdd(), lambda i: (torch.randn(16),)), "one add, 16 elems: the call floor"),
     # Models of the CPU-runtime comparison (python -m torchreplay_bench.runtimes): not in the
     # harness's default run.
     "mobilenet_v3_small_96": (_zoo("mobilenet_v3_small", calibrate=True, size=96),
