@@ -192,6 +192,45 @@ class EmbeddingBagRecommender(nn.Module):
         return self.top(torch.cat([self.bottom(dense)] + pooled, dim=1))
 
 
+class DLRM(nn.Module):
+    """A DLRM-style recommender at a serving size: 8 EmbeddingBag tables (sum) of 10,000 rows by
+    64, a bottom MLP 13-512-256-64 over the dense features, the pairwise dot products of the nine
+    vectors (a batched matmul, the upper triangle), a top MLP 100-512-256-1."""
+
+    def __init__(self, tables: int = 8, rows: int = 10000, dim: int = 64, dense: int = 13) -> None:
+        super().__init__()
+        self.tables = nn.ModuleList(nn.EmbeddingBag(rows, dim, mode="sum") for _ in range(tables))
+        self.bottom = nn.Sequential(nn.Linear(dense, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(),
+                                    nn.Linear(256, dim), nn.ReLU())
+        n = tables + 1
+        self.register_buffer("pairs", torch.triu_indices(n, n, offset=1), persistent=False)
+        self.top = nn.Sequential(nn.Linear(dim + n * (n - 1) // 2, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(),
+                                 nn.Linear(256, 1))
+
+    def forward(self, dense: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        x = self.bottom(dense)
+        z = torch.stack([x] + [t(indices[k], offsets[k]) for k, t in enumerate(self.tables)], dim=1)
+        dots = torch.bmm(z, z.transpose(1, 2))
+        return self.top(torch.cat([x, dots[:, self.pairs[0], self.pairs[1]]], dim=1))
+
+
+class Wav2VecFrontEnd(nn.Module):
+    """wav2vec 2.0's convolution feature encoder (the base model's): seven Conv1d layers of 512
+    channels without bias (kernel 10 stride 5, then kernel 3 stride 2 four times, kernel 2 stride
+    2 twice), a group norm per channel after the first, GELU after each. Input (1, 1, 4000): a
+    quarter second at 16 kHz (the base model reads whole utterances)."""
+
+    def __init__(self, c: int = 512) -> None:
+        super().__init__()
+        layers = [nn.Conv1d(1, c, 10, stride=5, bias=False), nn.GroupNorm(c, c), nn.GELU()]
+        for k in [3, 3, 3, 3, 2, 2]:
+            layers += [nn.Conv1d(c, c, k, stride=2, bias=False), nn.GELU()]
+        self.layers = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
 def _seeded(i: int) -> torch.Generator:
     return torch.Generator().manual_seed(i)
 
@@ -224,6 +263,33 @@ def _zoo(name: str, calibrate: bool = False, **kwargs):
                     model(torch.cat([make_inputs(1000 + 4 * i + j)[0] for j in range(4)]))
             model.eval()
         return model, make_inputs
+    return build
+
+
+def _dlrm_inputs(batch: int) -> Callable[[int], tuple]:
+    """A batch of `batch`: dense features, and per table two indices a bag."""
+    def make(i: int) -> tuple:
+        g = _seeded(i)
+        return (torch.randn(batch, 13, generator=g), torch.randint(0, 10000, (8, 2 * batch), generator=g),
+                (torch.arange(batch) * 2).repeat(8, 1))
+    return make
+
+
+def _bert_base_width(batch: int = 1):
+    """An encoder of BERT-base width (hidden 768, 12 heads, feed-forward 3072) with 2 layers
+    (base has 12), random weights, on `batch` sequences of 128 tokens; the last hidden state."""
+    from transformers import BertConfig, BertModel  # noqa: WPS433
+    from torchreplay_bench.zoo_models import _Outputs
+    model = BertModel(BertConfig(vocab_size=1000, hidden_size=768, num_hidden_layers=2, num_attention_heads=12,
+                                 intermediate_size=3072, max_position_embeddings=512)).eval()
+    return _Outputs(model), lambda i: (torch.randint(0, 1000, (batch, 128), generator=_seeded(i)),)
+
+
+def _batched(factory: Callable[[], tuple], batch: int) -> Callable[[], tuple]:
+    """`factory`'s model on `batch` of its samples stacked along dimension 0 (inputs of batch 1)."""
+    def build() -> tuple:
+        model, make = factory()
+        return model, lambda i: tuple(torch.cat(ts) for ts in zip(*(make(i * batch + k) for k in range(batch))))
     return build
 
 
@@ -323,6 +389,25 @@ MODELS = {
     "bert_encoder": (_zoo("bert"), "tiny BERT encoder (transformers BertModel), 16 tokens"),
     "embedding_bag": (lambda: (EmbeddingBagRecommender().eval(), _recommender_inputs),
                       "EmbeddingBag recommender, batch 4"),
+    # The wider zoo (torchvision's CNNs at 224x224 with batch norms calibrated, BERT-base width,
+    # a wav2vec front end, a DLRM-style recommender), at batch 1 and the serving sizes 8 and 32.
+    **{f"{name}{suffix}": entry for batch, suffix in [(1, ""), (8, "_b8"), (32, "_b32")] for name, entry in {
+        f"{cnn}_224": (_batched(_zoo(cnn, calibrate=True, size=224), batch),
+                       f"torchvision {cnn}, 224x224, batch {batch}, batch norms calibrated")
+        for cnn in ("resnet18", "efficientnet_b0", "squeezenet1_0")}.items()},
+    **{f"bert_base_128{suffix}": (lambda b=batch: _bert_base_width(b),
+                                  f"encoder of BERT-base width, 2 layers, 128 tokens, batch {batch}")
+       for batch, suffix in [(1, ""), (8, "_b8"), (32, "_b32")]},
+    **{f"wav2vec_frontend{suffix}": (_batched(lambda: (Wav2VecFrontEnd().eval(),
+                                                       lambda i: (torch.randn(1, 1, 4000, generator=_seeded(i)),)),
+                                              batch),
+                                     f"wav2vec 2.0 convolution front end, 4000 samples, batch {batch}")
+       for batch, suffix in [(1, ""), (8, "_b8"), (32, "_b32")]},
+    **{f"dlrm{suffix}": (lambda b=batch: (DLRM().eval(), _dlrm_inputs(b)),
+                         f"DLRM-style recommender, 8 tables, batch {batch}")
+       for batch, suffix in [(1, ""), (8, "_b8"), (32, "_b32")]},
 }
+# The wider zoo's models at batch 1 (python -m torchreplay_bench.runtimes --models ...).
+WIDER_ZOO = ["resnet18_224", "efficientnet_b0_224", "squeezenet1_0_224", "bert_base_128", "wav2vec_frontend", "dlrm"]
 # The harness's own models (python -m torchreplay_bench runs these unless --models says otherwise).
 HARNESS_MODELS = ["mlp", "demo", "attention_decode", "convnet", "chain64", "llama_decode"]

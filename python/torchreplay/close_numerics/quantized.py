@@ -162,6 +162,9 @@ def _dequantized_once(r: Rewrite, reader: torch.fx.Node, wdq: torch.fx.Node, fro
 # eager's own kernel gives the bits every call would. In both numerics each such op becomes a
 # constant holding its result; the int8 weight, scales and zero points are folded as any folded
 # weight: check_frozen raises, saying to capture again, if one is written after the capture.
+# Only dequantizes are folded under bitwise numerics: a PT2E model's int8 weights are buffers
+# nothing trains, where a parameter a training loop updates between evaluations would make every
+# capture of it raise.
 def dequantize_weights_once(r: Rewrite) -> None:
     """Note [PT2E's weights dequantized once]: each dequantize of constants only as its result."""
     ops = {getattr(torch.ops.quantized_decomposed, name).default
