@@ -329,6 +329,7 @@ def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Option
                             close=config.reduce_overhead.numerics == "close")
     gm, bound, bound_names = program.gm, program.bound, program.bound_names
     numerics = {"numerics": config.reduce_overhead.numerics}
+    grad_checked = _graph_inputs_tracked(gm, len(bound))  # (the graph's as eager runs it: before any fold)
     if config.reduce_overhead.numerics == "close":
         if subclassed:
             numerics["not_rewritten"] = "DTensor models keep the bitwise graph"
@@ -368,7 +369,7 @@ def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Option
     trace.example, trace.out_spec, trace.num_outputs = list(leaves), program.out_spec, program.num_outputs
     trace.size_exprs, trace.symbol_dims = size_exprs, symbol_dims
     trace.grad_traced = program.grad_traced
-    captured = Captured(engine, bound, bound_names, _graph_inputs_tracked(gm, len(bound)), program.mutated, fixed, sizes,
+    captured = Captured(engine, bound, bound_names, grad_checked, program.mutated, fixed, sizes,
                         model if isinstance(model, torch.nn.Module) else None, trace, program.grad_owners)
     captured.numerics = numerics
     if any(trace.hooks):

@@ -36,12 +36,20 @@ def _fresh_dynamo():
 def _thread_state():
     return {"grad mode": torch.is_grad_enabled(), "inference mode": torch.is_inference_mode_enabled(),
             "default dtype": torch.get_default_dtype(),
-            "deterministic algorithms": torch.are_deterministic_algorithms_enabled()}
+            "deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
+            "matmul precision": _matmul_precision()}
+
+
+def _matmul_precision():
+    # Process-wide; torchao's quantize_ configs set "high" (set_inductor_config=True, their default).
+    return (torch.get_float32_matmul_precision(), torch.backends.mkldnn.matmul.fp32_precision,
+            torch.backends.cuda.matmul.fp32_precision)
 
 
 @pytest.fixture(autouse=True)
 def _state_put_back():
-    """Each test leaves the modes Dynamo guards on as it found them. A mode left changed on the main
+    """Each test leaves the modes Dynamo guards on (and the process's matmul precision, a part of
+    a capture's key) as it found them. A mode left changed on the main
     thread (grad mode is per thread) makes a later test's worker threads, which start with the
     defaults, fail the guards of what the main thread compiled and compile again, racing the other
     workers (Dynamo's FX-tracing flag is process-wide): test_threads.py failed so once. A change
@@ -55,6 +63,9 @@ def _state_put_back():
     torch.set_grad_enabled(before["grad mode"])
     torch.set_default_dtype(before["default dtype"])
     torch.use_deterministic_algorithms(before["deterministic algorithms"])
+    generic, mkldnn, cuda = before["matmul precision"]
+    torch.set_float32_matmul_precision(generic)
+    torch.backends.mkldnn.matmul.fp32_precision, torch.backends.cuda.matmul.fp32_precision = mkldnn, cuda
     changed = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
     warnings.warn(f"the test left {changed} changed", stacklevel=1)
 

@@ -162,6 +162,9 @@ def _dequantized_once(r: Rewrite, reader: torch.fx.Node, wdq: torch.fx.Node, fro
 # eager's own kernel gives the bits every call would. In both numerics each such op becomes a
 # constant holding its result; the int8 weight, scales and zero points are folded as any folded
 # weight: check_frozen raises, saying to capture again, if one is written after the capture.
+# Under bitwise numerics their contents are compared with copies made at capture on every call
+# (a write through .data, or to an inference tensor, moves no version counter): int8 bytes, a
+# small part of a call (mobilenet_v3_small's 2.5 MB).
 # Only dequantizes are folded under bitwise numerics: a PT2E model's int8 weights are buffers
 # nothing trains, where a parameter a training loop updates between evaluations would make every
 # capture of it raise.
@@ -175,9 +178,10 @@ def dequantize_weights_once(r: Rewrite) -> None:
             continue
         sources = [a for a in node.args if isinstance(a, torch.fx.Node)]
         values = [r.tensor(a) for a in sources]
-        if not sources or node.kwargs or any(v is None or v.requires_grad for v in values) or \
+        if not node.users or _returned(node) or not sources or node.kwargs or \
+                any(v is None or v.requires_grad or not v.is_contiguous() for v in values) or \
                 any(_written(a) for a in sources):
-            continue
+            continue  # (no users: one an int8 rewrite replaced; returned: the caller could write it)
         value = dict(zip(sources, values))
         with torch.no_grad():
             result = node.target(*[value[a] if isinstance(a, torch.fx.Node) else a for a in node.args])
@@ -188,6 +192,18 @@ def dequantize_weights_once(r: Rewrite) -> None:
         node.replace_all_uses_with(c)
         r.graph.erase_node(node)
         r.counts["weights_dequantized_once"] += 1
+
+
+def _returned(node: torch.fx.Node) -> bool:
+    """Whether `node`'s tensor, or a view of it, is an output of the graph."""
+    for u in node.users:
+        if u.op == "output":
+            return True
+        views = u.op == "call_function" and isinstance(u.target, torch._ops.OpOverload) and \
+            any(r.alias_info is not None for r in u.target._schema.returns)
+        if views and _returned(u):
+            return True
+    return False
 
 
 def _written(node: torch.fx.Node) -> bool:

@@ -52,8 +52,9 @@ class Rewrite:
             if isinstance(n, torch.fx.Node) and n.op == "placeholder" and n in self.value:
                 self.frozen[n] = self.value[n]
 
-    def guard(self) -> None:
-        """The first step checks that nothing folded into the graph's constants changed since."""
+    def guard(self, compare_all: bool = False) -> None:
+        """The first step checks that nothing folded into the graph's constants changed since;
+        `compare_all`: every folded tensor's contents compared with a copy on every call."""
         if not self.frozen:
             return
         nodes = list(self.frozen)
@@ -63,7 +64,7 @@ class Rewrite:
         # without their version counters; their size keeps the comparison a small part of a call.
         # The others' contents are hashed now and compared after a folded parameter was reached
         # through .data (Note [Writes a capture would not see] in patches.py).
-        small = [t.dim() <= 1 and t.is_contiguous() for t in self.frozen.values()]
+        small = [(compare_all or t.dim() <= 1) and t.is_contiguous() for t in self.frozen.values()]
         hashes = [-1] + [0 if s else torch.ops.torchreplay.content_hash(t) for s, t in zip(small, self.frozen.values())]
         first = next(n for n in self.graph.nodes if n.op != "placeholder")
         with self.graph.inserting_before(first):
