@@ -461,8 +461,10 @@ def _watch_inner(t: torch.Tensor, captured: Any) -> None:
 #   counter of its own), read or written, or given new data (`p.data = t`): check_frozen compares
 #   the folded tensors' contents with their hashes at capture on the next call, and raises only
 #   if they changed (a read, or `model.to()` giving the same data, changes nothing).
-# Not seen: writes through an alias taken before the capture, through a NumPy or DLPack view, or
-# through the untyped storage; capture again after one.
+# Not seen under "close": writes through an alias taken before the capture, through a NumPy or
+# DLPack view, or through the untyped storage, and a buffer's (a PT2E model's int8 weights) through
+# .data; capture again after one. The bitwise numerics' one fold compares its tensors' whole
+# contents on every call instead (Note [PT2E's weights dequantized once]): it sees them all.
 _NUMBERS = (int, float, bool)
 _UNREAD = ("training", "inplace")
 # per module, per Captured bound to it: its numbers when captured
