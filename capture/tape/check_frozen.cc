@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <limits>
 #include <string>
 
 #include "absl/hash/hash.h"
@@ -36,9 +37,13 @@ int64_t ContentHash(const at::Tensor& t) {
 //   with no counter bumped);
 // - the others' contents are hashed at capture (hashes[1 + i], ContentHash) and compared again on
 //   the first call after a folded parameter was reached through .data (hashes[0]: g_data_epoch
-//   when they were last compared, written here), whose alias has a counter of its own.
+//   when they were last compared, written here), whose alias has a counter of its own; or on
+//   every call where hashes[0] is kEveryCall (the bitwise numerics' fold: Note [PT2E's weights
+//   dequantized once], which no .data watch covers).
 // It returns an empty tensor that nothing reads: a result made on every call keeps the tape from
 // running it once, at capture (as it would an op of constant arguments that returns nothing).
+constexpr int64_t kEveryCall = std::numeric_limits<int64_t>::min();  // (an epoch never is)
+
 void CheckFrozen(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   const size_t n = stack->size();
   const c10::ArrayRef<c10::IValue> tensors = (*stack)[n - 5].toListRef();
@@ -74,7 +79,7 @@ void CheckFrozen(const c10::OperatorHandle&, torch::jit::Stack* stack) {
       written(i);
     }
   }
-  hash[0] = epoch;
+  if (hash[0] != kEveryCall) hash[0] = epoch;
   torch::jit::drop(*stack, 5);
   stack->emplace_back(at::empty({0}, at::TensorOptions().dtype(c10::kFloat)));
 }

@@ -120,7 +120,7 @@ def fold_bitwise(gm: torch.fx.GraphModule, bound: Sequence[Any], names: Sequence
     dequantize_weights_once(r)
     folded_counts = {k: v for k, v in r.counts.items() if v}
     if folded_counts:
-        r.guard(compare_all=True)
+        r.guard(every_call=True)
         gm.graph.lint()
         gm.recompile()
     return folded_counts

@@ -162,9 +162,9 @@ def _dequantized_once(r: Rewrite, reader: torch.fx.Node, wdq: torch.fx.Node, fro
 # eager's own kernel gives the bits every call would. In both numerics each such op becomes a
 # constant holding its result; the int8 weight, scales and zero points are folded as any folded
 # weight: check_frozen raises, saying to capture again, if one is written after the capture.
-# Under bitwise numerics their contents are compared with copies made at capture on every call
-# (a write through .data, or to an inference tensor, moves no version counter): int8 bytes, a
-# small part of a call (mobilenet_v3_small's 2.5 MB).
+# Under bitwise numerics their contents are compared with their hashes at capture on every call
+# (a write through .data, or to an inference tensor, moves no version counter): one read of the
+# int8 bytes a call (mobilenet_v3_small's 2.5 MB).
 # Only dequantizes are folded under bitwise numerics: a PT2E model's int8 weights are buffers
 # nothing trains, where a parameter a training loop updates between evaluations would make every
 # capture of it raise.
@@ -179,7 +179,7 @@ def dequantize_weights_once(r: Rewrite) -> None:
         sources = [a for a in node.args if isinstance(a, torch.fx.Node)]
         values = [r.tensor(a) for a in sources]
         if not node.users or _returned(node) or not sources or node.kwargs or \
-                any(v is None or v.requires_grad or not v.is_contiguous() for v in values) or \
+                any(v is None or v.requires_grad for v in values) or \
                 any(_written(a) for a in sources):
             continue  # (no users: one an int8 rewrite replaced; returned: the caller could write it)
         value = dict(zip(sources, values))

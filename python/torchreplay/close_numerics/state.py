@@ -52,9 +52,10 @@ class Rewrite:
             if isinstance(n, torch.fx.Node) and n.op == "placeholder" and n in self.value:
                 self.frozen[n] = self.value[n]
 
-    def guard(self, compare_all: bool = False) -> None:
+    def guard(self, every_call: bool = False) -> None:
         """The first step checks that nothing folded into the graph's constants changed since;
-        `compare_all`: every folded tensor's contents compared with a copy on every call."""
+        `every_call`: every folded tensor's contents compared on every call (per-channel vectors
+        with their copies, the others with their hashes: reading the tensor once)."""
         if not self.frozen:
             return
         nodes = list(self.frozen)
@@ -64,8 +65,10 @@ class Rewrite:
         # without their version counters; their size keeps the comparison a small part of a call.
         # The others' contents are hashed now and compared after a folded parameter was reached
         # through .data (Note [Writes a capture would not see] in patches.py).
-        small = [(compare_all or t.dim() <= 1) and t.is_contiguous() for t in self.frozen.values()]
-        hashes = [-1] + [0 if s else torch.ops.torchreplay.content_hash(t) for s, t in zip(small, self.frozen.values())]
+        small = [t.dim() <= 1 and t.is_contiguous() for t in self.frozen.values()]
+        every = torch.iinfo(torch.int64).min  # check_frozen.cc's kEveryCall
+        hashes = [every if every_call else -1] + [0 if s else torch.ops.torchreplay.content_hash(t)
+                                                  for s, t in zip(small, self.frozen.values())]
         first = next(n for n in self.graph.nodes if n.op != "placeholder")
         with self.graph.inserting_before(first):
             empty = self.constant(torch.empty(0), "copy") if not all(small) else None
