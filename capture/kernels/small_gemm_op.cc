@@ -37,12 +37,14 @@ namespace {
 
 constexpr const char* kName = "torchreplay::small_gemm";
 
-// input [M, K]; weight_kn [K, N] contiguous, or packed in panels as [P, K, panel] contiguous
-// (N = bias's size, P = ceil(N / panel)); bias [N].
-at::Tensor& ScaledOut(const at::Tensor& input, const float* scale, const at::Tensor& weight_kn,
+// input [M, K]; weight_kn [K, N] (copied where not contiguous: a spatial mean's image in a layout
+// other than the channels-last the rewrite expected; the same values, so the same sums), or packed
+// in panels as [P, K, panel] contiguous (N = bias's size, P = ceil(N / panel)); bias [N].
+at::Tensor& ScaledOut(const at::Tensor& input, const float* scale, const at::Tensor& weight,
                       const at::Tensor& bias, c10::string_view post_op, at::Tensor& out) {
   TORCH_CHECK(small_gemm::Available(), kName, ": this CPU has no AVX2 and FMA");
-  const bool packed = weight_kn.dim() == 3;
+  const bool packed = weight.dim() == 3;
+  const at::Tensor weight_kn = packed ? weight : weight.contiguous();
   TORCH_CHECK(input.dim() == 2 && (weight_kn.dim() == 2 || packed) && input.scalar_type() == c10::kFloat &&
                   weight_kn.scalar_type() == c10::kFloat && weight_kn.is_contiguous() &&
                   input.size(1) == weight_kn.size(packed ? 1 : 0) && input.device().is_cpu() &&

@@ -655,6 +655,22 @@ def test_spatial_means_of_channels_last_results_take_the_small_gemm_where_it_tim
     assert ops.count("aten::mean.out") == (1 if ours_faster else 2), ops
 
 
+def test_small_gemm_takes_a_weight_in_any_layout():
+    """A spatial mean's image that is not channels-last at run time reaches the small GEMM as a
+    [H * W, C] view with strides (1, H * W): copied, the same sums as from a contiguous weight
+    (efficientnet_b0 at 224x224 under close numerics fell back to bitwise on it)."""
+    small_gemm(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1))  # skips without AVX2
+    g = torch.Generator().manual_seed(3)
+    image = torch.randn(1, 32, 12, 12, generator=g)               # NCHW
+    flat = image.permute(0, 2, 3, 1).reshape(144, 32)             # a view, strides (1, 144)
+    assert flat.stride() == (1, 144)
+    row, bias = torch.full((1, 144), 1.0 / 144), torch.zeros(32)
+    got = small_gemm(row, flat, bias)
+    want = small_gemm(row, flat.contiguous(), bias)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    assert torch.allclose(got.view(1, 32, 1, 1), image.mean((2, 3), keepdim=True), atol=1e-6)
+
+
 @pytest.mark.parametrize("rows", [1, 9, 36, 144])
 def test_small_gemm_scaled_is_the_small_gemm_of_the_scaled_input(rows):
     """torchreplay::small_gemm_scaled(x, s, w, b) gives the bits of small_gemm(x * s, w, b): each
