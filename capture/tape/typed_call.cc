@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -241,8 +242,10 @@ std::unique_ptr<TypedCall> MakeBoxedCall(const c10::OperatorHandle& op, const Sl
 namespace {
 
 // A strided region of elements to copy (Note [Copies]): its dims, the source's and the
-// destination's strides (in elements), adjacent dims merged where both walk them as one dense
-// run, so that the copies are as long as they can be.
+// destination's strides (in elements), walked in the destination's memory order (outermost
+// first: a channels-last image's channels innermost, not its width), adjacent dims merged where
+// both walk them as one dense run, so that the copies are as long as they can be. Each element
+// goes to its own place whatever the order (a planned buffer, or a slice, does not overlap itself).
 struct Region {
   std::vector<int64_t> sizes, src_strides, dst_strides;
   bool empty = false;
@@ -250,7 +253,12 @@ struct Region {
 
 Region MakeRegion(c10::IntArrayRef sizes, c10::IntArrayRef src_strides, c10::IntArrayRef dst_strides) {
   Region r;
-  for (size_t d = 0; d < sizes.size(); ++d) {
+  std::vector<size_t> order(sizes.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return dst_strides[a] != dst_strides[b] ? dst_strides[a] > dst_strides[b] : src_strides[a] > src_strides[b];
+  });
+  for (size_t d : order) {
     r.empty = r.empty || sizes[d] == 0;
     if (sizes[d] == 1) continue;
     if (!r.sizes.empty() && r.src_strides.back() == sizes[d] * src_strides[d] &&

@@ -646,6 +646,13 @@ CATS = {  # each a cat, stack or clone the tape makes as copies (Note [Concatena
     "stack along the last dim of strided rows": lambda x, y: torch.stack([x[::2], y[1::2] + 1, x[1::2]], -1),
     "stack along dim 1 of a transposed input": lambda x, y: torch.stack([x.t(), y.t() * 3], 1),
     "stack of scalars": lambda x, y: torch.stack([x[0, 0] * 2, y[1, 1], x.sum()]),
+    # channels-last images along their channels (squeezenet's fire modules): copied in the
+    # result's memory order, channels innermost
+    "channels-last images along dim 1": lambda x, y: torch.cat(
+        [(x * 2).view(1, 3, 2, 2).contiguous(memory_format=torch.channels_last),
+         y.view(1, 3, 2, 2).contiguous(memory_format=torch.channels_last)], 1),
+    "a channels-last and a contiguous image along dim 1": lambda x, y: torch.cat(
+        [(x * 2).view(1, 3, 2, 2).contiguous(memory_format=torch.channels_last), y.view(1, 3, 2, 2) + 1], 1),
 }
 
 
