@@ -17,6 +17,7 @@
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
+#include <sleef.h>
 
 namespace torchreplay::capture::kernels::depthwise {
 namespace avx512 {

@@ -11,6 +11,7 @@
 
 #if defined(__AVX512F__) && defined(__FMA__)
 #include <immintrin.h>
+#include <sleef.h>
 
 namespace torchreplay::capture::kernels::depthwise::avx512 {
 namespace {

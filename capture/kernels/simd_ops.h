@@ -3,8 +3,8 @@
 // depthwise_pixels_impl.h), for the instruction set the including file is compiled for: AVX-512
 // where __AVX512F__ is defined, else AVX2 and FMA. `V` is a vector of kLanes floats; a Mask
 // selects lanes.
-// Included inside each copy's namespace, after <immintrin.h> and capture/kernels/post_op.h: no include
-// guard, no namespace.
+// Included inside each copy's namespace, after <immintrin.h>, <sleef.h> and capture/kernels/post_op.h:
+// no include guard, no namespace.
 #if defined(__AVX512F__)
 using V = __m512;
 using Mask = __mmask16;
@@ -22,6 +22,8 @@ inline V Min(V a, V b) { return _mm512_min_ps(a, b); }  // b where either is NaN
 inline V Mul(V a, V b) { return _mm512_mul_ps(a, b); }
 inline V Div(V a, V b) { return _mm512_div_ps(a, b); }
 inline V Set(float f) { return _mm512_set1_ps(f); }
+inline V Neg(V v) { return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(v), _mm512_set1_epi32(INT32_MIN))); }
+inline V Exp(V v) { return Sleef_expf16_u10(v); }  // Vectorized<float>::exp's
 #else
 using V = __m256;
 using Mask = __m256i;
@@ -43,6 +45,8 @@ inline V Min(V a, V b) { return _mm256_min_ps(a, b); }  // b where either is NaN
 inline V Mul(V a, V b) { return _mm256_mul_ps(a, b); }
 inline V Div(V a, V b) { return _mm256_div_ps(a, b); }
 inline V Set(float f) { return _mm256_set1_ps(f); }
+inline V Neg(V v) { return _mm256_xor_ps(v, _mm256_set1_ps(-0.f)); }
+inline V Exp(V v) { return Sleef_expf8_u10(v); }  // Vectorized<float>::exp's
 #endif
 
 // acc + a * b, rounded once, as the instruction vfmadd231ps acc, a, b: the operands' places pinned.
@@ -57,13 +61,15 @@ inline V Fma(V a, V b, V acc) {
 
 // The post-op (capture/kernels/post_op.h) on a vector, operand for operand as eager's: relu max(0, v) keeps
 // NaN (and -0) as torch.relu; hardswish v * min(max(v + 3, 0), 6) / 6, NaN kept (v times 0);
-// hardsigmoid min(6, max(0, v + 3)) / 6, NaN kept (the second operand of each).
+// hardsigmoid min(6, max(0, v + 3)) / 6, NaN kept (the second operand of each); silu
+// v / (1 + exp(-v)), ATen's vectorized silu.
 inline V PostOf(V v, PostOp post) {
   switch (post) {
     case PostOp::kNone: return v;
     case PostOp::kRelu: return Max(Zero(), v);
     case PostOp::kHardswish: return Div(Mul(v, Min(Max(Add(v, Set(3.f)), Zero()), Set(6.f))), Set(6.f));
     case PostOp::kHardsigmoid: return Div(Min(Set(6.f), Max(Zero(), Add(v, Set(3.f)))), Set(6.f));
+    case PostOp::kSilu: return Div(v, Add(Set(1.f), Exp(Neg(v))));
   }
   return v;
 }

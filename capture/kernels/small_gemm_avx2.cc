@@ -9,6 +9,7 @@
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
+#include <sleef.h>
 
 namespace torchreplay::capture::kernels::small_gemm::avx2 {
 namespace {

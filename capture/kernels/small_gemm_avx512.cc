@@ -9,6 +9,7 @@
 
 #if defined(__AVX512F__) && defined(__FMA__)
 #include <immintrin.h>
+#include <sleef.h>
 
 namespace torchreplay::capture::kernels::small_gemm::avx512 {
 namespace {

@@ -421,7 +421,8 @@ def test_convolutions_take_conv_gemm_where_it_timed_fastest(monkeypatch):
 @pytest.mark.parametrize("threads", [1, 2])
 def test_kernels_post_ops_are_eagers_ops_after_them(threads):
     """post_op "relu", "hardswish" and "hardsigmoid" of the small GEMM and conv_gemm give
-    torch.relu's, hardswish's and hardsigmoid's bits of the result without it, NaN where eager's is
+    torch.relu's, hardswish's and hardsigmoid's bits of the result without it ("silu" within 4
+    ulps of silu's), NaN where eager's is
     and infinities included (NaN payloads aside: ATen's vectorized kernels make a NaN all ones),
     over whole vectors and masked tails; a name of no post-op raises, naming it (the depthwise
     kernel's too)."""
@@ -448,9 +449,16 @@ def test_kernels_post_ops_are_eagers_ops_after_them(threads):
                 args = (ximg, rows, b[:20].contiguous(), [3, 3], [2, 2], [1, 1], [1, 1])
                 assert_bitwise_but_nan_payloads(conv(*args, post, channels_last),
                                                 eager(conv(*args, "none", channels_last)))
+        # silu: ATen's vectorized x / (1 + exp(-x)) with Sleef's exp on every element, where eager's
+        # scalar tail calls std::exp: within 4 ulps of eager's, NaN where eager's is
+        got, want = small_gemm(x, w, b, "silu"), nn.functional.silu(plain)
+        assert torch.equal(got.isnan(), want.isnan()) and got.isnan().any()
+        finite = ~want.isnan()
+        ulps = (got[finite].view(torch.int32).long() - want[finite].view(torch.int32).long()).abs()
+        assert int(ulps.max()) <= 4, int(ulps.max())
     finally:
         torch.set_num_threads(saved)
-    names = 'post_op is "none", "relu", "hardswish" or "hardsigmoid"'
+    names = 'post_op is "none", "relu", "hardswish", "hardsigmoid" or "silu"'
     with pytest.raises(RuntimeError, match=f'small_gemm: {names}, not "gelu"'):
         small_gemm(x, w, b, "gelu")
     with pytest.raises(RuntimeError, match=f'conv_gemm: {names}, not "relu6"'):

@@ -32,7 +32,7 @@ UNARY = {
 STRIDE_SENSITIVE = {aten.view.default, aten._unsafe_view.default, aten.as_strided.default}
 # The activations torchreplay's kernels apply before storing (post_op, capture/kernels/post_op.h).
 POST_OPS = {aten.relu.default: "relu", aten.hardswish.default: "hardswish",
-            aten.hardsigmoid.default: "hardsigmoid"}
+            aten.hardsigmoid.default: "hardsigmoid", aten.silu.default: "silu"}
 
 
 def post_of(node: torch.fx.Node) -> Optional[torch.fx.Node]:
