@@ -714,3 +714,21 @@ def test_a_squeeze_excitation_scale_folds_into_the_small_gemm_after_it(monkeypat
     assert folded == (1 if "torchreplay::small_gemm_scaled.out" in ops else 0), (folded, ops)
     if ours_faster:
         assert folded == 1 and not any(op.startswith("fused: mul") for op in ops), ops
+
+
+def test_group_norm_after_a_rewritten_1d_convolution_reads_eagers_layout(monkeypatch):
+    """wav2vec 2.0's front end: a Conv1d whose rewritten result is channels-last (oneDNN's, forced
+    here), then GroupNorm, whose kernel raises on an input not contiguous in its layout: the
+    rewrite gives it eager's layout (the capture had fallen back to bitwise)."""
+    from torchreplay.close_numerics import convolutions
+    way = "onednn"
+    monkeypatch.setattr(convolutions, "_fastest", lambda *a, **k: way)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv1d(1, 32, 10, stride=5, bias=False), nn.GroupNorm(32, 32), nn.GELU(),
+                          nn.Conv1d(32, 32, 3, stride=2, bias=False), nn.GELU()).eval()
+    make = lambda i: (torch.randn(1, 1, 400, generator=torch.Generator().manual_seed(i)),)  # noqa: E731
+    with torch.no_grad():
+        step = capture(model, make(0), "close")
+        assert step.numerics["numerics"] == "close", step.numerics
+        assert step.numerics["rewrites"]["convolutions_" + way] >= 1, step.numerics
+        assert_within_with_eagers_strides(step, model, make)

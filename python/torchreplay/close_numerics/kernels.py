@@ -28,8 +28,11 @@ UNARY = {
     aten.hardtanh.default: lambda n: ("hardtanh", [n.args[1] if len(n.args) > 1 else -1.0,
                                                    n.args[2] if len(n.args) > 2 else 1.0], ""),
 }
-# views that need their input's strides to be viewable
-STRIDE_SENSITIVE = {aten.view.default, aten._unsafe_view.default, aten.as_strided.default}
+# ops that need their input in eager's layout: views that need its strides to be viewable, and
+# group norm's kernel, which raises on an input not contiguous in the layout it suggests (a 1-d
+# convolution's channels-last result)
+STRIDE_SENSITIVE = {aten.view.default, aten._unsafe_view.default, aten.as_strided.default,
+                    aten.native_group_norm.default}
 # The activations torchreplay's kernels apply before storing (post_op, capture/kernels/post_op.h).
 POST_OPS = {aten.relu.default: "relu", aten.hardswish.default: "hardswish",
             aten.hardsigmoid.default: "hardsigmoid", aten.silu.default: "silu"}
