@@ -6,6 +6,7 @@ from typing import Any, Optional, Tuple
 import torch
 import torch.fx
 
+from ..fx_views import is_view
 from ..passes import replace_with_trace
 from .kernels import UNARY, conv_times, least_times, own_kernel
 from .products import product_times
@@ -196,14 +197,7 @@ def dequantize_weights_once(r: Rewrite) -> None:
 
 def _returned(node: torch.fx.Node) -> bool:
     """Whether `node`'s tensor, or a view of it, is an output of the graph."""
-    for u in node.users:
-        if u.op == "output":
-            return True
-        views = u.op == "call_function" and isinstance(u.target, torch._ops.OpOverload) and \
-            any(r.alias_info is not None for r in u.target._schema.returns)
-        if views and _returned(u):
-            return True
-    return False
+    return any(u.op == "output" or (u.op == "call_function" and is_view(u) and _returned(u)) for u in node.users)
 
 
 def _written(node: torch.fx.Node) -> bool:
