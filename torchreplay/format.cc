@@ -366,9 +366,6 @@ GraphRecord RecordOf(const capture::Graph& g) {
     rec.inputs.push_back({id, v.name, static_cast<uint8_t>(v.type), v.spec});
   }
   for (const capture::Node& n : g.nodes()) {
-    // A capture's check that its folded weights were not written since (Note [PT2E's weights
-    // dequantized once]): a loaded program's weights are the file's, which nothing else writes.
-    if (n.kind == capture::NodeKind::kOp && capture::OperatorName(*n.op) == "torchreplay::check_frozen") continue;
     NodeRecord r;
     r.kind = static_cast<uint8_t>(n.kind);
     r.name = n.name;
@@ -376,6 +373,9 @@ GraphRecord RecordOf(const capture::Graph& g) {
     switch (n.kind) {
       case capture::NodeKind::kOp: {
         r.op = capture::OperatorName(*n.op);
+        // A capture's check that its folded weights were not written since (Note [PT2E's weights
+        // dequantized once]): a loaded program's weights are the file's, which nothing else writes.
+        if (r.op == "torchreplay::check_frozen") continue;
         // (ATen's unchecked ops never come from a capture: only the reader refuses them, what a
         // hostile file meets and format_test writes.)
         if (const std::string why = OtherLibrary(r.op); !why.empty()) {

@@ -144,14 +144,18 @@ def _output(q: Any) -> Tuple[float, int, torch.dtype]:
     return (q.args[1], q.args[2], torch.uint8) if q is not None else (1.0, 0, torch.float32)
 
 
-def _dequantized_once(r: Rewrite, reader: torch.fx.Node, wdq: torch.fx.Node, frozen: Tuple[Any, ...],
+def _dequantized_once(r: Rewrite, reader: Optional[torch.fx.Node], wdq: torch.fx.Node, frozen: Tuple[Any, ...],
                       dequantized: torch.Tensor) -> None:
-    """The reference's dequantized weight as a constant in `reader`, for the fp32 rewrites."""
+    """The reference's dequantized weight `wdq` as a constant in `reader` (in every reader if None),
+    for the fp32 rewrites; the tensors it came from frozen."""
     r.freeze(*frozen)
-    with r.graph.inserting_before(reader):
+    with r.graph.inserting_before(reader or wdq):
         c = r.constant(dequantized, "dequantized_weight")
     c.meta["val"] = wdq.meta.get("val")
-    reader.replace_input_with(wdq, c)
+    if reader is None:
+        wdq.replace_all_uses_with(c)
+    else:
+        reader.replace_input_with(wdq, c)
     r.counts["weights_dequantized_once"] += 1
 
 
@@ -186,13 +190,8 @@ def dequantize_weights_once(r: Rewrite) -> None:
         value = dict(zip(sources, values))
         with torch.no_grad():
             result = node.target(*[value[a] if isinstance(a, torch.fx.Node) else a for a in node.args])
-        r.freeze(*sources)
-        with r.graph.inserting_before(node):
-            c = r.constant(result, "dequantized_weight")
-        c.meta["val"] = node.meta.get("val")
-        node.replace_all_uses_with(c)
+        _dequantized_once(r, None, node, tuple(sources), result)
         r.graph.erase_node(node)
-        r.counts["weights_dequantized_once"] += 1
 
 
 def _returned(node: torch.fx.Node) -> bool:
