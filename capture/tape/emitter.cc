@@ -96,6 +96,7 @@ class Emitter final : public EmitContext {
     return a;
   }
   const at::Tensor& BufferOf(ValueId v) const override { return buffers_[plan_.values[v].buffer]; }
+  bool Read(ValueId v) const override { return g_.last_use()[v] >= 0; }
 
   absl::Status Emit(const std::vector<c10::IValue>& inputs) {
     for (size_t i = 0; i < g_.inputs().size(); ++i) {

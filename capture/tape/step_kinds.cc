@@ -68,6 +68,7 @@ constexpr StepFamily kOutFamilies[] = {
     {StepKind::kConvolution, &MatchConvolution, &MakeConvolution},
     {StepKind::kGemm, &MatchGemm, &MakeGemm},
     {StepKind::kLstm, &MatchLstm, &MakeLstm},
+    {StepKind::kMaxPool, &MatchMaxPool, &MakeMaxPool},
     {StepKind::kTypedOut, &MatchTypedOut, &MakeTypedOut},
 };
 
@@ -82,6 +83,7 @@ const char* StepKindName(StepKind kind) {
     case StepKind::kConvolution: return "checked conv";
     case StepKind::kGemm: return "checked gemm";
     case StepKind::kLstm: return "checked lstm";
+    case StepKind::kMaxPool: return "max pool";
     case StepKind::kTypedOut: return "typed out=";
   }
   return "?";

@@ -39,6 +39,7 @@ enum class StepKind : uint8_t {
   kConvolution,  // a checked convolution kernel (Note [Checked convolutions])
   kGemm,         // a checked matrix product kernel (Note [Checked GEMMs])
   kLstm,         // a checked LSTM kernel (Note [Checked LSTMs])
+  kMaxPool,      // max pooling of planes, eager's bits (Note [Max pooling])
   kTypedOut,     // the out= overload, unboxed; on a prepared iterator where it has one
 };
 const char* StepKindName(StepKind kind);
@@ -51,6 +52,9 @@ class EmitContext {
   virtual TensorArg TensorArgOf(ValueId v) const = 0;
   // The planned arena buffer of an out= result.
   virtual const at::Tensor& BufferOf(ValueId v) const = 0;
+  // Whether a node or the graph's outputs read value `v` (a result nothing reads need not be
+  // written).
+  virtual bool Read(ValueId v) const = 0;
 
  protected:
   ~EmitContext() = default;
@@ -97,5 +101,9 @@ bool MatchCopies(const Node& n, const std::string& out_op, bool whole_args);
 Made MakeCopies(const EmitContext& ctx, const OutCall& call, const CaptureOptions& options);
 bool MatchIndexCopy(const Node& n);
 std::unique_ptr<TypedCall> MakeIndexCopy(const EmitContext& ctx, const Node& n);
+
+// The max pooling family (pool_steps.cc).
+bool MatchMaxPool(const Node& n, const std::string& out_op, bool whole_args);
+Made MakeMaxPool(const EmitContext& ctx, const OutCall& call, const CaptureOptions& options);
 
 }  // namespace torchreplay::capture::tape

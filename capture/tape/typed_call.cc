@@ -307,13 +307,6 @@ void CopyRegion(const Region& r, char* dst, const char* src, int64_t item) {
   }
 }
 
-void CheckLayout(const at::Tensor& t, c10::ScalarType dtype, const std::vector<int64_t>& sizes,
-                 const std::vector<int64_t>& strides) {
-  TORCH_CHECK(t.scalar_type() == dtype && t.sizes() == c10::IntArrayRef(sizes) &&
-                  t.strides() == c10::IntArrayRef(strides) && !t.is_conj() && !t.is_neg(),
-              "torchreplay: an input of a copy changed its layout since capture");
-}
-
 class CatCopies final : public TypedCall {
  public:
   // `stack`: each input is one slice of out along dim (a stack), not a block of slices (a cat).
@@ -415,6 +408,13 @@ class EmbeddingRows final : public TypedCall {
 };
 
 }  // namespace
+
+void CheckLayout(const at::Tensor& t, c10::ScalarType dtype, const std::vector<int64_t>& sizes,
+                 const std::vector<int64_t>& strides) {
+  TORCH_CHECK(t.scalar_type() == dtype && t.sizes() == c10::IntArrayRef(sizes) &&
+                  t.strides() == c10::IntArrayRef(strides) && !t.is_conj() && !t.is_neg(),
+              "torchreplay: an input of a step changed its layout since capture");
+}
 
 std::unique_ptr<TypedCall> MakeIndexCopyOne(CatInput self, int64_t dim, TensorArg index, CatInput source) {
   return std::make_unique<IndexCopyOne>(std::move(self), dim, std::move(index), std::move(source));

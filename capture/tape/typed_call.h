@@ -58,6 +58,11 @@ std::unique_ptr<TypedCall> MakeBoxedCall(const c10::OperatorHandle& op, const Sl
 // IndexError with eager's message before anything is written. Each tensor has the sizes and
 // strides recorded under the guard key; replay raises if one has others.
 //
+// Raises the clear error where a per-call tensor `t` is not of the recorded dtype, sizes and
+// strides (or is a conjugate or negative view) that a step's geometry was made for.
+void CheckLayout(const at::Tensor& t, c10::ScalarType dtype, const std::vector<int64_t>& sizes,
+                 const std::vector<int64_t>& strides);
+
 // Note [Concatenation as copies]
 // aten::cat.out: the result's slice along `dim` for each input is that input, element for
 // element; clone and copy are a cat of one input; aten::stack.out (`stack`) a cat whose inputs are

@@ -697,12 +697,13 @@ class EveryKind(nn.Module):
                 self.fc(self.ln(x)), x @ self.w,                    # prepared layer norm, typed out=, checked gemm
                 self.conv(img), self.lstm(seq)[0],                  # checked conv, checked lstm
                 torch.sort(x, 1)[0], torch.atan2(x, fused),         # functional, typed out=
-                x.permute(1, 0), (row * 0.5).sin().exp())           # view; a long elementwise row
+                x.permute(1, 0), (row * 0.5).sin().exp(),           # view; a long elementwise row
+                nn.functional.max_pool2d(img, 3, 2, ceil_mode=True))  # max pool
 
 
 EVERY_KIND = {"fused elementwise", "typed out=", "boxed out=", "copies", "prepared pointwise", "prepared reduction",
               "prepared attention", "prepared layer norm", "checked conv", "checked gemm", "checked lstm",
-              "functional", "in place", "view"}
+              "max pool", "functional", "in place", "view"}
 
 
 def test_every_step_kind_replays_eagers_bits_at_the_sessions_thread_count():
