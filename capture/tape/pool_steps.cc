@@ -12,22 +12,27 @@ namespace {
 
 class MaxPoolStep final : public TypedCall {
  public:
-  MaxPoolStep(TensorArg input, std::vector<int64_t> sizes, std::vector<int64_t> strides,
-              kernels::max_pool::Params params)
-      : input_(std::move(input)), sizes_(std::move(sizes)), strides_(std::move(strides)), params_(params) {}
+  MaxPoolStep(TensorArg input, std::vector<int64_t> sizes, std::vector<int64_t> strides, at::Tensor out,
+              at::Tensor indices, kernels::max_pool::Params params)
+      : input_(std::move(input)), sizes_(std::move(sizes)), strides_(std::move(strides)), out_(std::move(out)),
+        indices_(std::move(indices)), params_(params) {}
 
   void Run(c10::DispatchKeySet, const Slots& slots) const override {
     const at::Tensor& input = input_.get(slots);
     if (input_.slot >= 0) CheckLayout(input, c10::kFloat, sizes_, strides_);
     kernels::max_pool::Params p = params_;
+    // Read per call: a planned buffer moves when the arena grows for another key.
     p.in = input.const_data_ptr<float>();
+    p.out = out_.data_ptr<float>();
+    p.indices = indices_.defined() ? indices_.data_ptr<int64_t>() : nullptr;
     kernels::max_pool::Run(p);
   }
 
  private:
   TensorArg input_;                       // float32, contiguous, of sizes_ and strides_
   std::vector<int64_t> sizes_, strides_;  // the recorded input's
-  kernels::max_pool::Params params_;      // all but `in`; out and indices are planned buffers, held by the tape
+  at::Tensor out_, indices_;              // planned buffers, contiguous; indices_ undefined where nothing reads them
+  kernels::max_pool::Params params_;      // the geometry
 };
 
 // A pooling argument's (kernel, stride, padding or dilation) value for dim `d` of 2 (height,
@@ -98,11 +103,11 @@ Made MakeMaxPool(const EmitContext& ctx, const OutCall& call, const CaptureOptio
       out.numel() == 0 || out.size(0) != sizes[0] || (rank == 4 && out.size(1) != sizes[1])) {
     return {nullptr, "max pool"};
   }
-  p.out = out.data_ptr<float>();
   // The indices are written where something reads them (in inference, usually nothing does).
   if (call.node.outputs.size() != 2) return {nullptr, "max pool"};
-  p.indices = ctx.Read(call.node.outputs[1]) ? indices.data_ptr<int64_t>() : nullptr;
-  return {std::make_unique<MaxPoolStep>(std::move(input), std::move(sizes), std::move(strides), p), "max pool"};
+  return {std::make_unique<MaxPoolStep>(std::move(input), std::move(sizes), std::move(strides), out,
+                                        ctx.Read(call.node.outputs[1]) ? indices : at::Tensor(), p),
+          "max pool"};
 }
 
 }  // namespace torchreplay::capture::tape

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 import torchreplay
 from differential import assert_bitwise
+from test_conditions import threads as at_threads
 
 
 class Pool(nn.Module):
@@ -71,20 +72,15 @@ GEOMETRIES = [
 def test_max_pool_replays_eager_values_and_indices(geometry, before, threads):
     kernel, stride, padding, dilation, ceil_mode, shape = geometry
     model = Pool(before, kernel_size=kernel, stride=stride, padding=padding, dilation=dilation, ceil_mode=ceil_mode)
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        with torch.no_grad():
-            step = capture(model, (specials(shape, 0),))
-            for seed in range(3):
-                x = specials(shape, seed)
-                assert_bitwise(step(x), model(x), f"seed {seed}")
-                x = torch.randn(shape, generator=torch.Generator().manual_seed(seed))
-                assert_bitwise(step(x), model(x), f"randn seed {seed}")
-            assert pool_kinds(step, (x,)) == ["max pool"]
-            assert step.stats()["replays"] >= 6
-    finally:
-        torch.set_num_threads(previous)
+    with at_threads(threads), torch.no_grad():
+        step = capture(model, (specials(shape, 0),))
+        for seed in range(3):
+            x = specials(shape, seed)
+            assert_bitwise(step(x), model(x), f"seed {seed}")
+            x = torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+            assert_bitwise(step(x), model(x), f"randn seed {seed}")
+        assert pool_kinds(step, (x,)) == ["max pool"]
+        assert step.stats()["replays"] >= 6
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -94,18 +90,28 @@ def test_values_without_their_indices_replay_bitwise(geometry, threads):
     kernel, stride, padding, dilation, ceil_mode, shape = geometry
     model = nn.Sequential(Pool(True, False, kernel_size=kernel, stride=stride, padding=padding, dilation=dilation,
                                ceil_mode=ceil_mode), nn.ReLU())
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        with torch.no_grad():
-            step = capture(model, (specials(shape, 0),))
+    with at_threads(threads), torch.no_grad():
+        step = capture(model, (specials(shape, 0),))
+        for seed in range(3):
+            x = specials(shape, seed)
+            assert_bitwise(step(x), model(x), f"seed {seed}")
+        assert pool_kinds(step, (x,)) == ["max pool"]
+        assert step.stats()["replays"] >= 3
+
+
+@pytest.mark.parametrize("indices", [True, False])
+def test_a_key_captured_before_the_arena_grew_writes_where_its_buffers_are_now(indices):
+    """Sizes captured small, then large (the arena grows and moves), then small again: the first
+    key's step writes into its buffers' new place."""
+    model = Pool(True, indices, kernel_size=3, stride=2, ceil_mode=True)
+    make = lambda n, seed: specials((1, 4, n, n), seed)  # noqa: E731
+    with torch.no_grad():
+        step = torchreplay.capture(model, (make(20, 0),), dynamic=True)
+        for n in (20, 90, 20, 150, 20, 90):
             for seed in range(3):
-                x = specials(shape, seed)
-                assert_bitwise(step(x), model(x), f"seed {seed}")
-            assert pool_kinds(step, (x,)) == ["max pool"]
-            assert step.stats()["replays"] >= 3
-    finally:
-        torch.set_num_threads(previous)
+                assert_bitwise(step(make(n, seed)), model(make(n, seed)), f"{n}x{n}, seed {seed}")
+        assert pool_kinds(step, (make(20, 0),)) == ["max pool"]
+        assert step.stats()["replays"] >= 6
 
 
 def test_every_window_of_minus_infinity_keeps_its_first_index():
