@@ -1,12 +1,13 @@
 """Where a replay's time goes, step by step, for the harness's models.
 
-    python -m torchreplay_bench.profile [MODEL ...] [--iterations N] [--top K] [--json PATH]
+    python -m torchreplay_bench.profile [MODEL ...] [--iterations N] [--top K] [--numerics close] [--json PATH]
 
 Each model (default: all of torchreplay_bench.models.MODELS) is captured with torchreplay.capture
-(reduce-overhead, one thread) and its captured tape replayed N times with every step timed
-(Captured.profile). Printed per model: the whole replay (a plain call, timed apart), the sum over
-steps by kind (prepared pointwise, typed out=, boxed out=, functional, in place, view, getitem,
-scalar), and the K slowest steps with their node, op and result shapes. The per-step clock costs
+(reduce-overhead, one thread; numerics "bitwise" unless --numerics says "close") and its captured
+tape replayed N times with every step timed (Captured.profile). Printed per model: the whole replay
+(a plain call, timed apart), the sum over steps by kind (prepared pointwise, typed out=, boxed out=,
+functional, in place, view, getitem, scalar), and the K slowest steps with their node, op and result
+shapes, and under "close" the kernel the rewrite chose for the node with the times it chose from. The per-step clock costs
 ~20 ns a step, so the sum over steps runs above a plain replay by about that much per step.
 """
 from __future__ import annotations
@@ -34,11 +35,12 @@ def replay_us(step: Any, args: Any, iterations: int) -> float:
     return best
 
 
-def profile_model(name: str, iterations: int) -> Dict[str, Any]:
+def profile_model(name: str, iterations: int, numerics: str = "bitwise") -> Dict[str, Any]:
     model, make_inputs = MODELS[name][0]()
     args = make_inputs(0)
     config = torchreplay.CompilerConfig()
     config.mode = "reduce-overhead"
+    config.reduce_overhead.numerics = numerics
     with torch.no_grad():
         step = torchreplay.capture(model, args, config=config)
         steps = step.profile(*args, iterations=iterations)
@@ -61,7 +63,8 @@ def render(result: Dict[str, Any], top: int) -> str:
     lines.append("  slowest steps:")
     lines.append(f"  {'us':>8}  {'kind':<20}{'op':<44} {'node':<24} shapes")
     for s in sorted(steps, key=lambda s: -s["us"])[:top]:
-        lines.append(f"  {s['us']:>8.2f}  {s['kind']:<20}{s['op'][:44]:<44} {s['node'][:24]:<24} {s['shapes']}")
+        lines.append(f"  {s['us']:>8.2f}  {s['kind']:<20}{s['op'][:44]:<44} {s['node'][:24]:<24} {s['shapes']}"
+                     + (f"\n  {'':>8}  chose {s['choice']}" if "choice" in s else ""))
     return "\n".join(lines)
 
 
@@ -71,6 +74,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("models", nargs="*", default=list(MODELS), help=f"of {', '.join(MODELS)}")
     p.add_argument("--iterations", type=int, default=500)
     p.add_argument("--top", type=int, default=12)
+    p.add_argument("--numerics", choices=["bitwise", "close"], default="bitwise")
     p.add_argument("--json", help="write every step of every model here")
     a = p.parse_args(argv)
     unknown = [m for m in a.models if m not in MODELS]
@@ -79,7 +83,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     torch.set_num_threads(1)
     results = []
     for name in a.models:
-        results.append(profile_model(name, a.iterations))
+        results.append(profile_model(name, a.iterations, a.numerics))
         print(render(results[-1], a.top), flush=True)
     if a.json:
         with open(a.json, "w") as f:

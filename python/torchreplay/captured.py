@@ -160,11 +160,19 @@ class Captured(_C.Call):
         place, view, ...), result shapes and mean microseconds over `iterations` replays
         (captured first if needed: these are real calls; a graph with collectives is not warmed
         up here, since other ranks would not match those calls: its shape must replay already, on
-        every rank, and every rank profiles). `python -m torchreplay_bench.profile` prints it for
-        the harness's models."""
+        every rank, and every rank profiles). Under numerics "close", a step whose kernel the
+        rewrite chose also has "choice": the way it took and the µs of each way timed at capture
+        (numerics["choices"]). `python -m torchreplay_bench.profile` prints it for the harness's
+        models."""
+        from .close_numerics import choice_text
         flat = self._trace.flatten(args, kwargs)
         target = self._trace_for(flat, args, kwargs)
-        return target.engine.profile(list(target._bound) + flat, iterations)
+        rows = target.engine.profile(list(target._bound) + flat, iterations)
+        choices = getattr(target, "numerics", {}).get("choices", {})
+        for row in rows:
+            if row["node"] in choices:
+                row["choice"] = choice_text(choices[row["node"]])
+        return rows
 
     def _trace_for(self, flat: List[Any], args: Sequence[Any], kwargs: Dict[str, Any]) -> "Captured":
         """The capture whose trace holds for these arguments and what it was made under: this one,
@@ -362,7 +370,7 @@ def capture(model: Callable, example_args: Sequence[Any], example_kwargs: Option
         [n for i, n in enumerate(names) if i not in constants]
     with torch._subclasses.fake_tensor.unset_fake_temporarily():
         graph = lower(gm, [n.meta.get("val") for n in placeholders], list(range(len(bound))), input_names)
-    dump_graph(config, name, gm, graph)
+    dump_graph(config, name, gm, graph, numerics.get("choices"))
     engine = new_engine(graph, config, name, bound_inputs=len(bound), **batch)
     trace = _Trace(model, module, args, kwargs, in_spec, constants, names, dynamic,
                    lambda a, k, dyn: capture(model, a, k, config=config, dynamic=dyn, decompositions=decompositions))
@@ -391,12 +399,12 @@ def _rewrite_close(gm: torch.fx.GraphModule, bound: List[Any], bound_names: List
 
     reference = copy.deepcopy(gm)
     try:
-        counts = close_numerics.rewrite(gm, bound, bound_names, dynamic)
+        counts, choices = close_numerics.rewrite(gm, bound, bound_names, dynamic)
     except Exception as e:  # noqa: BLE001 - any failure keeps the bitwise graph
         logger.warning("torchreplay.capture: numerics 'close': the rewrite failed (%s: %s); the graph stays bitwise",
                        type(e).__name__, e)
         return reference, {"numerics": "bitwise", "not_rewritten": f"{type(e).__name__}: {e}"}
-    report: Dict[str, Any] = {"numerics": "close", "rewrites": counts}
+    report: Dict[str, Any] = {"numerics": "close", "rewrites": counts, "choices": choices}
     writes = any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and
                  n.target._schema.is_mutable and n.target != torch.ops.torchreplay.check_frozen.default
                  for n in gm.graph.nodes)

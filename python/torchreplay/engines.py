@@ -42,8 +42,10 @@ def new_engine(graph: Any, config: CompilerConfig, name: str, **fields: Any) -> 
     return engine
 
 
-def dump_graph(config: CompilerConfig, name: str, gm: torch.fx.GraphModule, graph: Optional[Any]) -> None:
-    """Writes the graph as config.debug.graph_dump asks ("txt", "py" or "dot"), if it does."""
+def dump_graph(config: CompilerConfig, name: str, gm: torch.fx.GraphModule, graph: Optional[Any],
+               choices: Optional[Dict[str, Dict[str, Any]]] = None) -> None:
+    """Writes the graph as config.debug.graph_dump asks ("txt", "py" or "dot"), if it does; a
+    "txt" or "py" dump ends with the kernel numerics "close" chose per node (`choices`), if any."""
     kind = config.debug.graph_dump.type
     if kind is None:
         return
@@ -65,6 +67,10 @@ def dump_graph(config: CompilerConfig, name: str, gm: torch.fx.GraphModule, grap
             f.write(f"# torchreplay graph {name}, mode {config.mode!r}\n")
             f.write("import torch\nfrom math import inf, nan\nfrom torch import device\n")
             f.write(gm.code)
+        if choices and kind in ("txt", "py"):
+            from .close_numerics import choice_text
+            f.write("\n# numerics \"close\": the kernel chosen per node, and the µs of each way timed at capture\n")
+            f.writelines(f"#   {node}: {choice_text(c)}\n" for node, c in choices.items())
     logger.info("torchreplay: dumped graph %s to %s", name, path)
 
 

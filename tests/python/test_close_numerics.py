@@ -655,7 +655,7 @@ def test_spatial_means_of_channels_last_results_take_the_small_gemm_where_it_tim
     GEMM of a row of 1 / (H * W) by its pixels where the capture's timing says so (forced here both
     ways); the mean of the input (contiguous) stays eager's; results within the tolerance."""
     from torchreplay import close_numerics
-    monkeypatch.setattr(close_numerics.images, "_mean_faster", lambda r, c, h, w: ours_faster)
+    monkeypatch.setattr(close_numerics.images, "_mean_faster", lambda r, node, c, h, w: ours_faster)
     # every other timing: the last way the fastest, so that the convolutions' rewrites give the
     # channels-last result the mean reads
     step, ops = squeeze_excite_ops(monkeypatch, last_fastest=True)
@@ -732,3 +732,56 @@ def test_group_norm_after_a_rewritten_1d_convolution_reads_eagers_layout(monkeyp
         assert step.numerics["numerics"] == "close", step.numerics
         assert step.numerics["rewrites"]["convolutions_" + way] >= 1, step.numerics
         assert_within_with_eagers_strides(step, model, make)
+
+
+class Chooser(nn.Module):
+    """A convolution the rewrite times (3x3), a depthwise one it always takes, a 1x1 one and a
+    linear it times against MKL."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 16, 3, padding=1)
+        self.dw = nn.Conv2d(16, 16, 3, padding=1, groups=16)
+        self.pw = nn.Conv2d(16, 24, 1)
+        self.fc = nn.Linear(24, 10)
+
+    def forward(self, x):
+        x = self.pw(torch.relu(self.dw(torch.relu(self.conv(x)))))
+        return self.fc(x.mean((2, 3)))
+
+
+# The op a step runs for each way the rewrite can choose.
+OPS_OF_WAY = {"gemm": "torchreplay::conv_gemm.out", "onednn": "mkldnn::_convolution_pointwise",
+              "eager": "convolution", "dense": "torchreplay::small_gemm.out",
+              "panels": "torchreplay::small_gemm.out", "addmm": "aten::addmm.out", "mm": "aten::mm.out",
+              "depthwise": "torchreplay::depthwise_conv2d.out"}
+
+
+def test_the_kernel_chosen_per_node_is_the_fastest_timed_and_shows_in_the_profile_and_dump(tmp_path):
+    torch.manual_seed(0)
+    model = Chooser().eval()
+    x = torch.randn(1, 3, 20, 20)
+    config = torchreplay.CompilerConfig()
+    config.mode = "reduce-overhead"
+    config.reduce_overhead.numerics = "close"
+    config.debug.graph_dump.type = "txt"
+    config.debug.graph_dump.path = str(tmp_path)
+    with torch.no_grad():
+        step = torchreplay.capture(model, (x,), config=config)
+        assert_within(step(x), model(x))
+        rows = {r["node"]: r for r in step.profile(x, iterations=2)}
+    choices = step.numerics["choices"]
+    timed = {n: c for n, c in choices.items() if c["times"]}
+    assert "depthwise" in [c["chose"] for c in choices.values()], choices
+    assert len(timed) >= 3, choices  # the 3x3 convolution, the 1x1 one's GEMM, the linear
+    for node, c in choices.items():
+        if c["times"]:
+            assert c["chose"] == min(c["times"], key=c["times"].get), (node, c)
+        assert node in rows, (node, sorted(rows))
+        assert OPS_OF_WAY[c["chose"]] in rows[node]["op"], (node, c, rows[node]["op"])
+        assert rows[node]["choice"].startswith(c["chose"] + " ("), rows[node]
+    assert all("choice" not in r for n, r in rows.items() if n not in choices)
+    dump = next(p for p in tmp_path.iterdir() if p.name.endswith(".txt") and ".key" not in p.name).read_text()
+    for node, c in choices.items():
+        assert f"#   {node}: {c['chose']} (" in dump, dump[-2000:]
+    assert step.stats()["replays"] >= 1

@@ -51,10 +51,13 @@ to capture again. A write that leaves the counter where it was (a fused optimize
 torch.optim.Adam(fused=True); a write through .data) is not seen: capture again after one. Convolutions with symbolic sizes (dynamic=True) keep eager's op (their batch
 norms are still folded). The rewrite is checked at capture by running both graphs on the example
 inputs: if the rewritten one fails, the capture keeps the bitwise graph and logs why; otherwise
-the largest absolute and relative differences are kept (Captured.numerics).
+the largest absolute and relative differences are kept (Captured.numerics). Every node whose
+kernel the rewrite chose is listed in Captured.numerics["choices"] by node name, with the way it
+took and the microseconds of each way timed at capture; `Captured.profile` gives each such step's
+choice beside its replay time, and the graph dump (config.debug.graph_dump) lists them.
 
 The rewrite is a package around one state object, `state.Rewrite` (the graph, what was folded
-and must be guarded, which results may be channels-last, the counts and timings); each module
+and must be guarded, which results may be channels-last, the counts and choices); each module
 is a family of rewrites taking it, in the order `rewrite` runs them: convolutions.py (batch
 norms folded first; PT2E's int8 convolutions decided on the way, quantized.py), quantized.py's
 linears, products.py, recurrent.py, images.py, layouts.py, then quantized.py's quantize pairs;
@@ -63,7 +66,7 @@ kernels.py holds what they share.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.fx
@@ -79,9 +82,11 @@ from .state import Rewrite
 NUMERICS = ("bitwise", "close")
 
 
-def rewrite(gm: torch.fx.GraphModule, bound: Sequence[Any], names: Sequence[str], dynamic: bool) -> Dict[str, int]:
+def rewrite(gm: torch.fx.GraphModule, bound: Sequence[Any], names: Sequence[str],
+            dynamic: bool) -> Tuple[Dict[str, int], Dict[str, Dict[str, Any]]]:
     """Note [Close numerics]: rewrites `gm` (an exported graph whose first placeholders are the
-    `bound` tensors, which errors call `names`) in place; returns what it did."""
+    `bound` tensors, which errors call `names`) in place; returns what it did (the counts) and
+    the choices it made, by node name (Rewrite.choices)."""
     r = Rewrite(gm, bound, names)
     fold_batch_norms(r)
     if not dynamic:
@@ -101,7 +106,14 @@ def rewrite(gm: torch.fx.GraphModule, bound: Sequence[Any], names: Sequence[str]
         delattr(gm, name)  # a constant a later rewrite replaced (a 1x1 convolution's GEMM weight)
     gm.graph.lint()
     gm.recompile()
-    return r.counts
+    return r.counts, r.choices_by_name()
+
+
+def choice_text(choice: Dict[str, Any]) -> str:
+    """One choice of Rewrite.choices in words: "onednn (onednn 41.2 µs, gemm 55.0 µs, eager 60.1 µs)",
+    fastest first; "depthwise (not timed)" for a kernel taken without timing."""
+    times = sorted(choice["times"].items(), key=lambda kv: kv[1])
+    return f"{choice['chose']} ({', '.join(f'{way} {us:.1f} µs' for way, us in times) or 'not timed'})"
 
 
 def folded(gm: torch.fx.GraphModule, bound: Sequence[Any]) -> List[torch.Tensor]:

@@ -84,10 +84,11 @@ def rewrite_convolutions(r: Rewrite) -> None:
             _as_gemm(r, conv, x, w, b, val.shape)
         elif kernel == "depthwise":
             r.freeze(wn, bn)
+            r.chose(conv, "depthwise")
             post = _depthwise(r, conv, x, w, b, stride, padding, dilation)
             if post is not None:
                 erased.add(post)
-        elif (way := _fastest(r, x, w, b, stride, padding, dilation, groups, val, one_d)) != "eager":
+        elif (way := _fastest(r, conv, x, w, b, stride, padding, dilation, groups, val, one_d)) != "eager":
             r.freeze(wn, bn)
             if way == "gemm":
                 post = _through_gemm(r, conv, x, w, b, stride, padding, dilation)
@@ -143,12 +144,14 @@ def _depthwise(r: Rewrite, conv: torch.fx.Node, x: torch.fx.Node, w: torch.Tenso
     return _replace_convolution(r, conv, post, out, "convolutions_depthwise")
 
 
-def _fastest(r: Rewrite, x: torch.fx.Node, w: torch.Tensor, b: Optional[torch.Tensor], stride: Sequence[int],
-             padding: Sequence[int], dilation: Sequence[int], groups: int, val: torch.Tensor,
-             one_d: bool) -> str:
-    """Which way of conv_times is fastest for this convolution."""
+def _fastest(r: Rewrite, conv: torch.fx.Node, x: torch.fx.Node, w: torch.Tensor, b: Optional[torch.Tensor],
+             stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], groups: int,
+             val: torch.Tensor, one_d: bool) -> str:
+    """Which way of conv_times is fastest for this convolution (the choice kept in r.choices)."""
     t = conv_times(r, x, w, b, stride, padding, dilation, groups, val, one_d)
-    return min(t, key=t.get)
+    way = min(t, key=t.get)
+    r.chose(conv, way, t)
+    return way
 
 
 def _contiguous_input(r: Rewrite, conv: torch.fx.Node, x: torch.fx.Node) -> None:
@@ -238,6 +241,7 @@ def _replace_convolution(r: Rewrite, conv: torch.fx.Node, post: Optional[torch.f
     """`out` in place of `conv` and of the activation `post` it fused (if any); returns `post`.
     Unless `contiguous`, `out` may be channels-last."""
     out.meta["val"] = conv.meta.get("val")  # its sizes, for the rewrites after it
+    r.moved(conv, out)
     (post or conv).replace_all_uses_with(out)
     if post is not None:
         r.graph.erase_node(post)

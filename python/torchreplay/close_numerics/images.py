@@ -28,7 +28,7 @@ def rewrite_spatial_means(r: Rewrite) -> None:
                 not small_gemm_available():
             continue
         c, hw = val.shape[1], val.shape[2] * val.shape[3]
-        if not _mean_faster(r, c, val.shape[2], val.shape[3]):
+        if not _mean_faster(r, node, c, val.shape[2], val.shape[3]):
             continue
         row, zeros = torch.full((1, hw), 1.0 / hw), torch.zeros(c)
         with r.graph.inserting_before(node):
@@ -38,6 +38,7 @@ def rewrite_spatial_means(r: Rewrite) -> None:
                 r.constant(row, "mean_row"), flat, r.constant(zeros, "bias"), "none"))
             view = r.graph.call_function(aten.view.default, (mean, [1, c, 1, 1]))
         view.meta["val"] = node.meta.get("val")
+        r.moved(node, mean)
         node.replace_all_uses_with(view)
         r.graph.erase_node(node)
         r.counts["means_small_gemm"] += 1
@@ -81,8 +82,9 @@ def fold_channel_scales(r: Rewrite) -> None:
         r.counts["scales_folded"] += 1
 
 
-def _mean_faster(r: Rewrite, c: int, h: int, w: int) -> bool:
-    """Whether the small GEMM's mean of a channels-last [1, c, h, w] timed faster than eager's."""
+def _mean_faster(r: Rewrite, node: torch.fx.Node, c: int, h: int, w: int) -> bool:
+    """Whether the small GEMM's mean of a channels-last [1, c, h, w] timed faster than eager's
+    (the choice kept in r.choices)."""
     row, zeros = torch.full((1, h * w), 1.0 / (h * w)), torch.zeros(c)
     image = torch.randn(1, c, h, w).to(memory_format=torch.channels_last)
     pixels, out = image.permute(0, 2, 3, 1).reshape(h * w, c), torch.empty(1, c)
@@ -90,5 +92,5 @@ def _mean_faster(r: Rewrite, c: int, h: int, w: int) -> bool:
         eager, ours = kernels.least_times([
             lambda: aten.mean.out(image, [2, 3], True, out=out.view(1, c, 1, 1)),
             lambda: torch.ops.torchreplay.small_gemm.out(row, pixels, zeros, "none", out=out)], rounds=15)
-    r.timings.append(((1, h * w), (h * w, c), {"mean": eager, "small_gemm": ours}))
+    r.chose(node, "small_gemm" if ours < eager else "mean", {"mean": eager, "small_gemm": ours})
     return ours < eager

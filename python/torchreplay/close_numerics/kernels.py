@@ -150,6 +150,4 @@ def conv_times(r: Rewrite, x: torch.fx.Node, w: torch.Tensor, b: Optional[torch.
         ways["gemm"] = lambda: torch.ops.torchreplay.conv_gemm.default(
             inp, rows, zeros, list(w.shape[2:]), list(stride), list(padding), list(dilation), "none")
     with torch.no_grad():
-        t = dict(zip(ways, least_times(list(ways.values()))))
-    r.timings.append((tuple(val.shape), tuple(w.shape), t))
-    return t
+        return dict(zip(ways, least_times(list(ways.values()))))

@@ -67,8 +67,8 @@ def small_gemm(r: Rewrite, node: torch.fx.Node, x: torch.fx.Node, source: torch.
     if not _small(rows, kn):
         return False
     t, weights = product_times(kn, rows, bias is not None)
-    r.timings.append(((rows, kn.shape[0]), tuple(kn.shape), t))
     way = min(t, key=t.get)
+    r.chose(node, way, t)
     if way == "addmm":
         return False
     post = post_of(through if through is not None else node)
@@ -84,6 +84,7 @@ def small_gemm(r: Rewrite, node: torch.fx.Node, x: torch.fx.Node, source: torch.
         r.graph.erase_node(post)
         r.counts["post_ops_fused"] += 1
     node.replace_all_uses_with(out_node)
+    r.moved(node, out_node)
     r.graph.erase_node(node)
     r.counts["linears_small_gemm"] += 1
     return True

@@ -132,10 +132,11 @@ def _passes(xq: torch.Tensor, q: Any) -> float:
     return sum(least_times([lambda: xq.float()] + ([lambda: x.to(torch.uint8)] if q is not None else [])))
 
 
-def _int8_faster(r: Rewrite, int8: Any, fp32_us: float, sizes: Tuple[Any, ...]) -> bool:
-    """Whether the call `int8` times at most `fp32_us`, the fp32 way's time; both kept in r.timings."""
+def _int8_faster(r: Rewrite, node: torch.fx.Node, int8: Any, fp32_us: float) -> bool:
+    """Whether the call `int8` times at most `fp32_us`, the fp32 way's time (the choice kept in
+    r.choices: the fp32 way's own choice, made after, adds its times)."""
     int8_us = least_times([int8])[0]
-    r.timings.append((*sizes, {"int8": int8_us, "fp32": fp32_us}))
+    r.chose(node, "int8" if int8_us <= fp32_us else "fp32", {"int8": int8_us, "fp32": fp32_us})
     return int8_us <= fp32_us
 
 
@@ -213,6 +214,7 @@ def _dequantize(w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
 def _replace(r: Rewrite, node: torch.fx.Node, post: Any, q: Any, out: torch.fx.Node, count: str) -> None:
     last = q or post or node
     out.meta["val"] = last.meta.get("val")
+    r.moved(node, out)
     last.replace_all_uses_with(out)
     for dead in (q, post, node):
         if dead is not None:
@@ -245,9 +247,9 @@ def int8_convolution(r: Rewrite, conv: torch.fx.Node) -> bool:
         zeros = torch.zeros_like(s, dtype=torch.int64)
         fp32 = min(conv_times(r, x, dequantized, b, stride, padding, dilation, groups, val, False).values()) + \
             _passes(xq_example, q)
-        if _int8_faster(r, lambda: torch.ops.onednn.qconv_pointwise.default(
+        if _int8_faster(r, conv, lambda: torch.ops.onednn.qconv_pointwise.default(
                 xq_example, sx, zx, packed, s, zeros, b, stride, padding, dilation, groups, 1.0, 0, torch.float32,
-                attr[0], attr[1], attr[2] or ""), fp32, (tuple(val.shape), tuple(w.shape))):
+                attr[0], attr[1], attr[2] or ""), fp32):
             r.freeze(*frozen)
             with r.graph.inserting_before(conv):
                 out = r.graph.call_function(torch.ops.onednn.qconv_pointwise.default, (
@@ -282,9 +284,9 @@ def _linear(r: Rewrite, mm: torch.fx.Node) -> None:
     xq_example = torch.randint(0, 256, val.shape, dtype=torch.uint8)
     zeros = torch.zeros_like(s, dtype=torch.int64)
     fp32 = min(product_times(dequantized.t(), val.shape[0], b is not None)[0].values()) + _passes(xq_example, q)
-    if not _int8_faster(r, lambda: torch.ops.onednn.qlinear_pointwise.default(
+    if not _int8_faster(r, mm, lambda: torch.ops.onednn.qlinear_pointwise.default(
             xq_example, sx, zx, packed, s, zeros, b, 1.0, 0, torch.float32, attr[0], attr[1], attr[2] or "none"),
-            fp32, (tuple(val.shape), tuple(w.shape))):
+            fp32):
         _dequantized_once(r, wt, wt.args[0], frozen, dequantized)
         return
     r.freeze(*frozen)

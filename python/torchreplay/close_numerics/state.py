@@ -1,7 +1,7 @@
 """The one state object of the close rewrite (Note [Close numerics] in __init__.py)."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence
 
 import torch
 import torch.fx
@@ -10,7 +10,7 @@ import torch.fx
 class Rewrite:
     """The state every rewrite of Note [Close numerics] reads and adds to: the graph, the bound
     tensors' values and names, what was folded into constants (guarded by check_frozen), which
-    results may be channels-last, the counts and the timings."""
+    results may be channels-last, the counts and the choices made by measurement."""
 
     def __init__(self, gm: torch.fx.GraphModule, bound: Sequence[Any], names: Sequence[str]) -> None:
         self.gm, self.graph = gm, gm.graph
@@ -28,9 +28,27 @@ class Rewrite:
                                        "quantize_pairs_fused": 0}
         self.channels_last: set = set()  # results that may be channels-last where eager's are not
         self.contiguous: set = set()  # results made contiguous where eager's may be channels-last
-        # (input sizes, weight sizes, {way: us}) of each timed convolution and product
-        self.timings: List[Tuple[Any, ...]] = []
+        # Per node whose kernel was chosen (by measurement, where "times" has them): the way it
+        # took and the µs of each way timed at capture (step.numerics["choices"], by node name)
+        self.choices: Dict[torch.fx.Node, Dict[str, Any]] = {}
         self._names = 0
+
+    def chose(self, node: torch.fx.Node, way: str, times: Optional[Dict[str, float]] = None) -> None:
+        """`node` takes `way`, chosen from `times` (µs by way; a node timed twice, as a PT2E
+        convolution's int8 and fp32 ways, keeps every time)."""
+        choice = self.choices.setdefault(node, {"chose": way, "times": {}})
+        choice["chose"] = way
+        choice["times"].update(times or {})
+
+    def moved(self, old: torch.fx.Node, new: torch.fx.Node) -> None:
+        """`new` replaced `old`: the choice made for `old` is `new`'s."""
+        if old in self.choices:
+            self.choices[new] = self.choices.pop(old)
+
+    def choices_by_name(self) -> Dict[str, Dict[str, Any]]:
+        """The choices of the nodes still in the graph, by node name."""
+        nodes = set(self.graph.nodes)
+        return {n.name: c for n, c in self.choices.items() if n in nodes}
 
     def tensor(self, node: Any) -> Optional[torch.Tensor]:
         """The value of a placeholder bound to a parameter, buffer or constant, or of a get_attr."""
