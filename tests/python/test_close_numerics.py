@@ -295,8 +295,9 @@ def test_products_of_few_rows_take_the_small_gemm_where_it_timed_faster(monkeypa
     the tolerance, replayed; a weight written after the capture is a clear error."""
     from torchreplay import close_numerics
     small_gemm(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1))  # skips without AVX2
-    monkeypatch.setattr(close_numerics.kernels, "least_times",
-                        lambda fns, rounds=7: [2.0, 1.0] if small_faster else [1.0, 2.0])
+    # the ways in product_times' order: addmm, onednn, then the small GEMM's
+    monkeypatch.setattr(close_numerics.kernels, "least_times", lambda fns, rounds=7: (
+        [2.0] + [3.0] * (len(fns) - 2) + [1.0] if small_faster else [1.0] + [2.0] * (len(fns) - 1)))
     torch.manual_seed(0)
     model = TwoLinears().eval()
     make = lambda i: (torch.randn(3, 24, generator=torch.Generator().manual_seed(i)),)  # noqa: E731
@@ -316,8 +317,49 @@ def test_products_of_few_rows_take_the_small_gemm_where_it_timed_faster(monkeypa
             with pytest.raises(RuntimeError, match=r"'b\.weight' was written after the capture"):
                 step(*make(0))
         else:
-            assert rewrites["linears_small_gemm"] == 0, rewrites
+            assert rewrites["linears_small_gemm"] == 0 and rewrites["linears_onednn"] == 0, rewrites
             assert "torchreplay::small_gemm.out" not in ops, ops
+
+
+class FeedForward(nn.Module):
+    """A transformer's feed-forward block over a sequence: linear, GELU (after the view back to
+    [batch, tokens, width]), linear."""
+
+    def __init__(self, approximate):
+        super().__init__()
+        self.up, self.down, self.approximate = nn.Linear(32, 128), nn.Linear(128, 32), approximate
+
+    def forward(self, x):
+        return self.down(nn.functional.gelu(self.up(x), approximate=self.approximate))
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_products_take_onednn_on_a_packed_weight_where_it_timed_faster(monkeypatch, approximate):
+    """Where oneDNN's linear on a weight packed once times fastest (forced here), the products
+    become it, the GELU after the first fused through its view; results within the tolerance,
+    replayed; each node's choice says so; a weight written after the capture is a clear error."""
+    from torchreplay import close_numerics
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("oneDNN is not in this build")
+    monkeypatch.setattr(close_numerics.kernels, "least_times", lambda fns, rounds=7: [2.0, 1.0] + [3.0] * (len(fns) - 2))
+    torch.manual_seed(0)
+    model = FeedForward(approximate).eval()
+    make = lambda i: (torch.randn(2, 40, 32, generator=torch.Generator().manual_seed(i)),)  # noqa: E731
+    with torch.no_grad():
+        step = capture(model, make(0), "close")
+        for i in range(4):
+            x = make(i)
+            assert_within(step(*x), model(*x))
+        assert step.stats()["replays"] >= 2
+        ops = [r["op"] for r in step.profile(*make(0), iterations=1)]
+        rewrites = step.numerics["rewrites"]
+        assert rewrites["linears_onednn"] == 2 and rewrites["post_ops_fused"] == 1, rewrites
+        assert ops.count("mkldnn::_linear_pointwise") == 2 and "aten::addmm.out" not in ops, ops
+        assert not any("gelu" in op for op in ops), ops
+        assert [c["chose"] for c in step.numerics["choices"].values()] == ["onednn", "onednn"], step.numerics
+        model.up.weight.mul_(2)
+        with pytest.raises(RuntimeError, match=r"'up\.weight' was written after the capture"):
+            step(*make(0))
 
 
 @pytest.mark.parametrize("case", [

@@ -11,7 +11,7 @@ import torch.fx
 from torch.nn.utils.fusion import fuse_conv_bn_weights
 
 from .kernels import POST_OPS, STRIDE_SENSITIVE, UNARY, conv_times, own_kernel, post_of, within_reach
-from .products import small_gemm
+from .products import fastest_product
 from .quantized import int8_convolution, int8_weight
 from .state import Rewrite
 
@@ -122,7 +122,7 @@ def _as_gemm(r: Rewrite, conv: torch.fx.Node, x: torch.fx.Node, w: torch.Tensor,
     out.meta["val"] = conv.meta.get("val")  # its sizes, for the rewrites after it
     conv.replace_all_uses_with(out)
     r.graph.erase_node(conv)
-    small_gemm(r, mm, rows, wt, kn, n * h * wd, through=out)  # or MKL's addmm, whichever timed faster
+    fastest_product(r, mm, rows, wt, kn, n * h * wd, through=out)  # (or MKL's addmm as it is)
     r.channels_last.add(out)
     r.counts["convolutions_gemm"] += 1
 

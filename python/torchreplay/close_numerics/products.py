@@ -1,5 +1,6 @@
 """Note [Close numerics]'s products by a weight known at capture: linear layers and 1x1
-convolutions through the small GEMM or a transposed copy, whichever timed faster."""
+convolutions through MKL's addmm, the small GEMM, oneDNN's linear on a packed weight or a
+transposed copy, whichever timed faster."""
 from __future__ import annotations
 
 import functools
@@ -9,16 +10,17 @@ import torch
 import torch.fx
 
 from . import kernels
-from .kernels import POST_OPS, panels, post_of, small_gemm_available
+from .kernels import POST_OPS, UNARY, panels, post_of, small_gemm_available
 from .state import Rewrite
 
 aten = torch.ops.aten
 
 
 def rewrite_linears(r: Rewrite) -> None:
-    """A product by a weight known at capture (a linear layer at batch 1, a recurrent cell's
-    projections) through the small GEMM (_small_gemm) where that timed faster than the
-    addmm at capture (MKL's set-up exceeds the arithmetic of a few rows; the 1x1
+    """A product by a weight known at capture (a linear layer, a recurrent cell's projections)
+    through the small GEMM or oneDNN's linear on a packed weight where one timed faster than
+    the addmm at capture (fastest_product: MKL's set-up exceeds the arithmetic of a few rows;
+    oneDNN's packed weight saves MKL's packing of it on every call of many rows; the 1x1
     convolutions' GEMMs were timed when made). Else a GEMV whose weight is 128 KB or more
     reads it from a transposed copy stored contiguous once (MKL streams it: on the zoo's
     classifier, 133 to 76 us a call, the weight not in cache); smaller weights stay in cache
@@ -39,7 +41,7 @@ def rewrite_linears(r: Rewrite) -> None:
         if w is None or w.dim() != 2 or w.dtype != torch.float32 or w.device.type != "cpu":
             continue
         kn = (w.t() if transposed else w).detach()
-        if small_gemm(r, node, x, source, kn, val.shape[0]):
+        if fastest_product(r, node, x, source, kn, val.shape[0]):
             continue
         if not transposed or val.shape[0] > 16 or w.numel() * 4 < (128 << 10):
             continue
@@ -50,13 +52,15 @@ def rewrite_linears(r: Rewrite) -> None:
         r.counts["linears_transposed_once"] += 1
 
 
-def small_gemm(r: Rewrite, node: torch.fx.Node, x: torch.fx.Node, source: torch.fx.Node, kn: torch.Tensor,
-                rows: int, through: Optional[torch.fx.Node] = None) -> bool:
-    """`node` (addmm or mm of `x` by the weight `kn`, [K, N], read from `source`) through the
-    small GEMM if its bias is a vector and that timed faster, on the weight as it is or, if it
-    is large, packed in panels of 64 columns (whichever timed fastest), an activation of
-    POST_OPS reading it (or `through`, the views of it a 1x1 convolution's result is) fused;
-    returns whether it was rewritten."""
+def fastest_product(r: Rewrite, node: torch.fx.Node, x: torch.fx.Node, source: torch.fx.Node, kn: torch.Tensor,
+                    rows: int, through: Optional[torch.fx.Node] = None) -> bool:
+    """`node` (addmm or mm of `x` by the weight `kn`, [K, N], read from `source`), if its bias
+    is a vector, through whichever way of product_times timed fastest: MKL's addmm as it is, the
+    small GEMM on the weight as it is or in panels of 64 columns, or oneDNN's linear on the
+    weight packed once; an activation reading it (or `through`, the views of it a 1x1
+    convolution's result is) fused into the kernel where it takes one (the small GEMM's
+    POST_OPS; oneDNN's UNARY, also through one view: a transformer's GELU after its linear).
+    Returns whether it was rewritten."""
     bias = node.args[0] if node.target == aten.addmm.default else None
     n = kn.shape[1]
     if bias is not None:
@@ -64,20 +68,26 @@ def small_gemm(r: Rewrite, node: torch.fx.Node, x: torch.fx.Node, source: torch.
         bval = b if b is not None else bias.meta.get("val") if isinstance(bias, torch.fx.Node) else None
         if not isinstance(bval, torch.Tensor) or tuple(bval.shape) != (n,) or bval.dtype != torch.float32:
             return False
-    if not _small(rows, kn):
-        return False
     t, weights = product_times(kn, rows, bias is not None)
     way = min(t, key=t.get)
     r.chose(node, way, t)
     if way == "addmm":
         return False
-    post = post_of(through if through is not None else node)
     r.freeze(source)
-    with r.graph.inserting_before(node):
-        if bias is None:
-            bias = r.constant(torch.zeros(n), "bias")
-        out_node = r.graph.call_function(torch.ops.torchreplay.small_gemm.default, (
-            x, r.constant(weights[way], "weight_kn"), bias, POST_OPS[post.target] if post is not None else "none"))
+    if way == "onednn":
+        post = _activation_after(through if through is not None else node)
+        attr = UNARY[post.target](post) if post is not None else ("none", [], "")
+        with r.graph.inserting_before(node):
+            out_node = r.graph.call_function(torch.ops.mkldnn._linear_pointwise.default, (
+                x, r.constant(weights[way], "linear_packed"), bias, attr[0], attr[1], attr[2] or None))
+        count = "linears_onednn"
+    else:
+        post = post_of(through if through is not None else node)
+        with r.graph.inserting_before(node):
+            out_node = r.graph.call_function(torch.ops.torchreplay.small_gemm.default, (
+                x, r.constant(weights[way], "weight_kn"), bias if bias is not None else r.constant(torch.zeros(n), "bias"),
+                POST_OPS[post.target] if post is not None else "none"))
+        count = "linears_small_gemm"
     out_node.meta["val"] = node.meta.get("val")
     if post is not None:  # (elementwise: the same before the views `through` takes)
         post.replace_all_uses_with(post.args[0])
@@ -86,8 +96,19 @@ def small_gemm(r: Rewrite, node: torch.fx.Node, x: torch.fx.Node, source: torch.
     node.replace_all_uses_with(out_node)
     r.moved(node, out_node)
     r.graph.erase_node(node)
-    r.counts["linears_small_gemm"] += 1
+    r.counts[count] += 1
     return True
+
+
+def _activation_after(node: torch.fx.Node) -> Optional[torch.fx.Node]:
+    """The activation of UNARY that alone reads `node`, directly or through one view of it that
+    nothing else reads (elementwise: the same computed before the view), else None."""
+    user = next(iter(node.users)) if len(node.users) == 1 else None
+    if user is not None and user.target in (aten.view.default, aten._unsafe_view.default) and len(user.users) == 1:
+        user, node = next(iter(user.users)), user
+    if user is None or user.op != "call_function" or user.target not in UNARY or user.args[0] is not node:
+        return None
+    return user
 
 
 def _small(rows: int, kn: torch.Tensor) -> bool:
@@ -98,19 +119,26 @@ def _small(rows: int, kn: torch.Tensor) -> bool:
 
 def product_times(kn: torch.Tensor, rows: int, bias: bool) -> Tuple[Dict[str, float], Dict[str, torch.Tensor]]:
     """The times (µs, on random rows) of the ways to multiply `rows` rows by `kn` ([K, N]), with
-    a bias vector or not: MKL's addmm (or mm) and, where _small, the small GEMM on the weight as
-    it is ("dense") or, if it is large, packed in panels of 64 columns ("panels"); and the
-    small GEMM's weights by way."""
+    a bias vector or not: MKL's addmm (or mm); where _small, the small GEMM on the weight as it
+    is ("dense") or, if it is large, packed in panels of 64 columns ("panels"); where oneDNN runs,
+    its linear on the weight packed once for these rows ("onednn"); and each way's weight."""
     n = kn.shape[1]
     inp, vec, out = torch.randn(rows, kn.shape[0]), torch.randn(n), torch.empty(rows, n)
     weights = {}
-    if _small(rows, kn):
+    small = _small(rows, kn)
+    if small:
         weights["dense"] = kn.contiguous()
         if kn.numel() * 4 >= (128 << 10):  # out of the core's caches: streamed, panel by panel
             weights["panels"] = panels(kn, 64)
     ways = {"addmm": (lambda: aten.addmm.out(vec, inp, kn, out=out)) if bias else
             (lambda: aten.mm.out(inp, kn, out=out))}
+    if torch.backends.mkldnn.is_available():
+        packed = torch.ops.mkldnn._reorder_linear_weight(kn.t().contiguous(), rows)
+        ways["onednn"] = functools.partial(torch.ops.mkldnn._linear_pointwise.default, inp, packed,
+                                           vec if bias else None, "none", [], None)
     for name, w in weights.items():
         ways[name] = functools.partial(torch.ops.torchreplay.small_gemm.out, inp, w, vec, "none", out=out)
-    with torch.no_grad():
-        return dict(zip(ways, kernels.least_times(list(ways.values()), rounds=15))), weights
+    if "onednn" in ways:
+        weights["onednn"] = packed
+    with torch.no_grad():  # (a large product's rounds take milliseconds: fewer of them)
+        return dict(zip(ways, kernels.least_times(list(ways.values()), rounds=15 if small else 5))), weights

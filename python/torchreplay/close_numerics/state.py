@@ -21,7 +21,7 @@ class Rewrite:
         self.frozen: Dict[torch.fx.Node, torch.Tensor] = {}  # placeholders folded into constants
         self.counts: Dict[str, int] = {"batch_norms_folded": 0, "convolutions_onednn": 0, "convolutions_gemm": 0,
                                        "convolutions_depthwise": 0, "convolutions_small_gemm": 0, "post_ops_fused": 0,
-                                       "layout_copies": 0, "linears_transposed_once": 0, "linears_small_gemm": 0,
+                                       "layout_copies": 0, "linears_transposed_once": 0, "linears_small_gemm": 0, "linears_onednn": 0,
                                        "convolutions_eager": 0, "grus_fused": 0, "results_channels_last": 0,
                                        "means_small_gemm": 0, "scales_folded": 0,
                                        "convolutions_int8": 0, "linears_int8": 0, "weights_dequantized_once": 0,
