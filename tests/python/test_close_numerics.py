@@ -827,3 +827,19 @@ def test_the_kernel_chosen_per_node_is_the_fastest_timed_and_shows_in_the_profil
     for node, c in choices.items():
         assert f"#   {node}: {c['chose']} (" in dump, dump[-2000:]
     assert step.stats()["replays"] >= 1
+
+
+def test_a_1d_convolution_s_choice_is_on_its_oned_nn_step(monkeypatch):
+    """A 1-d convolution through oneDNN (forced fastest here) runs as a 2-d one between an
+    unsqueeze and a squeeze: the choice is shown on the convolution's step, not the squeeze's."""
+    from torchreplay import close_numerics
+    monkeypatch.setattr(close_numerics.kernels, "least_times", lambda fns, rounds=7: [2.0, 1.0] + [3.0] * (len(fns) - 2))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv1d(8, 16, 5, stride=2), nn.GELU()).eval()
+    x = torch.randn(1, 8, 60)
+    with torch.no_grad():
+        step = capture(model, (x,), "close")
+        assert_within(step(x), model(x))
+        rows = step.profile(x, iterations=2)
+    chosen = [r for r in rows if "choice" in r]
+    assert [(r["op"], r["choice"].split(" ")[0]) for r in chosen] == [("mkldnn::_convolution_pointwise", "onednn")], rows

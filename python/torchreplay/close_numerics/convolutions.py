@@ -233,7 +233,10 @@ def _through_onednn(r: Rewrite, conv: torch.fx.Node, x: torch.fx.Node, w: torch.
             attr[2]))
         if one_d:
             out = r.graph.call_function(aten.squeeze.dim, (out, 2))
-    return _replace_convolution(r, conv, post, out, "convolutions_onednn")
+    post = _replace_convolution(r, conv, post, out, "convolutions_onednn")
+    if one_d:
+        r.moved(out, out.args[0])  # (the choice is the convolution's, not its squeeze's)
+    return post
 
 
 def _replace_convolution(r: Rewrite, conv: torch.fx.Node, post: Optional[torch.fx.Node], out: torch.fx.Node,
