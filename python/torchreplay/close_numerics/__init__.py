@@ -27,8 +27,10 @@ eager's instead of equal:
   projections, the 1x1 convolutions above) through torchreplay's small GEMM
   (torchreplay::small_gemm, Note [Small GEMMs] in capture/kernels/small_gemm.h) on the weight stored [K, N]
   once, or packed in panels of 64 columns if it is large, a relu, hardswish or hardsigmoid after
-  it fused (after a 1x1 convolution's views of it too), where that is faster than the addmm
-  (timed at capture); else linear layers of at most 16 rows with a large
+  it fused (after a 1x1 convolution's views of it too), or, of any size, through oneDNN's
+  linear on the weight packed once (mkldnn::_linear_pointwise, an activation after it or after
+  a view of it fused), where one of those is faster than the addmm (timed at capture); else
+  linear layers of at most 16 rows with a large
   weight read from a transposed copy stored contiguous once;
 - the spatial mean of a channels-last image of one sample (squeeze-and-excitation's pooling) as
   the small GEMM of a row of 1 / (H * W) by its pixels, read in place, where that timed faster
