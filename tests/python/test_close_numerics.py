@@ -843,3 +843,82 @@ def test_a_1d_convolution_s_choice_is_on_its_oned_nn_step(monkeypatch):
         rows = step.profile(x, iterations=2)
     chosen = [r for r in rows if "choice" in r]
     assert [(r["op"], r["choice"].split(" ")[0]) for r in chosen] == [("mkldnn::_convolution_pointwise", "onednn")], rows
+
+
+ONEDNN_FASTEST = lambda fns, rounds=7: [2.0, 1.0] + [3.0] * (len(fns) - 2)  # noqa: E731 (eager/addmm, oneDNN, ...)
+
+
+@pytest.mark.parametrize("act", [nn.ReLU, nn.ReLU6, nn.Hardsigmoid, nn.Hardtanh, nn.GELU], ids=lambda a: a.__name__)
+@pytest.mark.parametrize("layer", ["linear", "conv"])
+def test_a_nan_stays_nan_through_onednn_and_its_activation(monkeypatch, act, layer):
+    """oneDNN's relu, clip and hardsigmoid post-ops give 0 or a bound for a NaN, eager's ops NaN:
+    those stay ops of their own after oneDNN's kernels (forced fastest here), so every NaN of
+    eager's result is one of the replay's; the others are fused."""
+    from torchreplay import close_numerics
+    monkeypatch.setattr(close_numerics.kernels, "least_times", ONEDNN_FASTEST)
+    torch.manual_seed(0)
+    if layer == "linear":
+        model, x = nn.Sequential(nn.Linear(8, 6), act()).eval(), torch.randn(4, 8)
+    else:
+        model, x = nn.Sequential(nn.Conv2d(3, 6, 3), act()).eval(), torch.randn(1, 3, 9, 9)
+    with torch.no_grad():
+        step = capture(model, (x,), "close")
+        x = x.clone()
+        x.view(-1)[[0, 5]] = float("nan")
+        x.view(-1)[7] = float("inf")
+        for _ in range(3):
+            got, want = step(x), model(x)
+        assert step.stats()["replays"] >= 1
+    assert torch.equal(got.isnan(), want.isnan()) and want.isnan().any(), (got, want)
+    fine = ~want.isnan()
+    assert torch.allclose(got[fine], want[fine], rtol=1e-4, atol=1e-5)
+    rewrites = step.numerics["rewrites"]
+    assert rewrites["linears_onednn" if layer == "linear" else "convolutions_onednn"] == 1, rewrites
+    assert rewrites["post_ops_fused"] == (1 if act is nn.GELU else 0), rewrites
+
+
+class Decaying(nn.Module):
+    """A weight the forward itself writes: no weight known at capture."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("w", torch.randn(32, 64))
+
+    def forward(self, x):
+        y = nn.functional.linear(x, self.w)
+        self.w.mul_(0.5)
+        return y
+
+
+def test_a_weight_the_forward_writes_is_not_folded(monkeypatch):
+    from torchreplay import close_numerics
+    monkeypatch.setattr(close_numerics.kernels, "least_times", ONEDNN_FASTEST)
+    torch.manual_seed(0)
+    model, reference = Decaying(), Decaying()
+    reference.w.copy_(model.w)
+    x = torch.randn(8, 64)
+    with torch.no_grad():
+        step = capture(model, (x,), "close")
+        for i in range(3):
+            assert_bitwise(step(x), reference(x), f"call {i}")
+        assert step.stats()["replays"] >= 1
+    assert step.numerics["rewrites"]["linears_onednn"] == 0 and not step.numerics["choices"], step.numerics
+    assert_bitwise(model.w, reference.w)
+
+
+def test_a_model_made_under_inference_mode_sees_writes_to_its_folded_weights(caplog):
+    """Inference tensors move no version counter: their contents are compared on every call,
+    which the capture says once."""
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 8)).eval()
+        x = torch.randn(8, 64)
+        with caplog.at_level("WARNING", logger="torchreplay"):
+            step = capture(model, (x,), "close")
+        assert any("inference tensors" in r.getMessage() for r in caplog.records), caplog.text
+        assert_within(step(x), model(x))
+        if step.numerics["rewrites"]["linears_small_gemm"] + step.numerics["rewrites"]["linears_onednn"] == 0:
+            pytest.skip("no weight was folded here (addmm timed fastest)")
+        model[0].weight.mul_(2)
+        with pytest.raises(RuntimeError, match=r"'0\.weight' was written after the capture"):
+            step(x)

@@ -10,7 +10,7 @@ import torch
 import torch.fx
 from torch.nn.utils.fusion import fuse_conv_bn_weights
 
-from .kernels import POST_OPS, STRIDE_SENSITIVE, UNARY, conv_times, own_kernel, post_of, within_reach
+from .kernels import POST_OPS, STRIDE_SENSITIVE, UNARY_KEEPING_NAN, conv_times, own_kernel, post_of, within_reach
 from .products import fastest_product
 from .quantized import int8_convolution, int8_weight
 from .state import Rewrite
@@ -221,8 +221,8 @@ def _through_onednn(r: Rewrite, conv: torch.fx.Node, x: torch.fx.Node, w: torch.
                                                       groups, in_shape)
     attr: Tuple[str, List[Any], str] = ("none", [], "")
     post = next(iter(conv.users)) if len(conv.users) == 1 else None
-    if post is not None and post.op == "call_function" and post.target in UNARY and post.args[0] is conv:
-        attr = UNARY[post.target](post)
+    if post is not None and post.op == "call_function" and post.target in UNARY_KEEPING_NAN and post.args[0] is conv:
+        attr = UNARY_KEEPING_NAN[post.target](post)
     else:
         post = None
     with r.graph.inserting_before(conv):

@@ -28,6 +28,10 @@ UNARY = {
     aten.hardtanh.default: lambda n: ("hardtanh", [n.args[1] if len(n.args) > 1 else -1.0,
                                                    n.args[2] if len(n.args) > 2 else 1.0], ""),
 }
+# The UNARY ops oneDNN's fp32 kernels fuse: not relu, hardtanh (relu6) and hardsigmoid, whose
+# oneDNN post-ops give 0 or a bound for a NaN where eager's ops give NaN.
+UNARY_KEEPING_NAN = {op: attr for op, attr in UNARY.items()
+                     if op not in (aten.relu.default, aten.hardtanh.default, aten.hardsigmoid.default)}
 # ops that need their input in eager's layout: views that need its strides to be viewable, and
 # group norm's kernel, which raises on an input not contiguous in the layout it suggests (a 1-d
 # convolution's channels-last result)

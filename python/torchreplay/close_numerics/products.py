@@ -10,7 +10,7 @@ import torch
 import torch.fx
 
 from . import kernels
-from .kernels import POST_OPS, UNARY, panels, post_of, small_gemm_available
+from .kernels import POST_OPS, UNARY_KEEPING_NAN, panels, post_of, small_gemm_available
 from .state import Rewrite
 
 aten = torch.ops.aten
@@ -59,7 +59,8 @@ def fastest_product(r: Rewrite, node: torch.fx.Node, x: torch.fx.Node, source: t
     small GEMM on the weight as it is or in panels of 64 columns, or oneDNN's linear on the
     weight packed once; an activation reading it (or `through`, the views of it a 1x1
     convolution's result is) fused into the kernel where it takes one (the small GEMM's
-    POST_OPS; oneDNN's UNARY, also through one view: a transformer's GELU after its linear).
+    POST_OPS; oneDNN's UNARY_KEEPING_NAN, also through one view: a transformer's GELU after its
+    linear).
     Returns whether it was rewritten."""
     bias = node.args[0] if node.target == aten.addmm.default else None
     n = kn.shape[1]
@@ -76,7 +77,7 @@ def fastest_product(r: Rewrite, node: torch.fx.Node, x: torch.fx.Node, source: t
     r.freeze(source)
     if way == "onednn":
         post = _activation_after(through if through is not None else node)
-        attr = UNARY[post.target](post) if post is not None else ("none", [], "")
+        attr = UNARY_KEEPING_NAN[post.target](post) if post is not None else ("none", [], "")
         with r.graph.inserting_before(node):
             out_node = r.graph.call_function(torch.ops.mkldnn._linear_pointwise.default, (
                 x, r.constant(weights[way], "linear_packed"), bias, attr[0], attr[1], attr[2] or None))
@@ -101,12 +102,12 @@ def fastest_product(r: Rewrite, node: torch.fx.Node, x: torch.fx.Node, source: t
 
 
 def _activation_after(node: torch.fx.Node) -> Optional[torch.fx.Node]:
-    """The activation of UNARY that alone reads `node`, directly or through one view of it that
+    """The activation of UNARY_KEEPING_NAN that alone reads `node`, directly or through one view of it that
     nothing else reads (elementwise: the same computed before the view), else None."""
     user = next(iter(node.users)) if len(node.users) == 1 else None
     if user is not None and user.target in (aten.view.default, aten._unsafe_view.default) and len(user.users) == 1:
         user, node = next(iter(user.users)), user
-    if user is None or user.op != "call_function" or user.target not in UNARY or user.args[0] is not node:
+    if user is None or user.op != "call_function" or user.target not in UNARY_KEEPING_NAN or user.args[0] is not node:
         return None
     return user
 

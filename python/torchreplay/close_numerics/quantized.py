@@ -10,7 +10,7 @@ from ..fx_views import is_view
 from ..passes import replace_with_trace
 from .kernels import UNARY, conv_times, least_times, own_kernel
 from .products import product_times
-from .state import Rewrite
+from .state import Rewrite, written
 
 aten = torch.ops.aten
 
@@ -186,7 +186,7 @@ def dequantize_weights_once(r: Rewrite) -> None:
         values = [r.tensor(a) for a in sources]
         if not node.users or _returned(node) or not sources or node.kwargs or \
                 any(v is None or v.requires_grad for v in values) or \
-                any(_written(a) for a in sources):
+                any(written(a) for a in sources):
             continue  # (no users: one an int8 rewrite replaced; returned: the caller could write it)
         value = dict(zip(sources, values))
         with torch.no_grad():
@@ -198,12 +198,6 @@ def dequantize_weights_once(r: Rewrite) -> None:
 def _returned(node: torch.fx.Node) -> bool:
     """Whether `node`'s tensor, or a view of it, is an output of the graph."""
     return any(u.op == "output" or (u.op == "call_function" and is_view(u) and _returned(u)) for u in node.users)
-
-
-def _written(node: torch.fx.Node) -> bool:
-    """Whether an op of the graph writes `node`'s tensor."""
-    return any(u.op == "call_function" and isinstance(u.target, torch._ops.OpOverload) and u.target._schema.is_mutable
-               for u in node.users)
 
 
 def _dequantize(w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:

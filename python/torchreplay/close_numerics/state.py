@@ -1,10 +1,23 @@
 """The one state object of the close rewrite (Note [Close numerics] in __init__.py)."""
 from __future__ import annotations
 
+import logging
 from typing import Any, Dict, Optional, Sequence
 
 import torch
 import torch.fx
+
+from ..fx_views import is_view
+
+logger = logging.getLogger("torchreplay")
+
+
+def written(node: torch.fx.Node) -> bool:
+    """Whether an op of the graph may write `node`'s tensor: a mutable op reads it or a view of
+    it (a buffer the forward updates in place is no weight known at capture)."""
+    return any(u.op == "call_function" and (
+        (isinstance(u.target, torch._ops.OpOverload) and u.target._schema.is_mutable) or (is_view(u) and written(u)))
+        for u in node.users)
 
 
 class Rewrite:
@@ -15,8 +28,9 @@ class Rewrite:
     def __init__(self, gm: torch.fx.GraphModule, bound: Sequence[Any], names: Sequence[str]) -> None:
         self.gm, self.graph = gm, gm.graph
         placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
+        # the bound tensors the graph does not write: what the rewrites may take as known at capture
         self.value: Dict[torch.fx.Node, torch.Tensor] = {
-            p: t for p, t in zip(placeholders, bound) if isinstance(t, torch.Tensor)}
+            p: t for p, t in zip(placeholders, bound) if isinstance(t, torch.Tensor) and not written(p)}
         self.names: Dict[torch.fx.Node, str] = dict(zip(placeholders, names))
         self.frozen: Dict[torch.fx.Node, torch.Tensor] = {}  # placeholders folded into constants
         self.counts: Dict[str, int] = {"batch_norms_folded": 0, "convolutions_onednn": 0, "convolutions_gemm": 0,
@@ -78,6 +92,16 @@ class Rewrite:
             return
         nodes = list(self.frozen)
         versions = [-1 if t.is_inference() else t._version for t in self.frozen.values()]
+        inference = [self.names.get(n, n.name) for n, t in self.frozen.items() if t.is_inference()]
+        if inference and not every_call:
+            # An inference tensor has no version counter: a write to it (under inference_mode)
+            # is seen only by comparing its contents, so they are compared on every call.
+            logger.warning("torchreplay.capture: %d folded tensors are inference tensors (%s%s; the model was made "
+                           "under torch.inference_mode()): a write to them moves no version counter, so every call "
+                           "compares their contents (%.1f MB); make the model outside inference_mode to skip that",
+                           len(inference), ", ".join(inference[:3]), ", ..." if len(inference) > 3 else "",
+                           sum(t.nbytes for t in self.frozen.values() if t.is_inference()) / 1e6)
+            every_call = True
         # Per-channel vectors (a batch norm's statistics and affine, biases) are also compared with
         # their contents at capture on every call: a train-mode forward updates the statistics
         # without their version counters; their size keeps the comparison a small part of a call.
