@@ -83,13 +83,15 @@ void PoolColumns(const Params& p, const float* plane, int64_t h0, int64_t h1, in
   // last lane's window with a stride of 2): those rows are read from a copy whose elements past the
   // row's end are zeros, and only the n lanes are stored.
   const bool direct = n == kLanes && w0 + read <= p.in_w;
-  alignas(64) float copy[kMaxRead + 2 * kLanes] = {};
+  const int64_t copied = std::min(read, p.in_w - w0);
+  alignas(64) float copy[kMaxRead + 2 * kLanes];
+  if (!direct) std::fill(copy + copied, std::end(copy), 0.f);
   V max = Set(-std::numeric_limits<float>::infinity());
   VI at = Indices(static_cast<int32_t>(h0 * p.in_w + w0), static_cast<int32_t>(p.stride_w));
   for (int64_t h = h0; h < h1; h += p.dilation_h) {
     const float* row = plane + h * p.in_w + w0;
     if (!direct) {
-      std::copy(row, row + std::min(read, p.in_w - w0), copy);
+      std::copy(row, row + copied, copy);
       row = copy;
     }
     const VI index = Indices(static_cast<int32_t>(h * p.in_w + w0), static_cast<int32_t>(p.stride_w));
@@ -119,24 +121,24 @@ void PoolRow(const Params& p, const float* plane, int64_t oh, float* out, int64_
   while (h0 < 0) h0 += p.dilation_h;
   const int64_t span_w = (p.kernel_w - 1) * p.dilation_w;  // a window's last column from its first
   // The columns the vectors take, [lo, hi): those whose windows lie inside the row; none for
-  // strides other than 1 and 2 or windows too wide.
-  int64_t lo = 0, hi = 0;
+  // strides other than 1 and 2 or windows too wide. The others take eager's scalar loop.
+  int64_t lo = p.out_w, hi = p.out_w;
   if ((p.stride_w == 1 || p.stride_w == 2) && span_w + p.stride_w * kLanes <= kMaxRead &&
       p.in_w - 1 - span_w + p.pad_w >= 0) {
-    lo = (p.pad_w + p.stride_w - 1) / p.stride_w;
+    lo = std::min(p.out_w, (p.pad_w + p.stride_w - 1) / p.stride_w);
     hi = std::max(lo, std::min(p.out_w, (p.in_w - 1 - span_w + p.pad_w) / p.stride_w + 1));
   }
-  for (int64_t c = 0; c < p.out_w; ++c) {
-    if (c == lo && lo < hi) {
-      for (; c < hi; c += kLanes) PoolColumns(p, plane, h0, h1, c, std::min<int64_t>(kLanes, hi - c), out, indices);
-      c = hi - 1;
-      continue;
-    }
+  const auto scalar = [&](int64_t c) {
     int64_t w0 = c * p.stride_w - p.pad_w;
     const int64_t w1 = std::min(w0 + span_w + 1, p.in_w);
     while (w0 < 0) w0 += p.dilation_w;
     PoolOne(p, plane, h0, h1, w0, w1, out + c, indices == nullptr ? nullptr : indices + c);
+  };
+  for (int64_t c = 0; c < lo; ++c) scalar(c);
+  for (int64_t c = lo; c < hi; c += kLanes) {
+    PoolColumns(p, plane, h0, h1, c, std::min<int64_t>(kLanes, hi - c), out, indices);
   }
+  for (int64_t c = hi; c < p.out_w; ++c) scalar(c);
 }
 
 void Pool(const Params& p) {
