@@ -14,7 +14,8 @@ eager's instead of equal:
 - convolutions through the fastest of eager's op, oneDNN on a weight reordered once
   (mkldnn::_convolution_pointwise, as Inductor's CPU freezing packs them, the unary op after it
   (hardswish, sigmoid, tanh, silu, gelu, leaky_relu: not relu, hardtanh or hardsigmoid, whose
-  oneDNN forms turn a NaN into a number) fused as its post-op; its results channels-last, and they stay so through the ops between convolutions)
+  oneDNN forms turn a NaN into a number) fused as its post-op; its results channels-last, and
+  they stay so through the ops between convolutions)
   and, for one group, torchreplay's conv_gemm (the small GEMM of the weight by the input's
   patches, read in place, relu, hardswish or hardsigmoid fused; its results channels-last where
   a depthwise or 1x1 convolution reads them, else contiguous),

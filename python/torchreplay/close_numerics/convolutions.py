@@ -219,12 +219,8 @@ def _through_onednn(r: Rewrite, conv: torch.fx.Node, x: torch.fx.Node, w: torch.
         in_shape.insert(2, 1)
     packed = torch._C._nn.mkldnn_reorder_conv2d_weight(w4.contiguous().to_mkldnn(), padding, stride, dilation,
                                                       groups, in_shape)
-    attr: Tuple[str, List[Any], str] = ("none", [], "")
-    post = next(iter(conv.users)) if len(conv.users) == 1 else None
-    if post is not None and post.op == "call_function" and post.target in UNARY_KEEPING_NAN and post.args[0] is conv:
-        attr = UNARY_KEEPING_NAN[post.target](post)
-    else:
-        post = None
+    post = post_of(conv, UNARY_KEEPING_NAN)
+    attr: Tuple[str, List[Any], str] = UNARY_KEEPING_NAN[post.target](post) if post is not None else ("none", [], "")
     with r.graph.inserting_before(conv):
         xin = r.graph.call_function(aten.unsqueeze.default, (x, 2)) if one_d else x
         bias = r.constant(b.detach(), "bias") if b is not None else None

@@ -42,11 +42,16 @@ POST_OPS = {aten.relu.default: "relu", aten.hardswish.default: "hardswish",
             aten.hardsigmoid.default: "hardsigmoid", aten.silu.default: "silu"}
 
 
-def post_of(node: torch.fx.Node) -> Optional[torch.fx.Node]:
-    """`node`'s one reader if that is an activation of POST_OPS on it (fused into the kernel
-    that computes `node`), else None."""
+def post_of(node: torch.fx.Node, ops: Any = POST_OPS, through_view: bool = False) -> Optional[torch.fx.Node]:
+    """`node`'s one reader if that is an activation of `ops` on it (fused into the kernel that
+    computes `node`), else None; with `through_view`, also one reading the one view of `node`
+    that nothing else reads (elementwise: the same computed before the view: a transformer's
+    GELU after its linear)."""
     post = next(iter(node.users)) if len(node.users) == 1 else None
-    if post is None or post.op != "call_function" or post.target not in POST_OPS or post.args[0] is not node:
+    if through_view and post is not None and post.target in (aten.view.default, aten._unsafe_view.default) and \
+            len(post.users) == 1:
+        node, post = post, next(iter(post.users))
+    if post is None or post.op != "call_function" or post.target not in ops or post.args[0] is not node:
         return None
     return post
 

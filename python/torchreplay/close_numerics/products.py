@@ -76,7 +76,7 @@ def fastest_product(r: Rewrite, node: torch.fx.Node, x: torch.fx.Node, source: t
         return False
     r.freeze(source)
     if way == "onednn":
-        post = _activation_after(through if through is not None else node)
+        post = post_of(through if through is not None else node, UNARY_KEEPING_NAN, through_view=True)
         attr = UNARY_KEEPING_NAN[post.target](post) if post is not None else ("none", [], "")
         with r.graph.inserting_before(node):
             out_node = r.graph.call_function(torch.ops.mkldnn._linear_pointwise.default, (
@@ -101,17 +101,6 @@ def fastest_product(r: Rewrite, node: torch.fx.Node, x: torch.fx.Node, source: t
     return True
 
 
-def _activation_after(node: torch.fx.Node) -> Optional[torch.fx.Node]:
-    """The activation of UNARY_KEEPING_NAN that alone reads `node`, directly or through one view of it that
-    nothing else reads (elementwise: the same computed before the view), else None."""
-    user = next(iter(node.users)) if len(node.users) == 1 else None
-    if user is not None and user.target in (aten.view.default, aten._unsafe_view.default) and len(user.users) == 1:
-        user, node = next(iter(user.users)), user
-    if user is None or user.op != "call_function" or user.target not in UNARY_KEEPING_NAN or user.args[0] is not node:
-        return None
-    return user
-
-
 def _small(rows: int, kn: torch.Tensor) -> bool:
     """Whether the small GEMM runs here and is worth timing for this product (larger ones are
     where MKL's kernels are at their best)."""
@@ -126,20 +115,20 @@ def product_times(kn: torch.Tensor, rows: int, bias: bool) -> Tuple[Dict[str, fl
     n = kn.shape[1]
     inp, vec, out = torch.randn(rows, kn.shape[0]), torch.randn(n), torch.empty(rows, n)
     weights = {}
+    ways = {"addmm": (lambda: aten.addmm.out(vec, inp, kn, out=out)) if bias else
+            (lambda: aten.mm.out(inp, kn, out=out))}
+    if torch.backends.mkldnn.is_available():
+        weights["onednn"] = torch.ops.mkldnn._reorder_linear_weight(kn.t().contiguous(), rows)
+        ways["onednn"] = functools.partial(torch.ops.mkldnn._linear_pointwise.default, inp, weights["onednn"],
+                                           vec if bias else None, "none", [], None)
     small = _small(rows, kn)
     if small:
         weights["dense"] = kn.contiguous()
         if kn.numel() * 4 >= (128 << 10):  # out of the core's caches: streamed, panel by panel
             weights["panels"] = panels(kn, 64)
-    ways = {"addmm": (lambda: aten.addmm.out(vec, inp, kn, out=out)) if bias else
-            (lambda: aten.mm.out(inp, kn, out=out))}
-    if torch.backends.mkldnn.is_available():
-        packed = torch.ops.mkldnn._reorder_linear_weight(kn.t().contiguous(), rows)
-        ways["onednn"] = functools.partial(torch.ops.mkldnn._linear_pointwise.default, inp, packed,
-                                           vec if bias else None, "none", [], None)
-    for name, w in weights.items():
-        ways[name] = functools.partial(torch.ops.torchreplay.small_gemm.out, inp, w, vec, "none", out=out)
-    if "onednn" in ways:
-        weights["onednn"] = packed
+    for name in ("dense", "panels"):
+        if name in weights:
+            ways[name] = functools.partial(torch.ops.torchreplay.small_gemm.out, inp, weights[name], vec, "none",
+                                           out=out)
     with torch.no_grad():  # (a large product's rounds take milliseconds: fewer of them)
         return dict(zip(ways, kernels.least_times(list(ways.values()), rounds=15 if small else 5))), weights

@@ -10,7 +10,7 @@ from ..fx_views import is_view
 from ..passes import replace_with_trace
 from .kernels import UNARY, conv_times, least_times, own_kernel
 from .products import product_times
-from .state import Rewrite, written
+from .state import Rewrite
 
 aten = torch.ops.aten
 
@@ -185,8 +185,7 @@ def dequantize_weights_once(r: Rewrite) -> None:
         sources = [a for a in node.args if isinstance(a, torch.fx.Node)]
         values = [r.tensor(a) for a in sources]
         if not node.users or _returned(node) or not sources or node.kwargs or \
-                any(v is None or v.requires_grad for v in values) or \
-                any(written(a) for a in sources):
+                any(v is None or v.requires_grad for v in values):
             continue  # (no users: one an int8 rewrite replaced; returned: the caller could write it)
         value = dict(zip(sources, values))
         with torch.no_grad():

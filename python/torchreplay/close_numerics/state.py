@@ -35,7 +35,8 @@ class Rewrite:
         self.frozen: Dict[torch.fx.Node, torch.Tensor] = {}  # placeholders folded into constants
         self.counts: Dict[str, int] = {"batch_norms_folded": 0, "convolutions_onednn": 0, "convolutions_gemm": 0,
                                        "convolutions_depthwise": 0, "convolutions_small_gemm": 0, "post_ops_fused": 0,
-                                       "layout_copies": 0, "linears_transposed_once": 0, "linears_small_gemm": 0, "linears_onednn": 0,
+                                       "layout_copies": 0, "linears_transposed_once": 0, "linears_small_gemm": 0,
+                                       "linears_onednn": 0,
                                        "convolutions_eager": 0, "grus_fused": 0, "results_channels_last": 0,
                                        "means_small_gemm": 0, "scales_folded": 0,
                                        "convolutions_int8": 0, "linears_int8": 0, "weights_dequantized_once": 0,
@@ -65,12 +66,13 @@ class Rewrite:
         return {n.name: c for n, c in self.choices.items() if n in nodes}
 
     def tensor(self, node: Any) -> Optional[torch.Tensor]:
-        """The value of a placeholder bound to a parameter, buffer or constant, or of a get_attr."""
+        """The value of a placeholder bound to a parameter, buffer or constant, or of a get_attr,
+        that the graph does not write (else None: no value known at capture)."""
         if not isinstance(node, torch.fx.Node):
             return None
         if node.op == "get_attr":
             v = getattr(self.gm, node.target, None)
-            return v if isinstance(v, torch.Tensor) else None
+            return v if isinstance(v, torch.Tensor) and not written(node) else None
         return self.value.get(node)
 
     def constant(self, t: torch.Tensor, hint: str) -> torch.fx.Node:
