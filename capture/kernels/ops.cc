@@ -49,6 +49,18 @@ TORCH_LIBRARY(torchreplay, m) {
   m.def("native_layer_norm.out(Tensor input, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, *, "
         "Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2) -> (Tensor(a!), Tensor(b!), Tensor(c!))");
 
+  // Eager's inference batch norm as its per-channel terms and one fma per element, which the tape
+  // fuses with the ops around it (Note [Batch norm as a channel affine] in
+  // capture/tape/fused/fused_kernels.cc).
+  m.def("batch_norm_terms(Tensor? weight, Tensor? bias, Tensor running_mean, Tensor running_var, float eps) "
+        "-> (Tensor, Tensor)");
+  m.def("batch_norm_terms.out(Tensor? weight, Tensor? bias, Tensor running_mean, Tensor running_var, float eps, *, "
+        "Tensor(a!) alpha, Tensor(b!) beta) -> (Tensor(a!), Tensor(b!))");
+  m.def("channel_affine(Tensor x, Tensor alpha, Tensor beta, Tensor? weight, Tensor? bias, Tensor running_mean, "
+        "Tensor running_var, float eps) -> Tensor");
+  m.def("channel_affine.out(Tensor x, Tensor alpha, Tensor beta, Tensor? weight, Tensor? bias, Tensor running_mean, "
+        "Tensor running_var, float eps, *, Tensor(a!) out) -> Tensor(a!)");
+
   // Checked kernels: ATen's op through the call chosen at capture, named by `kernel` (Note
   // [Checked convolutions], [Checked GEMMs], [Checked LSTMs] in capture/tape/).
   m.def("convolution.out(Tensor input, Tensor weight, Tensor? bias, int[] stride, int[] padding, int[] dilation, "

@@ -1,7 +1,8 @@
 """FX passes run on the ATen graph before lowering: the user's pre pass, the built-in passes, the
 user's post pass (config.post_grad_custom_pre_pass / post_grad_custom_post_pass, as in torchair).
 Here: the input updates in place, the waits sunk, the dtypes the kernels give, 1-d max pooling,
-PT2E's quantize ops as the ATen ops their kernels run;
+PT2E's quantize ops as the ATen ops their kernels run, inference batch norms as channel affines
+(batch_norms.py);
 the foreach passes are in foreach_passes.py, the view helpers they share in fx_views.py."""
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any, Dict, Optional, Sequence
 import torch
 import torch.fx
 
+from .batch_norms import batch_norms_as_channel_affines
 from .foreach_passes import decompose_foreach, reinplace_foreach_all
 from .fx_views import is_view, users_closure
 
@@ -357,7 +359,8 @@ def as_redispatched(gm: torch.fx.GraphModule) -> int:
 
 
 BUILTIN_PASSES = (inline_quantize_ops, reinplace_input_updates, reinplace_foreach_all, decompose_foreach,
-                  restore_max_pool1d, as_redispatched, remove_dead_code, sink_waits)
+                  restore_max_pool1d, batch_norms_as_channel_affines, as_redispatched, remove_dead_code,
+                  sink_waits)
 
 
 def run_passes(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Any,

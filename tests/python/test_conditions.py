@@ -687,6 +687,9 @@ class EveryKind(nn.Module):
         self.lstm = nn.LSTM(16, 16, batch_first=True)
         self.w = nn.Parameter(torch.randn(16, 16))
         self.register_buffer("state", torch.zeros(4, 16))
+        self.bn, self.bn1 = nn.BatchNorm2d(4), nn.BatchNorm1d(4)
+        for bn in (self.bn, self.bn1):
+            bn.running_mean.normal_(), bn.running_var.uniform_(0.5, 2), bn.weight.data.normal_()
 
     def forward(self, x, img, q, seq, row):
         self.state.add_(x)                                          # in place (an input written)
@@ -698,7 +701,9 @@ class EveryKind(nn.Module):
                 self.conv(img), self.lstm(seq)[0],                  # checked conv, checked lstm
                 torch.sort(x, 1)[0], torch.atan2(x, fused),         # functional, typed out=
                 x.permute(1, 0), (row * 0.5).sin().exp(),           # view; a long elementwise row
-                nn.functional.max_pool2d(img, 3, 2, ceil_mode=True))  # max pool
+                nn.functional.max_pool2d(img, 3, 2, ceil_mode=True),  # max pool
+                nn.functional.silu(self.bn(img)),                   # batch norm terms, channel affine
+                self.bn1(row.view(1, 4, -1)).relu())                # (a long row)
 
 
 EVERY_KIND = {"fused elementwise", "typed out=", "boxed out=", "copies", "prepared pointwise", "prepared reduction",

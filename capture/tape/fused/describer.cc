@@ -38,6 +38,7 @@ enum class Form : uint8_t {
   kMaskedFill,  // (self, mask, Scalar value, out)
   kPointwise,   // (self, tensor1, tensor2, Scalar value, out): addcmul, addcdiv
   kScalarBase,  // (Scalar self, exponent, out): pow with a scalar base
+  kChannelAffine,  // (x, alpha, beta, weight, bias, mean, var, eps, out): torchreplay::channel_affine
 };
 struct OpInfo {
   Op op;
@@ -91,6 +92,7 @@ const OpInfo* FindOp(const std::string& name) {
       {"aten::addcmul.out", {Op::kAddcmul, Form::kPointwise, false, false, false, true}},
       {"aten::addcdiv.out", {Op::kAddcdiv, Form::kPointwise, false, false, false, true}},
       {"aten::pow.Scalar_out", {Op::kPowScalarBase, Form::kScalarBase, true}},
+      {"torchreplay::channel_affine.out", {Op::kChannelAffine, Form::kChannelAffine}},
   };
   auto it = kOps.find(name);
   return it == kOps.end() ? nullptr : &it->second;
@@ -236,7 +238,7 @@ class DescriberImpl {
     Operand out;
     out.dtype = out_dtype, out.sizes = out_rec.sizes, out.strides = out_rec.strides;
     out.value = in_place ? n.args[0].value : n.outputs[0];
-    if (!Geometry(out, ops, &in)) return std::nullopt;
+    if (in.op == Op::kChannelAffine ? !ChannelGeometry(out, ops, &in) : !Geometry(out, ops, &in)) return std::nullopt;
     // pow of a scalar base: only where eager's loop runs the scalar lambda on every element
     if (in.op == Op::kPowScalarBase && in.numel >= in.vec_block) return std::nullopt;
     if (general_alpha && in.strides[2][0] == 0) return std::nullopt;  // other a scalar within each row
@@ -294,6 +296,10 @@ class DescriberImpl {
       case Form::kBinary:
       case Form::kCompare:
         form->inputs = {0, 1};
+        return true;
+      case Form::kChannelAffine:  // the rest are the statistics eager's kernel reads where alpha or beta has a NaN
+        form->inputs = {0, 1, 2};
+        in->nan_check = Instr::NanCheck::kAnyNan;
         return true;
       case Form::kAlpha:
         form->inputs = {0, 1};
@@ -529,6 +535,36 @@ class DescriberImpl {
     } catch (const c10::Error&) {
       return false;
     }
+    return true;
+  }
+
+  // torchreplay::channel_affine's iteration (Note [Batch norm as a channel affine] in
+  // fused_kernels.cc): x and out over the same dense memory, NCHW or channels last, walked in
+  // memory order as one row; alpha and beta one value per channel, found by each element's linear
+  // index (stride 0 here).
+  static bool ChannelGeometry(const Operand& out, const std::vector<Operand>& ops, Instr* in) {
+    const Operand& x = ops[0];
+    if (x.dtype != c10::kFloat || x.sizes.size() < 2 || x.sizes != out.sizes || x.strides != out.strides) return false;
+    for (int k = 1; k <= 2; ++k) {
+      if (ops[k].sizes != std::vector<int64_t>{x.sizes[1]} || ops[k].strides != std::vector<int64_t>{1}) return false;
+    }
+    const at::Tensor meta = Meta(x);
+    const int64_t numel = meta.numel(), n = x.sizes[0], c = x.sizes[1];
+    if (numel <= 0) return false;
+    if (meta.is_contiguous()) {
+      in->i0 = numel / (n * c);
+    } else if (meta.is_contiguous(at::MemoryFormat::ChannelsLast) ||
+               meta.is_contiguous(at::MemoryFormat::ChannelsLast3d)) {
+      in->i0 = 1;
+    } else {
+      return false;
+    }
+    in->channels = c;
+    in->numel = numel;
+    in->ndim = 1;
+    in->shape[0] = numel;
+    const int64_t size = static_cast<int64_t>(c10::elementSize(x.dtype));
+    in->strides[0][0] = size, in->strides[1][0] = size, in->strides[2][0] = 0, in->strides[3][0] = 0;
     return true;
   }
 

@@ -1,6 +1,17 @@
 // The fused kernel's entry points (fused_kernels.h): each runs the copy compiled for ATen's CPU
-// capability (fused_kernels_impl.h), as ATen's DispatchStub picks its own kernels.
+// capability (fused_kernels_impl.h), as ATen's DispatchStub picks its own kernels; and the two
+// ops of an inference batch norm the tape fuses (Note [Batch norm as a channel affine]).
 #include "capture/tape/fused/fused_kernels.h"
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/_native_batch_norm_legit_no_training.h>
+#include <ATen/ops/empty_like.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <optional>
+#include <tuple>
 
 #include "capture/kernels/cpu_features.h"
 
@@ -10,12 +21,16 @@ bool Prepare(Program* program);
 bool RunSegment(const Program& program, int segment, char* const* base, char* scratch);
 void Restore(const Program& program, int segment, char* const* base, char* scratch);
 bool MklAvailable();
+bool ChannelAffine(float* out, const float* x, const float* alpha, const float* beta, int64_t numel, int64_t inner,
+                   int64_t channels);
 }  // namespace avx2
 namespace avx512 {
 bool Prepare(Program* program);
 bool RunSegment(const Program& program, int segment, char* const* base, char* scratch);
 void Restore(const Program& program, int segment, char* const* base, char* scratch);
 bool MklAvailable();
+bool ChannelAffine(float* out, const float* x, const float* alpha, const float* beta, int64_t numel, int64_t inner,
+                   int64_t channels);
 }  // namespace avx512
 
 bool Prepare(Program* program) { return kernels::AtenAvx512() ? avx512::Prepare(program) : avx2::Prepare(program); }
@@ -27,6 +42,11 @@ void Restore(const Program& program, int segment, char* const* base, char* scrat
   kernels::AtenAvx512() ? avx512::Restore(program, segment, base, scratch) : avx2::Restore(program, segment, base, scratch);
 }
 bool MklAvailable() { return avx2::MklAvailable(); }
+bool ChannelAffine(float* out, const float* x, const float* alpha, const float* beta, int64_t numel, int64_t inner,
+                   int64_t channels) {
+  return kernels::AtenAvx512() ? avx512::ChannelAffine(out, x, alpha, beta, numel, inner, channels)
+                               : avx2::ChannelAffine(out, x, alpha, beta, numel, inner, channels);
+}
 
 const char* OpName(Op op) {
   switch (op) {
@@ -68,8 +88,110 @@ const char* OpName(Op op) {
     case Op::kPowScalarBase: return "pow scalar base";
     case Op::kAddcmul: return "addcmul";
     case Op::kAddcdiv: return "addcdiv";
+    case Op::kChannelAffine: return "channel affine";
   }
   return "?";
+}
+
+// Note [Batch norm as a channel affine]
+// Eager's batch norm in inference (`_native_batch_norm_legit_no_training` on a float32 map, dense
+// NCHW or channels last, parameters dense and float32) computes per channel
+//   alpha = (1 / sqrt(var + eps)) * weight,   beta = bias - mean * alpha
+// and then out = x * alpha + beta per element (batch_norm_kernel.cpp), each rounded as float;
+// ATen's AVX2 build contracts both `- mean * alpha` and `* alpha + beta` into one fma (checked on
+// the machine before any graph is rewritten: torchreplay/batch_norms.py). A graph rewrite
+// (python/torchreplay/batch_norms.py) makes such a node these two ops:
+//   - torchreplay::batch_norm_terms: alpha and beta, computed per call as eager does (the
+//     running statistics and the affine parameters can change between calls);
+//   - torchreplay::channel_affine: fma(x, alpha[c], beta[c]) per element, which is eager's result
+//     bit for bit (an fma rounds once, however it is computed). The fused elementwise step
+//     computes it (Op::kChannelAffine) over the map in memory order, so that the activation after
+//     a batch norm (silu, relu, a residual add) runs in the same pass instead of reading the map
+//     again.
+// The op's own kernel is the instruction's code over the whole tensor, so the tape's per-node
+// calls and the fused step give the same bits.
+namespace {
+
+int64_t ChannelRun(const at::Tensor& x) {
+  const int64_t n = x.size(0), c = x.size(1);
+  if (x.is_contiguous()) return n * c == 0 ? 1 : x.numel() / (n * c);
+  TORCH_CHECK(x.is_contiguous(at::MemoryFormat::ChannelsLast) || x.is_contiguous(at::MemoryFormat::ChannelsLast3d),
+              "torchreplay::channel_affine: x must be contiguous or channels last");
+  return 1;
+}
+
+at::Tensor& ChannelAffineOut(const at::Tensor& x, const at::Tensor& alpha, const at::Tensor& beta,
+                             const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                             const at::Tensor& mean, const at::Tensor& var, double eps, at::Tensor& out) {
+  TORCH_CHECK(kernels::HasAvx2AndFma(), "torchreplay::channel_affine needs a CPU with AVX2 and FMA");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && alpha.scalar_type() == at::kFloat && beta.scalar_type() == at::kFloat &&
+                  out.scalar_type() == at::kFloat,
+              "torchreplay::channel_affine takes float32 tensors");
+  TORCH_CHECK(x.dim() >= 2 && alpha.dim() == 1 && beta.dim() == 1 && alpha.is_contiguous() && beta.is_contiguous() &&
+                  alpha.numel() == x.size(1) && beta.numel() == x.size(1),
+              "torchreplay::channel_affine: alpha and beta must be dense, one value per channel of x (dim 1)");
+  const int64_t inner = ChannelRun(x);
+  if (out.sizes() != x.sizes() || out.strides() != x.strides()) {
+    out.resize_(x.sizes(), x.suggest_memory_format());
+  }
+  TORCH_CHECK(out.strides() == x.strides(), "torchreplay::channel_affine: out must have x's strides");
+  if (x.numel() > 0 && !ChannelAffine(out.data_ptr<float>(), x.const_data_ptr<float>(), alpha.const_data_ptr<float>(),
+                                       beta.const_data_ptr<float>(), x.numel(), inner, x.size(1))) {
+    out.copy_(std::get<0>(at::_native_batch_norm_legit_no_training(x, weight, bias, mean, var, 0.0, eps)));
+  }
+  return out;
+}
+
+at::Tensor ChannelAffineOp(const at::Tensor& x, const at::Tensor& alpha, const at::Tensor& beta,
+                           const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                           const at::Tensor& mean, const at::Tensor& var, double eps) {
+  at::Tensor out = at::empty_like(x);
+  return ChannelAffineOut(x, alpha, beta, weight, bias, mean, var, eps, out);
+}
+
+std::tuple<at::Tensor&, at::Tensor&> BatchNormTermsOut(const std::optional<at::Tensor>& weight,
+                                                       const std::optional<at::Tensor>& bias, const at::Tensor& mean,
+                                                       const at::Tensor& var, double eps, at::Tensor& alpha,
+                                                       at::Tensor& beta) {
+  const int64_t c = mean.numel();
+  const auto dense = [c](const at::Tensor& t) {
+    return t.scalar_type() == at::kFloat && t.dim() == 1 && t.numel() == c && t.is_contiguous();
+  };
+  const bool has_w = weight.has_value() && weight->defined(), has_b = bias.has_value() && bias->defined();
+  TORCH_CHECK(dense(mean) && dense(var) && (!has_w || dense(*weight)) && (!has_b || dense(*bias)),
+              "torchreplay::batch_norm_terms takes dense float32 vectors of one length");
+  alpha.resize_({c});
+  beta.resize_({c});
+  TORCH_CHECK(dense(alpha) && dense(beta), "torchreplay::batch_norm_terms: alpha and beta must be float32");
+  const float* m = mean.const_data_ptr<float>();
+  const float* v = var.const_data_ptr<float>();
+  const float* w = has_w ? weight->const_data_ptr<float>() : nullptr;
+  const float* b = has_b ? bias->const_data_ptr<float>() : nullptr;
+  float* a = alpha.data_ptr<float>();
+  float* o = beta.data_ptr<float>();
+  for (int64_t i = 0; i < c; ++i) {  // batch_norm_cpu_collect_linear_and_constant_terms, not training
+    const float invstd = 1 / std::sqrt(v[i] + static_cast<float>(eps));
+    a[i] = invstd * (w != nullptr ? w[i] : 1.0f);
+    o[i] = std::fma(-m[i], a[i], b != nullptr ? b[i] : 0.0f);
+  }
+  return {alpha, beta};
+}
+
+std::tuple<at::Tensor, at::Tensor> BatchNormTerms(const std::optional<at::Tensor>& weight,
+                                                  const std::optional<at::Tensor>& bias, const at::Tensor& mean,
+                                                  const at::Tensor& var, double eps) {
+  at::Tensor alpha = at::empty({0}, mean.options()), beta = at::empty({0}, mean.options());
+  BatchNormTermsOut(weight, bias, mean, var, eps, alpha, beta);
+  return {alpha, beta};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(torchreplay, CPU, m) {
+  m.impl("channel_affine", &ChannelAffineOp);
+  m.impl("channel_affine.out", &ChannelAffineOut);
+  m.impl("batch_norm_terms", &BatchNormTerms);
+  m.impl("batch_norm_terms.out", &BatchNormTermsOut);
 }
 
 }  // namespace torchreplay::capture::tape::fused

@@ -40,6 +40,10 @@ enum class Op : uint8_t {
   kWhere,    // bool condition first
   kAddcmul,  // (self, tensor1, tensor2): fma(p0 * tensor1, tensor2, self)
   kAddcdiv,  // (self, tensor1, tensor2): self + p0 * tensor1 / tensor2
+  // (x, alpha, beta): fma(x, alpha[c], beta[c]), c = (e / i0) % channels of linear element e,
+  // alpha and beta per channel (torchreplay::channel_affine: Note [Batch norm as a channel
+  // affine]); inexact where alpha or beta holds a NaN
+  kChannelAffine,
 };
 
 const char* OpName(Op op);
@@ -52,7 +56,9 @@ struct Instr {
   int num_inputs = 1;
   int operand[kMaxOperands] = {-1, -1, -1, -1};  // index into the step's operand table
   double p0 = 0, p1 = 0;                         // float / double parameters
-  int64_t i0 = 0;  // integer parameter: kAdd's alpha on integers, kMaskedFill's value as bits
+  int64_t i0 = 0;  // integer parameter: kAdd's alpha on integers, kMaskedFill's value as bits,
+                   // kChannelAffine's elements per channel run
+  int64_t channels = 0;  // kChannelAffine's
   // Elements per iteration of eager's vectorized loop (2 * Vec::size() of the kernel eager's
   // dispatch picks), for ops whose vector and scalar paths can round an element differently;
   // 0 where every element gets the same bits either way.
@@ -91,6 +97,7 @@ struct Segment {
 struct Cursor {
   char* p[kMaxOperands];
   int64_t s[kMaxOperands];
+  int64_t start;  // the linear index of the piece's first element
   std::atomic<bool>* inexact;
   template <class T>
   T& at(int k, int64_t i) const {
@@ -128,5 +135,13 @@ void Restore(const Program& program, int segment, char* const* base, char* scrat
 // there (vmsExp and the others, which libtorch exports where it was built with MKL): where it is
 // not, ATen computes these ops otherwise, and they are not fused.
 bool MklAvailable();
+
+// torchreplay::channel_affine's kernel over a whole tensor (Note [Batch norm as a channel
+// affine] in fused_kernels.cc): out = fma(x, alpha[c], beta[c]) over `numel` elements of x and
+// out, dense in one memory order, c = (e / inner) % channels of element e; the instruction's code.
+// Shares the elements over torch's threads (no bit depends on how). False if alpha or beta holds
+// a NaN (then `out` is not eager's: the caller runs eager's kernel).
+bool ChannelAffine(float* out, const float* x, const float* alpha, const float* beta, int64_t numel, int64_t inner,
+                   int64_t channels);
 
 }  // namespace torchreplay::capture::tape::fused

@@ -532,6 +532,50 @@ template <class Bits>
 void MaskedFillKernel(const Instr& in, const Cursor& c, int64_t, int64_t begin, int64_t end) {
   MaskedFill<Bits>(c, in.i0, begin, end);
 }
+// torchreplay::channel_affine over `n` elements of x and out from linear element `first`: one fma
+// per element (eager's batch norm, contracted by ATen's build: Note [Batch norm as a channel
+// affine]), over runs of one channel (a plane) or of consecutive channels (channels last), with
+// eager's partial vectors for a run's tail. False if a NaN was met in alpha or beta: which NaN a
+// compiled fma keeps where two meet depends on how the compiler laid out eager's loop, so the
+// caller then computes the tensor with eager's kernel instead.
+template <class T>
+bool ChannelAffineRun(T* out, const T* x, const T* alpha, const T* beta, int64_t first, int64_t n, int64_t inner,
+                      int64_t channels) {
+  using Vec = Vectorized<T>;
+  int64_t c = (first / inner) % channels;
+  if (inner == 1) {  // consecutive elements, consecutive channels
+    Vec nan(T(0));
+    for (int64_t i = 0; i < n; c = 0) {
+      const int64_t run = std::min(n - i, channels - c);
+      for (int64_t j = 0; j < run; j += Vec::size()) {
+        const int64_t k = std::min<int64_t>(Vec::size(), run - j);
+        const Vec a = Vec::loadu(alpha + c + j, k), b = Vec::loadu(beta + c + j, k);
+        nan = nan | a.isnan() | b.isnan();
+        at::vec::fmadd(Vec::loadu(x + i + j, k), a, b).store(out + i + j, k);
+      }
+      i += run;
+    }
+    return !AnyLane(nan);
+  }
+  for (int64_t i = 0, pos = first % inner; i < n; pos = 0, c = c + 1 == channels ? 0 : c + 1) {  // a plane's run
+    if (std::isnan(alpha[c]) || std::isnan(beta[c])) return false;
+    const int64_t run = std::min(n - i, inner - pos);
+    const Vec a(alpha[c]), b(beta[c]);
+    int64_t j = 0;
+    for (; j + Vec::size() <= run; j += Vec::size()) at::vec::fmadd(Vec::loadu(x + i + j), a, b).store(out + i + j);
+    if (j < run) at::vec::fmadd(Vec::loadu(x + i + j, run - j), a, b).store(out + i + j, run - j);
+    i += run;
+  }
+  return true;
+}
+void ChannelAffineKernel(const Instr& in, const Cursor& c, int64_t, int64_t begin, int64_t end) {
+  if (!ChannelAffineRun<float>(reinterpret_cast<float*>(c.p[0]) + begin,
+                               reinterpret_cast<const float*>(c.p[1]) + begin, reinterpret_cast<const float*>(c.p[2]),
+                               reinterpret_cast<const float*>(c.p[3]), c.start + begin, end - begin, in.i0,
+                               in.channels)) {
+    c.inexact->store(true, std::memory_order_relaxed);
+  }
+}
 void AddIntKernel(const Instr& in, const Cursor& c, int64_t, int64_t begin, int64_t end) {
   AddInt(c, in.i0, begin, end);
 }
@@ -609,6 +653,7 @@ Kernel KernelOf(const Instr& in) {
       }
     case Op::kWhere: return ByWidth<WhereOf>(c10::elementSize(in.dtype));
     case Op::kMaskedFill: return ByWidth<MaskedFillOf>(c10::elementSize(in.dtype));
+    case Op::kChannelAffine: return in.dtype == c10::kFloat ? &ChannelAffineKernel : nullptr;
     default: break;
   }
   switch (in.dtype) {
@@ -672,6 +717,7 @@ void RunPiece(const Program& program, const Segment& seg, char* const* base, cha
       c[j].p[k] = base[in.operand[k]] + offsets[k];
       c[j].s[k] = in.strides[k][0];
     }
+    c[j].start = start;
     c[j].inexact = inexact;
   }
   // The segment's intermediates kept in chunks (Note [Intermediates kept in chunks]): element i of
@@ -818,6 +864,17 @@ bool Prepare(Program* program) {
     if (program->kernels.back() == nullptr) return false;
   }
   return true;
+}
+
+bool ChannelAffine(float* out, const float* x, const float* alpha, const float* beta, int64_t numel, int64_t inner,
+                   int64_t channels) {
+  std::atomic<bool> exact{true};
+  at::parallel_for(0, numel, kGrainSize, [&](int64_t b, int64_t e) {
+    if (!ChannelAffineRun<float>(out + b, x + b, alpha, beta, b, e - b, inner, channels)) {
+      exact.store(false, std::memory_order_relaxed);
+    }
+  });
+  return exact.load(std::memory_order_relaxed);
 }
 
 bool MklAvailable() {
