@@ -13,7 +13,9 @@
 // ATen CPU kernel does to each element:
 //   - the geometry is the op's own: a TensorIterator is built at capture over the recorded
 //     operands (on the meta device), and its coalesced shape and strides are what the kernel
-//     walks, rows and all;
+//     walks, rows and all (torchreplay::channel_affine, an inference batch norm's elementwise
+//     part, has no iterator: it is walked in memory order as one row, each element's channel
+//     found from its index: Note [Batch norm as a channel affine] in fused_kernels.cc);
 //   - the arithmetic is the op's own lambdas (UnaryOpsKernel.cpp, BinaryOpsKernel.cpp,
 //     Activation.cpp, PowKernel.cpp, TensorCompareKernel.cpp, PointwiseOpsKernel.cpp and the
 //     ufunc add.h of torch 2.11), with ATen's at::vec types and the Sleef functions libtorch
