@@ -11,6 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torchreplay
+from configs import config
 from differential import assert_bitwise
 from test_conditions import threads as at_threads
 from torchreplay.batch_norms import exact_here
@@ -42,9 +43,7 @@ class Block(nn.Module):
 
 
 def capture(model, args):
-    config = torchreplay.CompilerConfig()
-    config.mode = "reduce-overhead"
-    return torchreplay.capture(model, args, config=config)
+    return torchreplay.capture(model, args, config=config())
 
 
 def affine_steps(step, args):

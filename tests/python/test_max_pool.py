@@ -8,6 +8,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torchreplay
+from configs import config
 from differential import assert_bitwise
 from test_conditions import threads as at_threads
 
@@ -24,9 +25,7 @@ class Pool(nn.Module):
 
 
 def capture(model, args):
-    config = torchreplay.CompilerConfig()
-    config.mode = "reduce-overhead"
-    return torchreplay.capture(model, args, config=config)
+    return torchreplay.capture(model, args, config=config())
 
 
 def pool_kinds(step, args):

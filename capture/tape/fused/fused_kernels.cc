@@ -109,7 +109,11 @@ const char* OpName(Op op) {
 //     a batch norm (silu, relu, a residual add) runs in the same pass instead of reading the map
 //     again.
 // The op's own kernel is the instruction's code over the whole tensor, so the tape's per-node
-// calls and the fused step give the same bits.
+// calls and the fused step give the same bits. Where alpha or beta holds a NaN (a NaN weight,
+// statistic or bias), which NaN eager's compiled fma keeps where it meets another in x depends on
+// how the compiler laid out its loop (the plane loop keeps x's, the channels-last loop alpha's):
+// the instruction then reports its segment inexact, the step runs the nodes' own calls, and the
+// op computes that tensor with eager's kernel, whose arguments it takes for this.
 namespace {
 
 int64_t ChannelRun(const at::Tensor& x) {
