@@ -25,7 +25,7 @@ def _terms_fake(weight: Any, bias: Any, mean: torch.Tensor, var: torch.Tensor, e
 @torch.library.register_fake("torchreplay::channel_affine")
 def _channel_affine_fake(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, weight: Any, bias: Any,
                          mean: torch.Tensor, var: torch.Tensor, eps: float) -> torch.Tensor:
-    return torch.empty_like(x)
+    return aten._native_batch_norm_legit_no_training(x, weight, bias, mean, var, 0.0, eps)[0]  # its result's fake
 
 
 def _layout_ok(x: torch.Tensor) -> bool:
@@ -51,7 +51,8 @@ def _param_ok(p: Any, channels: int) -> bool:
 
 def _specials(t: torch.Tensor, values: List[Union[int, float]]) -> None:
     """The first elements of float32 `t` set to `values` (ints: bit patterns, NaN payloads kept)."""
-    bits = [v if isinstance(v, int) else torch.tensor([v]).view(torch.int32).item() for v in values]
+    bits = [v if isinstance(v, int) else torch.tensor([v], dtype=torch.float32).view(torch.int32).item()
+            for v in values]
     t.view(-1).view(torch.int32)[:len(bits)] = torch.tensor(bits, dtype=torch.int64).to(torch.int32)
 
 
@@ -73,15 +74,18 @@ def _probe() -> bool:
     nan_a, nan_b = 0x7FC01234, 0xFFC00567 - (1 << 32)  # two quiet NaNs' bits, of both signs
     cases = [((2, 5, 7, 9), None), ((1, 16, 8, 8), None), ((2, 5, 7, 9), torch.channels_last),
              ((1, 40, 3, 3), torch.channels_last), ((1, 19, 33), None), ((2, 3, 2, 3, 5), None),
-             ((2, 3, 2, 3, 5), torch.channels_last_3d)]
+             ((2, 3, 2, 3, 5), torch.channels_last_3d), ((1, 3, 8, 8), "hwc")]
     for shape, fmt in cases:
-        x = torch.randn(shape, generator=g) * 4
+        x = torch.randn(shape, generator=g, dtype=torch.float32) * 4
         _specials(x, [nan_a, nan_b, float("inf"), -float("inf"), 0.0, -0.0, 1e-40, 3e38, -3e38])
-        if fmt is not None:
+        if fmt == "hwc":  # one HWC image unsqueezed: channels last, the batch's stride not the canonical one
+            x = x[0].permute(1, 2, 0).contiguous().permute(2, 0, 1).unsqueeze(0)
+        elif fmt is not None:
             x = x.contiguous(memory_format=fmt)
         c = shape[1]
-        w, b = torch.randn(c, generator=g), torch.randn(c, generator=g)
-        mean, var = torch.randn(c, generator=g), torch.rand(c, generator=g) * 3
+        w, b = torch.randn(c, generator=g, dtype=torch.float32), torch.randn(c, generator=g, dtype=torch.float32)
+        mean = torch.randn(c, generator=g, dtype=torch.float32)
+        var = torch.rand(c, generator=g, dtype=torch.float32) * 3
         _specials(w, [nan_b, 0.0, float("inf")])
         _specials(b, [-0.0, nan_a, 0.0])
         _specials(var, [0.0, 1e-30, float("nan")])
@@ -114,9 +118,8 @@ def batch_norms_as_channel_affines(gm: torch.fx.GraphModule) -> int:
                 not isinstance(xv, torch.Tensor) or not _layout_ok(xv):
             continue
         out = users[0].meta.get("val")
-        if not isinstance(out, torch.Tensor) or out.stride() != xv.stride() or \
-                not all(_param_ok(p, xv.shape[1]) for p in (weight, bias, mean, var)) or \
-                not isinstance(mean, torch.fx.Node) or not isinstance(var, torch.fx.Node):
+        if not isinstance(out, torch.Tensor) or not isinstance(mean, torch.fx.Node) or \
+                not isinstance(var, torch.fx.Node) or not all(_param_ok(p, xv.shape[1]) for p in (weight, bias, mean, var)):
             continue
         if not exact_here():
             return count

@@ -223,3 +223,68 @@ def test_the_avx2_copy_replays_the_same_bits():
                          env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0 and " passed" in run.stdout and "skipped" not in run.stdout.splitlines()[-1], \
         run.stdout[-3000:] + run.stderr[-3000:]
+
+
+# Maps dense in memory whose size-1 dims have other strides than their format's own: eager's
+# result is made in the map's format (batch_norm_cpu), not with the map's strides.
+ODD_STRIDES = [
+    lambda: torch.rand(8, 8, 3).permute(2, 0, 1).unsqueeze(0),           # one HWC image as NCHW
+    lambda: torch.randn(245).as_strided((1, 5, 7, 7), (1, 49, 7, 1)),
+    lambda: torch.randn(98).as_strided((2, 1, 7, 7), (49, 1, 7, 1)),
+    lambda: torch.randn(70).as_strided((2, 5, 1, 7), (35, 1, 1, 5)),     # channels last, H of 1
+]
+
+
+@pytest.mark.parametrize("entry", ["capture", "compile"])
+@pytest.mark.parametrize("make", ODD_STRIDES, ids=["hwc_image", "batch_stride", "one_channel", "cl_one_row"])
+def test_the_result_has_eager_s_strides_where_the_map_s_are_odd(make, entry):
+    x = make()
+    model = nn.BatchNorm2d(x.shape[1]).eval()
+    model.running_var.uniform_(0.5, 2)
+    step = capture(model, (x,)) if entry == "capture" else \
+        torch.compile(model, backend="torchreplay", mode="reduce-overhead")
+    seen = {s["name"] for s in torchreplay.stats()}
+    with torch.no_grad():
+        for _ in range(3):
+            assert_bitwise(step(x), model(x))
+    if entry == "capture":
+        assert step.stats()["replays"] >= 2
+    else:
+        assert sum(s["replays"] for s in torchreplay.stats() if s["name"] not in seen) >= 2
+
+
+def test_parameters_swapped_for_strided_views_run_eager_s_kernel():
+    """Eager's dense kernel takes dense parameters only; a strided view swapped in after the capture
+    makes eager compute another formula, and the replay computes that one too."""
+    model = nn.Sequential(nn.BatchNorm2d(4), nn.SiLU()).eval()
+    x = torch.randn(2, 4, 6, 6)
+    with torch.no_grad():
+        step = capture(model, (x,))
+        assert_bitwise(step(x), model(x))
+        model[0].weight.data = torch.randn(8)[::2]
+        for call in range(3):
+            assert_bitwise(step(x), model(x), f"a strided weight, call {call}")
+        model[0].running_var.data = (torch.rand(8) + 1)[::2]
+        for call in range(3):
+            assert_bitwise(step(x), model(x), f"a strided running_var, call {call}")
+        assert step.stats()["replays"] >= 2
+
+
+def test_the_check_holds_under_another_default_dtype():
+    """The check made once per process builds its own float32 tensors: a float64 default dtype
+    (set for the rest of a program) neither breaks it nor changes its answer."""
+    before = exact_here()
+    exact_here.cache_clear()
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        model = Block(2, 8).float().eval()
+        x = _input((1, 3, 12, 12), False, 0).float()
+        with torch.no_grad():
+            step = capture(model, (x,))
+            for seed in range(3):
+                x = _input((1, 3, 12, 12), False, seed).float()
+                assert_bitwise(step(x), model(x), f"seed {seed}")
+        assert exact_here() == before
+    finally:
+        torch.set_default_dtype(old)

@@ -544,7 +544,10 @@ class DescriberImpl {
   // index (stride 0 here).
   static bool ChannelGeometry(const Operand& out, const std::vector<Operand>& ops, Instr* in) {
     const Operand& x = ops[0];
-    if (x.dtype != c10::kFloat || x.sizes.size() < 2 || x.sizes != out.sizes || x.strides != out.strides) return false;
+    if (x.dtype != c10::kFloat || x.sizes.size() < 2 || x.sizes != out.sizes) return false;
+    for (size_t d = 0; d < x.sizes.size(); ++d) {  // one memory order (eager's result is made in x's format)
+      if (x.sizes[d] > 1 && x.strides[d] != out.strides[d]) return false;
+    }
     for (int k = 1; k <= 2; ++k) {
       if (ops[k].sizes != std::vector<int64_t>{x.sizes[1]} || ops[k].strides != std::vector<int64_t>{1}) return false;
     }

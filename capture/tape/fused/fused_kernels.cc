@@ -10,6 +10,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <tuple>
 
@@ -113,7 +114,11 @@ const char* OpName(Op op) {
 // statistic or bias), which NaN eager's compiled fma keeps where it meets another in x depends on
 // how the compiler laid out its loop (the plane loop keeps x's, the channels-last loop alpha's):
 // the instruction then reports its segment inexact, the step runs the nodes' own calls, and the
-// op computes that tensor with eager's kernel, whose arguments it takes for this.
+// op computes that tensor with eager's kernel, whose arguments it takes for this. The same holds
+// for parameters swapped after the capture for ones eager's dense kernel does not take (a strided
+// view, another dtype or length: eager then computes ((x - mean) * invstd) * weight + bias, or
+// raises): batch_norm_terms gives NaN terms for them. The result is laid out as eager lays out
+// its own (empty_like(x, Contiguous or ChannelsLast as x is dense): x's memory order).
 namespace {
 
 int64_t ChannelRun(const at::Tensor& x) {
@@ -124,23 +129,44 @@ int64_t ChannelRun(const at::Tensor& x) {
   return 1;
 }
 
+// The layout of eager's result on its dense path (batch_norm_cpu, suggest_memory_format_contig).
+at::MemoryFormat EagerFormat(const at::Tensor& x) {
+  return x.is_contiguous()                                 ? at::MemoryFormat::Contiguous
+         : x.is_contiguous(at::MemoryFormat::ChannelsLast3d) ? at::MemoryFormat::ChannelsLast3d
+                                                             : at::MemoryFormat::ChannelsLast;
+}
+
+// Whether `t` lays out `x`'s elements in the same memory order, densely: equal strides on every dim
+// of more than one element (eager's result, empty_like(x, EagerFormat(x)), may give the others
+// other strides).
+bool SameDenseOrder(const at::Tensor& t, const at::Tensor& x) {
+  if (t.sizes() != x.sizes() || !t.is_non_overlapping_and_dense()) return false;
+  for (int64_t d = 0; d < x.dim(); ++d) {
+    if (x.size(d) > 1 && t.stride(d) != x.stride(d)) return false;
+  }
+  return true;
+}
+
+// One float32 per channel of a map with `channels` channels, dense.
+bool PerChannel(const at::Tensor& t, int64_t channels) {
+  return t.scalar_type() == at::kFloat && t.dim() == 1 && t.numel() == channels && t.is_contiguous();
+}
+
 at::Tensor& ChannelAffineOut(const at::Tensor& x, const at::Tensor& alpha, const at::Tensor& beta,
                              const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
                              const at::Tensor& mean, const at::Tensor& var, double eps, at::Tensor& out) {
   TORCH_CHECK(kernels::HasAvx2AndFma(), "torchreplay::channel_affine needs a CPU with AVX2 and FMA");
-  TORCH_CHECK(x.scalar_type() == at::kFloat && alpha.scalar_type() == at::kFloat && beta.scalar_type() == at::kFloat &&
-                  out.scalar_type() == at::kFloat,
-              "torchreplay::channel_affine takes float32 tensors");
-  TORCH_CHECK(x.dim() >= 2 && alpha.dim() == 1 && beta.dim() == 1 && alpha.is_contiguous() && beta.is_contiguous() &&
-                  alpha.numel() == x.size(1) && beta.numel() == x.size(1),
-              "torchreplay::channel_affine: alpha and beta must be dense, one value per channel of x (dim 1)");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat && x.dim() >= 2,
+              "torchreplay::channel_affine takes a float32 map");
   const int64_t inner = ChannelRun(x);
-  if (out.sizes() != x.sizes() || out.strides() != x.strides()) {
-    out.resize_(x.sizes(), x.suggest_memory_format());
-  }
-  TORCH_CHECK(out.strides() == x.strides(), "torchreplay::channel_affine: out must have x's strides");
-  if (x.numel() > 0 && !ChannelAffine(out.data_ptr<float>(), x.const_data_ptr<float>(), alpha.const_data_ptr<float>(),
-                                       beta.const_data_ptr<float>(), x.numel(), inner, x.size(1))) {
+  if (!SameDenseOrder(out, x)) out.resize_(x.sizes(), EagerFormat(x));
+  TORCH_CHECK(SameDenseOrder(out, x), "torchreplay::channel_affine: out must lay out x's elements as x does");
+  const bool terms = PerChannel(alpha, x.size(1)) && PerChannel(beta, x.size(1));
+  if (x.numel() > 0 && (!terms || !ChannelAffine(out.data_ptr<float>(), x.const_data_ptr<float>(),
+                                                 alpha.const_data_ptr<float>(), beta.const_data_ptr<float>(),
+                                                 x.numel(), inner, x.size(1)))) {
+    // NaN terms (batch_norm_terms' word for parameters eager's dense kernel does not take) or
+    // other terms than one per channel: eager's kernel, its result or its error
     out.copy_(std::get<0>(at::_native_batch_norm_legit_no_training(x, weight, bias, mean, var, 0.0, eps)));
   }
   return out;
@@ -149,7 +175,7 @@ at::Tensor& ChannelAffineOut(const at::Tensor& x, const at::Tensor& alpha, const
 at::Tensor ChannelAffineOp(const at::Tensor& x, const at::Tensor& alpha, const at::Tensor& beta,
                            const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
                            const at::Tensor& mean, const at::Tensor& var, double eps) {
-  at::Tensor out = at::empty_like(x);
+  at::Tensor out = at::empty_like(x, EagerFormat(x));  // as eager's batch norm makes its result
   return ChannelAffineOut(x, alpha, beta, weight, bias, mean, var, eps, out);
 }
 
@@ -158,15 +184,18 @@ std::tuple<at::Tensor&, at::Tensor&> BatchNormTermsOut(const std::optional<at::T
                                                        const at::Tensor& var, double eps, at::Tensor& alpha,
                                                        at::Tensor& beta) {
   const int64_t c = mean.numel();
-  const auto dense = [c](const at::Tensor& t) {
-    return t.scalar_type() == at::kFloat && t.dim() == 1 && t.numel() == c && t.is_contiguous();
-  };
-  const bool has_w = weight.has_value() && weight->defined(), has_b = bias.has_value() && bias->defined();
-  TORCH_CHECK(dense(mean) && dense(var) && (!has_w || dense(*weight)) && (!has_b || dense(*bias)),
-              "torchreplay::batch_norm_terms takes dense float32 vectors of one length");
   alpha.resize_({c});
   beta.resize_({c});
-  TORCH_CHECK(dense(alpha) && dense(beta), "torchreplay::batch_norm_terms: alpha and beta must be float32");
+  TORCH_CHECK(PerChannel(alpha, c) && PerChannel(beta, c), "torchreplay::batch_norm_terms: alpha and beta must be float32");
+  const bool has_w = weight.has_value() && weight->defined(), has_b = bias.has_value() && bias->defined();
+  if (!PerChannel(mean, c) || !PerChannel(var, c) || (has_w && !PerChannel(*weight, c)) ||
+      (has_b && !PerChannel(*bias, c))) {
+    // parameters eager's dense kernel does not take (batch_norm_cpu_transform_input_template then
+    // computes another formula, or raises): NaN terms, on which channel_affine runs eager's kernel
+    alpha.fill_(std::numeric_limits<float>::quiet_NaN());
+    beta.fill_(std::numeric_limits<float>::quiet_NaN());
+    return {alpha, beta};
+  }
   const float* m = mean.const_data_ptr<float>();
   const float* v = var.const_data_ptr<float>();
   const float* w = has_w ? weight->const_data_ptr<float>() : nullptr;
@@ -184,7 +213,8 @@ std::tuple<at::Tensor&, at::Tensor&> BatchNormTermsOut(const std::optional<at::T
 std::tuple<at::Tensor, at::Tensor> BatchNormTerms(const std::optional<at::Tensor>& weight,
                                                   const std::optional<at::Tensor>& bias, const at::Tensor& mean,
                                                   const at::Tensor& var, double eps) {
-  at::Tensor alpha = at::empty({0}, mean.options()), beta = at::empty({0}, mean.options());
+  at::Tensor alpha = at::empty({0}, mean.options().dtype(at::kFloat));
+  at::Tensor beta = at::empty({0}, mean.options().dtype(at::kFloat));
   BatchNormTermsOut(weight, bias, mean, var, eps, alpha, beta);
   return {alpha, beta};
 }
