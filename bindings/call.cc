@@ -293,6 +293,15 @@ std::optional<py::object> Call::CheckedInputs(const py::args& args, const py::kw
 
 void Call::Check(const std::vector<c10::IValue>& inputs) const {
   const CaptureChecks& c = *checks;
+  for (size_t i = 0; i < c.bound_sizes.size() && i < inputs.size(); ++i) {
+    if (inputs[i].isTensor() && inputs[i].toTensor().sizes() != c10::IntArrayRef(c.bound_sizes[i])) {
+      throw py::value_error(absl::StrCat(
+          "torchreplay: ", i < c.bound_names.size() ? c.bound_names[i] : absl::StrCat("bound input ", i),
+          " of the captured model has sizes ", c10::str(inputs[i].toTensor().sizes()), ", not the ",
+          c10::str(c10::IntArrayRef(c.bound_sizes[i])), " graph '", engine->options().name,
+          "' was traced with (its data was replaced since); capture the model again"));
+    }
+  }
   if (c10::GradMode::is_enabled()) {
     for (int i : c.grad_checked) {
       const bool owned = i < static_cast<int>(c.grad_owners.size()) && c.grad_owners[i].defined();
@@ -482,6 +491,11 @@ void BindCall(py::module_& m) {
              Call c{std::move(engine), {}, std::move(mutated), std::move(mutated_bound), num_outputs, returns,
                     std::move(aot), std::move(checks)};
              for (auto b : bound) c.bound.push_back(ToIValue(b));
+             if (c.checks.has_value()) {
+               for (const c10::IValue& b : c.bound) {
+                 c.checks->bound_sizes.push_back(b.isTensor() ? b.toTensor().sizes().vec() : std::vector<int64_t>());
+               }
+             }
              c.Validate();
              if (c.aot.has_value() && c.aot->leaves_fixed) {
                c.aot->leaf_mask.assign(c.engine->graph().inputs().size() - c.bound.size(), false);

@@ -167,6 +167,9 @@ struct CaptureChecks {
   // local shard, which never requires grad); undefined: the bound tensor itself.
   std::vector<at::Tensor> grad_owners;
   std::vector<std::string> bound_names;  // for errors: what each bound tensor is in the model
+  // Per bound input, the sizes of its tensor when the Call was built (empty for other values): a
+  // parameter given data of other sizes since (`p.data = t`) is refused, since the trace read them.
+  std::vector<std::vector<int64_t>> bound_sizes;
   // Takes the calls the fast path cannot (keywords, nested arguments or outputs, another argument
   // count, a size check that fails) in Python: it flattens the arguments, checks what was
   // specialized, picks the trace for these sizes and calls Call::Fast (captured.py).

@@ -22,10 +22,11 @@
 //     [Arguments passed twice] in arguments.py):
 //     the Python path, which binds the arguments through the trace's structure (arguments.py
 //     _Trace) and traces again where the trace does not hold (_trace_for).
-//  3. stale: a bound tensor replaced, or a module number changed since capture (patches.py):
-//     raise until set back.
+//  3. stale: a bound tensor replaced (or a parameter set to None), or a module number changed
+//     since capture (patches.py): raise until set back.
 //  4. arity and argument kinds (ToIValue; an int beyond 64 bits runs the graph in Python).
-//  5. CaptureChecks (Call::Check): grad mode against requires_grad of bound tensors and
+//  5. CaptureChecks (Call::Check): bound tensors' sizes as traced (a parameter given data of
+//     other sizes: the Python path traces again, _trace_for), grad mode against requires_grad of bound tensors and
 //     arguments (inference graphs raise), no overlap with a written argument, the numbers and
 //     sizes and strides the trace assumed (this file's CheckOverlap, CheckFixed, CheckSizes,
 //     CheckStrides; also run for

@@ -63,6 +63,11 @@ class _AsModule(torch.nn.Module):
         return self.fn(*args, **kwargs)
 
 
+def _shapes(bound: Sequence[Any]) -> Tuple[Any, ...]:
+    """The sizes of the bound tensors (None for other bound values)."""
+    return tuple(tuple(b.shape) if isinstance(b, torch.Tensor) else None for b in bound)
+
+
 class Captured(_C.Call):
     """A model captured by torchreplay.capture; call it as the model is called. Flat positional
     arguments (tensors, Python numbers) go straight to C++; keywords, nested arguments and
@@ -97,13 +102,14 @@ class Captured(_C.Call):
                          checks=checks)
         # The engine's Python object too: torchreplay.stats() lists it while this lives.
         self._bound, self._trace, self._engine, self._bound_names = bound, trace, engine, bound_names
+        self._bound_shapes = _shapes(bound)  # the trace read them (a parameter given other data since: traced again)
         self._variants: Dict[Any, Any] = {}   # key -> the Captured traced for it, or _Eager
         self._lock = threading.Lock()
         self._eager_calls: Dict[str, int] = {}  # why -> calls run eagerly by _slow_call (_Eager)
         self._hooks_said = False
         if trace.dynamic:
             self._variants[(trace.size_class(trace.example), trace.state(), trace.layout(trace.example),
-                            trace.identity(trace.example))] = self
+                            trace.identity(trace.example), self._bound_shapes)] = self
 
     @property
     def name(self) -> str:
@@ -181,7 +187,8 @@ class Captured(_C.Call):
         replay/call_checks.cc); (dynamic=True) for the sizes export specialized (0, 1); under
         another default dtype, attention backend switches, autocast state or transformer fast
         path switch (Note [What a trace was made under]) or forward hooks
-        or requires_grad of a parameter that decided a matmul's fold (matmul_fold.py). Arguments
+        or requires_grad of a parameter that decided a matmul's fold (matmul_fold.py), or
+        parameters and buffers given data of other sizes (`p.data = t`: their Call refuses them). Arguments
         of other kinds than traced (None where a tensor was), or other sizes than a static trace's,
         get no trace of their own: this capture's call raises the clear error. Where tracing again
         fails (torch.export's error: a view the new strides do not allow), the arguments' kind
@@ -194,9 +201,11 @@ class Captured(_C.Call):
         layout, traced = self._trace.layout(flat), self._trace.layout(self._trace.example)
         identity = self._trace.identity(flat)
         same_identity = identity == self._trace.identity(self._trace.example)
-        if not self._trace.dynamic and state == self._trace.state() and layout == traced and same_identity:
+        shapes = _shapes(self._bound)
+        if not self._trace.dynamic and state == self._trace.state() and layout == traced and same_identity and \
+                shapes == self._bound_shapes:
             return self
-        key = (self._trace.size_class(flat) if self._trace.dynamic else None, state, layout, identity)
+        key = (self._trace.size_class(flat) if self._trace.dynamic else None, state, layout, identity, shapes)
         found = self._variants.get(key)
         if found is None:
             with self._lock:
@@ -206,6 +215,9 @@ class Captured(_C.Call):
                         logger.info("torchreplay: %s: tracing again for arguments passed as one tensor otherwise "
                                     "(Note [Arguments passed twice]): %s (traced with %s)", self.name, identity,
                                     self._trace.identity(self._trace.example))
+                    elif shapes != self._bound_shapes:
+                        logger.info("torchreplay: %s: tracing again: parameters or buffers were given data of other "
+                                    "sizes since the capture", self.name)
                     elif layout != traced:
                         logger.info("torchreplay: %s: tracing again for arguments of other strides (Note [Traced "
                                     "strides]): %s (traced with %s)", self.name, layout, traced)

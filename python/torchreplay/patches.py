@@ -376,7 +376,7 @@ def _on_registration(module: torch.nn.Module, name: str, value: Any) -> None:
     if not captures:
         return None
     what = "submodule" if isinstance(value, torch.nn.Module) else "parameter" if isinstance(
-        value, torch.nn.Parameter) else "buffer"
+        value, torch.nn.Parameter) or (value is None and name in module._parameters) else "buffer"
     for c in list(captures):
         _stale(c, ("replaced",), f"torchreplay: {what} '{name}' of {type(module).__name__} was replaced after the model "
                                  f"was captured as {c.name!r} (its graph holds the old tensors); capture the model again")
@@ -453,6 +453,8 @@ def _watch_inner(t: torch.Tensor, captured: Any) -> None:
 # buffers it folded or packed (Note [Close numerics]; torchreplay::check_frozen checks their
 # version counters per call, and the contents of per-channel vectors). What those checks miss is
 # watched here, for the modules and parameters of live captures only:
+# - a parameter or buffer set to None (`layer.bias = None`: register_parameter calls no
+#   registration hook for None): the captures bound to the module raise, as for a replaced one;
 # - a module attribute that held a number (int, float, bool) at capture set to another value
 #   (`training`, whose mode is checked per call, and `inplace`, which changes no result, aside):
 #   the captures bound to the module raise on every call until it is set back (_on_setattr; both
@@ -532,8 +534,12 @@ def _install_watchers() -> None:
 
     def watched_setattr(self: torch.nn.Module, name: str, value: Any) -> None:
         setattr_(self, name, value)
-        if not torch.compiler.is_compiling() and (_numbers or isinstance(value, torch.ScriptObject)):
-            _on_setattr(self, name, value)   # in this order: Dynamo guards on nothing here
+        if torch.compiler.is_compiling():  # first: Dynamo guards on nothing here
+            return
+        if value is None and _watched and (name in self._parameters or name in self._buffers):
+            _on_registration(self, name, None)  # register_parameter(name, None) calls no registration hook
+        if _numbers or isinstance(value, torch.ScriptObject):
+            _on_setattr(self, name, value)
 
     def watched(fn: Any) -> Any:  # a forward hook added or removed, the transformer fast path switched:
         # each Captured checks what its trace was made under (_Trace.state) on its next call

@@ -288,3 +288,35 @@ def test_the_check_holds_under_another_default_dtype():
         assert exact_here() == before
     finally:
         torch.set_default_dtype(old)
+
+
+def test_a_loaded_program_under_another_capability_runs_eager_s_kernel(tmp_path):
+    """ATen's kernels for ATEN_CPU_CAPABILITY=default are compiled without fmas: a program saved
+    where the rewrite holds and loaded in such a process computes its batch norms with eager's
+    kernel there (the check made at capture does not run for a loaded program)."""
+    import os
+    import subprocess
+    import sys
+    model = Block(2, 8).eval()
+    x = _input((2, 3, 9, 13), False, 0) * 5
+    with torch.no_grad():
+        torchreplay.save(capture(model, (x,)), tmp_path / "bn.trp")
+    torch.save({"model": model.state_dict(), "x": x}, tmp_path / "inputs.pt")
+    script = f"""
+import sys, torch
+sys.path[:0] = {[os.path.dirname(__file__)]!r}
+import torchreplay
+from test_batch_norms import Block
+from differential import assert_bitwise
+saved = torch.load({str(tmp_path / "inputs.pt")!r})
+model = Block(2, 8).eval()
+model.load_state_dict(saved["model"])
+program = torchreplay.load({str(tmp_path / "bn.trp")!r})
+with torch.no_grad():
+    for _ in range(3):
+        assert_bitwise(program(saved["x"])[0], model(saved["x"]))
+print(torch.backends.cpu.get_cpu_capability(), "bitwise")
+"""
+    run = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, ATEN_CPU_CAPABILITY="default"),
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip().endswith("DEFAULT bitwise"), run.stdout[-2000:] + run.stderr[-3000:]

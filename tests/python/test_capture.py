@@ -653,6 +653,43 @@ def test_modules_an_argument_or_a_closure_holds_are_bound_and_watched():
         by_argument(x, lin)
 
 
+def test_a_parameter_set_to_none_is_refused():
+    """`layer.bias = None` registers no parameter (no registration hook runs): the graph would
+    replay a bias the model no longer has, so its calls raise, naming what changed."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)).eval()
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        step = torchreplay.capture(model, (x,), config=config())
+        assert_bitwise(step(x), model(x))
+        model[0].bias = None
+        with pytest.raises(ValueError, match="parameter 'bias' of Linear was replaced"):
+            step(x)
+
+
+def test_parameters_given_data_of_other_sizes_are_traced_again():
+    """`p.data = t` of other sizes keeps the Parameter object, but the trace read its sizes: the
+    capture traces again, giving eager's result, or eager's error where eager refuses the sizes (a
+    batch norm's running_mean shorter than its channels; replayed, it would read past its end)."""
+    x = torch.randn(2, 4)
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)).eval()
+    with torch.no_grad():
+        step = torchreplay.capture(model, (x,), config=config())
+        assert_bitwise(step(x), model(x))
+        model[1].running_mean.data = torch.rand(2)
+        with pytest.raises(RuntimeError, match="running_mean should contain 4 elements not 2"):
+            model(x)
+        with pytest.raises(RuntimeError, match="running_mean should contain 4 elements not 2"):
+            step(x)
+        model[1].running_mean.data = torch.zeros(4)   # the traced sizes again: the first trace
+        assert_bitwise(step(x), model(x), "sizes as traced")
+        lin = nn.Linear(4, 4)
+        wide = torchreplay.capture(lin, (x,), config=config())
+        assert_bitwise(wide(x), lin(x))
+        lin.weight.data, lin.bias.data = torch.randn(6, 4), torch.randn(6)
+        for call in range(3):
+            assert_bitwise(wide(x), lin(x), f"a wider layer, call {call}")
+
+
 def test_specialized_arguments_are_compared_by_value_where_they_have_one():
     import dataclasses
 

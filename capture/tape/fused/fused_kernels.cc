@@ -155,13 +155,15 @@ bool PerChannel(const at::Tensor& t, int64_t channels) {
 at::Tensor& ChannelAffineOut(const at::Tensor& x, const at::Tensor& alpha, const at::Tensor& beta,
                              const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
                              const at::Tensor& mean, const at::Tensor& var, double eps, at::Tensor& out) {
-  TORCH_CHECK(kernels::HasAvx2AndFma(), "torchreplay::channel_affine needs a CPU with AVX2 and FMA");
   TORCH_CHECK(x.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat && x.dim() >= 2,
               "torchreplay::channel_affine takes a float32 map");
   const int64_t inner = ChannelRun(x);
   if (!SameDenseOrder(out, x)) out.resize_(x.sizes(), EagerFormat(x));
   TORCH_CHECK(SameDenseOrder(out, x), "torchreplay::channel_affine: out must lay out x's elements as x does");
-  const bool terms = PerChannel(alpha, x.size(1)) && PerChannel(beta, x.size(1));
+  // ATen's kernels of another capability than AVX2's or AVX512's (ATEN_CPU_CAPABILITY=default, as a
+  // loaded program may run under) are not compiled with fmas: eager's kernel computes them
+  static const bool fma = kernels::HasAvx2AndFma() && (at::get_cpu_capability() == "AVX2" || kernels::AtenAvx512());
+  const bool terms = fma && PerChannel(alpha, x.size(1)) && PerChannel(beta, x.size(1));
   if (x.numel() > 0 && (!terms || !ChannelAffine(out.data_ptr<float>(), x.const_data_ptr<float>(),
                                                  alpha.const_data_ptr<float>(), beta.const_data_ptr<float>(),
                                                  x.numel(), inner, x.size(1)))) {
