@@ -291,13 +291,19 @@ std::optional<py::object> Call::CheckedInputs(const py::args& args, const py::kw
   return std::nullopt;
 }
 
+namespace {
+// What bound tensor `i` is in the model, for errors.
+std::string BoundName(const CaptureChecks& c, size_t i) {
+  return i < c.bound_names.size() ? c.bound_names[i] : absl::StrCat("bound input ", i);
+}
+}  // namespace
+
 void Call::Check(const std::vector<c10::IValue>& inputs) const {
   const CaptureChecks& c = *checks;
   for (size_t i = 0; i < c.bound_sizes.size() && i < inputs.size(); ++i) {
     if (inputs[i].isTensor() && inputs[i].toTensor().sizes() != c10::IntArrayRef(c.bound_sizes[i])) {
       throw py::value_error(absl::StrCat(
-          "torchreplay: ", i < c.bound_names.size() ? c.bound_names[i] : absl::StrCat("bound input ", i),
-          " of the captured model has sizes ", c10::str(inputs[i].toTensor().sizes()), ", not the ",
+          "torchreplay: ", BoundName(c, i), " of the captured model has sizes ", c10::str(inputs[i].toTensor().sizes()), ", not the ",
           c10::str(c10::IntArrayRef(c.bound_sizes[i])), " graph '", engine->options().name,
           "' was traced with (its data was replaced since); capture the model again"));
     }
@@ -307,7 +313,7 @@ void Call::Check(const std::vector<c10::IValue>& inputs) const {
       const bool owned = i < static_cast<int>(c.grad_owners.size()) && c.grad_owners[i].defined();
       if (owned ? c.grad_owners[i].requires_grad() : inputs[i].isTensor() && inputs[i].toTensor().requires_grad()) {
         throw py::value_error(absl::StrCat(
-            "torchreplay: ", i < static_cast<int>(c.bound_names.size()) ? c.bound_names[i] : absl::StrCat("bound input ", i),
+            "torchreplay: ", BoundName(c, i),
             " of the captured model requires grad and grad mode is on, but graph '",
             engine->options().name, "' runs inference only (its outputs would not track gradients "
             "as eager's do); call it under torch.no_grad() or torch.inference_mode(), or freeze "

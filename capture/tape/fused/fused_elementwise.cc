@@ -55,14 +55,6 @@ bool SameShape(const Instr& a, const Instr& b) {
 
 }  // namespace
 
-bool FusionAvailable() {
-  static const bool available = [] {
-    const std::string capability = at::get_cpu_capability();
-    return capability == "AVX2" || capability == "AVX512";
-  }();
-  return available;
-}
-
 namespace {
 
 // One operand of an instruction as memory: the storage it views (its root value), its byte

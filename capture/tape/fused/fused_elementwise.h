@@ -81,9 +81,6 @@
 
 namespace torchreplay::capture::tape::fused {
 
-// Whether this CPU runs the fused kernel (ATen's CPU capability is AVX2 or AVX512).
-bool FusionAvailable();
-
 // The fusion groups of `plan` (Note [Fused elementwise steps]): each a run of out= nodes with
 // nothing run per call between them, each node described by the instruction that computes it.
 // An instruction's operands are positions in the node's out= step stack (its arguments, the

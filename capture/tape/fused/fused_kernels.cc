@@ -12,6 +12,7 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <string>
 #include <tuple>
 
 #include "capture/kernels/cpu_features.h"
@@ -33,6 +34,14 @@ bool MklAvailable();
 bool ChannelAffine(float* out, const float* x, const float* alpha, const float* beta, int64_t numel, int64_t inner,
                    int64_t channels);
 }  // namespace avx512
+
+bool FusionAvailable() {
+  static const bool available = [] {
+    const std::string capability = at::get_cpu_capability();
+    return capability == "AVX2" || capability == "AVX512";
+  }();
+  return available;
+}
 
 bool Prepare(Program* program) { return kernels::AtenAvx512() ? avx512::Prepare(program) : avx2::Prepare(program); }
 bool RunSegment(const Program& program, int segment, char* const* base, char* scratch) {
@@ -162,8 +171,7 @@ at::Tensor& ChannelAffineOut(const at::Tensor& x, const at::Tensor& alpha, const
   TORCH_CHECK(SameDenseOrder(out, x), "torchreplay::channel_affine: out must lay out x's elements as x does");
   // ATen's kernels of another capability than AVX2's or AVX512's (ATEN_CPU_CAPABILITY=default, as a
   // loaded program may run under) are not compiled with fmas: eager's kernel computes them
-  static const bool fma = kernels::HasAvx2AndFma() && (at::get_cpu_capability() == "AVX2" || kernels::AtenAvx512());
-  const bool terms = fma && PerChannel(alpha, x.size(1)) && PerChannel(beta, x.size(1));
+  const bool terms = FusionAvailable() && PerChannel(alpha, x.size(1)) && PerChannel(beta, x.size(1));
   if (x.numel() > 0 && (!terms || !ChannelAffine(out.data_ptr<float>(), x.const_data_ptr<float>(),
                                                  alpha.const_data_ptr<float>(), beta.const_data_ptr<float>(),
                                                  x.numel(), inner, x.size(1)))) {

@@ -116,6 +116,9 @@ struct Program {
   int64_t scratch_bytes = 0;
 };
 
+// Whether this CPU runs the fused kernel (ATen's CPU capability is AVX2 or AVX512).
+bool FusionAvailable();
+
 // Picks each instruction's kernel; false if one has none (the program cannot run).
 bool Prepare(Program* program);
 
