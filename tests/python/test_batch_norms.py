@@ -162,6 +162,7 @@ def test_a_training_batch_norm_keeps_eager_s_op():
         with torch.no_grad():
             assert_bitwise(step(x), ref(x), f"seed {seed}")
     assert_bitwise(model.bn.running_var, ref.bn.running_var, "running_var")
+    assert step.stats()["replays"] >= 2
     assert affine_steps(step, (x,)) == []
 
 
@@ -207,6 +208,7 @@ def test_a_loaded_program_replays_the_same_bits(tmp_path):
         for seed in range(3):
             x = _input((1, 3, 30, 31), False, seed)
             assert_bitwise(program(x)[0], model(x), f"seed {seed}")
+        assert program.stats()["replays"] >= 2
 
 
 @pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() != "AVX512",
@@ -285,6 +287,7 @@ def test_the_check_holds_under_another_default_dtype():
             for seed in range(3):
                 x = _input((1, 3, 12, 12), False, seed).float()
                 assert_bitwise(step(x), model(x), f"seed {seed}")
+            assert step.stats()["replays"] >= 2
         assert exact_here() == before
     finally:
         torch.set_default_dtype(old)
@@ -315,6 +318,7 @@ program = torchreplay.load({str(tmp_path / "bn.trp")!r})
 with torch.no_grad():
     for _ in range(3):
         assert_bitwise(program(saved["x"])[0], model(saved["x"]))
+    assert program.stats()["replays"] >= 2, program.stats()
 print(torch.backends.cpu.get_cpu_capability(), "bitwise")
 """
     run = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, ATEN_CPU_CAPABILITY="default"),

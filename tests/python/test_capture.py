@@ -688,6 +688,7 @@ def test_parameters_given_data_of_other_sizes_are_traced_again():
         lin.weight.data, lin.bias.data = torch.randn(6, 4), torch.randn(6)
         for call in range(3):
             assert_bitwise(wide(x), lin(x), f"a wider layer, call {call}")
+        assert wide.stats()["replays"] >= 2  # the trace made for the wider layer's
 
 
 def test_specialized_arguments_are_compared_by_value_where_they_have_one():
