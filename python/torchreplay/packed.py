@@ -18,14 +18,17 @@ therefore runs the packed kernel eager runs, on the same packed weights: eager's
 CPU kernel (Python: it needs the objects) runs where a traced graph runs before lowering
 (capture's check of numerics "close", a graph the backend runs as traced). set_weight_bias (new
 weights packed into a new object) after a capture makes the capture's calls raise (patches.py
-_on_setattr). quantize_dynamic's LSTMs and GRUs are traced the same way by torchreplay.capture: the
-module stands aside for _PackedRNN, whose call of the module's own forward makes its
-torch.quantized_lstm / quantized_gru call torchreplay::packed_lstm / packed_gru on the handle of
-the list of its layers' packed cells (CellParamsBase objects), lowered to aten's quantized_lstm /
-quantized_gru on that list: eager's op on eager's cells. Not in torch.compile (Dynamo breaks its
-graph at them, which then run eagerly), nor over packed sequences, nor in a .trp file (refused).
-Modules with hooks, another dtype, or convert's static modules stay unsupported and are refused
-by name (export._refuse_packed_weights).
+_on_setattr). quantize_dynamic's LSTMs and GRUs are traced the same way, through both entry points:
+their forward (rnn_forward; in capture the module stands aside for _PackedRNN, in Dynamo's frames
+the patched forward calls it) is torchreplay::packed_lstm / packed_gru on the handle of the list of
+its layers' packed cells (CellParamsBase objects), lowered to aten's quantized_lstm /
+quantized_gru on that list: eager's op on eager's cells. Their handle is dropped when the cells
+are replaced (set_weight_bias, a cell's `param` set: patches.py), so Dynamo's guard on it fails
+and the next call compiles with the new ones. A .trp file holds each cell as its state (its
+biases, its two packed Linears unpacked) and makes it again on load (torchreplay/format_packed.h).
+Not over packed sequences (refused in capture; Dynamo runs the module eagerly). Modules with
+hooks, another dtype, or convert's static modules stay unsupported and are refused by name
+(export._refuse_packed_weights).
 """
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ from torch.ao.nn.quantized.dynamic import LSTM as QuantizedLSTM
 from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
 
 OP = "torchreplay::packed_linear"
+RNNS = (QuantizedLSTM, QuantizedGRU)
 _objects: Dict[int, Any] = {}   # handle -> packed object, while a LinearPackedParams holds it
 _owners: Dict[int, Any] = {}    # handle -> weak reference to that LinearPackedParams
 
@@ -120,6 +124,23 @@ def cells_handle(m: torch.nn.Module) -> int:
     return handle
 
 
+def drop_handle(m: torch.nn.Module) -> None:
+    """`m`'s packed objects are being replaced: its handle dropped (a guard on it fails, and the
+    next trace makes a new one)."""
+    handle = m.__dict__.pop("_torchreplay_handle", None)
+    if handle is not None and _owners.get(handle, lambda: None)() is m:
+        _forget(handle)
+
+
+def cell_replaced(cell: torch.nn.Module) -> None:
+    """`cell` (a PackedParameter) was given another packed cell: drop_handle for the LSTM or GRU
+    holding it."""
+    for owner in list(_owners.values()):
+        m = owner()
+        if type(m) in RNNS and any(p is cell for p in m._all_weight_values):
+            drop_handle(m)
+
+
 @torch.library.register_fake("torchreplay::packed_lstm")
 def _packed_lstm_fake(input, hx, handle, has_biases, num_layers, dropout, train, bidirectional, batch_first, dtype):
     from .rnn import _fake_output
@@ -142,55 +163,53 @@ def _held(handle: int) -> List[Any]:
 
 @torch.library.impl("torchreplay::packed_lstm", "cpu")
 def _packed_lstm_cpu(input, hx, handle, has_biases, num_layers, dropout, train, bidirectional, batch_first, dtype):
-    return _QUANTIZED["lstm"](input, hx, _held(handle), has_biases, num_layers, dropout, train, bidirectional,
-                              batch_first, dtype=dtype, use_dynamic=True)
+    return torch.quantized_lstm(input, hx, _held(handle), has_biases, num_layers, dropout, train, bidirectional,
+                                batch_first, dtype=dtype, use_dynamic=True)
 
 
 @torch.library.impl("torchreplay::packed_gru", "cpu")
 def _packed_gru_cpu(input, hx, handle, has_biases, num_layers, dropout, train, bidirectional, batch_first):
-    return _QUANTIZED["gru"](input, hx, _held(handle), has_biases, num_layers, dropout, train, bidirectional,
-                             batch_first)
+    return torch.quantized_gru(input, hx, _held(handle), has_biases, num_layers, dropout, train, bidirectional,
+                               batch_first)
 
 
-_QUANTIZED = {"lstm": torch.quantized_lstm, "gru": torch.quantized_gru}
+def rnn_standing_in(m: torch.nn.Module) -> bool:
+    """Whether `m` is a quantize_dynamic LSTM or GRU traced as torchreplay::packed_lstm / packed_gru."""
+    return type(m) in RNNS and not (m._forward_hooks or m._forward_pre_hooks)
 
 
-@contextlib.contextmanager
-def _cells_as_handle(handle: int) -> Iterator[None]:
-    """Within: torch.quantized_lstm and quantized_gru, given exactly the cells of `handle`, call
-    torchreplay::packed_lstm / packed_gru on it (a packed sequence is refused)."""
-    cells = _held(handle)
-    def lstm(input, hx, params, *rest, dtype=None, use_dynamic=False):
-        if not isinstance(hx, (list, tuple)) or list(params) != cells:
-            raise NotImplementedError("torchreplay.capture: a quantize_dynamic LSTM over a packed sequence cannot "
-                                      "be traced; pass padded tensors, or run the model eagerly")
-        return torch.ops.torchreplay.packed_lstm(input, list(hx), handle, *rest, dtype)
-
-    def gru(input, hx, params, *rest):
-        if not isinstance(params, (list, tuple)) or list(params) != cells:
-            raise NotImplementedError("torchreplay.capture: a quantize_dynamic GRU over a packed sequence cannot "
-                                      "be traced; pass padded tensors, or run the model eagerly")
-        return torch.ops.torchreplay.packed_gru(input, hx, handle, *rest)
-
-    torch.quantized_lstm, torch.quantized_gru = lstm, gru
-    try:
-        yield
-    finally:
-        torch.quantized_lstm, torch.quantized_gru = _QUANTIZED["lstm"], _QUANTIZED["gru"]
+def rnn_forward(m: torch.nn.Module, input: Any, hx: Any, handle: int) -> Any:
+    """A quantize_dynamic LSTM's or GRU's forward (its forward_tensor and forward_impl), its
+    torch.quantized_lstm / quantized_gru call torchreplay::packed_lstm / packed_gru on the handle
+    of its cells. One code for both entry points: torchreplay.capture's _PackedRNN and the forward
+    Dynamo traces for torchreplay's backend (patches.py _trace_packed_modules_for_torchreplay)."""
+    if not isinstance(input, torch.Tensor):
+        raise NotImplementedError(f"torchreplay: a quantize_dynamic {m.mode} over a packed sequence cannot be traced; "
+                                  "pass padded tensors, or run the model eagerly")
+    lstm = type(m) is QuantizedLSTM
+    if hx is None:
+        zeros = torch.zeros(m.num_layers * (2 if m.bidirectional else 1), input.size(0 if m.batch_first else 1),
+                            m.hidden_size, dtype=input.dtype, device=input.device)
+        hx = (zeros, zeros) if lstm else zeros
+    m.check_forward_args(input, hx, None)
+    rest = (m.bias, m.num_layers, float(m.dropout), m.training, m.bidirectional, m.batch_first)
+    if lstm:
+        output, h, c = torch.ops.torchreplay.packed_lstm(input, list(hx), handle, *rest, m.dtype)
+        return output, (h, c)
+    output, h = torch.ops.torchreplay.packed_gru(input, hx, handle, *rest)
+    return output, h
 
 
 class _PackedRNN(torch.nn.Module):
-    """A quantize_dynamic LSTM or GRU as torch.export traces it: the module's own forward, its
-    quantized op on its cells' handle."""
+    """A quantize_dynamic LSTM or GRU as torch.export traces it (rnn_forward on its cells' handle)."""
 
     def __init__(self, m: torch.nn.Module) -> None:
         super().__init__()
         self.__dict__["rnn"] = m   # not a submodule: export would meet its packed cells
         self.handle = cells_handle(m)
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        with _cells_as_handle(self.handle):
-            return self.rnn(*args, **kwargs)
+    def forward(self, input: Any, hx: Any = None) -> Any:
+        return rnn_forward(self.rnn, input, hx, self.handle)
 
 
 class _PackedLinear(torch.nn.Module):
@@ -216,8 +235,7 @@ def packed_as_ops(root: torch.nn.Module) -> Iterator[None]:
                 if child is not None and standing_in(child):
                     parent._modules[name] = _PackedLinear(child)
                     swapped.append((parent, name, child))
-                elif type(child) in (QuantizedLSTM, QuantizedGRU) and not (child._forward_hooks or
-                                                                           child._forward_pre_hooks):
+                elif rnn_standing_in(child):
                     parent._modules[name] = _PackedRNN(child)
                     swapped.append((parent, name, child))
         yield

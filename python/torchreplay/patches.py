@@ -62,7 +62,7 @@ def install() -> None:
     _mark_consumed_outputs()
     _install_watchers()
     _trace_rnns_for_torchreplay()
-    _trace_packed_linears_for_torchreplay()
+    _trace_packed_modules_for_torchreplay()
     _attention_as_eager_in_transformers()
 
 
@@ -292,6 +292,8 @@ def _trace_rnns_for_torchreplay() -> None:
     def wrap_module(self: Any, value: torch.nn.Module) -> Any:
         if packed.standing_in(value) and _compiled_by(self.tx) is not None:
             packed.handle_of(value._packed_params)   # Note [Packed quantized Linears]
+        elif packed.rnn_standing_in(value) and _compiled_by(self.tx) is not None:
+            packed.cells_handle(value)
         if (not isinstance(value, (torch.nn.RNN, torch.nn.GRU, torch.nn.LSTM)) or torch._dynamo.config.allow_rnn
                 or _compiled_by(self.tx) is None):
             return original(self, value)
@@ -315,27 +317,38 @@ def _trace_rnns_for_torchreplay() -> None:
     _break_at_packed_sequences()
 
 
-def _trace_packed_linears_for_torchreplay() -> None:
-    """Dynamo breaks its graph at a quantize_dynamic Linear (its packed weights are a TorchScript
-    object it cannot trace), which then runs eagerly between graphs: slower than the model's eager.
-    In frames a torchreplay backend compiles, the module's forward is torchreplay::packed_linear
-    on its packed object's handle instead (Note [Packed quantized Linears] in packed.py), which the
-    backend lowers to eager's own op on that object. Modules with hooks or of another dtype, and
-    other backends' frames, are untouched."""
-    original = packed.QuantizedLinear.forward
-    if getattr(original, "_torchreplay", False):
+def _trace_packed_modules_for_torchreplay() -> None:
+    """Dynamo breaks its graph at a quantize_dynamic Linear, LSTM or GRU (its packed weights are
+    TorchScript objects it cannot trace), which then runs eagerly between graphs: slower than the
+    model's eager. In frames a torchreplay backend compiles, such a module's forward is
+    torchreplay::packed_linear (packed_lstm, packed_gru) on the handle of its packed object (its
+    cells) instead (Note [Packed quantized Linears] in packed.py), which the backend lowers to
+    eager's own op on that object. Modules with hooks or of another dtype, a packed sequence, and
+    other backends' frames, are untouched. The handle is made or renewed where Dynamo meets the
+    module (wrap_module) and read as an attribute, its value guarded: new weights compile again."""
+    linear = packed.QuantizedLinear.forward
+    if getattr(linear, "_torchreplay", False):
         return
 
-    def forward(self: Any, x: torch.Tensor) -> torch.Tensor:
+    def linear_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling() and _traced_by_torchreplay() and packed.standing_in(self):
-            # made or renewed when Dynamo met the module (wrap_module); read as an attribute, its
-            # value guarded: new weights compile again
             return packed.call(self, x, self._packed_params._torchreplay_handle)
-        return original(self, x)
+        return linear(self, x)
 
-    forward._torchreplay = True  # type: ignore[attr-defined]
-    forward.__doc__ = original.__doc__
-    packed.QuantizedLinear.forward = forward  # type: ignore[method-assign]
+    def rnn_forward(original: Any) -> Any:
+        def forward(self: Any, input: Any, hx: Any = None) -> Any:
+            if (torch.compiler.is_compiling() and isinstance(input, torch.Tensor) and _traced_by_torchreplay()
+                    and packed.rnn_standing_in(self)):
+                return packed.rnn_forward(self, input, hx, self._torchreplay_handle)
+            return original(self, input, hx)
+        return forward
+
+    for cls, forward in ((packed.QuantizedLinear, linear_forward),
+                         (packed.QuantizedLSTM, rnn_forward(packed.QuantizedLSTM.forward)),
+                         (packed.QuantizedGRU, rnn_forward(packed.QuantizedGRU.forward))):
+        forward._torchreplay = True  # type: ignore[attr-defined]
+        forward.__doc__ = cls.forward.__doc__
+        cls.forward = forward  # type: ignore[method-assign]
 
 
 def _break_at_packed_sequences() -> None:
@@ -372,6 +385,8 @@ def _on_registration(module: torch.nn.Module, name: str, value: Any) -> None:
         # make it guard on the weak dictionary's keys, which garbage collection changes under it
         # (a guard that fails to build). The modules it traces are not torchreplay.capture's.
         return None
+    if name == "_all_weight_values" and type(module) in packed.RNNS:   # set_weight_bias: Dynamo's guard
+        packed.drop_handle(module)                                       # on the handle fails (packed.py)
     captures = _watched.get(module)
     if not captures:
         return None
@@ -498,6 +513,8 @@ def _on_setattr(module: torch.nn.Module, name: str, value: Any) -> None:
     if isinstance(value, torch.ScriptObject):  # packed weights (Note [Packed quantized Linears] in packed.py)
         if name == "_packed_params":
             packed.register(module, value)
+        elif name == "param":   # a quantize_dynamic LSTM's or GRU's cell: its module's handle renewed
+            packed.cell_replaced(module)
         for c in list(_watched.get(module, ())):
             _stale(c, ("replaced",), f"torchreplay: the packed weights '{name}' of {type(module).__name__} were "
                                      f"replaced after the model was captured as {c.name!r} (its graph holds the old "

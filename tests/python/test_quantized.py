@@ -368,40 +368,83 @@ class _Recurrent(nn.Module):
         return self.head(y), state
 
 
+def _flat(out):
+    return torch.utils._pytree.tree_leaves(out)
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
 @pytest.mark.parametrize("dtype", [torch.qint8, torch.float16], ids=["qint8", "float16"])
 @pytest.mark.parametrize("layout", ["sequence first", "batch first", "bidirectional"])
 @pytest.mark.parametrize("kind", ["LSTM", "GRU"])
-def test_quantize_dynamic_lstms_and_grus_replay_eagers_bits(kind, layout, dtype, tmp_path):
+def test_quantize_dynamic_lstms_and_grus_replay_eagers_bits(kind, layout, dtype, entry, tmp_path):
     """Note [Packed quantized Linears]: a quantize_dynamic LSTM or GRU replays as aten's
-    quantized_lstm / quantized_gru on eager's packed cells: bitwise to the quantized eager at 1,
-    3 and 2 threads changed between calls, with and without a state given, short and long
-    sequences (dynamic), outputs' strides included."""
+    quantized_lstm / quantized_gru on eager's packed cells, through torchreplay.capture,
+    torch.compile (the whole model one graph) and a saved program (the cells made again on load):
+    bitwise to the quantized eager at 1, 3 and 2 threads changed between calls, with and without
+    a state given, short and long sequences (dynamic), outputs' strides included."""
     torch.manual_seed(0)
     kw = {"batch first": {"batch_first": True}, "bidirectional": {"bidirectional": True}}.get(layout, {})
     m = _quantize_dynamic(_Recurrent(kind, **kw).eval(), {nn.LSTM, nn.GRU, nn.Linear}, dtype)
     g = gen(3)
     directions = 2 if layout == "bidirectional" else 1
     with torch.no_grad():
-        step = torchreplay.capture(m, (rn(g, 5, 3, 16),))
-        long = torchreplay.capture(m, (rn(g, 300, 3, 16),), dynamic=True)
+        step = Entry(entry, m, (rn(g, 5, 3, 16),), tmp_path)
+        long = Entry(entry, m, (rn(g, 300, 3, 16),), tmp_path, dynamic=True)
         for i, n_threads in enumerate([1, 3, 3, 1, 2, 2]):
             with threads(n_threads):
                 x = rn(g, 5, 3, 16)
-                assert_bitwise(step(x), m(x), f"{kind}, {layout}, call {i} at {n_threads} threads")
+                assert_bitwise(_flat(step(x)), _flat(m(x)), f"{kind}, {layout}, call {i} at {n_threads} threads")
         for i in range(4):   # each length's first call warms up, its second replays
             x = rn(g, 300 + 40 * (i // 2), 3, 16)
-            assert_bitwise(long(x), m(x), f"{kind}, {layout}, {x.shape[0]} steps, call {i}")
+            assert_bitwise(_flat(long(x)), _flat(m(x)), f"{kind}, {layout}, {x.shape[0]} steps, call {i}")
         x = rn(g, 5, 3, 16)
         batch = 5 if layout == "batch first" else 3
         h = rn(g, 2 * directions, batch, 32)
         state = (h, rn(g, 2 * directions, batch, 32)) if kind == "LSTM" else h
-        given = torchreplay.capture(m, (x, state))
+        given = Entry(entry, m, (x, state), tmp_path)
+        args = _flat((x, state)) if entry == "loaded" else (x, state)   # a program takes its arguments flattened
         for i in range(3):
-            assert_bitwise(given(x, state), m(x, state), f"{kind}, {layout}, state given, call {i}")
+            assert_bitwise(_flat(given(*args)), _flat(m(x, state)), f"{kind}, {layout}, state given, call {i}")
     for s in (step.stats(), long.stats(), given.stats()):
         assert s["replays"] >= 2 and s["eager_fallbacks"] == 0, s
-    with pytest.raises(ValueError, match="a .trp file cannot"):   # the packed cells: not saved
-        torchreplay.save(step, tmp_path / "model.trp")
+        ops = [op for c in s["capture_log"] for op in c.get("functional_ops", [])]
+        assert f"aten::quantized_{kind.lower()}.input" in ops or entry != "compile", ops   # not run between graphs
+    if entry == "compile":
+        assert [step.stats()["calls"], given.stats()["calls"]] == [6, 3]   # one graph a call: no break
+
+
+def test_quantize_dynamic_lstm_weights_set_after_compiling_are_the_ones_used():
+    """A packed LSTM's handle (Dynamo guards its value) is dropped when its cells are replaced
+    (set_weight_bias, or one cell given another): the next call compiles again with the new
+    cells. A copy compiles with its own."""
+    torch.manual_seed(0)
+    m = _quantize_dynamic(_Recurrent("LSTM").eval(), {nn.LSTM, nn.Linear})
+    donor = _quantize_dynamic(_Recurrent("LSTM").eval(), {nn.LSTM})
+    b = backend()
+    f = torch.compile(m, backend=b)
+    g = gen(6)
+    with torch.no_grad():
+        for step in range(3):
+            if step == 1:
+                m.rnn.set_weight_bias(donor.rnn.get_weight() | donor.rnn.get_bias())   # the donor's weights
+            if step == 2:   # the second layer's cell alone
+                fresh = _quantize_dynamic(_Recurrent("LSTM").eval(), {nn.LSTM})
+                m.rnn._all_weight_values[1].param = fresh.rnn._all_weight_values[1].param
+            for i in range(2):
+                x = rn(g, 5, 3, 16)
+                assert_bitwise(_flat(f(x)), _flat(m(x)), f"step {step}, call {i}")
+        other = copy.deepcopy(m)
+        other.rnn.set_weight_bias(_quantize_dynamic(_Recurrent("LSTM").eval(), {nn.LSTM}).rnn.get_weight() |
+                                  donor.rnn.get_bias())
+        each = backend()
+        compiled = torch.compile(other, backend=each)
+        for i in range(2):
+            x = rn(g, 5, 3, 16)
+            assert_bitwise(_flat(compiled(x)), _flat(other(x)), f"the copy, call {i}")
+            assert_bitwise(_flat(f(x)), _flat(m(x)), f"the first model, call {i}")
+    assert_exercised(b)
+    assert_exercised(each)
+    assert len(b.stats()) == 3   # a graph for each set of cells
 
 
 def test_quantize_dynamic_modules_other_than_linears_are_refused_with_what_works():
