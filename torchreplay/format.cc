@@ -27,7 +27,7 @@ constexpr int kMaxDepth = 16;    // nesting of lists in arguments and values
 
 enum class Tag : uint8_t {
   kNone, kBool, kInt, kDouble, kComplex, kString, kDevice, kWrappedNumber, kTensor,
-  kIntList, kDoubleList, kBoolList, kTensorList, kPackedLinear,  // format_packed.h
+  kIntList, kDoubleList, kBoolList, kTensorList, kPackedLinear, kPackedCells,  // format_packed.h
 };
 enum class ArgKind : uint8_t { kConstant, kValue, kList };
 
@@ -88,6 +88,7 @@ Tag TagOf(const c10::IValue& v) {
   if (v.isBoolList()) return Tag::kBoolList;
   if (v.isTensorList()) return Tag::kTensorList;
   if (IsPackedLinear(v)) return Tag::kPackedLinear;
+  if (IsPackedCells(v)) return Tag::kPackedCells;
   throw Unsupported{absl::StrCat("a constant of kind ", v.tagKind())};
 }
 
@@ -196,6 +197,9 @@ void ValueFields(IO& io, c10::IValue& v, int depth = 0) {
     }
     case Tag::kPackedLinear:
       PackedLinearFields(io, v);
+      return;
+    case Tag::kPackedCells:
+      PackedCellsFields(io, v);
       return;
   }
   io.Check(false, "unknown value tag");

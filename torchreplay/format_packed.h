@@ -1,18 +1,23 @@
-// torchreplay/format_packed.h: how a .trp file holds packed quantized weights (a value of tag
-// kPackedLinear, format.cc): written unpacked, packed again by the reader. Apart from format.cc
-// because it is the one value that is an object built by ATen's own op rather than data.
+// torchreplay/format_packed.h: how a .trp file holds packed quantized weights (values of tags
+// kPackedLinear and kPackedCells, format.cc): written unpacked, packed again by the reader. Apart
+// from format.cc because they are the values that are objects built by ATen's own ops rather than
+// data.
 #pragma once
 
 #include <ATen/core/class_type.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/function.h>
 #include <ATen/core/ivalue.h>
 #include <ATen/native/quantized/PackedParams.h>
 #include <ATen/ops/_make_per_channel_quantized_tensor.h>
 #include <ATen/ops/_make_per_tensor_quantized_tensor.h>
 #include <ATen/ops/int_repr.h>
+#include <torch/custom_class_detail.h>
 
 #include <exception>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "torchreplay/format_io.h"
@@ -91,6 +96,87 @@ void PackedLinearFields(IO& io, c10::IValue& v) {
   } catch (const std::exception&) {  // c10::Error, and the range errors of ATen's conversions
     io.Check(false, "packed weights that ATen does not pack");
   }
+}
+
+inline constexpr char kCellClass[] = "__torch__.torch.classes.rnn.CellParamsBase";
+
+// quantize_dynamic's LSTMs' and GRUs' packed cells: a list of rnn.CellParamsBase objects (the
+// argument `params` of aten::quantized_lstm / quantized_gru).
+inline bool IsPackedCells(const c10::IValue& v) {
+  if (!v.isList()) return false;
+  const auto cls = v.toListRef().empty() ? nullptr : v.toList().elementType()->cast<c10::ClassType>();
+  return cls != nullptr && cls->name()->qualifiedName() == kCellClass;
+}
+
+// One packed cell (Note [Packed quantized Linears] in python/torchreplay/packed.py), as the state
+// its class's __getstate__ gives: its kind ("quantized_dynamic": int8 weights with fp32 biases
+// beside them; "quantized_fp16": the biases inside the packed weights), the biases, whether its
+// activations' range is reduced (int8 only), and its two packed Linears (input and hidden), each
+// as PackedLinearFields. The reader makes the cell again with the class's __setstate__, the way
+// torch.load does, from checked fields.
+template <class IO>
+void PackedCellFields(IO& io, c10::IValue& cell) {
+  std::string kind;
+  std::vector<at::Tensor> biases;
+  std::vector<c10::IValue> linears;
+  uint8_t reduce_range = 0;
+  if (IO::kWriting) {
+    const c10::IValue state = cell.toObjectRef().type()->getMethod("__getstate__")({cell});
+    const auto& fields = state.toTupleRef().elements();
+    kind = fields[0].toStringRef();
+    if ((kind != "quantized_dynamic" && kind != "quantized_fp16") || !fields[2].toDoubleList().empty()) {
+      throw Unsupported{absl::StrCat("packed recurrent cells of kind ", kind)};
+    }
+    biases = fields[1].toTensorVector();
+    if (kind == "quantized_dynamic") reduce_range = fields[3].toIntVector().at(0) != 0;
+    for (const c10::IValue& l : fields[4].toListRef()) linears.push_back(l);
+  }
+  io.Str(kind, "packed cell kind");
+  const bool int8 = kind == "quantized_dynamic";
+  io.Check(int8 || kind == "quantized_fp16", "unknown packed cell kind");
+  io.Count(biases, "packed cell biases", sizeof(uint32_t));
+  io.Check(biases.size() == (int8 ? 2u : 0u), "a packed cell with another number of biases than its kind has");
+  for (at::Tensor& b : biases) io.Tensor(b);
+  if (int8) io.template Num<uint8_t>(reduce_range, "packed cell reduce_range", 0, 1, "a reduce_range out of range");
+  io.Count(linears, "packed cell weights");
+  io.Check(linears.size() == 2, "a packed cell without its two packed weights");
+  for (c10::IValue& l : linears) PackedLinearFields(io, l);
+  if (IO::kWriting) return;
+  const c10::ClassTypePtr cls = torch::getCustomClass(kCellClass);
+  io.Check(cls != nullptr, "packed recurrent cells, a class this LibTorch does not have");
+  try {
+    c10::List<c10::intrusive_ptr<LinearPackedParamsBase>> packed;
+    for (size_t i = 0; i < linears.size(); ++i) {
+      auto linear = linears[i].toCustomClass<LinearPackedParamsBase>();
+      packed.push_back(linear);
+      if (!int8) continue;
+      const at::Tensor& b = biases[i];
+      io.Check(b.dim() == 1 && b.scalar_type() == at::kFloat && b.numel() == std::get<0>(linear->unpack()).size(0),
+               "a packed cell whose biases do not match its weights");
+    }
+    auto object = c10::ivalue::Object::create(c10::StrongTypePtr(nullptr, cls), cls->numAttributes());
+    const c10::IValue state = c10::ivalue::Tuple::create(
+        {c10::IValue(kind), c10::IValue(c10::List<at::Tensor>(biases)), c10::IValue(c10::List<double>()),
+         c10::IValue(c10::List<int64_t>(int8 ? std::vector<int64_t>{reduce_range} : std::vector<int64_t>{})),
+         c10::IValue(packed)});
+    cls->getMethod("__setstate__")({c10::IValue(object), state});
+    cell = c10::IValue(std::move(object));
+  } catch (const c10::Error&) {
+    io.Check(false, "a packed cell that ATen does not make");
+  }
+}
+
+// The list of an LSTM's or GRU's cells: their count, then each cell.
+template <class IO>
+void PackedCellsFields(IO& io, c10::IValue& v) {
+  std::vector<c10::IValue> cells = IO::kWriting ? v.toList().vec() : std::vector<c10::IValue>();
+  io.Count(cells, "packed cells");
+  io.Check(!cells.empty(), "an empty list of packed cells");
+  for (c10::IValue& cell : cells) PackedCellFields(io, cell);
+  if (IO::kWriting) return;
+  c10::impl::GenericList list(torch::getCustomClass(kCellClass));
+  for (c10::IValue& cell : cells) list.push_back(std::move(cell));
+  v = c10::IValue(std::move(list));
 }
 
 }  // namespace torchreplay::format

@@ -8,6 +8,7 @@
 #include <ATen/ops/_make_per_channel_quantized_tensor.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/equal.h>
+#include <ATen/ops/quantize_per_tensor.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/zeros.h>
 #include <torch/headeronly/version.h>
@@ -360,6 +361,89 @@ TEST(Format, PackedQuantizedLinearsRoundTrip) {
         if (!hostile.ok()) continue;
         try {
           (void)capture::Interpreter(hostile->graph).Run({at::randn({4, 3})});
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << "iteration " << i << " byte " << at << ": " << e.what();
+          return;
+        }
+      }
+    }
+  }
+}
+
+// quantize_dynamic's LSTM and GRU (Note [Packed quantized Linears]): aten::quantized_lstm /
+// quantized_gru on a list of packed cells (rnn.CellParamsBase), int8 and fp16, made by ATen's ops.
+SavedProgram PackedCells(bool lstm, bool fp16) {
+  const int64_t gates = (lstm ? 4 : 3) * 5;
+  auto linear = [&](int64_t in) {
+    const at::Tensor w = at::randn({gates, in});
+    const at::Tensor weight = fp16 ? w : at::quantize_per_tensor(w, 0.02, 0, at::kQInt8);
+    torch::jit::Stack stack{weight, fp16 ? c10::IValue(at::randn({gates})) : c10::IValue()};
+    c10::Dispatcher::singleton()
+        .findSchemaOrThrow(fp16 ? "quantized::linear_prepack_fp16" : "quantized::linear_prepack", "")
+        .callBoxed(stack);
+    return stack[0];
+  };
+  torch::jit::Stack cell{linear(3), linear(5)};
+  if (!fp16) cell.insert(cell.end(), {at::randn({gates}), at::randn({gates}), false});
+  c10::Dispatcher::singleton()
+      .findSchemaOrThrow(fp16 ? "quantized::make_quantized_cell_params_fp16" : "quantized::make_quantized_cell_params_dynamic", "")
+      .callBoxed(cell);
+  c10::impl::GenericList cells(cell[0].type());
+  cells.push_back(cell[0]);
+  capture::GraphBuilder g;
+  const capture::TensorSpec spec{at::kFloat, c10::DeviceType::CPU, 3};
+  const auto x = g.AddInput("x", capture::ValueType::kTensor, spec);
+  const auto h = g.AddInput("h", capture::ValueType::kTensor, spec);
+  std::vector<capture::Arg> hx{capture::Arg::Ref(h)};
+  if (lstm) hx.push_back(capture::Arg::Ref(h));
+  std::vector<capture::Arg> args{capture::Arg::Ref(x), capture::Arg::List(hx), capture::Arg::Const(cells),
+                                 capture::Arg::Const(true), capture::Arg::Const(int64_t{1}), capture::Arg::Const(0.0),
+                                 capture::Arg::Const(false), capture::Arg::Const(false), capture::Arg::Const(false)};
+  if (!lstm) args[1] = capture::Arg::Ref(h);
+  std::vector<std::pair<std::string, capture::Arg>> kwargs;
+  if (lstm) {
+    kwargs = {{"dtype", capture::Arg::Const(fp16 ? at::kHalf : at::kQInt8)}, {"use_dynamic", capture::Arg::Const(true)}};
+  }
+  const auto y = Op(g, lstm ? "aten::quantized_lstm.input" : "aten::quantized_gru.input", args, kwargs);
+  EXPECT_TRUE(g.SetOutputs({capture::Arg::Ref(y)}).ok());
+  auto graph = g.Build();
+  EXPECT_TRUE(graph.ok()) << graph.status();
+  SavedProgram p;
+  p.name = "test.cells";
+  p.graph = *graph;
+  return p;
+}
+
+// The cells are written as their state and made again on load: the loaded program computes the
+// same bits; corrupted files are errors or programs, never crashes.
+TEST(Format, PackedQuantizedCellsRoundTrip) {
+  std::mt19937_64 rng(13);
+  for (const bool lstm : {true, false}) {
+    for (const bool fp16 : {false, true}) {
+      const SavedProgram p = PackedCells(lstm, fp16);
+      const std::string good = Bytes(p);
+      auto back = Deserialize(good);
+      ASSERT_TRUE(back.ok()) << back.status();
+      const std::vector<c10::IValue> inputs{at::randn({4, 2, 3}), at::randn({1, 2, 5})};
+      auto want = capture::Interpreter(p.graph).Run(inputs), got = capture::Interpreter(back->graph).Run(inputs);
+      ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
+      EXPECT_TRUE(at::equal((*got)[0].toTensor(), (*want)[0].toTensor())) << "lstm " << lstm << ", fp16 " << fp16;
+      for (int i = 0; i < 1000; ++i) {
+        std::string bytes = good;
+        const size_t at = kHeaderBytes + rng() % (bytes.size() - kHeaderBytes);
+        bytes[at] = static_cast<char>(bytes[at] ^ (1 + rng() % 255));
+        const uint64_t sum = Checksum(std::string_view(bytes).substr(kHeaderBytes));
+        std::memcpy(&bytes[24], &sum, sizeof(sum));
+        absl::StatusOr<SavedProgram> hostile;
+        try {
+          hostile = Deserialize(bytes);
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << "iteration " << i << ", byte " << at << " changed: Deserialize threw " << e.what();
+          return;
+        }
+        if (!hostile.ok()) continue;
+        try {
+          (void)capture::Interpreter(hostile->graph).Run({at::randn({4, 2, 3}), at::randn({1, 2, 5})});
         } catch (const std::exception& e) {
           ADD_FAILURE() << "iteration " << i << " byte " << at << ": " << e.what();
           return;
