@@ -115,13 +115,25 @@ class OnnxRuntime:
 class OpenVino:
     """openvino.convert_model, compiled for the CPU with `threads` inference threads, the latency
     hint, one stream and f32 precision; one infer request whose input and output tensors are bound
-    once on torch tensors' memory (shared): each call copies its inputs in and runs."""
+    once on torch tensors' memory (shared): each call copies its inputs in and runs. `quantize`:
+    the converted model through NNCF first, OpenVINO's own quantization ("static": nncf.quantize,
+    int8 weights and activations calibrated on `calibration`, the transformer preset where
+    `transformer`; "weights": nncf.compress_weights, int8 weights only)."""
 
-    def __init__(self, model: torch.nn.Module, example_inputs: tuple, threads: int) -> None:
+    def __init__(self, model: torch.nn.Module, example_inputs: tuple, threads: int, quantize: Optional[str] = None,
+                 calibration: Sequence[tuple] = (), transformer: bool = False) -> None:
         import openvino as ov
 
         inputs = _tensors(example_inputs)
         converted = ov.convert_model(model, example_input=tuple(inputs))
+        if quantize == "static":
+            import nncf
+            dataset = nncf.Dataset([tuple(x.numpy() for x in _tensors(c)) for c in calibration])
+            converted = nncf.quantize(converted, dataset, subset_size=len(calibration),
+                                      model_type=nncf.ModelType.TRANSFORMER if transformer else None)
+        elif quantize == "weights":
+            import nncf
+            converted = nncf.compress_weights(converted)
         compiled = ov.Core().compile_model(converted, "CPU", {
             "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1,
             "INFERENCE_PRECISION_HINT": "f32"})

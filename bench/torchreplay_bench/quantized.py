@@ -9,7 +9,11 @@ int8 paths of the runtimes they weigh: per model, quantization and thread count,
   int8 lowerings run only with it);
 - ONNX Runtime: the fp32 model exported, then its quantize_dynamic (int8 weights, activations
   quantized per call) for the dynamic int8 rows, its quantize_static (QDQ, per-channel weights,
-  calibrated on the inputs PT2E calibrates on) for PT2E's; IO binding.
+  calibrated on the inputs PT2E calibrates on) for PT2E's; IO binding;
+- OpenVINO: the fp32 model converted, then quantized by NNCF, OpenVINO's own tool: nncf.quantize
+  (int8 weights and activations, calibrated on the same inputs; its transformer preset for the
+  encoder) for the dynamic int8 and PT2E rows (OpenVINO quantizes activations statically), and
+  nncf.compress_weights (int8 weights) for torchao's int8 weight-only; a bound infer request.
 
     python -m torchreplay_bench.quantized [--threads 1,2] [--rounds 7] [--seconds 0.3] [--out DIR]
 
@@ -31,7 +35,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from torchreplay_bench.peers import OnnxRuntime, quiet
+from torchreplay_bench.peers import OnnxRuntime, OpenVino, quiet
 from torchreplay_bench.runtimes import compare
 from torchreplay_bench.timing import time_interleaved
 
@@ -119,6 +123,9 @@ MODELS = {
 }
 
 
+TRANSFORMERS = {"bert_mini"}   # quantized by NNCF with its transformer preset
+
+
 def _capture(model: torch.nn.Module, inputs: tuple) -> Callable:
     import torchreplay
     config = torchreplay.CompilerConfig()
@@ -154,11 +161,14 @@ def _inductor(model: torch.nn.Module, inputs: tuple) -> Callable:
     return torch.compile(_alone(model))
 
 
-def rows_for(quantization: str, make_inputs: Callable[[int], tuple]) -> Dict[str, Tuple[bool, Callable]]:
-    """mode -> (runs the quantized model?, build(model, inputs))."""
+def rows_for(quantization: str, make_inputs: Callable[[int], tuple],
+             transformer: bool = False) -> Dict[str, Tuple[bool, Callable]]:
+    """mode -> (runs the quantized model?, build(model, inputs)); `transformer`: NNCF's preset for
+    transformers."""
     rows = {"fp32 eager": (False, lambda m, x: m), "fp32 capture": (False, _capture),
             "eager": (True, lambda m, x: m), "capture": (True, _capture), "compile+tr": (True, _compile),
             "Inductor (freezing)": (True, _inductor)}
+    calibration = [make_inputs(i) for i in CALIBRATION]
     if quantization in ("int8 dynamic", "quantize_dynamic"):
         rows["ONNX Runtime int8"] = (False, lambda m, x: OnnxRuntime(m, x, torch.get_num_threads(),
                                                                      quantize="dynamic"))
@@ -166,7 +176,13 @@ def rows_for(quantization: str, make_inputs: Callable[[int], tuple]) -> Dict[str
         rows["fp32 capture close"] = (False, _capture_close)
         rows["capture close"] = (True, _capture_close)
         rows["ONNX Runtime int8"] = (False, lambda m, x: OnnxRuntime(
-            m, x, torch.get_num_threads(), quantize="static", calibration=[make_inputs(i) for i in CALIBRATION]))
+            m, x, torch.get_num_threads(), quantize="static", calibration=calibration))
+    if quantization in ("int8 dynamic", "quantize_dynamic", "pt2e static"):   # OpenVINO has no dynamic int8
+        rows["OpenVINO int8 (NNCF)"] = (False, lambda m, x: OpenVino(   # activations: its static int8
+            m, x, torch.get_num_threads(), quantize="static", calibration=calibration, transformer=transformer))
+    if quantization == "int8 weight-only":
+        rows["OpenVINO int8 weights (NNCF)"] = (False, lambda m, x: OpenVino(m, x, torch.get_num_threads(),
+                                                                            quantize="weights"))
     return rows
 
 
@@ -181,7 +197,7 @@ def measure(name: str, quantization: str, threads: int, rounds: int, seconds: fl
         quantized = _quantizations()[quantization](copy.deepcopy(fp32), make_inputs)
     refs = [copy.deepcopy(quantized), copy.deepcopy(fp32)]   # each with its own cache, where it has one
     rows, steps = {}, {}
-    for mode, (is_quantized, build) in rows_for(quantization, make_inputs).items():
+    for mode, (is_quantized, build) in rows_for(quantization, make_inputs, name in TRANSFORMERS).items():
         row = {"model": name, "quantization": quantization, "mode": mode, "threads": threads}
         rows[mode] = row
         try:
