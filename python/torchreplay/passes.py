@@ -2,7 +2,7 @@
 user's post pass (config.post_grad_custom_pre_pass / post_grad_custom_post_pass, as in torchair).
 Here: the input updates in place, the waits sunk, the dtypes the kernels give, 1-d max pooling,
 PT2E's quantize ops as the ATen ops their kernels run, inference batch norms as channel affines
-(batch_norms.py);
+(batch_norms.py), export's metadata asserts dropped where they hold;
 the foreach passes are in foreach_passes.py, the view helpers they share in fx_views.py."""
 from __future__ import annotations
 
@@ -33,6 +33,28 @@ _INPLACE_OF = {
 def remove_dead_code(gm: torch.fx.GraphModule) -> None:
     """Drops pure nodes whose results are unused (mutating ops are kept: FX sees them impure)."""
     gm.graph.eliminate_dead_code()
+
+
+def drop_metadata_asserts(gm: torch.fx.GraphModule) -> int:
+    """Note [Metadata asserts]: torch.export elides a `.to(dtype)` that changes nothing where it
+    traces and leaves `_assert_tensor_metadata(x, dtype=...)` in its place: a dispatcher call per
+    replay (about 0.15 µs each; 45 on a 2-layer Llama decode step) that eager never makes. Each
+    asserting only a dtype, device or layout is dropped where its tensor has them in the graph
+    (after the kernels' dtypes: Note [Dtypes the kernels give]): they are fixed per capture key,
+    so the replay's tensor has them too. One that asserts sizes or strides (which the graph's
+    fake values may not know as the kernels give them) stays, as one that does not hold."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.target is not aten._assert_tensor_metadata.default:
+            continue
+        val = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+        want = {**dict(zip(("size", "stride", "dtype"), node.args[1:])), **node.kwargs}
+        have = {"dtype": getattr(val, "dtype", None), "device": getattr(val, "device", None),
+                "layout": getattr(val, "layout", None)}
+        if isinstance(val, torch.Tensor) and all(v is None or (k in have and v == have[k]) for k, v in want.items()):
+            gm.graph.erase_node(node)
+            count += 1
+    return count
 
 
 def _read_after(node: torch.fx.Node, position: int, order: Dict[torch.fx.Node, int],
@@ -358,9 +380,9 @@ def as_redispatched(gm: torch.fx.GraphModule) -> int:
     return count
 
 
-BUILTIN_PASSES = (inline_quantize_ops, reinplace_input_updates, reinplace_foreach_all, decompose_foreach,
-                  restore_max_pool1d, batch_norms_as_channel_affines, as_redispatched, remove_dead_code,
-                  sink_waits)
+BUILTIN_PASSES = (drop_metadata_asserts, inline_quantize_ops, reinplace_input_updates, reinplace_foreach_all,
+                  decompose_foreach, restore_max_pool1d, batch_norms_as_channel_affines, as_redispatched,
+                  remove_dead_code, sink_waits)
 
 
 def run_passes(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Any,

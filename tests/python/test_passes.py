@@ -129,3 +129,56 @@ def test_redispatch_leaves_an_other_given_by_keyword():
     assert as_redispatched(gm) == 0
     t = torch.randn(5)
     assert_bitwise(gm(t)[0], t * 3.0)
+
+
+def test_metadata_asserts_that_hold_by_the_graph_are_dropped_the_others_kept():
+    """Note [Metadata asserts] (passes.drop_metadata_asserts): a dtype, device or layout assert the
+    graph's value satisfies goes; one of another dtype, or of sizes or strides, stays."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torchreplay.passes import drop_metadata_asserts
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    with FakeTensorMode():
+        x.meta["val"] = torch.empty(2, 3)
+    asserts = [g.call_function(aten._assert_tensor_metadata.default, args, kwargs) for args, kwargs in [
+        ((x, None, None, torch.float32), {}),                               # holds: dropped
+        ((x,), {"dtype": torch.float32, "device": torch.device("cpu")}),    # holds: dropped
+        ((x,), {"layout": torch.strided}),                                  # holds: dropped
+        ((x, None, None, torch.float64), {}),                               # another dtype: kept
+        ((x, [2, 3]), {}),                                                  # sizes: kept
+        ((x, None, [3, 1]), {"dtype": torch.float32}),                      # strides: kept
+    ]]
+    g.output((x,))
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    assert drop_metadata_asserts(gm) == 3
+    left = [n for n in gm.graph.nodes if n.target is aten._assert_tensor_metadata.default]
+    assert [n.name for n in left] == [a.name for a in asserts[3:]]
+
+
+@pytest.mark.parametrize("n_threads", [1, 3])
+def test_a_captured_models_no_op_casts_leave_no_assert_steps(n_threads):
+    """A model whose `.to(torch.float32)` changes nothing (an RMS norm's, as transformers writes
+    it): export leaves a metadata assert per cast, the capture runs none, the results are eager's."""
+    from test_conditions import threads
+
+    class Norm(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.rand(64) + 0.5)
+
+        def forward(self, x, ids):
+            h = x.to(torch.float32)
+            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+            return (self.weight * h.to(x.dtype)).to(torch.float32), ids.to(torch.int64) + 1
+
+    m = Norm()
+    g = torch.Generator().manual_seed(0)
+    args = (torch.randn(3, 64, generator=g), torch.arange(3))
+    with torch.no_grad(), threads(n_threads):
+        step = torchreplay.capture(m, args)
+        for i in range(3):
+            x = (torch.randn(3, 64, generator=g), torch.arange(3) * i)
+            assert_bitwise(step(*x), m(*x), f"call {i}")
+        ops = [p["op"] for p in step.profile(*args)]
+    assert step.stats()["replays"] >= 2, step.stats()
+    assert not any("assert" in op for op in ops), ops
