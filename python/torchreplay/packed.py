@@ -41,6 +41,8 @@ import torch
 from torch.ao.nn.quantized.dynamic import GRU as QuantizedGRU
 from torch.ao.nn.quantized.dynamic import LSTM as QuantizedLSTM
 from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
+from torch.ao.nn.quantized.dynamic.modules.rnn import PackedParameter
+from torch.ao.nn.quantized.dynamic.modules.rnn import RNNBase as QuantizedRNNBase
 
 OP = "torchreplay::packed_linear"
 RNNS = (QuantizedLSTM, QuantizedGRU)
@@ -132,13 +134,17 @@ def drop_handle(m: torch.nn.Module) -> None:
         _forget(handle)
 
 
-def cell_replaced(cell: torch.nn.Module) -> None:
-    """`cell` (a PackedParameter) was given another packed cell: drop_handle for the LSTM or GRU
-    holding it."""
+def cells_changed(changed: torch.nn.Module) -> None:
+    """`changed` (a quantize_dynamic LSTM or GRU, its list of cells, or one of its cells, a
+    PackedParameter) is given other cells: drop_handle for it and for every LSTM or GRU holding it."""
+    if type(changed) in RNNS:
+        drop_handle(changed)
     for owner in list(_owners.values()):
         m = owner()
-        if type(m) in RNNS and any(p is cell for p in m._all_weight_values):
-            drop_handle(m)
+        if type(m) in RNNS and "_all_weight_values" in m._modules:
+            cells = m._modules["_all_weight_values"]
+            if cells is changed or any(p is changed for p in cells):
+                drop_handle(m)
 
 
 @torch.library.register_fake("torchreplay::packed_lstm")

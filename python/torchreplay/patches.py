@@ -343,6 +343,13 @@ def _trace_packed_modules_for_torchreplay() -> None:
             return original(self, input, hx)
         return forward
 
+    setstate = packed.QuantizedRNNBase.__setstate__
+
+    def rnn_setstate(self: Any, state: Any) -> None:   # a copy (deepcopy, pickle) gets a handle of its own
+        setstate(self, state)
+        self.__dict__.pop("_torchreplay_handle", None)
+
+    packed.QuantizedRNNBase.__setstate__ = rnn_setstate  # type: ignore[method-assign]
     for cls, forward in ((packed.QuantizedLinear, linear_forward),
                          (packed.QuantizedLSTM, rnn_forward(packed.QuantizedLSTM.forward)),
                          (packed.QuantizedGRU, rnn_forward(packed.QuantizedGRU.forward))):
@@ -385,8 +392,8 @@ def _on_registration(module: torch.nn.Module, name: str, value: Any) -> None:
         # make it guard on the weak dictionary's keys, which garbage collection changes under it
         # (a guard that fails to build). The modules it traces are not torchreplay.capture's.
         return None
-    if name == "_all_weight_values" and type(module) in packed.RNNS:   # set_weight_bias: Dynamo's guard
-        packed.drop_handle(module)                                       # on the handle fails (packed.py)
+    if (name == "_all_weight_values" and type(module) in packed.RNNS) or type(value) is packed.PackedParameter:
+        packed.cells_changed(module)   # set_weight_bias, a cell put in: Dynamo's guard on the handle fails
     captures = _watched.get(module)
     if not captures:
         return None
@@ -513,8 +520,8 @@ def _on_setattr(module: torch.nn.Module, name: str, value: Any) -> None:
     if isinstance(value, torch.ScriptObject):  # packed weights (Note [Packed quantized Linears] in packed.py)
         if name == "_packed_params":
             packed.register(module, value)
-        elif name == "param":   # a quantize_dynamic LSTM's or GRU's cell: its module's handle renewed
-            packed.cell_replaced(module)
+        elif name == "param" and type(module) is packed.PackedParameter:   # a cell given another (load_state_dict)
+            packed.cells_changed(module)
         for c in list(_watched.get(module, ())):
             _stale(c, ("replaced",), f"torchreplay: the packed weights '{name}' of {type(module).__name__} were "
                                      f"replaced after the model was captured as {c.name!r} (its graph holds the old "

@@ -3,6 +3,7 @@ quantize_ configs whose eager runs on the CPU, through torchreplay.capture, torc
 saved program, compared bit for bit with the quantized model's eager, at one thread and several,
 over short and long rows, with the thread count changed between capture and call."""
 import copy
+import pickle
 import warnings
 
 import pytest
@@ -415,36 +416,36 @@ def test_quantize_dynamic_lstms_and_grus_replay_eagers_bits(kind, layout, dtype,
 
 def test_quantize_dynamic_lstm_weights_set_after_compiling_are_the_ones_used():
     """A packed LSTM's handle (Dynamo guards its value) is dropped when its cells are replaced
-    (set_weight_bias, or one cell given another): the next call compiles again with the new
-    cells. A copy compiles with its own."""
+    (set_weight_bias, a cell given another, a cell put in the list): the next call compiles again
+    with the new cells. A copy (its handle dropped by unpickling) given other weights by
+    load_state_dict compiles with its own."""
+    from torch.ao.nn.quantized.dynamic.modules.rnn import PackedParameter
     torch.manual_seed(0)
     m = _quantize_dynamic(_Recurrent("LSTM").eval(), {nn.LSTM, nn.Linear})
-    donor = _quantize_dynamic(_Recurrent("LSTM").eval(), {nn.LSTM})
+    donors = [_quantize_dynamic(_Recurrent("LSTM").eval(), {nn.LSTM}) for _ in range(3)]
     b = backend()
     f = torch.compile(m, backend=b)
     g = gen(6)
     with torch.no_grad():
-        for step in range(3):
+        for step in range(4):
             if step == 1:
-                m.rnn.set_weight_bias(donor.rnn.get_weight() | donor.rnn.get_bias())   # the donor's weights
+                m.rnn.set_weight_bias(donors[0].rnn.get_weight() | donors[0].rnn.get_bias())
             if step == 2:   # the second layer's cell alone
-                fresh = _quantize_dynamic(_Recurrent("LSTM").eval(), {nn.LSTM})
-                m.rnn._all_weight_values[1].param = fresh.rnn._all_weight_values[1].param
+                m.rnn._all_weight_values[1].param = donors[1].rnn._all_weight_values[1].param
+            if step == 3:
+                m.rnn._all_weight_values[0] = PackedParameter(donors[2].rnn._all_weight_values[0].param)
             for i in range(2):
                 x = rn(g, 5, 3, 16)
                 assert_bitwise(_flat(f(x)), _flat(m(x)), f"step {step}, call {i}")
-        other = copy.deepcopy(m)
-        other.rnn.set_weight_bias(_quantize_dynamic(_Recurrent("LSTM").eval(), {nn.LSTM}).rnn.get_weight() |
-                                  donor.rnn.get_bias())
-        each = backend()
-        compiled = torch.compile(other, backend=each)
-        for i in range(2):
-            x = rn(g, 5, 3, 16)
-            assert_bitwise(_flat(compiled(x)), _flat(other(x)), f"the copy, call {i}")
-            assert_bitwise(_flat(f(x)), _flat(m(x)), f"the first model, call {i}")
+        for copied in (copy.deepcopy(m), pickle.loads(pickle.dumps(m))):
+            copied.rnn.load_state_dict(donors[2].rnn.state_dict())   # other cells
+            compiled = torch.compile(copied, backend=b)   # Dynamo's cache of the same code and backend
+            for i in range(2):
+                x = rn(g, 5, 3, 16)
+                assert_bitwise(_flat(compiled(x)), _flat(copied(x)), f"the copy, call {i}")
+                assert_bitwise(_flat(f(x)), _flat(m(x)), f"the first model, call {i}")
     assert_exercised(b)
-    assert_exercised(each)
-    assert len(b.stats()) == 3   # a graph for each set of cells
+    assert len(b.stats()) == 6   # a graph for each set of cells
 
 
 def test_quantize_dynamic_modules_other_than_linears_are_refused_with_what_works():
