@@ -61,6 +61,11 @@ TORCH_LIBRARY(torchreplay, m) {
   m.def("channel_affine.out(Tensor x, Tensor alpha, Tensor beta, Tensor? weight, Tensor? bias, Tensor running_mean, "
         "Tensor running_var, float eps, *, Tensor(a!) out) -> Tensor(a!)");
 
+  // A conversion to float32 whose every value is exact there (from int8, uint8, int16 or bool), as
+  // aten::_to_copy computes it (Note [Exact conversions] in capture/tape/copy_steps.cc).
+  m.def("to_float32(Tensor x) -> Tensor");
+  m.def("to_float32.out(Tensor x, *, Tensor(a!) out) -> Tensor(a!)");
+
   // Checked kernels: ATen's op through the call chosen at capture, named by `kernel` (Note
   // [Checked convolutions], [Checked GEMMs], [Checked LSTMs] in capture/tape/).
   m.def("convolution.out(Tensor input, Tensor weight, Tensor? bias, int[] stride, int[] padding, int[] dilation, "

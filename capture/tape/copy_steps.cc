@@ -1,8 +1,13 @@
 // The copies family of steps (Note [Copies] in typed_call.h; Note [Step kinds] in step_kinds.h):
 // cat, stack, clone, copy, embedding and an in-place index_copy_ as element copies over the
-// recorded geometry, where they move elements only.
+// recorded geometry, where they move elements only; and torchreplay::to_float32's kernels (Note
+// [Exact conversions]).
+#include <ATen/Parallel.h>
+#include <ATen/TensorIterator.h>
+#include <ATen/ops/empty_like.h>
 #include <c10/core/WrapDimMinimal.h>
 #include <c10/util/accumulate.h>
+#include <torch/library.h>
 
 #include <optional>
 
@@ -85,7 +90,58 @@ std::unique_ptr<TypedCall> EmbeddingAsCopies(const EmitContext& ctx, const Node&
   return MakeEmbeddingRows(*std::move(weight), ctx.TensorArgOf(n.args[1].value), ctx.BufferOf(n.outputs[0]));
 }
 
+// Note [Exact conversions]
+// torchao's int8 weight-only eager converts each int8 weight to float32 on every call
+// (`w.to(x.dtype)`, aten::_to_copy): a functional step of 2-3 µs each (an allocation and
+// ATen's copy), 16 on the harness's Llama decode step. A conversion whose every value is exact in
+// the result's dtype (int8, uint8, int16 and bool to float32) gives the same bits however it is
+// computed. The pass `exact_conversions` (python/torchreplay/passes.py) makes such a _to_copy
+// torchreplay::to_float32: its result laid out as _to_copy lays out its own (empty_like: x's
+// strides where x is dense), its out= form a typed step into the planned buffer, one loop over
+// the elements where x and out are dense alike, ATen's copy_ (eager's own conversion) otherwise.
+template <class T>
+__attribute__((optimize("tree-vectorize"))) void ConvertDense(const at::Tensor& x, at::Tensor& out) {
+  const T* src = x.const_data_ptr<T>();
+  float* dst = out.mutable_data_ptr<float>();
+  at::parallel_for(0, x.numel(), at::internal::GRAIN_SIZE, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) dst[i] = static_cast<float>(src[i]);
+  });
+}
+
+at::Tensor& ToFloat32Out(const at::Tensor& x, at::Tensor& out) {
+  TORCH_CHECK(out.scalar_type() == at::kFloat && out.sizes() == x.sizes() && out.device() == x.device(),
+              "torchreplay::to_float32: out must be float32 with x's sizes and device");
+  const bool dense = x.device().is_cpu() && x.strides() == out.strides() && x.is_non_overlapping_and_dense();
+  switch (dense ? x.scalar_type() : c10::ScalarType::Undefined) {
+    case at::kChar:
+      ConvertDense<int8_t>(x, out);
+      break;
+    case at::kByte:
+      ConvertDense<uint8_t>(x, out);
+      break;
+    case at::kShort:
+      ConvertDense<int16_t>(x, out);
+      break;
+    case at::kBool:
+      ConvertDense<bool>(x, out);
+      break;
+    default:
+      out.copy_(x);
+  }
+  return out;
+}
+
+at::Tensor ToFloat32(const at::Tensor& x) {
+  at::Tensor out = at::empty_like(x, x.options().dtype(at::kFloat));
+  return ToFloat32Out(x, out);
+}
+
 }  // namespace
+
+TORCH_LIBRARY_IMPL(torchreplay, CPU, m) {
+  m.impl("to_float32", &ToFloat32);
+  m.impl("to_float32.out", &ToFloat32Out);
+}
 
 bool MatchCopies(const Node&, const std::string& out_op, bool) {
   return out_op == "aten::cat.out" || out_op == "aten::clone.out" || out_op == "aten::copy.out" ||

@@ -80,7 +80,7 @@ _RESHAPES = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
 _KEEP_DIM_0 = {  # views and copies: fine when the result's dim 0 is the batch (checked after)
     aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.expand.default,
     aten.clone.default, aten._to_copy.default, aten.alias.default, aten.detach.default,
-    aten.lift_fresh_copy.default, aten.permute.default, aten.squeeze.default,
+    aten.lift_fresh_copy.default, aten.permute.default, aten.squeeze.default, torch.ops.torchreplay.to_float32.default,
 }
 _LEFT_OPERAND = {aten.mm.default: 0, aten.addmm.default: 1}  # rows of this operand give rows
 _BATCHED_AT = {  # ops batched in dim 0 by definition: the operands that may be batched

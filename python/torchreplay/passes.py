@@ -57,6 +57,36 @@ def drop_metadata_asserts(gm: torch.fx.GraphModule) -> int:
     return count
 
 
+_EXACT_IN_FLOAT32 = (torch.int8, torch.uint8, torch.int16, torch.bool)
+
+
+@torch.library.register_fake("torchreplay::to_float32")
+def _to_float32_fake(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x, dtype=torch.float32)
+
+
+def exact_conversions(gm: torch.fx.GraphModule) -> int:
+    """Note [Exact conversions] (capture/tape/copy_steps.cc): a CPU `_to_copy` that only converts
+    int8, uint8, int16 or bool values to float32 (every value exact there) becomes
+    torchreplay::to_float32, which the tape runs into its planned buffer."""
+    count = 0
+    for node in gm.graph.nodes:
+        if node.target is not aten._to_copy.default or len(node.args) != 1 or \
+                not isinstance(node.args[0], torch.fx.Node):
+            continue
+        x, kw = node.args[0].meta.get("val"), node.kwargs
+        if not (isinstance(x, torch.Tensor) and x.device.type == "cpu" and x.dtype in _EXACT_IN_FLOAT32 and
+                x.layout == torch.strided and kw.get("dtype") == torch.float32 and
+                set(kw) <= {"dtype", "layout", "device", "pin_memory", "non_blocking", "memory_format"} and
+                kw.get("layout") in (None, torch.strided) and kw.get("device") in (None, x.device) and
+                not kw.get("pin_memory") and not kw.get("non_blocking") and
+                kw.get("memory_format") in (None, torch.preserve_format)):
+            continue
+        node.target, node.args, node.kwargs = torch.ops.torchreplay.to_float32.default, (node.args[0],), {}
+        count += 1
+    return count
+
+
 def _read_after(node: torch.fx.Node, position: int, order: Dict[torch.fx.Node, int],
                 skip: Sequence[torch.fx.Node]) -> bool:
     """Whether `node`'s memory is read at or after `position` (through views too), other than by
@@ -380,9 +410,9 @@ def as_redispatched(gm: torch.fx.GraphModule) -> int:
     return count
 
 
-BUILTIN_PASSES = (drop_metadata_asserts, inline_quantize_ops, reinplace_input_updates, reinplace_foreach_all,
-                  decompose_foreach, restore_max_pool1d, batch_norms_as_channel_affines, as_redispatched,
-                  remove_dead_code, sink_waits)
+BUILTIN_PASSES = (drop_metadata_asserts, exact_conversions, inline_quantize_ops, reinplace_input_updates,
+                  reinplace_foreach_all, decompose_foreach, restore_max_pool1d, batch_norms_as_channel_affines,
+                  as_redispatched, remove_dead_code, sink_waits)
 
 
 def run_passes(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Any,

@@ -57,9 +57,10 @@ ROWS_MOVED = {  # data movement: elements copied, bits kept when the dtype is ke
     aten.select_scatter.default, aten.embedding.default, aten.flip.default, aten.roll.default,
     aten.constant_pad_nd.default, operator.getitem, aten.empty.memory_format, aten.zeros.default,
     aten.ones.default, aten.full.default, aten.new_empty.default, aten.new_zeros.default,
-    aten.new_ones.default, aten.new_full.default,
+    aten.new_ones.default, aten.new_full.default, torch.ops.torchreplay.to_float32.default,
 }
-CONVERTS = {aten._to_copy.default, aten.copy.default, aten.copy_.default}  # measured when the dtype changes
+CONVERTS = {aten._to_copy.default, aten.copy.default, aten.copy_.default,  # measured when the dtype changes
+            torch.ops.torchreplay.to_float32.default}
 _ELEMENTWISE = {aten.floor_divide.default, aten.leaky_relu.default, aten.hardswish.default}  # no pointwise tag
 ROW_WISE = {  # along other dims: measured on the node's shape
     aten.sum.dim_IntList, aten.mean.dim, aten.amax.default, aten.amin.default, aten.max.dim,

@@ -182,3 +182,47 @@ def test_a_captured_models_no_op_casts_leave_no_assert_steps(n_threads):
         ops = [p["op"] for p in step.profile(*args)]
     assert step.stats()["replays"] >= 2, step.stats()
     assert not any("assert" in op for op in ops), ops
+
+
+class _Converts(torch.nn.Module):
+    """Integer and bool tensors converted to float32 (as torchao's int8 weight-only eager converts
+    its weights): a buffer, an argument, a transposed and a sliced view, a row past ATen's grain."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(1)
+        self.register_buffer("w8", torch.randint(-128, 128, (48, 40), dtype=torch.int8, generator=g))
+        self.register_buffer("u8", torch.randint(0, 256, (3, 5, 7), dtype=torch.uint8, generator=g))
+        self.register_buffer("big", torch.randint(-2 ** 15, 2 ** 15, (40000,), dtype=torch.int16, generator=g))
+
+    def forward(self, x, mask, ids):
+        a = x @ self.w8.to(torch.float32) * 0.5
+        b = self.w8.t().to(torch.float32)[:4] + self.u8.to(torch.float32).sum()
+        c = self.w8[:, ::3].to(torch.float32)          # not dense: ATen's copy
+        d = mask.to(torch.float32) * self.big.to(torch.float32)[:mask.numel()].view(mask.shape)
+        return a, b, c, d, ids.to(torch.float32)
+
+
+@pytest.mark.parametrize("entry", ["capture", "compile", "loaded"])
+def test_exact_conversions_to_float32_replay_eagers_bits(entry, tmp_path):
+    """Note [Exact conversions]: `.to(torch.float32)` of int8, uint8, int16 and bool tensors runs
+    torchreplay::to_float32 into the planned buffer: eager's values and strides, dense and
+    transposed operands through its loop, a sliced one through ATen's copy, at 1 and 3 threads."""
+    from test_conditions import Entry, threads
+    m = _Converts()
+    g = torch.Generator().manual_seed(2)
+
+    def inputs():
+        return (torch.randn(2, 48, generator=g), torch.rand(6, 8, generator=g) > 0.5,
+                torch.randint(-100, 100, (5,), dtype=torch.int8, generator=g))
+
+    with torch.no_grad():
+        f = Entry(entry, m, inputs(), tmp_path)
+        for i, n_threads in enumerate([1, 3, 3, 1]):
+            x = inputs()
+            with threads(n_threads):
+                assert_bitwise(list(f(*x)), list(m(*x)), f"{entry}, call {i} at {n_threads} threads")
+    s = f.stats()
+    assert s["replays"] >= 2 and s["eager_fallbacks"] == 0, s
+    ops = [op for c in s["capture_log"] for op in c.get("functional_ops", [])]
+    assert "aten::_to_copy" not in ops, ops   # every conversion ran as a step into its buffer
