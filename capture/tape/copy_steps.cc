@@ -99,12 +99,14 @@ std::unique_ptr<TypedCall> EmbeddingAsCopies(const EmitContext& ctx, const Node&
 // torchreplay::to_float32: its result laid out as _to_copy lays out its own (empty_like: x's
 // strides where x is dense), its out= form a typed step into the planned buffer, one loop over
 // the elements where x and out are dense alike, ATen's copy_ (eager's own conversion) otherwise.
-template <class T>
+// kBool: the bytes of a bool tensor, any nonzero byte 1 (as eager converts a bool tensor viewed
+// from bytes).
+template <class T, bool kBool = false>
 __attribute__((optimize("tree-vectorize"))) void ConvertDense(const at::Tensor& x, at::Tensor& out) {
-  const T* src = x.const_data_ptr<T>();
+  const T* src = static_cast<const T*>(x.const_data_ptr());
   float* dst = out.mutable_data_ptr<float>();
   at::parallel_for(0, x.numel(), at::internal::GRAIN_SIZE, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) dst[i] = static_cast<float>(src[i]);
+    for (int64_t i = begin; i < end; ++i) dst[i] = kBool ? static_cast<float>(src[i] != 0) : static_cast<float>(src[i]);
   });
 }
 
@@ -119,11 +121,11 @@ at::Tensor& ToFloat32Out(const at::Tensor& x, at::Tensor& out) {
     case at::kByte:
       ConvertDense<uint8_t>(x, out);
       break;
+    case at::kBool:
+      ConvertDense<uint8_t, true>(x, out);
+      break;
     case at::kShort:
       ConvertDense<int16_t>(x, out);
-      break;
-    case at::kBool:
-      ConvertDense<bool>(x, out);
       break;
     default:
       out.copy_(x);

@@ -195,26 +195,28 @@ class _Converts(torch.nn.Module):
         self.register_buffer("u8", torch.randint(0, 256, (3, 5, 7), dtype=torch.uint8, generator=g))
         self.register_buffer("big", torch.randint(-2 ** 15, 2 ** 15, (40000,), dtype=torch.int16, generator=g))
 
-    def forward(self, x, mask, ids):
+    def forward(self, x, mask, ids, flags):
         a = x @ self.w8.to(torch.float32) * 0.5
         b = self.w8.t().to(torch.float32)[:4] + self.u8.to(torch.float32).sum()
         c = self.w8[:, ::3].to(torch.float32)          # not dense: ATen's copy
         d = mask.to(torch.float32) * self.big.to(torch.float32)[:mask.numel()].view(mask.shape)
-        return a, b, c, d, ids.to(torch.float32)
+        return a, b, c, d, ids.to(torch.float32), flags.view(torch.bool).to(torch.float32)   # bytes 2-255: 1
 
 
 @pytest.mark.parametrize("entry", ["capture", "compile", "loaded"])
 def test_exact_conversions_to_float32_replay_eagers_bits(entry, tmp_path):
     """Note [Exact conversions]: `.to(torch.float32)` of int8, uint8, int16 and bool tensors runs
     torchreplay::to_float32 into the planned buffer: eager's values and strides, dense and
-    transposed operands through its loop, a sliced one through ATen's copy, at 1 and 3 threads."""
+    transposed operands through its loop, a sliced one through ATen's copy, bool tensors viewed
+    from bytes other than 0 and 1, at 1 and 3 threads."""
     from test_conditions import Entry, threads
     m = _Converts()
     g = torch.Generator().manual_seed(2)
 
     def inputs():
         return (torch.randn(2, 48, generator=g), torch.rand(6, 8, generator=g) > 0.5,
-                torch.randint(-100, 100, (5,), dtype=torch.int8, generator=g))
+                torch.randint(-100, 100, (5,), dtype=torch.int8, generator=g),
+                torch.randint(0, 256, (9, 7), dtype=torch.uint8, generator=g))
 
     with torch.no_grad():
         f = Entry(entry, m, inputs(), tmp_path)
