@@ -330,6 +330,33 @@ SavedProgram PackedLinear(bool fp16, bool bias) {
   return p;
 }
 
+// `good` with one byte changed at random `iterations` times (the checksum made right): each is an
+// error or a program, which runs on `inputs()` to an error or a result, never a crash.
+void ExpectCorruptionsHarmless(const std::string& good, std::mt19937_64& rng, int iterations,
+                               const std::function<std::vector<c10::IValue>()>& inputs) {
+  for (int i = 0; i < iterations; ++i) {
+    std::string bytes = good;
+    const size_t at = kHeaderBytes + rng() % (bytes.size() - kHeaderBytes);
+    bytes[at] = static_cast<char>(bytes[at] ^ (1 + rng() % 255));
+    const uint64_t sum = Checksum(std::string_view(bytes).substr(kHeaderBytes));
+    std::memcpy(&bytes[24], &sum, sizeof(sum));
+    absl::StatusOr<SavedProgram> hostile;
+    try {
+      hostile = Deserialize(bytes);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "iteration " << i << ", byte " << at << " changed: Deserialize threw " << e.what();
+      return;
+    }
+    if (!hostile.ok()) continue;
+    try {
+      (void)capture::Interpreter(hostile->graph).Run(inputs());
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "iteration " << i << " byte " << at << ": " << e.what();
+      return;
+    }
+  }
+}
+
 // The packed weights are written unpacked and packed again on load: the loaded program computes
 // the same bits; corrupted files are errors or programs, never crashes.
 TEST(Format, PackedQuantizedLinearsRoundTrip) {
@@ -345,27 +372,7 @@ TEST(Format, PackedQuantizedLinearsRoundTrip) {
       auto want = capture::Interpreter(p.graph).Run(inputs), got = capture::Interpreter(back->graph).Run(inputs);
       ASSERT_TRUE(want.ok() && got.ok());
       EXPECT_TRUE(at::equal((*got)[0].toTensor(), (*want)[0].toTensor())) << "fp16 " << fp16 << ", bias " << bias;
-      for (int i = 0; i < 2000; ++i) {
-        std::string bytes = good;
-        const size_t at = kHeaderBytes + rng() % (bytes.size() - kHeaderBytes);
-        bytes[at] = static_cast<char>(bytes[at] ^ (1 + rng() % 255));
-        const uint64_t sum = Checksum(std::string_view(bytes).substr(kHeaderBytes));
-        std::memcpy(&bytes[24], &sum, sizeof(sum));
-        absl::StatusOr<SavedProgram> hostile;
-        try {
-          hostile = Deserialize(bytes);
-        } catch (const std::exception& e) {
-          ADD_FAILURE() << "iteration " << i << ", byte " << at << " changed: Deserialize threw " << e.what();
-          return;
-        }
-        if (!hostile.ok()) continue;
-        try {
-          (void)capture::Interpreter(hostile->graph).Run({at::randn({4, 3})});
-        } catch (const std::exception& e) {
-          ADD_FAILURE() << "iteration " << i << " byte " << at << ": " << e.what();
-          return;
-        }
-      }
+      ExpectCorruptionsHarmless(good, rng, 2000, [] { return std::vector<c10::IValue>{at::randn({4, 3})}; });
     }
   }
 }
@@ -428,27 +435,9 @@ TEST(Format, PackedQuantizedCellsRoundTrip) {
       auto want = capture::Interpreter(p.graph).Run(inputs), got = capture::Interpreter(back->graph).Run(inputs);
       ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
       EXPECT_TRUE(at::equal((*got)[0].toTensor(), (*want)[0].toTensor())) << "lstm " << lstm << ", fp16 " << fp16;
-      for (int i = 0; i < 1000; ++i) {
-        std::string bytes = good;
-        const size_t at = kHeaderBytes + rng() % (bytes.size() - kHeaderBytes);
-        bytes[at] = static_cast<char>(bytes[at] ^ (1 + rng() % 255));
-        const uint64_t sum = Checksum(std::string_view(bytes).substr(kHeaderBytes));
-        std::memcpy(&bytes[24], &sum, sizeof(sum));
-        absl::StatusOr<SavedProgram> hostile;
-        try {
-          hostile = Deserialize(bytes);
-        } catch (const std::exception& e) {
-          ADD_FAILURE() << "iteration " << i << ", byte " << at << " changed: Deserialize threw " << e.what();
-          return;
-        }
-        if (!hostile.ok()) continue;
-        try {
-          (void)capture::Interpreter(hostile->graph).Run({at::randn({4, 2, 3}), at::randn({1, 2, 5})});
-        } catch (const std::exception& e) {
-          ADD_FAILURE() << "iteration " << i << " byte " << at << ": " << e.what();
-          return;
-        }
-      }
+      ExpectCorruptionsHarmless(good, rng, 1000, [] {
+        return std::vector<c10::IValue>{at::randn({4, 2, 3}), at::randn({1, 2, 5})};
+      });
     }
   }
 }
