@@ -180,9 +180,13 @@ def executorch_threads(threads: int) -> None:
 class ExecuTorch:
     """torch.export, to_edge_transform_and_lower with the XnnpackPartitioner, to_executorch, then
     the program's forward loaded and executed through executorch.runtime (its thread pool set to
-    `threads` by executorch_threads)."""
+    `threads` by executorch_threads). `quantize`: the exported fp32 model through PT2E with
+    ExecuTorch's XNNPACKQuantizer first (per-channel symmetric int8 weights; "static": int8
+    activations calibrated on `calibration`, "dynamic": activations quantized per call), XNNPACK's
+    int8 path."""
 
-    def __init__(self, model: torch.nn.Module, example_inputs: tuple, threads: int) -> None:
+    def __init__(self, model: torch.nn.Module, example_inputs: tuple, threads: int, quantize: Optional[str] = None,
+                 calibration: Sequence[tuple] = ()) -> None:
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
         from executorch.exir import to_edge_transform_and_lower
         from executorch.runtime import Runtime
@@ -190,6 +194,16 @@ class ExecuTorch:
         _flatc()
         executorch_threads(threads)
         inputs = _tensors(example_inputs)
+        if quantize is not None:
+            from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+                XNNPACKQuantizer, get_symmetric_quantization_config)
+            from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+            quantizer = XNNPACKQuantizer().set_global(
+                get_symmetric_quantization_config(is_per_channel=True, is_dynamic=quantize == "dynamic"))
+            prepared = prepare_pt2e(torch.export.export(model, tuple(inputs), strict=True).module(), quantizer)
+            for c in calibration if quantize == "static" else [tuple(inputs)]:
+                prepared(*c)
+            model = convert_pt2e(prepared)
         ep = torch.export.export(model, tuple(inputs))
         program = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]).to_executorch()
         self.program = Runtime.get().load_program(program.buffer)

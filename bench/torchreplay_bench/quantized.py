@@ -13,7 +13,10 @@ int8 paths of the runtimes they weigh: per model, quantization and thread count,
 - OpenVINO: the fp32 model converted, then quantized by NNCF, OpenVINO's own tool: nncf.quantize
   (int8 weights and activations, calibrated on the same inputs; its transformer preset for the
   encoder) for the dynamic int8 and PT2E rows (OpenVINO quantizes activations statically), and
-  nncf.compress_weights (int8 weights) for torchao's int8 weight-only; a bound infer request.
+  nncf.compress_weights (int8 weights) for torchao's int8 weight-only; a bound infer request;
+- ExecuTorch: the fp32 model through PT2E with its XNNPACKQuantizer (per-channel int8 weights;
+  activations quantized per call for the dynamic int8 rows, calibrated on the same inputs for
+  PT2E's), lowered to XNNPACK, its thread pool set.
 
     python -m torchreplay_bench.quantized [--threads 1,2] [--rounds 7] [--seconds 0.3] [--out DIR]
 
@@ -35,7 +38,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from torchreplay_bench.peers import OnnxRuntime, OpenVino, quiet
+from torchreplay_bench.peers import ExecuTorch, OnnxRuntime, OpenVino, quiet
 from torchreplay_bench.runtimes import compare
 from torchreplay_bench.timing import time_interleaved
 
@@ -180,6 +183,10 @@ def rows_for(quantization: str, make_inputs: Callable[[int], tuple],
     if quantization in ("int8 dynamic", "quantize_dynamic", "pt2e static"):   # OpenVINO has no dynamic int8
         rows["OpenVINO int8 (NNCF)"] = (False, lambda m, x: OpenVino(   # activations: its static int8
             m, x, torch.get_num_threads(), quantize="static", calibration=calibration, transformer=transformer))
+    if quantization in ("int8 dynamic", "quantize_dynamic", "pt2e static"):   # XNNPACK's int8
+        rows["ExecuTorch int8 (XNNPACK)"] = (False, lambda m, x: ExecuTorch(
+            m, x, torch.get_num_threads(), quantize="static" if quantization == "pt2e static" else "dynamic",
+            calibration=calibration))
     if quantization == "int8 weight-only":
         rows["OpenVINO int8 weights (NNCF)"] = (False, lambda m, x: OpenVino(m, x, torch.get_num_threads(),
                                                                             quantize="weights"))
