@@ -113,7 +113,7 @@ __attribute__((optimize("tree-vectorize"))) void ConvertDense(const at::Tensor& 
 at::Tensor& ToFloat32Out(const at::Tensor& x, at::Tensor& out) {
   TORCH_CHECK(out.scalar_type() == at::kFloat && out.sizes() == x.sizes() && out.device() == x.device(),
               "torchreplay::to_float32: out must be float32 with x's sizes and device");
-  const bool dense = x.device().is_cpu() && x.strides() == out.strides() && x.is_non_overlapping_and_dense();
+  const bool dense = x.strides() == out.strides() && x.is_non_overlapping_and_dense();
   switch (dense ? x.scalar_type() : c10::ScalarType::Undefined) {
     case at::kChar:
       ConvertDense<int8_t>(x, out);

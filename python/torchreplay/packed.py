@@ -46,18 +46,17 @@ from torch.ao.nn.quantized.dynamic.modules.rnn import RNNBase as QuantizedRNNBas
 
 OP = "torchreplay::packed_linear"
 RNNS = (QuantizedLSTM, QuantizedGRU)
-_objects: Dict[int, Any] = {}   # handle -> packed object, while a LinearPackedParams holds it
-_owners: Dict[int, Any] = {}    # handle -> weak reference to that LinearPackedParams
+_objects: Dict[int, Any] = {}   # handle -> packed object (or cells), while its module holds it
+_owners: Dict[int, Any] = {}    # handle -> weak reference to that module
 
 
 def register(params: torch.nn.Module, obj: Any) -> int:
-    """A new handle for `obj`, the packed object `params` (a LinearPackedParams) now holds, kept in
-    params' `_torchreplay_handle` (its previous handle dropped) and in _objects while params lives.
-    Random, not counted: a module copied or unpickled carries its original's handle, which must
-    never be another live module's (Dynamo's guard compares the number)."""
-    old = params.__dict__.get("_torchreplay_handle")
-    if old is not None and _owners.get(old, lambda: None)() is params:   # not a copy's original's
-        _forget(old)
+    """A new handle for `obj`, the packed object `params` (a LinearPackedParams, or an LSTM's or
+    GRU's list of cells) now holds, kept in params' `_torchreplay_handle` (its previous handle
+    dropped) and in _objects while params lives. Random, not counted: a module copied or unpickled
+    carries its original's handle, which must never be another live module's (Dynamo's guard
+    compares the number)."""
+    drop_handle(params)
     handle = secrets.randbits(62)
     _objects[handle], _owners[handle] = obj, weakref.ref(params)
     params.__dict__["_torchreplay_handle"] = handle   # no nn.Module __setattr__: nothing is watched here
@@ -128,7 +127,7 @@ def cells_handle(m: torch.nn.Module) -> int:
 
 def drop_handle(m: torch.nn.Module) -> None:
     """`m`'s packed objects are being replaced: its handle dropped (a guard on it fails, and the
-    next trace makes a new one)."""
+    next trace makes a new one), and forgotten unless it is a copy's original's."""
     handle = m.__dict__.pop("_torchreplay_handle", None)
     if handle is not None and _owners.get(handle, lambda: None)() is m:
         _forget(handle)

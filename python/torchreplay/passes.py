@@ -2,7 +2,7 @@
 user's post pass (config.post_grad_custom_pre_pass / post_grad_custom_post_pass, as in torchair).
 Here: the input updates in place, the waits sunk, the dtypes the kernels give, 1-d max pooling,
 PT2E's quantize ops as the ATen ops their kernels run, inference batch norms as channel affines
-(batch_norms.py), export's metadata asserts dropped where they hold;
+(batch_norms.py), export's metadata asserts dropped where they hold, exact conversions to float32;
 the foreach passes are in foreach_passes.py, the view helpers they share in fx_views.py."""
 from __future__ import annotations
 
